@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Build the test environments (once per machine) and run every check in each.
+#   core: torch 2.13 CPU build; lint, types, docs, the whole suite with simulated devices
+#   xla:  torch 2.9 + torch_xla 2.9 + torchax 0.0.13 + JAX 0.10.2 on the CPU, the whole suite again
+# Choose environments with DEVRNG_ENVS="core" (default "core xla"); extra args go to pytest.
+source "$(dirname "$0")/_venv.sh"
+cd "$DEVRNG_ROOT"
+
+failed=()
+check() {  # check LABEL CMD...: run, remember failures, keep going
+    local label=$1; shift
+    echo "== $label: $*"
+    local rc=0
+    "$@" || rc=$?
+    # pytest exits 5 when it ran no test: that is a failure here.
+    if [ "$rc" -ne 0 ]; then failed+=("$label (exit $rc)"); fi
+}
+
+for env in ${DEVRNG_ENVS:-core xla}; do
+    venv=$(venv_for "$env")
+    py="$venv/bin/python"
+    if [ "$env" = core ]; then
+        check "core: ruff" "$venv/bin/ruff" check src tests benchmarks examples
+        check "core: mypy" "$venv/bin/mypy"
+        if [ -f mkdocs.yml ]; then
+            check "core: docs" "$venv/bin/mkdocs" build --strict --quiet --site-dir "$(mktemp -d)"
+        fi
+        check "core: pytest" "$py" -m pytest -p no:cacheprovider "$@"
+    else
+        check "$env: pytest" env PJRT_DEVICE=CPU "$py" -m pytest -p no:cacheprovider "$@"
+    fi
+done
+
+if [ ${#failed[@]} -ne 0 ]; then
+    printf 'FAILED: %s\n' "${failed[@]}"
+    exit 1
+fi
+echo "all checks passed in: ${DEVRNG_ENVS:-core xla}"

@@ -1,0 +1,135 @@
+"""``fork_rng``: torch.random.fork_rng that forks every device type it is given."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import torch
+
+from devrng import _host
+from devrng._errors import DevRNGError
+from devrng._plan import make_plan
+
+__all__ = ["fork_rng", "restore_all"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_cpu = torch.default_generator
+# Containers that inference walks as they are; any other iterable (range, a
+# generator) is listed once first, as torch does, since it may be consumed.
+_WALKED = (list, tuple, dict, set, frozenset, str, torch.device, torch.Tensor,
+           torch.nn.Module, torch.Generator, int)
+
+
+class fork_rng:  # noqa: N801  (a drop-in for a function)
+    """Fork the RNG of the CPU and of every device type in ``devices``; restore on exit.
+
+    A drop-in for ``torch.random.fork_rng``: device types are inferred from
+    ``devices`` (tensors, modules, ``"xla:0"``, ...) instead of assumed, so one
+    call covers CUDA, XPU, MPS, XLA and torchax together. Use it as a context
+    manager or a decorator.
+
+    Example:
+        >>> x = torch.ones(2, device="xla")
+        >>> with devrng.fork_rng(devices=[x]):
+        ...     torch.nn.functional.dropout(x)  # XLA and CPU state restored on exit
+    """
+
+    __slots__ = ("_caller", "_device_type", "_devices", "_devices_kw", "_enabled",
+                 "_numpy", "_plan", "_python", "_saved")
+
+    def __init__(
+        self,
+        devices: Any = None,
+        enabled: bool = True,
+        _caller: str = "fork_rng",
+        _devices_kw: str = "devices",
+        device_type: Any = None,
+        *,
+        python: bool = False,
+        numpy: bool = False,
+    ) -> None:
+        if devices is not None and not isinstance(devices, _WALKED):
+            if callable(devices):
+                raise TypeError(
+                    f"fork_rng got the callable {devices!r} as devices; to decorate a function "
+                    "write @fork_rng() with parentheses."
+                )
+            devices = list(devices)
+        self._devices = devices
+        self._enabled = enabled
+        self._caller = _caller
+        self._devices_kw = _devices_kw
+        self._device_type = device_type
+        self._python = python
+        self._numpy = numpy
+        self._plan: Any = None
+        self._saved: list[Any] = []
+
+    def __enter__(self) -> None:
+        if not self._enabled or self._device_type == "meta":
+            self._saved.append(None)
+            return
+        plan = self._plan
+        if plan is None:
+            d = self._devices
+            if self._device_type is None and (type(d) is list or type(d) is tuple) and not d:
+                plan = ()  # the common "CPU only" call: nothing to look up
+            else:
+                plan = make_plan(self._devices, self._device_type, caller=self._caller,
+                                 devices_kw=self._devices_kw)
+            self._plan = plan
+        devices = [(b, i, b.get_rng_state(i)) for b, indices in plan for i in indices] if plan else None
+        self._saved.append((
+            _cpu.get_state(),
+            devices,
+            _host.get_python_state() if self._python else None,
+            _host.get_numpy_state() if self._numpy else None,
+        ))
+
+    def __exit__(self, *exc_info: object) -> None:
+        saved = self._saved.pop()
+        if saved is None:
+            return
+        cpu, devices, py, np = saved
+        if devices is None and py is None and np is None:
+            _cpu.set_state(cpu)
+            return
+        restore_all(cpu, devices or (), py, np, what=self._caller)
+
+    def __call__(self, fn: F) -> F:
+        args = (self._devices, self._enabled, self._caller, self._devices_kw, self._device_type)
+        flags = {"python": self._python, "numpy": self._numpy}
+
+        @functools.wraps(fn)
+        def forked(*a: Any, **k: Any) -> Any:
+            with fork_rng(*args, **flags):
+                return fn(*a, **k)
+
+        return forked  # type: ignore[return-value]
+
+
+def restore_all(cpu: torch.Tensor | None, devices: Any, py: Any, np: Any, *, what: str) -> None:
+    """Put every saved state back; one failure does not stop the others."""
+    failed: list[tuple[str, BaseException]] = []
+    for backend, index, state in devices:
+        try:
+            backend.set_rng_state(state, index)
+        except Exception as err:
+            failed.append((f"{backend.name}:{index}", err))
+    for label, setter, state in (("cpu", _cpu.set_state, cpu),
+                                 ("python", _host.set_python_state, py),
+                                 ("numpy", _host.set_numpy_state, np)):
+        if state is not None:
+            try:
+                setter(state)
+            except Exception as err:
+                failed.append((label, err))
+    if failed:
+        detail = "; ".join(f"{name} ({type(e).__name__}: {e})" for name, e in failed)
+        raise DevRNGError(
+            f"{what} could not restore {len(failed)} generator(s): {detail}. Every other "
+            "generator was restored."
+        ) from failed[0][1]

@@ -1,0 +1,72 @@
+"""``patch_torch`` / ``unpatch_torch``: make torch's own RNG sites use devrng."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import torch
+import torch.random
+
+from devrng._fork import fork_rng
+
+__all__ = ["patch_torch", "unpatch_torch"]
+
+_lock = threading.Lock()
+_saved: dict[str, Any] = {}
+
+
+def patch_torch() -> None:
+    """Point ``torch.random.fork_rng`` and ``torch.fork_rng`` at ``devrng.fork_rng``.
+
+    Third-party code that calls torch's fork_rng then forks every device type
+    it hands over. Idempotent; undo with :func:`unpatch_torch`.
+
+    Example:
+        >>> devrng.patch_torch()
+        >>> torch.random.fork_rng is devrng.fork_rng
+        True
+    """
+    with _lock:
+        if "fork_rng" in _saved:
+            return
+        _saved["fork_rng"] = torch.random.fork_rng
+        _saved["torch.fork_rng"] = getattr(torch, "fork_rng", None)
+        torch.random.fork_rng = fork_rng  # type: ignore[assignment]
+        torch.fork_rng = fork_rng  # type: ignore[attr-defined]
+        _register_device_modules()
+
+
+def unpatch_torch() -> None:
+    """Undo :func:`patch_torch`. Idempotent.
+
+    Example:
+        >>> devrng.unpatch_torch()
+    """
+    with _lock:
+        if "fork_rng" not in _saved:
+            return
+        torch.random.fork_rng = _saved.pop("fork_rng")
+        original = _saved.pop("torch.fork_rng")
+        if original is None:
+            del torch.fork_rng  # type: ignore[attr-defined]
+        else:
+            torch.fork_rng = original  # type: ignore[attr-defined]
+        _unregister_device_modules()
+
+
+def _register_device_modules() -> None:
+    """Device modules for backends torch has none for (see devrng._device_modules)."""
+    try:
+        from devrng._device_modules import register_all
+    except ImportError:
+        return
+    register_all()
+
+
+def _unregister_device_modules() -> None:
+    try:
+        from devrng._device_modules import unregister_all
+    except ImportError:
+        return
+    unregister_all()

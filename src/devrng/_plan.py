@@ -1,0 +1,201 @@
+"""Which generators a call covers: device types and indices from ``devices`` / ``device_type``.
+
+Shared by fork_rng, get_rng_state and manual_seed so that all three read their
+arguments the same way.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from devrng._infer import collect_devices
+from devrng._registry import Backend, get_backend, peek_backend
+
+__all__ = ["Plan", "default_types", "is_initialized", "make_plan", "normalize_device_type"]
+
+#: [(backend, indices)] in device-type order; CPU is implied and never listed.
+Plan = list[tuple[Backend, list[int]]]
+
+_warned: set[str] = set()
+
+# The types that can be "in use" without being the accelerator.
+_SIDE_TYPES = ("xla", "jax")
+
+
+def normalize_device_type(device_type: object) -> list[str]:
+    """``device_type`` as a list of types: None, a type string, a torch.device, or a sequence."""
+    if device_type is None:
+        return []
+    if isinstance(device_type, (str, torch.device)):
+        items: Iterable[object] = (device_type,)
+    elif isinstance(device_type, (list, tuple, set, frozenset)):
+        items = device_type
+    else:
+        raise TypeError(
+            f"device_type={device_type!r} (a {type(device_type).__name__}) is not accepted; pass "
+            "a device type such as 'cuda' or 'xla', a torch.device, or a list of them."
+        )
+    out: list[str] = []
+    for item in items:
+        if not isinstance(item, (str, torch.device)):
+            raise TypeError(
+                f"device_type contains {item!r} (a {type(item).__name__}); every entry must be a "
+                "device type string such as 'xpu' or a torch.device."
+            )
+        try:
+            name = torch.device(item).type
+        except (RuntimeError, ValueError) as err:
+            raise ValueError(
+                f"device_type={item!r} is not a device type; use one such as 'cuda', 'xpu', "
+                "'mps', 'xla' or 'jax'."
+            ) from err
+        if name not in out:
+            out.append(name)
+    return out
+
+
+def is_initialized(backend: Backend) -> bool:
+    check = getattr(backend, "is_initialized", None)
+    try:
+        return bool(check()) if check is not None else bool(backend.is_available())
+    except Exception:
+        return False
+
+
+def _current_accelerator() -> str | None:
+    acc = getattr(torch, "accelerator", None)
+    if acc is not None and hasattr(acc, "current_accelerator"):
+        dev = acc.current_accelerator()
+        return None if dev is None else str(dev.type)
+    for name in ("cuda", "xpu", "mps"):  # torch < 2.6
+        backend = peek_backend(name)
+        if backend is not None and backend.is_available():
+            return name
+    return None
+
+
+def default_types() -> list[str]:
+    """Types forked when the caller names none: the accelerator and XLA / torchax,
+    each only if already initialised in this process (never initialise a device
+    the caller did not ask for; see pytorch/pytorch#41970)."""
+    out = []
+    acc = _current_accelerator()
+    for name in ((acc,) if acc else ()) + _SIDE_TYPES:
+        backend = peek_backend(name)
+        if backend is not None and is_initialized(backend) and name not in out:
+            out.append(name)
+    return out
+
+
+def _warn_many(name: str, count: int, caller: str, devices_kw: str) -> None:
+    # Same text as torch.random.fork_rng, so existing warning filters keep working.
+    if name in _warned:
+        return
+    _warned.add(name)
+    up = name.upper()
+    warnings.warn(
+        f"{up} reports that you have {count} available devices, and "
+        f"you have used {caller} without explicitly specifying which devices are being used. "
+        f"For safety, we initialize *every* {up} device by default, which can "
+        f"be quite slow if you have a lot of {up}s. If you know that you are only"
+        f" making use of a few {up} devices, set the environment variable "
+        f"{up}_VISIBLE_DEVICES or the '{devices_kw}' keyword argument of {caller} "
+        "with the set of devices you are actually using. For example, if you are using CPU only, "
+        "set device.upper()_VISIBLE_DEVICES= or devices=[]; if you are using device 0 only, "
+        f"set {up}_VISIBLE_DEVICES=0 or devices=[0].  To initialize all devices "
+        f"and suppress this warning, set the '{devices_kw}' keyword argument to "
+        f"`range(torch.{name}.device_count())`.",
+        stacklevel=4,
+    )
+
+
+def _checked_indices(backend: Backend, indices: list[int | None]) -> list[int]:
+    resolved: list[int] = []
+    count: int | None = None
+    for index in indices:
+        if index is None:
+            current = getattr(backend, "current_device", None)
+            index = int(current()) if current is not None else 0
+        else:
+            if count is None:
+                count = int(backend.device_count())
+            if not 0 <= index < count:
+                raise ValueError(
+                    f"Device {backend.name}:{index} does not exist: this process has {count} "
+                    f"{backend.name} device(s), indices 0 to {count - 1}."
+                )
+        if index not in resolved:
+            resolved.append(index)
+    return resolved
+
+
+def make_plan(
+    devices: Any,
+    device_type: Any,
+    *,
+    caller: str = "fork_rng",
+    devices_kw: str = "devices",
+    warn: bool = True,
+) -> Plan:
+    """Resolve ``devices`` / ``device_type`` into backends and device indices."""
+    named = normalize_device_type(device_type)
+    named = [t for t in named if t not in ("cpu", "meta")]
+    plan: Plan = []
+    if devices is None:
+        if named:
+            types, explicit = named, True
+        else:
+            types, explicit = default_types(), False
+        for name in types:
+            backend = get_backend(name)
+            if not explicit and not is_initialized(backend):
+                continue
+            count = int(backend.device_count())
+            if count > 1 and warn:
+                _warn_many(name, count, caller, devices_kw)
+            plan.append((backend, list(range(count))))
+        return plan
+
+    found = collect_devices(devices)
+    by_type: dict[str, list[int | None]] = {t: [] for t in named}
+    for name, indices in found.indices.items():
+        by_type.setdefault(name, []).extend(indices)
+    if found.ints:
+        owner = _owner_of_ints(named, list(found.indices), found.ints, devices_kw)
+        by_type.setdefault(owner, []).extend(found.ints)
+    for name, indices in by_type.items():
+        backend = get_backend(name)
+        if not indices:  # a type named by device_type alone, with devices=[...] for others
+            continue
+        plan.append((backend, _checked_indices(backend, indices)))
+    return plan
+
+
+def _owner_of_ints(named: list[str], inferred: list[str], ints: list[int], kw: str) -> str:
+    """Which device type bare integer indices refer to."""
+    if len(named) == 1:
+        return named[0]
+    if not named and len(inferred) == 1:
+        return inferred[0]
+    if not named and not inferred:
+        acc = _current_accelerator()
+        if acc is not None:
+            return acc
+        in_use = default_types()
+        if len(in_use) == 1:
+            return in_use[0]
+        raise ValueError(
+            f"{kw}={ints!r} holds device indices but no device type, and this process has no "
+            "accelerator to refer them to; pass device_type='cuda' (or 'xla', 'xpu', ...), or "
+            f"name devices fully, as in {kw}=['xla:0']."
+        )
+    candidates = named or inferred
+    raise ValueError(
+        f"{kw} holds bare indices {ints!r} but several device types ({', '.join(candidates)}); "
+        "say which type they belong to with device_type='...', or name devices fully, as in "
+        f"'{candidates[0]}:{ints[0]}'."
+    )
