@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["collect_devices", "infer_device_types"]
+__all__ = ["collect_devices", "infer_device_types", "parse_device"]
 
 # Device types that never have RNG state of their own to fork.
 _IGNORED = frozenset({"cpu", "meta"})
@@ -23,17 +23,29 @@ _device_cache: dict[Any, tuple[str, int | None]] = {}
 def _parse(dev: torch.device | str) -> tuple[str, int | None]:
     hit = _device_cache.get(dev)
     if hit is None:
-        try:
-            d = torch.device(dev)
-        except (RuntimeError, ValueError) as err:
-            raise ValueError(
-                f"{dev!r} is not a device string; use a device type with an optional index, "
-                "such as 'cuda', 'xpu:1' or 'xla:0'."
-            ) from err
-        hit = (d.type, d.index)
+        hit = parse_device(dev)
         if len(_device_cache) < 4096:
             _device_cache[dev] = hit
     return hit
+
+
+def parse_device(dev: torch.device | str) -> tuple[str, int | None]:
+    """``(type, index)`` of a device; also accepts types torch does not know but devrng has
+    a backend for (``"mydev:1"``)."""
+    try:
+        d = torch.device(dev)
+        return d.type, d.index
+    except (RuntimeError, ValueError, TypeError) as err:
+        if isinstance(dev, str):
+            name, _, index = dev.partition(":")
+            from devrng._registry import registry
+
+            if name in registry and (not index or index.isdigit()):
+                return name, int(index) if index else None
+        raise ValueError(
+            f"{dev!r} is not a device string; use a device type with an optional index, "
+            "such as 'cuda', 'xpu:1' or 'xla:0', or the name of a registered devrng backend."
+        ) from err
 
 
 class Devices:

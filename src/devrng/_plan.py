@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from devrng._infer import collect_devices
+from devrng._infer import collect_devices, parse_device
 from devrng._registry import Backend, get_backend, peek_backend
 
 __all__ = ["Plan", "default_types", "is_initialized", "make_plan", "normalize_device_type"]
@@ -47,11 +47,11 @@ def normalize_device_type(device_type: object) -> list[str]:
                 "device type string such as 'xpu' or a torch.device."
             )
         try:
-            name = torch.device(item).type
-        except (RuntimeError, ValueError) as err:
+            name = parse_device(item)[0]
+        except ValueError as err:
             raise ValueError(
                 f"device_type={item!r} is not a device type; use one such as 'cuda', 'xpu', "
-                "'mps', 'xla' or 'jax'."
+                "'mps', 'xla' or 'jax', or the name of a registered devrng backend."
             ) from err
         if name not in out:
             out.append(name)

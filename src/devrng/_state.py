@@ -88,7 +88,7 @@ class RNGState:
         data: dict[str, Any] = {
             "format": _FORMAT,
             "version": _VERSION,
-            "torch": torch.__version__,
+            "torch": str(torch.__version__),
             "cpu": self.cpu,
             "devices": {t: dict(per) for t, per in self.devices.items()},
             "python": None,

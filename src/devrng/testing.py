@@ -1,0 +1,528 @@
+"""Consistency checks: is a function reproducible, does a device agree with the CPU?
+
+Every check returns (or raises with) a :class:`Report`, whose text reads like
+``9 / 7680 mismatched (0.1%), max abs 1.8e-04, max rel 2.7e-01, MAE 3.1e-06``
+with one line per tensor for nested outputs. Tolerances default to
+``torch.testing.assert_close``'s per-dtype defaults.
+
+Example:
+    >>> from devrng.testing import compare_devices
+    >>> print(compare_devices(model, x, devices=("cpu", "xla:0")))
+    0 / 7680 mismatched (0.0%), max abs 9.5e-07, max rel 3.1e-05, MAE 1.2e-07 (xla:0 vs cpu; ...)
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.testing._comparison import default_tolerances
+
+from devrng._fork import fork_rng
+from devrng._plan import default_types
+from devrng._state import check_seed, get_rng_state, manual_seed, set_rng_state
+
+__all__ = [
+    "LeafReport",
+    "Report",
+    "assert_reproducible",
+    "compare",
+    "compare_devices",
+    "compare_grad_modes",
+]
+
+# Python numbers compare as the dtypes torch.testing gives them.
+_NUMBER_DTYPES: dict[type, torch.dtype] = {
+    bool: torch.bool, int: torch.int64, float: torch.float64, complex: torch.complex128,
+}
+# Same-size integer views, to compare floating-point tensors bit for bit.
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+_MAX_LINES = 20
+
+
+# -- the report -------------------------------------------------------------
+@dataclass(frozen=True)
+class LeafReport:
+    """How one tensor of an output compares with its reference.
+
+    ``max_rel`` is relative to the reference (the second argument of
+    :func:`compare`); it is ``inf`` where the reference is 0 and the values differ.
+    """
+
+    path: str
+    shape: tuple[int, ...]
+    dtype: str
+    numel: int
+    mismatched: int
+    max_abs: float
+    max_rel: float
+    mae: float
+    rtol: float
+    atol: float
+    bitwise_equal: bool
+    problem: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """Every element within tolerance, and no shape or dtype mismatch."""
+        return self.problem is None and self.mismatched == 0
+
+    def summary(self) -> str:
+        return _summary(self.numel, self.mismatched, self.max_abs, self.max_rel, self.mae)
+
+
+@dataclass(frozen=True)
+class Report:
+    """The result of a comparison: one :class:`LeafReport` per tensor, plus problems.
+
+    ``str(report)`` is a one-line summary (and a line per tensor for nested
+    outputs); ``report.ok`` says whether everything is within tolerance;
+    ``report.assert_ok()`` raises ``AssertionError`` with the text otherwise.
+
+    Example:
+        >>> report = devrng.testing.compare(torch.ones(3), torch.ones(3))
+        >>> print(report)
+        0 / 3 mismatched (0.0%), max abs 0.0e+00, max rel 0.0e+00, MAE 0.0e+00 (float32 (3,), rtol 1.3e-06, atol 1.0e-05)
+        >>> report.ok, report.bitwise_equal
+        (True, True)
+    """
+
+    leaves: tuple[LeafReport, ...]
+    problems: tuple[str, ...] = ()
+    title: str = ""
+
+    @property
+    def numel(self) -> int:
+        return sum(leaf.numel for leaf in self.leaves)
+
+    @property
+    def mismatched(self) -> int:
+        return sum(leaf.mismatched for leaf in self.leaves)
+
+    @property
+    def mismatch_ratio(self) -> float:
+        return self.mismatched / self.numel if self.numel else 0.0
+
+    @property
+    def max_abs(self) -> float:
+        return _nanmax(leaf.max_abs for leaf in self.leaves)
+
+    @property
+    def max_rel(self) -> float:
+        return _nanmax(leaf.max_rel for leaf in self.leaves)
+
+    @property
+    def mae(self) -> float:
+        """Mean absolute error over every element of every tensor."""
+        total = sum(leaf.mae * leaf.numel for leaf in self.leaves if leaf.numel)
+        return total / self.numel if self.numel else 0.0
+
+    @property
+    def ok(self) -> bool:
+        """No structural problem and every element within tolerance."""
+        return not self.problems and all(leaf.ok for leaf in self.leaves)
+
+    @property
+    def bitwise_equal(self) -> bool:
+        """No structural problem and every tensor equal bit for bit."""
+        return not self.problems and all(leaf.bitwise_equal for leaf in self.leaves)
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+    def assert_ok(self, msg: str | None = None) -> None:
+        """Raise ``AssertionError`` with the report's text unless :attr:`ok`.
+
+        Example:
+            >>> compare_devices(model, x, devices=("cpu", "xla:0")).assert_ok()
+        """
+        if not self.ok:
+            raise AssertionError(f"{msg}\n{self}" if msg else str(self))
+
+    def __str__(self) -> str:
+        context = [self.title] if self.title else []
+        if len(self.leaves) == 1 and not self.problems:
+            leaf = self.leaves[0]
+            context.append(_leaf_context(leaf))
+        else:
+            context.append(f"{len(self.leaves)} tensors")
+        lines = [f"{_summary(self.numel, self.mismatched, self.max_abs, self.max_rel, self.mae)}"
+                 f" ({'; '.join(context)})"]
+        lines += [f"  {p}" for p in self.problems]
+        if len(self.leaves) > 1 or self.problems:
+            shown = list(self.leaves)
+            if len(shown) > _MAX_LINES:
+                shown = [leaf for leaf in shown if not leaf.ok][:_MAX_LINES]
+            lines += [f"  {leaf.path}: {leaf.summary()} ({_leaf_context(leaf)})" for leaf in shown]
+            hidden = len(self.leaves) - len(shown)
+            if hidden:
+                lines.append(f"  ... and {hidden} more tensors (see report.leaves)")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        first = str(self).splitlines()[0]
+        return f"<Report ok={self.ok}: {first}>"
+
+
+def _summary(numel: int, mismatched: int, max_abs: float, max_rel: float, mae: float) -> str:
+    return (f"{mismatched} / {numel} mismatched ({_percent(mismatched, numel)}), "
+            f"max abs {_num(max_abs)}, max rel {_num(max_rel)}, MAE {_num(mae)}")
+
+
+def _leaf_context(leaf: LeafReport) -> str:
+    if leaf.problem is not None:
+        return leaf.problem
+    return f"{leaf.dtype} {leaf.shape}, rtol {_num(leaf.rtol)}, atol {_num(leaf.atol)}"
+
+
+def _percent(part: int, whole: int) -> str:
+    if not whole or not part:
+        return "0.0%"
+    p = 100.0 * part / whole
+    if p < 0.1:  # never print a real mismatch as 0.0%
+        return f"{p:.1g}%"
+    if part < whole and p > 99.9:
+        return ">99.9%"
+    return f"{p:.1f}%"
+
+
+def _num(x: float) -> str:
+    return f"{x:.1e}" if math.isfinite(x) else str(x)
+
+
+def _nanmax(values: Iterator[float] | Sequence[float]) -> float:
+    out = 0.0
+    for v in values:
+        if math.isnan(v):
+            return math.nan
+        out = max(out, v)
+    return out
+
+
+# -- comparing --------------------------------------------------------------
+def compare(a: Any, b: Any, *, rtol: float | None = None, atol: float | None = None,
+            equal_nan: bool = True, title: str = "") -> Report:
+    """Compare ``a`` with the reference ``b``, tensor by tensor.
+
+    ``a`` and ``b`` are tensors, numbers or any nesting of lists, tuples and
+    dicts of them. Tensors are compared on the CPU; an element mismatches
+    when ``|a - b| > atol + rtol * |b|``. Without ``rtol`` / ``atol`` the
+    defaults of ``torch.testing.assert_close`` for the dtypes apply (float32:
+    rtol 1.3e-6, atol 1e-5; integers and bool: exact). NaNs in the same place
+    agree unless ``equal_nan=False``.
+
+    Example:
+        >>> a = torch.tensor([1.0, 2.0]); b = torch.tensor([1.0, 2.1])
+        >>> print(devrng.testing.compare(a, b))
+        1 / 2 mismatched (50.0%), max abs 1.0e-01, max rel 4.8e-02, MAE 5.0e-02 (float32 (2,), rtol 1.3e-06, atol 1.0e-05)
+    """
+    if (rtol is None) != (atol is None):
+        raise ValueError(
+            f"rtol={rtol!r} and atol={atol!r}: give both tolerances or neither (neither uses "
+            "torch.testing's defaults for the dtypes)."
+        )
+    leaves: list[LeafReport] = []
+    problems: list[str] = []
+    _walk(a, b, "output", leaves, problems, rtol, atol, equal_nan)
+    return Report(tuple(leaves), tuple(problems), title)
+
+
+def _walk(a: Any, b: Any, path: str, leaves: list[LeafReport], problems: list[str],
+          rtol: float | None, atol: float | None, equal_nan: bool) -> None:
+    ta, tb = _as_tensor(a), _as_tensor(b)
+    if ta is not None and tb is not None:
+        leaves.append(_compare_tensors(ta, tb, path, rtol, atol, equal_nan))
+    elif isinstance(a, Mapping) and isinstance(b, Mapping):
+        for key in a:
+            if key in b:
+                _walk(a[key], b[key], f"{path}[{key!r}]", leaves, problems, rtol, atol, equal_nan)
+            else:
+                problems.append(f"{path}[{key!r}]: only in the compared output, not the reference")
+        problems.extend(f"{path}[{key!r}]: only in the reference, not the compared output"
+                        for key in b if key not in a)
+    elif _is_sequence(a) and _is_sequence(b):
+        if len(a) != len(b):
+            problems.append(f"{path}: {len(a)} items vs {len(b)} in the reference")
+        for i, (x, y) in enumerate(zip(a, b)):
+            _walk(x, y, f"{path}[{i}]", leaves, problems, rtol, atol, equal_nan)
+    elif ta is not None or tb is not None or type(a) is not type(b):
+        problems.append(f"{path}: {_kind(a)} vs {_kind(b)} in the reference")
+    else:
+        try:
+            same = bool(a == b)
+        except Exception:
+            same = a is b
+        if not same:
+            problems.append(f"{path}: {_short(a)} vs {_short(b)} in the reference")
+
+
+def _is_sequence(x: Any) -> bool:
+    return isinstance(x, (list, tuple))
+
+
+def _as_tensor(x: Any) -> torch.Tensor | None:
+    if isinstance(x, torch.Tensor):
+        return x
+    dtype = _NUMBER_DTYPES.get(type(x))
+    if dtype is not None:
+        return torch.tensor(x, dtype=dtype)
+    if type(x).__module__ == "numpy" and hasattr(x, "dtype") and x.dtype.kind in "biufc":
+        return torch.as_tensor(x)
+    return None
+
+
+def _kind(x: Any) -> str:
+    if isinstance(x, torch.Tensor):
+        return f"a {x.dtype} tensor of shape {tuple(x.shape)}"
+    return f"a {type(x).__name__}"
+
+
+def _short(x: Any) -> str:
+    text = repr(x)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _compare_tensors(a: torch.Tensor, b: torch.Tensor, path: str, rtol: float | None,
+                     atol: float | None, equal_nan: bool) -> LeafReport:
+    a = a.detach().to("cpu")
+    b = b.detach().to("cpu")
+    if rtol is None or atol is None:
+        rtol, atol = default_tolerances(a, b)
+    dtype = str(a.dtype).removeprefix("torch.")
+    if a.dtype != b.dtype:
+        dtype += f" vs {str(b.dtype).removeprefix('torch.')}"
+    shape = tuple(a.shape)
+    if a.shape != b.shape:
+        return LeafReport(path, shape, dtype, 0, 0, math.nan, math.nan, math.nan, rtol, atol,
+                          False, f"shape {shape} vs {tuple(b.shape)} in the reference")
+    bitwise = a.dtype == b.dtype and _bitwise_equal(a, b)
+    numel = a.numel()
+    if numel == 0:
+        return LeafReport(path, shape, dtype, 0, 0, 0.0, 0.0, 0.0, rtol, atol, bitwise,
+                          None if a.dtype == b.dtype else f"dtype {dtype}")
+    # Statistics in double precision, so that they do not round away the
+    # differences they measure.
+    common = torch.promote_types(a.dtype, b.dtype)
+    work = torch.complex128 if common.is_complex else torch.float64
+    x, y = a.to(work), b.to(work)
+    agree = x == y  # covers equal infinities, whose difference is nan
+    if equal_nan:
+        agree |= torch.isnan(x) & torch.isnan(y)
+    diff = torch.where(agree, torch.zeros((), dtype=torch.float64), (x - y).abs())
+    scale = y.abs()
+    rel = torch.where(diff == 0, torch.zeros((), dtype=torch.float64), diff / scale)
+    close = agree | (diff <= atol + rtol * scale)
+    mismatched = numel - int(close.sum())
+    return LeafReport(
+        path, shape, dtype, numel, mismatched,
+        float(diff.max()), float(rel.max()), float(diff.mean()), rtol, atol, bitwise,
+        None if a.dtype == b.dtype else f"dtype {dtype}",
+    )
+
+
+def _bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.is_complex():
+        a, b = torch.view_as_real(a.resolve_conj()), torch.view_as_real(b.resolve_conj())
+    if a.is_floating_point():
+        bits = _BITS[a.element_size()]
+        return torch.equal(a.contiguous().view(bits), b.contiguous().view(bits))
+    return torch.equal(a, b)
+
+
+# -- running functions ------------------------------------------------------
+def _device_objects(obj: Any, out: list[Any]) -> list[Any]:
+    """The tensors and modules inside ``obj``, for device inference (which rejects other leaves)."""
+    if isinstance(obj, (torch.Tensor, torch.nn.Module)):
+        out.append(obj)
+    elif isinstance(obj, Mapping):
+        for v in obj.values():
+            _device_objects(v, out)
+    elif isinstance(obj, (list, tuple, set, frozenset)):
+        for v in obj:
+            _device_objects(v, out)
+    return out
+
+
+def _types_of(*objs: Any) -> list[str]:
+    """Device types of the tensors and modules in ``objs`` and of every device in use."""
+    from devrng._infer import infer_device_types
+
+    found = list(infer_device_types(_device_objects(objs, [])))
+    return found + [t for t in default_types() if t not in found]
+
+
+def _cover(types: list[str]) -> dict[str, Any]:
+    """Keyword arguments that make fork_rng / get_rng_state / manual_seed cover ``types``."""
+    return {"device_type": types} if types else {"devices": []}
+
+
+def _to_cpu(out: Any) -> Any:
+    """``out`` with every tensor detached and copied to the CPU (a copy: later runs may mutate it)."""
+    if isinstance(out, torch.Tensor):
+        return out.detach().to("cpu", copy=True)
+    if isinstance(out, Mapping):
+        return {k: _to_cpu(v) for k, v in out.items()}
+    if isinstance(out, tuple) and hasattr(out, "_fields"):  # namedtuple
+        return type(out)(*(_to_cpu(v) for v in out))
+    if isinstance(out, (list, tuple)):
+        return type(out)(_to_cpu(v) for v in out)
+    return out
+
+
+def assert_reproducible(fn: Callable[..., Any], *args: Any, seed: int = 0, runs: int = 2,
+                        **kwargs: Any) -> None:
+    """Run ``fn(*args, **kwargs)`` ``runs`` times from the same seed; raise unless all bitwise equal.
+
+    Before each run devrng seeds torch's CPU generator, the generators of
+    every device type the arguments live on or that is in use, Python's
+    ``random`` and NumPy's global generator. The caller's RNG state is
+    restored afterwards. On a difference the ``AssertionError`` carries the
+    :class:`Report` of the first run that differs.
+
+    Example:
+        >>> devrng.testing.assert_reproducible(torch.nn.functional.dropout, torch.ones(8))
+    """
+    seed = check_seed(seed)
+    if isinstance(runs, bool) or not isinstance(runs, int) or runs < 2:
+        raise ValueError(f"runs={runs!r} must be an int of at least 2: the runs are compared "
+                         "with each other.")
+    types = _types_of(fn, args, kwargs)
+    name = getattr(fn, "__qualname__", None) or type(fn).__name__
+    with fork_rng(**_cover(types), python=True, numpy=True):
+        # A run may bring up a device the arguments did not name (a tensor
+        # created inside fn): then seed that type too and start again.
+        for _ in range(4):
+            outputs = []
+            for _run in range(runs):
+                manual_seed(seed, **_cover(types))
+                outputs.append(_to_cpu(fn(*args, **kwargs)))
+            new = [t for t in _types_of(outputs) if t not in types]
+            if not new:
+                break
+            types += new
+    for i, out in enumerate(outputs[1:], start=2):
+        report = compare(out, outputs[0], rtol=0.0, atol=0.0, title=f"run {i} vs run 1")
+        if not report.bitwise_equal:
+            raise AssertionError(
+                f"{name} is not reproducible: run {i} of {runs} from seed={seed} differs from "
+                f"run 1.\n{report}\nIts randomness does not all come from the generators devrng "
+                "seeds (torch's CPU and device generators, Python's random, NumPy's global "
+                "generator): look for a torch.Generator or NumPy Generator seeded elsewhere, "
+                "os.urandom or time-based seeds, or nondeterministic kernels "
+                "(see devrng.deterministic())."
+            )
+
+
+def _move(obj: Any, device: torch.device) -> Any:
+    """A copy of ``obj`` on ``device``: tensors moved, modules deep-copied then moved."""
+    if isinstance(obj, torch.nn.Module):
+        return copy.deepcopy(obj).to(device)
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to(device).requires_grad_(obj.requires_grad)
+    if isinstance(obj, Mapping):
+        return {k: _move(v, device) for k, v in obj.items()}
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        return type(obj)(*(_move(v, device) for v in obj))
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_move(v, device) for v in obj)
+    return obj
+
+
+def compare_devices(fn: Callable[..., Any], inputs: Any,
+                    devices: Sequence[str | torch.device] = ("cpu", "xla:0"), *, seed: int = 0,
+                    rtol: float | None = None, atol: float | None = None) -> Report:
+    """Run ``fn`` on each device from the same seed and inputs; compare with the first device.
+
+    ``inputs`` is moved to each device (a tuple is unpacked as positional
+    arguments, anything else is passed as the one argument). If ``fn`` is an
+    ``nn.Module``, each device runs its own deep copy, so all start from the
+    same weights. Before each run devrng seeds that device and the CPU with
+    ``seed``; the caller's RNG state is restored afterwards. Devices draw
+    different random numbers from the same seed, so compare functions without
+    randomness (e.g. a model in ``eval()`` mode).
+
+    Example:
+        >>> model = torch.nn.Conv2d(3, 8, 3).eval()
+        >>> print(compare_devices(model, torch.randn(2, 3, 16, 16), devices=("cpu", "xla:0")))
+        0 / 3136 mismatched (0.0%), max abs 4.8e-07, max rel 2.0e-04, MAE 5.1e-08 (xla:0 vs cpu; ...)
+    """
+    seed = check_seed(seed)
+    if isinstance(devices, (str, torch.device)) or len(devices) < 2:
+        raise ValueError(
+            f"devices={devices!r} must name at least two devices, the reference first, as in "
+            "devices=('cpu', 'xla:0')."
+        )
+    parsed = []
+    for d in devices:
+        try:
+            parsed.append(torch.device(d))
+        except (RuntimeError, ValueError, TypeError) as err:
+            raise ValueError(f"{d!r} in devices is not a device; use strings such as 'cpu', "
+                             "'cuda:0' or 'xla:0', or torch.device objects.") from err
+    # Labels as the caller wrote them; "cpu" twice is allowed (a sanity check).
+    labels = [str(d) for d in devices]
+    accel = [d for d in parsed if d.type not in ("cpu", "meta")]
+    outputs = []
+    with fork_rng(devices=accel, python=True, numpy=True):
+        for device in parsed:
+            f = _move(fn, device) if isinstance(fn, torch.nn.Module) else fn
+            moved = _move(inputs, device)
+            manual_seed(seed, devices=[device] if device.type != "cpu" else [])
+            out = f(*moved) if isinstance(moved, tuple) else f(moved)
+            outputs.append(_to_cpu(out))
+    if len(parsed) == 2:
+        return compare(outputs[1], outputs[0], rtol=rtol, atol=atol,
+                       title=f"{labels[1]} vs {labels[0]}")
+    leaves: list[LeafReport] = []
+    problems: list[str] = []
+    for label, out in zip(labels[1:], outputs[1:]):
+        sub = compare(out, outputs[0], rtol=rtol, atol=atol)
+        leaves += [_relabel(leaf, label) for leaf in sub.leaves]
+        problems += [f"{label} {p}" for p in sub.problems]
+    return Report(tuple(leaves), tuple(problems), f"{', '.join(labels[1:])} vs {labels[0]}")
+
+
+def _relabel(leaf: LeafReport, label: str) -> LeafReport:
+    return LeafReport(**{**leaf.__dict__, "path": f"{label} {leaf.path}"})
+
+
+def compare_grad_modes(module: Callable[..., Any], *inputs: Any, rtol: float | None = None,
+                       atol: float | None = None) -> Report:
+    """Output with autograd on vs under ``torch.no_grad()``, from the same RNG state.
+
+    A healthy backend agrees to rounding error. Buffers that the first run
+    changes (BatchNorm statistics in training mode) are put back before the
+    second run and afterwards, and the caller's RNG state is restored.
+
+    Example:
+        >>> print(devrng.testing.compare_grad_modes(resnet.eval(), images))
+        0 / 8000 mismatched (0.0%), max abs 0.0e+00, max rel 0.0e+00, MAE 0.0e+00 (no_grad vs grad; ...)
+    """
+    types = _types_of(module, inputs)
+    buffers = _buffers(module)
+    with fork_rng(**_cover(types), python=True, numpy=True):
+        state = get_rng_state(**_cover(types))
+        with torch.enable_grad():
+            with_grad = _to_cpu(module(*inputs))
+        _restore_buffers(buffers)
+        set_rng_state(state)
+        with torch.no_grad():
+            without = _to_cpu(module(*inputs))
+        _restore_buffers(buffers)
+    return compare(without, with_grad, rtol=rtol, atol=atol, title="no_grad vs grad")
+
+
+def _buffers(module: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    if not isinstance(module, torch.nn.Module):
+        return []
+    return [(b, b.detach().clone()) for b in module.buffers()]
+
+
+def _restore_buffers(saved: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    with torch.no_grad():
+        for buf, copy_ in saved:
+            buf.copy_(copy_)
