@@ -1,0 +1,256 @@
+"""``RNGStreams``: named, independent RNG streams on every device type.
+
+A device-aware take on Megatron-LM's CUDA RNG tracker: each stream keeps its
+own state for the CPU generator and for every device it has been forked on
+(CUDA, XPU, MPS, XLA, torchax, ...), swapped in while the stream is forked.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+from devrng._errors import DevRNGError
+from devrng._fork import restore_all
+from devrng._plan import Plan, make_plan
+from devrng._registry import Backend, get_backend
+from devrng._state import _check_plain, check_seed
+
+__all__ = ["RNGStreams"]
+
+_FORMAT = "devrng.RNGStreams"
+_VERSION = 1
+
+
+def _stream_seed(name: str, seed: int) -> int:
+    """The generator seed of stream ``name``: mixed with the name, so that a
+    stream never replays the default stream seeded with the same number, nor
+    another stream added with the same seed."""
+    digest = hashlib.sha256(f"devrng.RNGStreams\0{name}\0{seed}".encode()).digest()
+    return int.from_bytes(digest[:8], "little")
+
+
+class _Stream:
+    __slots__ = ("cpu", "devices", "seed")
+
+    def __init__(self, seed: int, cpu: torch.Tensor, devices: dict[str, dict[int, Any]]) -> None:
+        self.seed = seed
+        self.cpu = cpu
+        self.devices = devices
+
+
+class RNGStreams:
+    """Named RNG streams, independent of each other and of the default stream.
+
+    ``add(name, seed)`` creates a stream; ``with streams.fork(name):`` swaps
+    its state in for the CPU and every covered device type (as
+    :func:`devrng.fork_rng` chooses them from ``devices`` / ``device_type``),
+    keeps the advanced state on exit and gives the caller back its own.
+    ``state_dict()`` / ``load_state_dict()`` carry every stream across a
+    checkpoint in plain data that ``torch.load(weights_only=True)`` reads.
+
+    Example:
+        >>> streams = devrng.RNGStreams()
+        >>> streams.add("dropout", 1234)
+        >>> with streams.fork("dropout", devices=[x]):
+        ...     y = torch.nn.functional.dropout(x, 0.1)   # default stream untouched
+    """
+
+    def __init__(self) -> None:
+        self._streams: dict[str, _Stream] = {}
+        self._active: set[str] = set()
+
+    # -- streams ---------------------------------------------------------------
+    def add(self, name: str, seed: int) -> None:
+        """Create stream ``name`` from ``seed``; a name can be added once.
+
+        Example:
+            >>> streams.add("model-parallel", devrng.distributed.rank_seed(1234))
+        """
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"A stream name must be a non-empty string, not {name!r}.")
+        seed = check_seed(seed)
+        if name in self._streams:
+            raise ValueError(
+                f"A stream named {name!r} already exists (seed {self._streams[name].seed}); "
+                "choose another name, or load_state_dict() to replace every stream."
+            )
+        cpu = torch.Generator().manual_seed(_stream_seed(name, seed)).get_state()
+        self._streams[name] = _Stream(seed, cpu, {})
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The streams' names, in the order they were added."""
+        return tuple(self._streams)
+
+    def seed(self, name: str) -> int:
+        """The seed stream ``name`` was added with."""
+        return self._get(name, "seed").seed
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._streams
+
+    def __len__(self) -> int:
+        return len(self._streams)
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{n!r}: seed {s.seed}" for n, s in self._streams.items())
+        return f"RNGStreams({{{inner}}})"
+
+    def _get(self, name: str, caller: str) -> _Stream:
+        stream = self._streams.get(name)
+        if stream is None:
+            known = ", ".join(repr(n) for n in self._streams) or "none yet"
+            raise ValueError(
+                f"RNGStreams.{caller}: there is no stream named {name!r}; the streams are: "
+                f"{known}. Create it first with streams.add({name!r}, seed)."
+            )
+        return stream
+
+    # -- forking -----------------------------------------------------------------
+    def _materialise(self, name: str, stream: _Stream, plan: Plan) -> None:
+        """Give the stream a state on each planned device it has never been forked on."""
+        for backend, indices in plan:
+            have = stream.devices.setdefault(backend.name, {})
+            missing = [i for i in indices if i not in have]
+            if not missing:
+                continue
+            # Backends seed all their devices at once; save and put back every one,
+            # so that the caller's streams on other devices are left as they were.
+            every = range(int(backend.device_count()))
+            before = [(backend, i, backend.get_rng_state(i)) for i in every]
+            try:
+                backend.manual_seed(_stream_seed(name, stream.seed))
+                for i in missing:
+                    have[i] = backend.get_rng_state(i)
+            finally:
+                restore_all(None, before, None, None, what="RNGStreams.fork")
+
+    @contextmanager
+    def fork(self, name: str, devices: Any = None, *, device_type: Any = None) -> Iterator[None]:
+        """Draw from stream ``name`` inside the block; the caller's state comes back on exit.
+
+        Covers the CPU and the device types of ``devices`` / ``device_type``
+        (with neither, the accelerator and XLA / torchax when in use, as
+        :func:`devrng.fork_rng`). The stream's advanced state is kept, so the
+        next ``fork(name)`` continues where this one stopped.
+
+        Example:
+            >>> with streams.fork("dropout", devices=["xla:0"]):
+            ...     mask = torch.rand(4, device="xla:0") > 0.5
+        """
+        stream = self._get(name, "fork")
+        if name in self._active:
+            raise RuntimeError(
+                f"RNGStreams.fork({name!r}) is already active; forking the same stream inside "
+                "itself would replay its numbers. Use it once, or add a second stream."
+            )
+        plan = make_plan(devices, device_type, caller="RNGStreams.fork")
+        self._materialise(name, stream, plan)
+        cpu_gen = torch.default_generator
+        caller_cpu = cpu_gen.get_state()
+        caller_dev = [(b, i, b.get_rng_state(i)) for b, idx in plan for i in idx]
+        self._swap_in(name, stream, caller_cpu, caller_dev)
+        self._active.add(name)
+        try:
+            yield
+        finally:
+            self._active.discard(name)
+            try:
+                stream.cpu = cpu_gen.get_state()
+                for backend, index, _ in caller_dev:
+                    stream.devices[backend.name][index] = backend.get_rng_state(index)
+            finally:
+                restore_all(caller_cpu, caller_dev, None, None, what="RNGStreams.fork")
+
+    @staticmethod
+    def _swap_in(name: str, stream: _Stream, caller_cpu: torch.Tensor,
+                 caller_dev: list[tuple[Backend, int, Any]]) -> None:
+        done: list[tuple[Backend, int, Any]] = []
+        label = "cpu"
+        try:
+            for backend, index, previous in caller_dev:
+                label = f"{backend.name}:{index}"
+                backend.set_rng_state(stream.devices[backend.name][index], index)
+                done.append((backend, index, previous))
+            label = "cpu"
+            torch.default_generator.set_state(stream.cpu)
+        except Exception as err:
+            restore_all(caller_cpu, done, None, None, what="RNGStreams.fork")
+            raise DevRNGError(
+                f"RNGStreams.fork({name!r}) could not put the stream's {label} state in place "
+                f"({type(err).__name__}: {err}); the state was probably loaded from a checkpoint "
+                "taken with another torch or device. Every generator was put back."
+            ) from err
+
+    # -- checkpoints ---------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Every stream's seed and states as plain data (``torch.load(weights_only=True)`` safe).
+
+        Example:
+            >>> torch.save({"model": model.state_dict(), "rng": streams.state_dict()}, "ckpt.pt")
+        """
+        streams = {}
+        for name, s in self._streams.items():
+            devices = {t: dict(per) for t, per in s.devices.items() if per}
+            _check_plain(devices, f"stream {name!r}'s device states")
+            streams[name] = {"seed": s.seed, "cpu": s.cpu.clone(), "devices": devices}
+        return {"format": _FORMAT, "version": _VERSION, "streams": streams}
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Replace every stream with those in ``state_dict`` (from :meth:`state_dict`).
+
+        The whole dict is checked first; on any problem nothing changes.
+
+        Example:
+            >>> streams.load_state_dict(torch.load("ckpt.pt", weights_only=True)["rng"])
+        """
+        if self._active:
+            raise RuntimeError(
+                f"RNGStreams.load_state_dict was called while stream(s) "
+                f"{', '.join(map(repr, sorted(self._active)))} are forked; load it outside fork()."
+            )
+        if not isinstance(state_dict, Mapping) or state_dict.get("format") != _FORMAT:
+            tag = state_dict.get("format") if isinstance(state_dict, Mapping) else None
+            raise ValueError(
+                f"RNGStreams.load_state_dict takes the dict that RNGStreams.state_dict() returns "
+                f"(format {_FORMAT!r}); got a {type(state_dict).__name__} with format {tag!r}."
+            )
+        if state_dict.get("version") != _VERSION:
+            raise ValueError(
+                f"The RNGStreams state dict is version {state_dict.get('version')!r}; this devrng "
+                f"reads version {_VERSION}."
+            )
+        cpu_numel = torch.default_generator.get_state().numel()
+        loaded: dict[str, _Stream] = {}
+        raw = state_dict.get("streams")
+        if not isinstance(raw, Mapping):
+            raise ValueError("The RNGStreams state dict has no 'streams' mapping.")
+        for name, entry in raw.items():
+            try:
+                seed = check_seed(entry["seed"], f"stream {name!r}'s seed")
+                cpu = entry["cpu"]
+                devices = entry["devices"]
+            except (KeyError, TypeError) as err:
+                raise ValueError(
+                    f"Stream {name!r} in the RNGStreams state dict is malformed ({err}); it needs "
+                    "'seed', 'cpu' and 'devices'."
+                ) from err
+            if not isinstance(cpu, torch.Tensor) or cpu.dtype != torch.uint8 \
+                    or tuple(cpu.shape) != (cpu_numel,):
+                raise ValueError(
+                    f"Stream {name!r}'s CPU state must be a uint8 tensor of {cpu_numel} elements "
+                    f"(this torch's generator state), not {cpu!r:.60}."
+                )
+            if not isinstance(devices, Mapping):
+                raise ValueError(f"Stream {name!r}'s 'devices' must be a dict, not {devices!r:.60}.")
+            per_type: dict[str, dict[int, Any]] = {}
+            for dtype, per in devices.items():
+                get_backend(str(dtype))  # an unknown device type fails here, before any change
+                per_type[str(dtype)] = {int(i): s for i, s in per.items()}
+            loaded[str(name)] = _Stream(seed, cpu.clone(), per_type)
+        self._streams = loaded

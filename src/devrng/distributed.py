@@ -1,0 +1,387 @@
+"""RNG across processes: per-rank seeds, broadcasting a snapshot, checking ranks agree.
+
+Everything here runs on a ``torch.distributed`` process group that the program
+has already started (gloo, nccl, xccl, XLA's backend, ...); devrng never
+starts one itself and uses only collectives on the group it is given.
+
+How devices are compared across ranks
+-------------------------------------
+Each process usually drives its own device: rank 0 uses ``cuda:0``, rank 1
+uses ``cuda:1``. Their states are therefore matched by device type and by
+*position* in the rank's own device list, never by raw index: rank 0's
+``cuda:0`` is compared with (or broadcast to) rank 1's ``cuda:1``. With
+``devices=None`` each rank covers its *current* device of every device type in
+use (the accelerator, XLA, torchax), so replicas on different local GPUs
+compare equal. Pass ``devices=`` (the same number of devices per type on every
+rank) to cover more than one device per rank.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+from collections import Counter
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from devrng import _host
+from devrng._errors import DevRNGError
+from devrng._plan import default_types, make_plan
+from devrng._registry import Backend, get_backend
+from devrng._state import RNGState, _feed, check_seed, manual_seed, set_rng_state
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+
+__all__ = [
+    "RNGSyncError",
+    "assert_rng_in_sync",
+    "broadcast_rng_state",
+    "manual_seed_ranks",
+    "rank_seed",
+]
+
+_MASK64 = (1 << 64) - 1
+_GAMMA = 0x9E3779B97F4A7C15  # SplitMix64's increment (odd, so i * _GAMMA is injective mod 2**64)
+
+
+class RNGSyncError(DevRNGError):
+    """Ranks whose RNG state differs from the rest of the group.
+
+    ``ranks`` holds the global ranks that differ from the reference (the most
+    common state); ``fingerprints`` maps every global rank to its fingerprint.
+
+    Example:
+        >>> try:
+        ...     devrng.distributed.assert_rng_in_sync()
+        ... except devrng.distributed.RNGSyncError as err:
+        ...     print(err.ranks)
+        (3,)
+    """
+
+    def __init__(self, message: str, ranks: Sequence[int], fingerprints: dict[int, str]) -> None:
+        super().__init__(message)
+        self.ranks = tuple(ranks)
+        self.fingerprints = dict(fingerprints)
+
+
+# -- seeds ---------------------------------------------------------------------
+def _mix64(z: int) -> int:
+    """SplitMix64's finaliser: a bijection of 64-bit integers that spreads every bit."""
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 & _MASK64
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EB & _MASK64
+    return z ^ (z >> 31)
+
+
+def _rank_from_env() -> int:
+    dist = _dist_or_none()
+    if dist is not None and dist.is_initialized():
+        return int(dist.get_rank())
+    raw = os.environ.get("RANK")
+    if raw is None or raw.strip() == "":
+        return 0
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(
+            f"The RANK environment variable is {raw!r}, which is not a non-negative integer; "
+            "set it to this process's rank or pass rank= explicitly."
+        ) from None
+    if value < 0:
+        raise ValueError(f"The RANK environment variable is {value}; a rank must be 0 or more.")
+    return value
+
+
+def rank_seed(seed: int, rank: int | None = None) -> int:
+    """A well-mixed 64-bit seed for ``rank``, distinct for every rank.
+
+    ``rank=None`` takes the rank in the default process group if one is
+    initialised, else the ``RANK`` environment variable, else 0. The result is
+    the SplitMix64 output for stream position ``rank`` of a generator seeded
+    with ``seed``: for one ``seed`` two ranks below 2**64 never get the same
+    value, and the same ``(seed, rank)`` gives the same value on every machine.
+
+    Example:
+        >>> devrng.distributed.rank_seed(1234, rank=0) != devrng.distributed.rank_seed(1234, rank=1)
+        True
+    """
+    seed = check_seed(seed)
+    if rank is None:
+        rank = _rank_from_env()
+    elif isinstance(rank, bool) or not isinstance(rank, int):
+        raise TypeError(f"rank must be an int of 0 or more, not {rank!r} (a {type(rank).__name__}).")
+    elif not 0 <= rank < 2**64:
+        raise ValueError(f"rank={rank} is out of range; a rank is an int of 0 or more.")
+    base = _mix64(seed)
+    # Distinct ranks give distinct sums (the increment is odd), and _mix64 is a
+    # bijection, so distinct ranks can never share a seed.
+    return _mix64((base + (rank + 1) * _GAMMA) & _MASK64)
+
+
+def manual_seed_ranks(seed: int, *, group: ProcessGroup | None = None) -> int:
+    """Seed everything (``devrng.manual_seed``) with this rank's :func:`rank_seed`; return it.
+
+    The rank is this process's rank in ``group`` (the default group when
+    ``None``; without any process group, ``RANK`` or 0). Seeding by the rank in
+    a data-parallel group gives the members of each tensor-parallel group one
+    shared stream.
+
+    Example:
+        >>> torch.distributed.init_process_group("gloo")
+        >>> seed = devrng.distributed.manual_seed_ranks(1234)  # a different stream per rank
+    """
+    seed = check_seed(seed)
+    if group is None:
+        rank = _rank_from_env()
+    else:
+        dist = _require_dist("manual_seed_ranks")
+        rank = int(dist.get_rank(group))
+        if rank < 0:
+            raise ValueError(
+                f"manual_seed_ranks was given a group that this process (global rank "
+                f"{dist.get_rank()}) is not a member of; pass a group that contains it, or "
+                "group=None for the default group."
+            )
+    return manual_seed(rank_seed(seed, rank))
+
+
+# -- process groups ------------------------------------------------------------
+def _dist_or_none() -> Any:
+    if not torch.distributed.is_available():
+        return None
+    return torch.distributed
+
+
+def _require_dist(caller: str) -> Any:
+    dist = _dist_or_none()
+    if dist is None:
+        raise RuntimeError(
+            f"devrng.distributed.{caller} needs torch.distributed, which this build of torch "
+            "does not include."
+        )
+    if not dist.is_initialized():
+        raise RuntimeError(
+            f"devrng.distributed.{caller} needs an initialised torch.distributed process group, "
+            "and there is none; call torch.distributed.init_process_group(...) first (devrng "
+            "never starts one itself)."
+        )
+    return dist
+
+
+def _group_ranks(dist: Any, group: ProcessGroup | None) -> list[int]:
+    """The group's global ranks, in group-rank order."""
+    if group is None:
+        return list(range(dist.get_world_size()))
+    return [int(r) for r in dist.get_process_group_ranks(group)]
+
+
+def _coll_device(dist: Any, group: ProcessGroup | None) -> torch.device:
+    """The device a group's collectives take tensors on (CPU for gloo, CUDA for nccl, ...)."""
+    pick = getattr(dist.distributed_c10d, "_get_object_coll_device", None)
+    if pick is not None:
+        try:
+            return torch.device(pick(group))
+        except Exception:  # a group type that private helper does not know
+            pass
+    backend = str(dist.get_backend(group))
+    return torch.device({"nccl": "cuda", "xccl": "xpu"}.get(backend, "cpu"))
+
+
+# -- what a rank covers ---------------------------------------------------------
+def _local_devices(devices: Any, caller: str) -> list[tuple[Backend, list[int]]]:
+    """(backend, local indices in position order) for every covered device type."""
+    if devices is not None:
+        return make_plan(devices, None, caller=f"devrng.distributed.{caller}", warn=False)
+    plan = []
+    for name in default_types():
+        backend = get_backend(name)
+        current = getattr(backend, "current_device", None)
+        plan.append((backend, [int(current()) if current is not None else 0]))
+    return plan
+
+
+def _coverage(plan: list[tuple[Backend, list[int]]]) -> dict[str, int]:
+    return {backend.name: len(indices) for backend, indices in plan}
+
+
+def _describe_coverage(cov: dict[str, int]) -> str:
+    parts = ["cpu"] + [f"{n} ({c} device{'s' if c != 1 else ''})" for n, c in cov.items()]
+    return ", ".join(parts)
+
+
+def _snapshot(plan: list[tuple[Backend, list[int]]], python: bool, numpy: bool) -> RNGState:
+    """This rank's state with devices keyed by position, so ranks can be compared."""
+    per_type = {b.name: {pos: b.get_rng_state(i) for pos, i in enumerate(idx)} for b, idx in plan}
+    return RNGState(
+        torch.default_generator.get_state(),
+        per_type,
+        _host.get_python_state() if python else None,
+        _host.get_numpy_state() if numpy else None,
+    )
+
+
+def _part_fingerprints(state: RNGState) -> dict[str, str]:
+    """One short hash per generator, to say *which* generator differs."""
+    parts: dict[str, Any] = {"cpu": state.cpu}
+    for name, per in state.devices.items():
+        for pos, s in per.items():
+            parts[f"{name}[{pos}]"] = s
+    if state.python is not None:
+        parts["python"] = state.python
+    if state.numpy is not None:
+        parts["numpy"] = state.numpy
+    out = {}
+    for label, value in parts.items():
+        h = hashlib.sha256()
+        _feed(h, value)
+        out[label] = h.hexdigest()[:16]
+    return out
+
+
+def _check_coverage(records: list[dict[str, Any]], caller: str) -> None:
+    """All ranks must cover the same device types and counts, or every rank raises."""
+    kinds: dict[tuple[tuple[str, int], ...], list[int]] = {}
+    for rec in records:
+        key = tuple(sorted(rec["coverage"].items()))
+        kinds.setdefault(key, []).append(rec["rank"])
+    if len(kinds) <= 1:
+        return
+    lines = "; ".join(
+        f"{_ranks_text(ranks)} cover{'s' if len(ranks) == 1 else ''} {_describe_coverage(dict(k))}"
+        for k, ranks in kinds.items()
+    )
+    raise DevRNGError(
+        f"devrng.distributed.{caller}: the ranks disagree on which devices they cover ({lines}). "
+        "Every rank must cover the same device types with the same number of devices each; "
+        "pass devices= explicitly (for example devices=['cuda:<local rank>']) on every rank."
+    )
+
+
+def _ranks_text(ranks: Sequence[int]) -> str:
+    ranks = sorted(ranks)
+    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
+
+
+def _all_gather(dist: Any, group: ProcessGroup | None, record: dict[str, Any]) -> list[dict[str, Any]]:
+    size = dist.get_world_size(group)
+    out: list[Any] = [None] * size
+    # Only short strings and ints travel this way; states go as tensors (see broadcast).
+    dist.all_gather_object(out, record, group=group)
+    return out
+
+
+# -- broadcast -----------------------------------------------------------------
+def broadcast_rng_state(src: int = 0, *, group: ProcessGroup | None = None, devices: Any = None,
+                        python: bool = True, numpy: bool = True) -> None:
+    """Give every rank of ``group`` the RNG state of global rank ``src``.
+
+    Covers the CPU generator, each rank's devices (see the module notes: the
+    current device of each device type in use, or ``devices``; matched by
+    position, so rank 0's ``cuda:0`` state lands on rank 1's ``cuda:1``), and
+    Python's and NumPy's generators unless ``python`` / ``numpy`` is false.
+    ``src`` is a global rank, as in ``torch.distributed.broadcast``. The
+    snapshot travels as a weights-only ``torch.save`` payload in a uint8
+    tensor, so receiving it never unpickles arbitrary objects. Ranks outside
+    ``group`` return at once, as torch's collectives do.
+
+    Example:
+        >>> devrng.distributed.broadcast_rng_state(src=0)  # all replicas now draw alike
+    """
+    dist = _require_dist("broadcast_rng_state")
+    if dist.get_rank(group) < 0:
+        return
+    ranks = _group_ranks(dist, group)
+    if isinstance(src, bool) or not isinstance(src, int):
+        raise TypeError(f"src must be a global rank (an int), not {src!r} (a {type(src).__name__}).")
+    if src not in ranks:
+        raise ValueError(
+            f"src={src} is not a member of the group, whose global ranks are "
+            f"{', '.join(map(str, ranks))}; src is a global rank, as in torch.distributed.broadcast."
+        )
+    me = int(dist.get_rank())
+    plan = _local_devices(devices, "broadcast_rng_state")
+    payload = b""
+    if me == src:
+        buffer = io.BytesIO()
+        torch.save(_snapshot(plan, python, numpy).to_dict(), buffer)
+        payload = buffer.getvalue()
+    records = _all_gather(dist, group, {"rank": me, "coverage": _coverage(plan),
+                                        "size": len(payload)})
+    _check_coverage(records, "broadcast_rng_state")
+    size = next(rec["size"] for rec in records if rec["rank"] == src)
+    device = _coll_device(dist, group)
+    if me == src:
+        data = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(device)
+    else:
+        data = torch.empty(size, dtype=torch.uint8, device=device)
+    dist.broadcast(data, src=src, group=group)
+    if me == src:
+        return
+    received = torch.load(io.BytesIO(_to_bytes(data)), weights_only=True, map_location="cpu")
+    state = RNGState.from_dict(received, source=f"the RNG state broadcast by rank {src}")
+    # Positions back to this rank's own device indices.
+    local = {b.name: {idx[pos]: s for pos, s in state.devices[b.name].items()} for b, idx in plan}
+    set_rng_state(RNGState(state.cpu, local, state.python if python else None,
+                           state.numpy if numpy else None))
+
+
+def _to_bytes(data: torch.Tensor) -> bytes:
+    data = data.cpu()
+    if _host.numpy_or_none() is not None:
+        return bytes(data.numpy().tobytes())
+    return bytes(data.tolist())
+
+
+# -- check -----------------------------------------------------------------------
+def assert_rng_in_sync(*, group: ProcessGroup | None = None, devices: Any = None,
+                       python: bool = True, numpy: bool = True) -> None:
+    """Raise unless every rank of ``group`` holds the same RNG state.
+
+    Each rank's ``RNGState.fingerprint()`` (of the CPU generator, its devices
+    matched by type and position, and Python / NumPy unless switched off) is
+    gathered with ``all_gather_object``. The reference is the fingerprint most
+    ranks share (a tie goes to the one held by the lowest rank); the
+    :class:`RNGSyncError` (a ``DevRNGError``) raised on every rank names, by
+    global rank, exactly the ranks that differ from it and which generators
+    differ. Ranks outside ``group`` return at once.
+
+    Example:
+        >>> devrng.distributed.broadcast_rng_state(src=0)
+        >>> devrng.distributed.assert_rng_in_sync()  # passes
+    """
+    dist = _require_dist("assert_rng_in_sync")
+    if dist.get_rank(group) < 0:
+        return
+    plan = _local_devices(devices, "assert_rng_in_sync")
+    snap = _snapshot(plan, python, numpy)
+    record = {"rank": int(dist.get_rank()), "coverage": _coverage(plan),
+              "fingerprint": snap.fingerprint(), "parts": _part_fingerprints(snap)}
+    records = _all_gather(dist, group, record)
+    _check_coverage(records, "assert_rng_in_sync")
+    counts = Counter(rec["fingerprint"] for rec in records)
+    lowest = {}
+    for rec in sorted(records, key=lambda r: r["rank"]):
+        lowest.setdefault(rec["fingerprint"], rec["rank"])
+    reference = max(counts, key=lambda fp: (counts[fp], -lowest[fp]))
+    agree = sorted(rec["rank"] for rec in records if rec["fingerprint"] == reference)
+    differ = sorted((rec for rec in records if rec["fingerprint"] != reference),
+                    key=lambda r: r["rank"])
+    if not differ:
+        return
+    ref_parts = next(rec["parts"] for rec in records if rec["fingerprint"] == reference)
+    details = "; ".join(
+        f"rank {rec['rank']} in {', '.join(k for k, v in rec['parts'].items() if ref_parts.get(k) != v)}"
+        for rec in differ
+    )
+    bad = [rec["rank"] for rec in differ]
+    raise RNGSyncError(
+        f"RNG state is out of sync: {_ranks_text(bad)} differ{'s' if len(bad) == 1 else ''} from "
+        f"{_ranks_text(agree)} (fingerprint {reference}); generators that differ: {details}. "
+        "Call devrng.distributed.broadcast_rng_state(src=...) to re-synchronise, or find the "
+        "code that drew random numbers on only some ranks.",
+        bad,
+        {rec["rank"]: rec["fingerprint"] for rec in records},
+    )
