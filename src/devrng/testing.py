@@ -247,7 +247,7 @@ def _walk(a: Any, b: Any, path: str, leaves: list[LeafReport], problems: list[st
     elif _is_sequence(a) and _is_sequence(b):
         if len(a) != len(b):
             problems.append(f"{path}: {len(a)} items vs {len(b)} in the reference")
-        for i, (x, y) in enumerate(zip(a, b)):
+        for i, (x, y) in enumerate(zip(a, b, strict=False)):
             _walk(x, y, f"{path}[{i}]", leaves, problems, rtol, atol, equal_nan)
     elif ta is not None or tb is not None or type(a) is not type(b):
         problems.append(f"{path}: {_kind(a)} vs {_kind(b)} in the reference")
@@ -472,14 +472,23 @@ def compare_devices(fn: Callable[..., Any], inputs: Any,
             f = _move(fn, device) if isinstance(fn, torch.nn.Module) else fn
             moved = _move(inputs, device)
             manual_seed(seed, devices=[device] if device.type != "cpu" else [])
-            out = f(*moved) if isinstance(moved, tuple) else f(moved)
+            try:
+                out = f(*moved) if isinstance(moved, tuple) else f(moved)
+            except Exception as err:
+                if hasattr(err, "add_note"):  # Python 3.11+
+                    err.add_note(
+                        f"devrng.testing.compare_devices: this failed on {device}. fn receives "
+                        "the inputs moved to each device; a module that fn uses must be moved "
+                        "too: pass it as fn or inside inputs, not through a closure."
+                    )
+                raise
             outputs.append(_to_cpu(out))
     if len(parsed) == 2:
         return compare(outputs[1], outputs[0], rtol=rtol, atol=atol,
                        title=f"{labels[1]} vs {labels[0]}")
     leaves: list[LeafReport] = []
     problems: list[str] = []
-    for label, out in zip(labels[1:], outputs[1:]):
+    for label, out in zip(labels[1:], outputs[1:], strict=True):
         sub = compare(out, outputs[0], rtol=rtol, atol=atol)
         leaves += [_relabel(leaf, label) for leaf in sub.leaves]
         problems += [f"{label} {p}" for p in sub.problems]
