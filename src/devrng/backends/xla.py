@@ -7,6 +7,9 @@ integer is the whole state (``xm.get_rng_state`` / ``xm.set_rng_state``).
 
 from __future__ import annotations
 
+import os
+import warnings
+
 import torch_xla
 import torch_xla.core.xla_model as xm
 
@@ -45,6 +48,52 @@ class XLABackend:
     def manual_seed(self, seed: int) -> None:
         for index in range(self.device_count()):
             xm.set_rng_state(seed, f"xla:{index}")
+
+    # -- determinism (optional members, used by devrng.deterministic) ----------
+    # XLA on CPU and TPU has no nondeterministic kernels to switch off; XLA:GPU
+    # has, behind a flag read from XLA_FLAGS when the runtime starts.
+    deterministic_note = (
+        "XLA_FLAGS --xla_gpu_deterministic_ops=true: deterministic XLA:GPU kernels; read when "
+        "the XLA runtime starts (XLA on CPU and TPU needs no switch)"
+    )
+
+    def get_deterministic(self) -> bool:
+        return _DETERMINISTIC_FLAG in os.environ.get("XLA_FLAGS", "").split()
+
+    def set_deterministic(self, flag: bool) -> bool:
+        previous = self.get_deterministic()
+        if bool(flag) == previous:
+            return previous
+        words = os.environ.get("XLA_FLAGS", "").split()
+        if flag:
+            words.append(_DETERMINISTIC_FLAG)
+        else:
+            words = [w for w in words if w != _DETERMINISTIC_FLAG]
+        if words:
+            os.environ["XLA_FLAGS"] = " ".join(words)
+        else:
+            os.environ.pop("XLA_FLAGS", None)
+        if self.is_initialized() and _runtime_device_type() in ("CUDA", "GPU"):
+            warnings.warn(
+                f"The XLA runtime is already running, so changing {_DETERMINISTIC_FLAG} in "
+                "XLA_FLAGS has no effect in this process; call devrng.deterministic() before the "
+                f"first XLA device use, or start the program with XLA_FLAGS={_DETERMINISTIC_FLAG}.",
+                UserWarning,
+                stacklevel=3,
+            )
+        return previous
+
+
+_DETERMINISTIC_FLAG = "--xla_gpu_deterministic_ops=true"
+
+
+def _runtime_device_type() -> str:
+    try:
+        import torch_xla.runtime as xr
+
+        return str(xr.device_type() or "")
+    except Exception:
+        return ""
 
 
 backend = XLABackend()
