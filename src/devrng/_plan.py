@@ -117,7 +117,9 @@ def _checked_indices(backend: Backend, indices: list[int | None]) -> list[int]:
     resolved: list[int] = []
     count: int | None = None
     for index in indices:
-        if index is None:
+        # -1 is "the current device", as for torch.cuda.device(-1); Tensor.get_device() gives
+        # it for torchax tensors, and torch.utils.checkpoint passes those ids to fork_rng.
+        if index is None or index == -1:
             current = getattr(backend, "current_device", None)
             index = int(current()) if current is not None else 0
         else:
