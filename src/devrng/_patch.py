@@ -29,6 +29,9 @@ def patch_torch() -> None:
     """
     with _lock:
         if "fork_rng" in _saved:
+            # Device modules are idempotent too; registering again picks up a backend
+            # imported since the first call (torchax renames PrivateUse1 on import).
+            _register_device_modules()
             return
         _saved["fork_rng"] = torch.random.fork_rng
         _saved["torch.fork_rng"] = getattr(torch, "fork_rng", None)
