@@ -13,6 +13,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -22,9 +23,8 @@ from typing import Any
 import torch
 from torch.testing._comparison import default_tolerances
 
-from devrng._fork import fork_rng
 from devrng._plan import default_types
-from devrng._state import check_seed, get_rng_state, manual_seed, set_rng_state
+from devrng._state import RNGState, check_seed, get_rng_state, manual_seed, set_rng_state
 
 __all__ = [
     "LeafReport",
@@ -157,7 +157,7 @@ class Report:
             shown = list(self.leaves)
             if len(shown) > _MAX_LINES:
                 shown = [leaf for leaf in shown if not leaf.ok][:_MAX_LINES]
-            lines += [f"  {leaf.path}: {leaf.summary()} ({_leaf_context(leaf)})" for leaf in shown]
+            lines += [f"  {leaf.path}: {_leaf_line(leaf)}" for leaf in shown]
             hidden = len(self.leaves) - len(shown)
             if hidden:
                 lines.append(f"  ... and {hidden} more tensors (see report.leaves)")
@@ -171,6 +171,12 @@ class Report:
 def _summary(numel: int, mismatched: int, max_abs: float, max_rel: float, mae: float) -> str:
     return (f"{mismatched} / {numel} mismatched ({_percent(mismatched, numel)}), "
             f"max abs {_num(max_abs)}, max rel {_num(max_rel)}, MAE {_num(mae)}")
+
+
+def _leaf_line(leaf: LeafReport) -> str:
+    if leaf.problem is not None and not leaf.numel:  # nothing was compared
+        return leaf.problem
+    return f"{leaf.summary()} ({_leaf_context(leaf)})"
 
 
 def _leaf_context(leaf: LeafReport) -> str:
@@ -297,7 +303,7 @@ def _compare_tensors(a: torch.Tensor, b: torch.Tensor, path: str, rtol: float | 
         dtype += f" vs {str(b.dtype).removeprefix('torch.')}"
     shape = tuple(a.shape)
     if a.shape != b.shape:
-        return LeafReport(path, shape, dtype, 0, 0, math.nan, math.nan, math.nan, rtol, atol,
+        return LeafReport(path, shape, dtype, 0, 0, 0.0, 0.0, 0.0, rtol, atol,
                           False, f"shape {shape} vs {tuple(b.shape)} in the reference")
     bitwise = a.dtype == b.dtype and _bitwise_equal(a, b)
     numel = a.numel()
@@ -360,6 +366,20 @@ def _cover(types: list[str]) -> dict[str, Any]:
     return {"device_type": types} if types else {"devices": []}
 
 
+@contextlib.contextmanager
+def _forked(types: list[str]) -> Iterator[RNGState]:
+    """Fork every device of ``types``, the CPU, Python and NumPy; yield the saved state.
+
+    Like fork_rng, without its warning about forking every device of a type:
+    covering them all is the point here.
+    """
+    state = get_rng_state(**_cover(types))
+    try:
+        yield state
+    finally:
+        set_rng_state(state)
+
+
 def _to_cpu(out: Any) -> Any:
     """``out`` with every tensor detached and copied to the CPU (a copy: later runs may mutate it)."""
     if isinstance(out, torch.Tensor):
@@ -392,7 +412,7 @@ def assert_reproducible(fn: Callable[..., Any], *args: Any, seed: int = 0, runs:
                          "with each other.")
     types = _types_of(fn, args, kwargs)
     name = getattr(fn, "__qualname__", None) or type(fn).__name__
-    with fork_rng(**_cover(types), python=True, numpy=True):
+    with _forked(types):
         # A run may bring up a device the arguments did not name (a tensor
         # created inside fn): then seed that type too and start again.
         for _ in range(4):
@@ -467,7 +487,8 @@ def compare_devices(fn: Callable[..., Any], inputs: Any,
     labels = [str(d) for d in devices]
     accel = [d for d in parsed if d.type not in ("cpu", "meta")]
     outputs = []
-    with fork_rng(devices=accel, python=True, numpy=True):
+    # manual_seed reaches every device of a type, so fork them all.
+    with _forked(list(dict.fromkeys(d.type for d in accel))):
         for device in parsed:
             f = _move(fn, device) if isinstance(fn, torch.nn.Module) else fn
             moved = _move(inputs, device)
@@ -513,8 +534,7 @@ def compare_grad_modes(module: Callable[..., Any], *inputs: Any, rtol: float | N
     """
     types = _types_of(module, inputs)
     buffers = _buffers(module)
-    with fork_rng(**_cover(types), python=True, numpy=True):
-        state = get_rng_state(**_cover(types))
+    with _forked(types) as state:
         with torch.enable_grad():
             with_grad = _to_cpu(module(*inputs))
         _restore_buffers(buffers)
