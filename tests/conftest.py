@@ -119,3 +119,13 @@ def _isolate_global_rng() -> Iterator[None]:
     random.setstate(py)
     if numpy is not None:
         numpy.random.set_state(np_state)
+
+
+def fake_tensor(device: str, n: int = 2) -> torch.Tensor:
+    """A FakeTensor whose ``.device`` is ``device`` (e.g. a SIMULATED "xpu:1"); no memory.
+
+    Make it before ``simulate_device`` patches that type as available: torch 2.9's
+    FakeTensor then tries to initialise the (absent) real device."""
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    return FakeTensor(FakeTensorMode(), torch.empty(n, device="meta"), torch.device(device))

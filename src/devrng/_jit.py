@@ -1,0 +1,237 @@
+"""``seeded_jit``: compiled functions whose RNG seed is an explicit runtime argument.
+
+Compilers get randomness wrong in three ways: the key is baked into the
+program (torchax ``jax_jit``), the compiling call consumes RNG that later
+calls do not (openxla), or the caller must remember to seed and restore the
+right generators around every call. ``seeded_jit`` makes the seed an input
+of the call on every backend; the compiler glue lives in
+``devrng._jit_backends.<backend>``, imported only when that backend is used.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from collections.abc import Callable, Mapping
+from typing import Any, Generic, TypeVar, overload
+
+import torch
+
+from devrng._jit_backends import MakeRunner, Runner, input_types
+from devrng._state import check_seed
+
+__all__ = ["BACKENDS", "SeededFunction", "seeded_jit", "stream_seed"]
+
+R = TypeVar("R")
+
+#: Backend name -> (module with make_runner, pip extra that installs its compiler).
+_MODULES: dict[str, tuple[str, str | None]] = {
+    "eager": ("devrng._jit_backends.eager", None),
+    "inductor": ("devrng._jit_backends.inductor", None),
+    "torch_xla": ("devrng._jit_backends.torch_xla", "xla"),
+    "openxla": ("devrng._jit_backends.openxla", "xla"),
+    "torchax": ("devrng._jit_backends.torchax", "torchax"),
+}
+BACKENDS = (*_MODULES, "auto")
+
+_MASK64 = (1 << 64) - 1
+_GOLDEN = 0x9E3779B97F4A7C15
+
+
+def _mix64(z: int) -> int:
+    """SplitMix64's output function: a bijection of 64-bit ints that mixes every bit."""
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+def stream_seed(base_seed: int, counter: int) -> int:
+    """Seed number ``counter`` of the stream of ``base_seed``.
+
+    The base is mixed first, so neighbouring base seeds start far apart, and
+    then SplitMix64 steps from there: ``counter`` picks one output.
+
+    Example:
+        >>> stream_seed(0, 0) != stream_seed(0, 1) != stream_seed(1, 0)
+        True
+    """
+    return _mix64((_mix64(base_seed) + (counter + 1) * _GOLDEN) & _MASK64)
+
+
+def _load_runner_factory(backend: str) -> MakeRunner:
+    module_name, extra = _MODULES[backend]
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        missing = getattr(err, "name", None) or str(err)
+        raise ImportError(
+            f"seeded_jit(backend={backend!r}) needs {missing!r}, which could not be imported "
+            f"({err}); install it with: pip install 'devrng[{extra}]'"
+        ) from err
+    factory: MakeRunner = module.make_runner
+    return factory
+
+
+def _auto_backend(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    types = input_types((args, kwargs))
+    if "xla" in types:
+        return "torch_xla"
+    if "jax" in types:
+        return "torchax"
+    return "inductor"
+
+
+def _check_call_seed(seed: object) -> int | torch.Tensor:
+    if isinstance(seed, torch.Tensor):
+        if seed.dim() != 0 or seed.dtype in (torch.bool,) or seed.dtype.is_floating_point \
+                or seed.dtype.is_complex:
+            raise TypeError(
+                f"A seed tensor must be a 0-d integer tensor, not a {seed.dtype} tensor of shape "
+                f"{tuple(seed.shape)}; pass e.g. torch.tensor(7) or an int in [0, 2**64)."
+            )
+        return seed
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(
+            f"seed must be None, an int in [0, 2**64) or a 0-d integer tensor, not {seed!r} "
+            f"(a {type(seed).__name__})."
+        )
+    return check_seed(seed)
+
+
+class SeededFunction(Generic[R]):
+    """A compiled function called as ``f(*args, seed=None, **kwargs)``; see :func:`seeded_jit`.
+
+    Example:
+        >>> step = devrng.seeded_jit(train_step, backend="torch_xla")
+        >>> loss = step(batch, seed=7)
+        >>> step.compile_count
+        1
+    """
+
+    def __init__(self, fn: Callable[..., R], backend: str, seed: int | None,
+                 compile_kwargs: dict[str, Any]) -> None:
+        if not callable(fn):
+            raise TypeError(f"seeded_jit needs a callable to compile, not {fn!r}.")
+        if backend not in BACKENDS:
+            raise ValueError(
+                f"seeded_jit got backend={backend!r}; accepted backends are "
+                f"{', '.join(repr(b) for b in BACKENDS)}."
+            )
+        if seed is None:
+            # Drawn from torch's default generator, so torch.manual_seed at program
+            # start fixes every seeded function's stream too.
+            hi, lo = torch.randint(0, 1 << 32, (2,), dtype=torch.int64).tolist()
+            seed = (hi << 32) | lo
+        self._fn = fn
+        self._base_seed = check_seed(seed, "seeded_jit's seed")
+        self._counter = 0
+        self._compile_kwargs = dict(compile_kwargs)
+        self._backend = backend
+        self._runner: Runner | None = None
+        if backend != "auto":
+            # Build now, so a missing package or a bad compile option fails at wrap time.
+            self._runner = _load_runner_factory(backend)(fn, self._compile_kwargs)
+        functools.update_wrapper(self, fn, updated=())  # type: ignore[arg-type]
+
+    @property
+    def backend(self) -> str:
+        """The backend in use (``"auto"`` until the first call has chosen one)."""
+        return self._backend
+
+    @property
+    def base_seed(self) -> int:
+        """The base of this function's own seed stream (used by calls without ``seed=``)."""
+        return self._base_seed
+
+    @property
+    def compile_count(self) -> int:
+        """Compilations observed so far, as the compiler reports them (0 for eager)."""
+        return 0 if self._runner is None else int(self._runner.compile_count)
+
+    def __call__(self, *args: Any, seed: int | torch.Tensor | None = None, **kwargs: Any) -> R:
+        if seed is None:
+            value: int | torch.Tensor = stream_seed(self._base_seed, self._counter)
+            self._counter += 1
+        elif type(seed) is int and 0 <= seed <= _MASK64:
+            value = seed  # the common case, checked without a call
+        else:
+            value = _check_call_seed(seed)
+        runner = self._runner
+        if runner is None:
+            self._backend = _auto_backend(args, kwargs)
+            runner = self._runner = _load_runner_factory(self._backend)(
+                self._fn, self._compile_kwargs)
+        out: R = runner(value, args, kwargs)
+        return out
+
+    def state_dict(self) -> dict[str, int]:
+        """Base seed and call counter of the seed stream, for checkpoints.
+
+        Example:
+            >>> ckpt["step_rng"] = step.state_dict()
+        """
+        return {"base_seed": self._base_seed, "counter": self._counter}
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Continue the seed stream saved by :meth:`state_dict`.
+
+        Example:
+            >>> step.load_state_dict(ckpt["step_rng"])
+        """
+        if not isinstance(state_dict, Mapping) or set(state_dict) != {"base_seed", "counter"}:
+            got = sorted(state_dict) if isinstance(state_dict, Mapping) else type(state_dict).__name__
+            raise ValueError(
+                f"load_state_dict needs a mapping with exactly the keys 'base_seed' and 'counter' "
+                f"(from SeededFunction.state_dict()), not {got!r}."
+            )
+        base = check_seed(state_dict["base_seed"], "state_dict['base_seed']")
+        counter = state_dict["counter"]
+        if isinstance(counter, bool) or not isinstance(counter, int) or counter < 0:
+            raise ValueError(
+                f"state_dict['counter'] must be a non-negative int, not {counter!r}."
+            )
+        self._base_seed = base
+        self._counter = int(counter)
+
+    def __repr__(self) -> str:
+        name = getattr(self._fn, "__qualname__", repr(self._fn))
+        return (f"seeded_jit({name}, backend={self._backend!r}, base_seed={self._base_seed}, "
+                f"counter={self._counter}, compile_count={self.compile_count})")
+
+
+@overload
+def seeded_jit(fn: Callable[..., R], *, backend: str = "auto", seed: int | None = None,
+               **compile_kwargs: Any) -> SeededFunction[R]: ...
+
+
+@overload
+def seeded_jit(fn: None = None, *, backend: str = "auto", seed: int | None = None,
+               **compile_kwargs: Any) -> Callable[[Callable[..., R]], SeededFunction[R]]: ...
+
+
+def seeded_jit(fn: Callable[..., R] | None = None, *, backend: str = "auto",
+               seed: int | None = None, **compile_kwargs: Any
+               ) -> SeededFunction[R] | Callable[[Callable[..., R]], SeededFunction[R]]:
+    """Compile ``fn`` so that its random draws depend only on its inputs and a seed.
+
+    ``backend`` is ``"torch_xla"``, ``"openxla"``, ``"torchax"``,
+    ``"inductor"``, ``"eager"`` or ``"auto"`` (chosen from the devices of the
+    first call's inputs: XLA -> torch_xla, torchax -> torchax, else inductor).
+    Call the result as ``f(*args, seed=..., **kwargs)`` with an int in
+    ``[0, 2**64)`` or a 0-d integer tensor; without ``seed`` the next seed of
+    the function's own stream is used (base ``seed`` given here, or drawn from
+    torch's default generator now). ``compile_kwargs`` go to the compiler.
+
+    Example:
+        >>> @devrng.seeded_jit(backend="torch_xla")
+        ... def step(x):
+        ...     return torch.nn.functional.dropout(x, 0.5)
+        >>> torch.equal(step(x, seed=1).cpu(), step(x, seed=1).cpu())
+        True
+    """
+    if fn is None:
+        def decorate(f: Callable[..., R]) -> SeededFunction[R]:
+            return SeededFunction(f, backend, seed, compile_kwargs)
+
+        return decorate
+    return SeededFunction(fn, backend, seed, compile_kwargs)

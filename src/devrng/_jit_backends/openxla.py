@@ -1,0 +1,61 @@
+"""``backend="openxla"``: ``torch.compile(backend="openxla")`` with a reproducible first call.
+
+The stock openxla backend builds its XLA graph lazily, on the first run of
+each AOT graph, by executing the graph once as lazy tensors; every random op
+in it advances the device's running seed. The compiled graph then runs with
+the advanced seed, so the first call differs from every later call with the
+same seed. Here the graph is built by devrng's own forward/backward compiler,
+which puts the XLA seeds back after building it, so the first run reads the
+seed it was given. Later runs read the seed from the device at run time (the
+bridge feeds it as graph input), so a new seed never recompiles.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch_xla
+from torch._dynamo.backends.common import aot_autograd
+from torch._functorch.aot_autograd import make_boxed_func
+
+from devrng._jit_backends.torch_xla import XLARunner, xla_devices
+
+__all__ = ["make_runner", "seeded_openxla"]
+
+_get_seed = torch_xla._XLAC._xla_get_rng_seed
+_set_seed = torch_xla._XLAC._xla_set_rng_seed
+
+
+def _graph_compiler(model: torch.fx.GraphModule, fake_inputs: list[Any]) -> Callable[..., Any]:
+    compiled: Callable[..., Any] | None = None
+
+    def run(*args: Any) -> Any:
+        nonlocal compiled
+        if compiled is None:
+            import torch_xla.core.dynamo_bridge as bridge
+
+            saved = [(d, int(_get_seed(d))) for d in xla_devices(args)]
+            try:
+                compiled = bridge.extract_compiled_graph(model, args)
+            finally:
+                # Building the graph ran it once and advanced the seeds: undo that.
+                for d, state in saved:
+                    _set_seed(state, d)
+        return compiled(*args)
+
+    return make_boxed_func(run)
+
+
+#: A dynamo backend: openxla whose first run is reproducible from the seed.
+seeded_openxla = aot_autograd(fw_compiler=_graph_compiler)
+
+
+def make_runner(fn: Callable[..., Any], compile_kwargs: dict[str, Any]) -> XLARunner:
+    if "backend" in compile_kwargs:
+        raise TypeError(
+            f"Pass the compiler as seeded_jit(backend=...), not as a compile option "
+            f"(got backend={compile_kwargs['backend']!r})."
+        )
+    return XLARunner(torch.compile(fn, backend=seeded_openxla, **compile_kwargs))

@@ -1,0 +1,93 @@
+"""``backend="torchax"``: JAX jit through torchax with the PRNG key as an argument.
+
+torchax's own ``interop.jax_jit`` (0.0.13) reads the environment's key while
+tracing, so the key becomes a constant of the compiled program and every call
+draws the same numbers. Here the key data is an argument of the jitted
+function: inside the trace the environment's key is overridden with it, and
+the advanced key is returned next to the output. The caller's key is never
+touched, and a new seed is new data, not a new program.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+import torchax
+from torchax import interop
+
+from devrng._jit_backends import seed_to_int
+
+__all__ = ["TorchaxRunner", "make_runner"]
+
+_cpu = torch.default_generator
+_M32 = 0xFFFFFFFF
+
+
+def _key_data(seed: int | torch.Tensor) -> Any:
+    """Threefry key data ``[hi, lo]`` for a seed, as ``devrng.manual_seed`` makes it."""
+    if isinstance(seed, torchax.tensor.Tensor):
+        # Stays on the device: split the seed into 32-bit halves with JAX ops.
+        value = interop.jax_view(seed)
+        if value.dtype.itemsize == 8:
+            wide = value.astype(jnp.uint64)
+            return jnp.stack([(wide >> 32).astype(jnp.uint32), wide.astype(jnp.uint32)])
+        return jnp.stack([jnp.uint32(0), value.astype(jnp.uint32)])
+    value = seed_to_int(seed)
+    return np.array([value >> 32, value & _M32], dtype=np.uint32)
+
+
+class TorchaxRunner:
+    """``jax.jit`` of ``fn`` whose random ops draw from a key passed in with each call."""
+
+    def __init__(self, fn: Callable[..., Any], compile_kwargs: dict[str, Any]) -> None:
+        kwargs = dict(compile_kwargs)
+        # The key data is argument 0 of the jitted function: shift the user's positions.
+        for name in ("static_argnums", "donate_argnums"):
+            if name in kwargs:
+                nums = kwargs[name]
+                nums = (nums,) if isinstance(nums, int) else tuple(nums)
+                kwargs[name] = tuple(n + 1 if n >= 0 else n for n in nums)
+        self._fn = fn
+        self._env = torchax.default_env()
+        self._jitted = jax.jit(self._traced, **kwargs)
+
+    def _traced(self, key_data: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+        env = self._env
+        key = jax.random.wrap_key_data(key_data)
+        t_args, t_kwargs = interop.torch_view((args, kwargs))
+        # torchax's override_property does not pop its entry when the body raises;
+        # cut the stack back to where it was whatever happens.
+        stack = env._property.content
+        depth = len(stack)
+        stack.append(env.param.override(prng=key))
+        try:
+            with env:
+                out = self._fn(*t_args, **t_kwargs)
+            advanced = env.param.prng
+        finally:
+            del stack[depth:]
+        return interop.jax_view(out), jax.random.key_data(advanced)
+
+    @property
+    def compile_count(self) -> int:
+        return int(self._jitted._cache_size())
+
+    def __call__(self, seed: int | torch.Tensor, args: tuple[Any, ...],
+                 kwargs: dict[str, Any]) -> Any:
+        key_data = _key_data(seed)
+        j_args, j_kwargs = interop.jax_view((args, kwargs))
+        cpu = _cpu.get_state()
+        try:
+            out, _advanced = self._jitted(key_data, *j_args, **j_kwargs)
+        finally:
+            _cpu.set_state(cpu)  # tracing runs torch code, which may draw on the CPU
+        return interop.torch_view(out)
+
+
+def make_runner(fn: Callable[..., Any], compile_kwargs: dict[str, Any]) -> TorchaxRunner:
+    return TorchaxRunner(fn, compile_kwargs)

@@ -1,0 +1,272 @@
+"""fork_rng: the drop-in for torch.random.fork_rng (CPU real, other devices SIMULATED here;
+real XLA / torchax cases are in test_fork_xla.py)."""
+
+from __future__ import annotations
+
+import random
+import warnings
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+import devrng
+from devrng import DevRNGError, fork_rng
+from tests.conftest import fake_tensor
+
+
+def test_cpu_state_is_restored_like_torch() -> None:
+    before = torch.get_rng_state()
+    with fork_rng(devices=[]):
+        torch.rand(100)
+    assert torch.equal(torch.get_rng_state(), before)
+    with torch.random.fork_rng(devices=[]):  # the peer behaves the same on the CPU
+        torch.rand(100)
+    assert torch.equal(torch.get_rng_state(), before)
+
+
+def test_draws_inside_equal_draws_after() -> None:
+    with fork_rng(devices=[]):
+        inside = torch.rand(5)
+    assert torch.equal(inside, torch.rand(5))
+
+
+def test_disabled_does_not_fork() -> None:
+    before = torch.get_rng_state()
+    with fork_rng(devices=[], enabled=False):
+        torch.rand(3)
+    assert not torch.equal(torch.get_rng_state(), before)
+
+
+def test_meta_device_type_forks_nothing_like_torch() -> None:
+    before = torch.get_rng_state()
+    with fork_rng(device_type="meta"):
+        torch.rand(3)
+    assert not torch.equal(torch.get_rng_state(), before)
+
+
+def test_python_and_numpy_are_forked_on_request() -> None:
+    py, npst = random.getstate(), np.random.get_state()
+    with fork_rng(devices=[], python=True, numpy=True):
+        random.random()
+        np.random.rand(3)
+    assert random.getstate() == py
+    after = np.random.get_state()
+    assert np.array_equal(after[1], npst[1]) and after[2] == npst[2]
+
+
+def test_python_and_numpy_are_left_alone_by_default() -> None:
+    py = random.getstate()
+    with fork_rng(devices=[]):
+        random.random()
+    assert random.getstate() != py
+
+
+def test_numpy_cached_gaussian_is_restored() -> None:
+    np.random.seed(3)
+    np.random.standard_normal()  # leaves a cached second gaussian
+    with fork_rng(devices=[], numpy=True):
+        np.random.standard_normal()
+        np.random.standard_normal()
+    expected = np.random.standard_normal()
+    np.random.seed(3)
+    np.random.standard_normal()
+    assert np.random.standard_normal() == expected
+
+
+def test_decorator_forks_every_call() -> None:
+    @fork_rng(devices=[])
+    def draw() -> torch.Tensor:
+        return torch.rand(3)
+
+    first = draw()
+    assert torch.equal(first, draw())
+    assert torch.equal(first, torch.rand(3))
+    assert draw.__name__ == "draw"
+
+
+def test_bare_decorator_without_parentheses_is_a_clear_error() -> None:
+    with pytest.raises(TypeError, match=r"write @fork_rng\(\) with parentheses"):
+        fork_rng(lambda: None)
+
+
+def test_same_object_nests_and_recurses() -> None:
+    cm = fork_rng(devices=[])
+    before = torch.get_rng_state()
+    with cm:
+        torch.rand(1)
+        mid = torch.get_rng_state()
+        with cm:
+            torch.rand(1)
+        assert torch.equal(torch.get_rng_state(), mid)
+    assert torch.equal(torch.get_rng_state(), before)
+
+
+def test_generator_devices_argument_is_listed_once() -> None:
+    seen = (d for d in [])  # a generator would be exhausted by two passes
+    with fork_rng(devices=seen):
+        torch.rand(1)
+
+
+# -- device types: SIMULATED devices ---------------------------------------------------
+
+def test_simulated_xpu_tensor_is_forked_where_torch_forks_cuda(simulate_device: Any) -> None:
+    x = fake_tensor("xpu:1")  # a tensor whose .device is xpu:1 (made before xpu "exists")
+    xpu = simulate_device("xpu", count=2)
+    snap = xpu.generators[1].get_state()
+    with fork_rng(devices=[x]):
+        inside = xpu.draw(1)
+        torch.rand(2)
+    assert torch.equal(xpu.generators[1].get_state(), snap)
+    assert torch.equal(inside, xpu.draw(1))
+    assert xpu.set_calls == [1]  # only the device named, xpu:1
+
+
+def test_torch_fork_rng_misses_simulated_xpu_when_cuda_is_the_default(simulate_device: Any) -> None:
+    """The bug devrng fixes: torch <= 2.12 forks 'cuda' whatever the devices are."""
+    xpu = simulate_device("xpu", count=1)
+    simulate_device("cuda", count=1)
+    snap = xpu.generators[0].get_state()
+    with torch.random.fork_rng(devices=[0], device_type="cuda"):
+        xpu.draw(0)
+    assert not torch.equal(xpu.generators[0].get_state(), snap)  # torch: XPU not restored
+    xpu.generators[0].set_state(snap)
+    with fork_rng(devices=["xpu:0"]):
+        xpu.draw(0)
+    assert torch.equal(xpu.generators[0].get_state(), snap)  # devrng: restored
+
+
+def test_one_fork_restores_simulated_xpu_and_cuda_together(simulate_device: Any) -> None:
+    xpu = simulate_device("xpu", count=2)
+    cuda = simulate_device("cuda", count=2)
+    states = [g.get_state() for g in xpu.generators + cuda.generators]
+    cpu = torch.get_rng_state()
+    with fork_rng(devices=["xpu:0", "xpu:1", torch.device("cuda", 1), "cuda:0"]):
+        for i in range(2):
+            xpu.draw(i)
+            cuda.draw(i)
+        torch.rand(2)
+    assert all(torch.equal(g.get_state(), s)
+               for g, s in zip(xpu.generators + cuda.generators, states, strict=True))
+    assert torch.equal(torch.get_rng_state(), cpu)
+
+
+def test_device_type_sequence_forks_all_devices_of_each(simulate_device: Any) -> None:
+    xpu = simulate_device("xpu", count=1)
+    cuda = simulate_device("cuda", count=1)
+    before = (xpu.generators[0].get_state(), cuda.generators[0].get_state())
+    with fork_rng(device_type=["xpu", "cuda"]):
+        xpu.draw(0)
+        cuda.draw(0)
+    assert torch.equal(xpu.generators[0].get_state(), before[0])
+    assert torch.equal(cuda.generators[0].get_state(), before[1])
+
+
+def test_int_indices_belong_to_the_explicit_device_type(simulate_device: Any) -> None:
+    xpu = simulate_device("xpu", count=3)
+    with fork_rng(devices=[2], device_type="xpu"):
+        pass
+    assert xpu.set_calls == [2]
+
+
+def test_int_indices_belong_to_the_single_inferred_type(simulate_device: Any) -> None:
+    cuda = simulate_device("cuda", count=3)
+    with fork_rng(devices=["cuda:0", 2]):
+        pass
+    assert sorted(cuda.set_calls) == [0, 2]
+
+
+def test_int_indices_default_to_the_current_accelerator(simulate_device: Any) -> None:
+    xpu = simulate_device("xpu", count=2, accelerator=True)
+    with fork_rng(devices=[1]):
+        xpu.draw(1)
+    assert xpu.set_calls == [1]
+
+
+def test_ambiguous_int_indices_are_an_error(simulate_device: Any) -> None:
+    simulate_device("xpu", count=2)
+    simulate_device("cuda", count=2)
+    with pytest.raises(ValueError, match=r"bare indices \[1\] but several device types"), \
+            fork_rng(devices=["xpu:0", "cuda:0", 1]):
+        pass
+
+
+def test_index_out_of_range_is_an_error(simulate_device: Any) -> None:
+    simulate_device("xpu", count=2)
+    with pytest.raises(ValueError, match=r"Device xpu:5 does not exist: this process has 2 xpu"), \
+            fork_rng(devices=["xpu:5"]):
+        pass
+
+
+def test_many_devices_warning_has_torch_text(simulate_device: Any, monkeypatch: Any) -> None:
+    simulate_device("xpu", count=2)
+    from devrng import _plan
+
+    monkeypatch.setattr(_plan, "_warned", set())
+    with pytest.warns(UserWarning, match=r"^XPU reports that you have 2 available devices, and you "
+                      r"have used fork_rng without explicitly specifying"), \
+            fork_rng(device_type="xpu"):
+        pass
+    with warnings.catch_warnings():  # once per device type, as torch warns once
+        warnings.simplefilter("error")
+        with fork_rng(device_type="xpu"):
+            pass
+
+
+def test_bare_fork_does_not_initialise_an_unused_accelerator(simulate_device: Any) -> None:
+    """pytorch/pytorch#41970: forking must not initialise a device nobody used."""
+    cuda = simulate_device("cuda", count=2, accelerator=True, initialized=False)
+    with fork_rng():
+        torch.rand(1)
+    assert cuda.init_calls == 0 and not cuda.initialized
+
+
+def test_bare_fork_forks_an_initialised_accelerator(simulate_device: Any) -> None:
+    cuda = simulate_device("cuda", count=1, accelerator=True)
+    snap = cuda.generators[0].get_state()
+    with fork_rng():
+        cuda.draw(0)
+    assert torch.equal(cuda.generators[0].get_state(), snap)
+
+
+def test_naming_a_device_type_forks_it_even_if_uninitialised(simulate_device: Any) -> None:
+    cuda = simulate_device("cuda", count=1, initialized=False)
+    with fork_rng(device_type="cuda"):
+        cuda.draw(0)
+    assert cuda.set_calls == [0]
+
+
+def test_failure_restoring_one_generator_does_not_stop_the_others(simulate_device: Any) -> None:
+    xpu = simulate_device("xpu", count=1)
+    cuda = simulate_device("cuda", count=1)
+    cuda_snap, cpu_snap = cuda.generators[0].get_state(), torch.get_rng_state()
+    with pytest.raises(DevRNGError, match=r"could not restore 1 generator\(s\): xpu:0 "
+                       r"\(RuntimeError: simulated xpu failure"):  # noqa: PT012
+        with fork_rng(devices=["xpu:0", "cuda:0"]):
+            cuda.draw(0)
+            torch.rand(3)
+            xpu.fail_set = True
+    assert torch.equal(cuda.generators[0].get_state(), cuda_snap)
+    assert torch.equal(torch.get_rng_state(), cpu_snap)
+
+
+def test_body_exception_survives_a_restore_failure_as_context(simulate_device: Any) -> None:
+    xpu = simulate_device("xpu", count=1)
+    with pytest.raises(DevRNGError) as info:  # noqa: PT012
+        with fork_rng(devices=["xpu:0"]):
+            xpu.fail_set = True
+            raise KeyError("body")
+    assert isinstance(info.value.__context__, KeyError)
+
+
+def test_bad_device_type_is_a_clear_error() -> None:
+    with pytest.raises(TypeError, match=r"device_type=3 \(a int\) is not accepted"):
+        fork_rng(device_type=3).__enter__()
+    with pytest.raises(ValueError, match=r"device_type='quantum' is not a device type"):
+        fork_rng(device_type="quantum").__enter__()
+
+
+def test_unknown_object_in_devices_is_a_type_error() -> None:
+    with pytest.raises(TypeError, match=r"object of type builtins.float"):
+        fork_rng(devices=[1.5]).__enter__()

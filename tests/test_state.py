@@ -1,0 +1,231 @@
+"""Snapshots, restoring them all-or-nothing, and manual_seed (devices SIMULATED here)."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+import devrng
+from devrng import DevRNGError, RNGState
+
+
+def draws() -> tuple[Any, ...]:
+    return torch.rand(3), random.random(), np.random.rand(2)
+
+
+def same(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
+    return torch.equal(a[0], b[0]) and a[1] == b[1] and np.array_equal(a[2], b[2])
+
+
+def test_snapshot_restores_cpu_python_numpy() -> None:
+    snap = devrng.get_rng_state()
+    first = draws()
+    devrng.set_rng_state(snap)
+    assert same(first, draws())
+
+
+def test_snapshot_can_leave_python_and_numpy_out() -> None:
+    snap = devrng.get_rng_state(python=False, numpy=False)
+    assert snap.python is None and snap.numpy is None
+    py = random.random()
+    devrng.set_rng_state(snap)
+    assert random.random() != py
+
+
+def test_snapshot_is_frozen_and_independent_of_later_draws() -> None:
+    snap = devrng.get_rng_state()
+    with pytest.raises(AttributeError, match="frozen"):
+        snap.cpu = torch.zeros(1)  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        snap.devices["cuda"] = {}  # type: ignore[index]
+    fp = snap.fingerprint()
+    draws()
+    assert snap.fingerprint() == fp != devrng.get_rng_state().fingerprint()
+
+
+def test_simulated_device_states_are_captured(simulate_device: Any) -> None:
+    xpu = simulate_device("xpu", count=2)
+    snap = devrng.get_rng_state(devices=["xpu:0", "xpu:1"])
+    assert set(snap.devices["xpu"]) == {0, 1}
+    a = [xpu.draw(0), xpu.draw(1)]
+    devrng.set_rng_state(snap)
+    assert torch.equal(a[0], xpu.draw(0)) and torch.equal(a[1], xpu.draw(1))
+
+
+def test_mismatched_device_count_changes_nothing(simulate_device: Any) -> None:
+    xpu = simulate_device("xpu", count=2)
+    snap = devrng.get_rng_state(devices=["xpu:0", "xpu:1"])
+    draws(), xpu.draw(0), xpu.draw(1)
+    before = devrng.get_rng_state(devices=["xpu:0", "xpu:1"])
+    xpu.generators.pop()  # this process now has one XPU
+    with pytest.raises(DevRNGError, match=r"state for xpu:1, but this process has 1 xpu"):
+        devrng.set_rng_state(snap)
+    assert devrng.get_rng_state(devices=["xpu:0"]).fingerprint() == RNGState(
+        before.cpu, {"xpu": {0: before.devices["xpu"][0]}}, before.python, before.numpy).fingerprint()
+
+
+def test_mismatched_state_shape_changes_nothing(simulate_device: Any) -> None:
+    simulate_device("cuda", count=1)
+    good = devrng.get_rng_state(devices=["cuda:0"])
+    bad = RNGState(good.cpu, {"cuda": {0: torch.zeros(7, dtype=torch.uint8)}}, good.python, good.numpy)
+    draws()
+    before = devrng.get_rng_state(devices=["cuda:0"])
+    with pytest.raises(DevRNGError, match=r"cuda:0 state is a torch.uint8 tensor of shape \(7,\)"):
+        devrng.set_rng_state(bad)
+    assert devrng.get_rng_state(devices=["cuda:0"]) == before
+
+
+def test_unknown_device_type_in_snapshot_changes_nothing() -> None:
+    good = devrng.get_rng_state()
+    bad = RNGState(good.cpu, {"nosuchdev": {0: torch.zeros(1)}})
+    before = devrng.get_rng_state()
+    with pytest.raises(DevRNGError, match=r"holds nosuchdev states, but this process cannot reach"):
+        devrng.set_rng_state(bad)
+    assert devrng.get_rng_state() == before
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("cpu", torch.zeros(3, dtype=torch.uint8), r"CPU state is a torch.uint8 tensor of shape \(3,\)"),
+    ("cpu", torch.zeros(5056, dtype=torch.float32), r"CPU state is a torch.float32 tensor"),
+    ("python", (3, (1, 2), None), r"Python state is not one that random.setstate accepts"),
+    ("numpy", {"bit_generator": "PCG64"}, r"NumPy state is not an MT19937 state"),
+])
+def test_bad_host_states_change_nothing(field: str, value: Any, message: str,
+                                        simulate_device: Any) -> None:
+    simulate_device("cuda", count=1)
+    good = devrng.get_rng_state(devices=["cuda:0"])
+    parts = {"cpu": good.cpu, "python": good.python, "numpy": good.numpy, field: value}
+    bad = RNGState(parts["cpu"], good.devices, parts["python"], parts["numpy"])
+    draws()
+    before = devrng.get_rng_state(devices=["cuda:0"])
+    with pytest.raises(DevRNGError, match=message):
+        devrng.set_rng_state(bad)
+    assert devrng.get_rng_state(devices=["cuda:0"]) == before
+
+
+def test_failure_while_setting_rolls_back_devices_already_set(simulate_device: Any) -> None:
+    xpu = simulate_device("xpu", count=1)
+    cuda = simulate_device("cuda", count=1)
+    snap = devrng.get_rng_state(devices=["xpu:0", "cuda:0"])
+    xpu.draw(0)
+    cuda.draw(0)
+    before = devrng.get_rng_state(devices=["xpu:0", "cuda:0"])
+    cuda.fail_set = True
+    with pytest.raises(DevRNGError, match=r"Restoring the snapshot failed \(RuntimeError: simulated"):
+        devrng.set_rng_state(snap)
+    cuda.fail_set = False
+    assert devrng.get_rng_state(devices=["xpu:0", "cuda:0"]) == before
+
+
+def test_set_rng_state_rejects_other_types() -> None:
+    with pytest.raises(TypeError, match=r"takes a devrng.RNGState, not a Tensor"):
+        devrng.set_rng_state(torch.get_rng_state())  # type: ignore[arg-type]
+
+
+def test_saved_file_loads_weights_only_and_round_trips(tmp_path: Any) -> None:
+    snap = devrng.get_rng_state()
+    snap.save(tmp_path / "s.rng")
+    data = torch.load(tmp_path / "s.rng", weights_only=True)
+    assert data["version"] == 1 and isinstance(data["cpu"], torch.Tensor)
+    first = draws()
+    devrng.set_rng_state(RNGState.load(tmp_path / "s.rng"))
+    assert same(first, draws())
+
+
+def test_corrupt_file_is_a_clear_error(tmp_path: Any) -> None:
+    path = tmp_path / "broken.rng"
+    devrng.get_rng_state().save(path)
+    path.write_bytes(path.read_bytes()[:200])
+    with pytest.raises(DevRNGError, match=r"could not be read as a devrng RNG snapshot .* corrupt"):
+        RNGState.load(path)
+
+
+def test_other_file_is_a_clear_error(tmp_path: Any) -> None:
+    torch.save({"weights": torch.zeros(2)}, tmp_path / "model.pt")
+    with pytest.raises(DevRNGError, match=r"is not a valid devrng RNG snapshot: its format tag"):
+        RNGState.load(tmp_path / "model.pt")
+    torch.save([1, 2], tmp_path / "list.pt")
+    with pytest.raises(DevRNGError, match=r"holds a list, not a devrng RNG snapshot"):
+        RNGState.load(tmp_path / "list.pt")
+
+
+def test_fingerprint_is_stable_across_processes(tmp_path: Any) -> None:
+    devrng.manual_seed(99)
+    here = devrng.get_rng_state().fingerprint()
+    code = "import devrng; devrng.manual_seed(99); print(devrng.get_rng_state().fingerprint())"
+    there = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert there.stdout.strip() == here
+    assert len(here) == 16
+    devrng.manual_seed(100)
+    assert devrng.get_rng_state().fingerprint() != here
+
+
+# -- manual_seed --------------------------------------------------------------------------
+
+def test_manual_seed_makes_every_host_stream_reproducible() -> None:
+    assert devrng.manual_seed(7) == 7
+    a = draws()
+    devrng.manual_seed(7)
+    assert same(a, draws())
+    devrng.manual_seed(8)
+    assert not same(a, draws())
+
+
+def test_manual_seed_matches_torch_and_numpy_for_small_seeds() -> None:
+    devrng.manual_seed(5)
+    a = (torch.rand(2), np.random.rand(2), random.random())
+    torch.manual_seed(5)
+    np.random.seed(5)
+    random.seed(5)
+    assert torch.equal(a[0], torch.rand(2)) and np.array_equal(a[1], np.random.rand(2))
+    assert a[2] == random.random()
+
+
+def test_manual_seed_uses_all_64_bits() -> None:
+    devrng.manual_seed(2**40 + 1)
+    a = draws()
+    devrng.manual_seed(1)
+    assert not same(a, draws())
+    devrng.manual_seed(2**64 - 1)
+
+
+def test_manual_seed_seeds_simulated_devices(simulate_device: Any) -> None:
+    xpu = simulate_device("xpu", count=2)
+    devrng.manual_seed(11)
+    a = (xpu.draw(0), xpu.draw(1))
+    devrng.manual_seed(11)
+    assert torch.equal(a[0], xpu.draw(0)) and torch.equal(a[1], xpu.draw(1))
+
+
+def test_manual_seed_restricted_to_named_types(simulate_device: Any) -> None:
+    xpu = simulate_device("xpu", count=1)
+    cuda = simulate_device("cuda", count=1)
+    before = cuda.generators[0].get_state()
+    devrng.manual_seed(3, device_type="xpu")
+    assert torch.equal(cuda.generators[0].get_state(), before)
+    assert torch.equal(xpu.generators[0].get_state(), torch.Generator().manual_seed(3).get_state())
+
+
+@pytest.mark.parametrize(("seed", "error", "message"), [
+    (True, TypeError, r"seed must be an int in \[0, 2\*\*64\), not True \(a bool\)"),
+    (1.0, TypeError, r"not 1.0 \(a float\)"),
+    ("1", TypeError, r"not '1' \(a str\)"),
+    (None, TypeError, r"not None \(a NoneType\)"),
+    (-1, ValueError, r"seed=-1 is out of range"),
+    (2**64, ValueError, r"seed=18446744073709551616 is out of range"),
+])
+def test_manual_seed_rejects_bad_seeds(seed: Any, error: type, message: str) -> None:
+    before = devrng.get_rng_state()
+    with pytest.raises(error, match=message):
+        devrng.manual_seed(seed)
+    assert devrng.get_rng_state() == before
+
+
+def test_manual_seed_accepts_numpy_integers() -> None:
+    assert devrng.manual_seed(np.uint64(2**63)) == 2**63
