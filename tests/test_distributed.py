@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import socket
 import subprocess
 import sys
 from datetime import timedelta
@@ -321,7 +322,7 @@ def test_gloo_tie_goes_to_the_lowest_rank(jobs: Any) -> None:
 @pytest.mark.parametrize("fn", [ddist.assert_rng_in_sync, ddist.broadcast_rng_state])
 def test_no_process_group_is_a_clear_error(fn: Any) -> None:
     assert not dist.is_initialized()
-    with pytest.raises(RuntimeError, match="needs an initialised torch.distributed process group"):
+    with pytest.raises(RuntimeError, match=r"needs an initialised torch\.distributed process group"):
         fn()
 
 
@@ -368,6 +369,12 @@ def test_rank_seed_rejects_bad_arguments(seed: Any, rank: Any, exc: type, match:
         ddist.rank_seed(seed, rank)
 
 
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 # -- the examples, launched the way users launch them ---------------------------------------------
 @pytest.mark.parametrize("example", ["distributed_data_parallel.py",
                                      "distributed_tensor_parallel.py"])
@@ -375,7 +382,8 @@ def test_example_runs_under_torchrun(example: str, tmp_path: Path) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env.pop("RANK", None)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-           "--master_addr=127.0.0.1", "--master_port=0", str(ROOT / "examples" / example)]
+           "--master_addr=127.0.0.1", f"--master_port={_free_port()}",
+           str(ROOT / "examples" / example)]
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "OK" in proc.stdout

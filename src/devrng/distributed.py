@@ -362,7 +362,7 @@ def assert_rng_in_sync(*, group: ProcessGroup | None = None, devices: Any = None
     records = _all_gather(dist, group, record)
     _check_coverage(records, "assert_rng_in_sync")
     counts = Counter(rec["fingerprint"] for rec in records)
-    lowest = {}
+    lowest: dict[str, int] = {}
     for rec in sorted(records, key=lambda r: r["rank"]):
         lowest.setdefault(rec["fingerprint"], rec["rank"])
     reference = max(counts, key=lambda fp: (counts[fp], -lowest[fp]))
