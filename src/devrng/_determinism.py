@@ -113,7 +113,7 @@ def _algorithms_switch() -> _Switch:
         return bool(torch.are_deterministic_algorithms_enabled()), bool(warn())
 
     def put(value: tuple[bool, bool]) -> None:
-        # torch >= 2.10's use_deterministic_algorithms also imports inductor's
+        # torch 2.13's use_deterministic_algorithms (not 2.9's) also imports inductor's
         # config (seconds, ~800 modules) to set its flag; devrng sets that flag
         # through its own switch, so go to the underlying setter when it exists.
         setter = getattr(torch._C, "_set_deterministic_algorithms", None)

@@ -1,0 +1,107 @@
+"""Run every script in examples/ in a subprocess with this interpreter.
+
+Scripts are found when the tests are collected, so new examples are picked up
+without editing this file. A script declares what it needs in comment lines
+at its top (each starting at column 0, anywhere in its first 40 lines):
+
+    # requires: torch_xla, torchax       importable modules or commands (e.g. torchrun);
+                                         the example is skipped when one is missing
+    # launch: torchrun --standalone --nproc-per-node=2
+                                         how to start it instead of `python script.py`
+                                         (the first word is looked up beside this
+                                         interpreter, then on PATH)
+    # timeout: 300                       seconds before the example counts as hung
+
+PJRT_DEVICE defaults to CPU, so XLA examples run on machines without a TPU.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+SCRIPTS = sorted(EXAMPLES.glob("*.py"))
+MARKER = re.compile(r"^#\s*(requires|launch|timeout)\s*:\s*(.*?)\s*$")
+DEFAULT_TIMEOUT = 600
+
+
+def markers(script: Path) -> dict[str, str]:
+    found: dict[str, str] = {}
+    with script.open(encoding="utf-8") as f:
+        for _, line in zip(range(40), f, strict=False):
+            m = MARKER.match(line)
+            if m:
+                found[m[1]] = m[2]
+    return found
+
+
+def executable(name: str) -> str | None:
+    beside = Path(sys.executable).parent / name
+    if beside.exists():
+        return str(beside)
+    return shutil.which(name)
+
+
+def available(requirement: str) -> bool:
+    try:
+        if importlib.util.find_spec(requirement) is not None:
+            return True
+    except (ImportError, ValueError):
+        pass
+    return executable(requirement) is not None
+
+
+def command(script: Path, launch: str | None) -> list[str]:
+    if not launch:
+        return [sys.executable, str(script)]
+    words = shlex.split(launch)
+    first = sys.executable if words[0] in ("python", "python3") else executable(words[0])
+    if first is None:
+        pytest.skip(f"{script.name} is launched with {words[0]!r}, which is not installed")
+    return [first, *words[1:], str(script)]
+
+
+def test_examples_exist() -> None:
+    assert SCRIPTS, f"no examples found in {EXAMPLES}"
+
+
+def test_markers_are_parsed(tmp_path: Path) -> None:
+    script = tmp_path / "x.py"
+    script.write_text('"""Doc."""\n# requires: torch_xla,  torchax\n# launch: torchrun --nproc-per-node=2\n'
+                      "# timeout: 30\nprint()\n")
+    assert markers(script) == {"requires": "torch_xla,  torchax",
+                               "launch": "torchrun --nproc-per-node=2", "timeout": "30"}
+    assert available("pytest")
+    assert not available("devrng_no_such_module_or_command")
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=[s.name for s in SCRIPTS])
+def test_example_runs(script: Path) -> None:
+    spec = markers(script)
+    missing = [r.strip() for r in spec.get("requires", "").split(",")
+               if r.strip() and not available(r.strip())]
+    if missing:
+        pytest.skip(f"{script.name} requires {', '.join(missing)}, not installed here")
+    env = dict(os.environ)
+    env.setdefault("PJRT_DEVICE", "CPU")
+    cmd = command(script, spec.get("launch"))
+    timeout = float(spec.get("timeout", DEFAULT_TIMEOUT))
+    try:
+        proc = subprocess.run(cmd, cwd=EXAMPLES.parent, env=env, capture_output=True, text=True,
+                              timeout=timeout, check=False)
+    except subprocess.TimeoutExpired as err:
+        pytest.fail(f"{script.name} did not finish within {timeout:g} s: {shlex.join(cmd)}\n"
+                    f"{err.stdout or ''}\n{err.stderr or ''}")
+    assert proc.returncode == 0, (
+        f"{shlex.join(cmd)} exited with {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}"
+        f"\n--- stderr\n{proc.stderr[-4000:]}"
+    )
