@@ -138,7 +138,7 @@ def test_naive_shim_runs_but_gives_wrong_gradients(setup: Any, naive_shim: Naive
 def test_naive_int64_state_overflows_on_large_seeds(setup: Any, naive_shim: NaiveShim) -> None:
     dev = setup[0]
     xm.set_rng_state(2**64 - 5, dev)
-    with pytest.raises((RuntimeError, ValueError), match="[Oo]verflow"):
+    with pytest.raises((RuntimeError, ValueError), match=r"[Oo]verflow"):
         naive_shim.get_rng_state()
 
 
@@ -164,9 +164,8 @@ def test_fork_rng_device_type_xla_restores(setup: Any, fork_name: str, devices: 
     # pipelining schedules make (torch >= 2.10) around shape inference.
     dev = setup[0]
     if fork_name == "torch":
-        with pytest.raises(RuntimeError, match="torch has no module of `xla`"):
-            with TORCH_FORK_RNG(devices=devices, device_type="xla"):
-                pass
+        with pytest.raises(RuntimeError, match="torch has no module of `xla`"), TORCH_FORK_RNG(devices=devices, device_type="xla"):
+            pass
     devrng.patch_torch()
     fork = TORCH_FORK_RNG if fork_name == "torch" else torch.random.fork_rng
     xm.set_rng_state(2**63 + 11, dev)
@@ -184,7 +183,8 @@ def test_unpatch_brings_the_crash_back(setup: Any) -> None:
     devrng.patch_torch()
     assert isinstance(torch.xla, devrng._device_modules.DeviceRNGModule)  # type: ignore[attr-defined]
     devrng.unpatch_torch()
-    assert not hasattr(torch, "xla") and "torch.xla" not in sys.modules
+    assert not hasattr(torch, "xla")
+    assert "torch.xla" not in sys.modules
     with pytest.raises(AttributeError, match="has no attribute 'xla'"):
         train_step(setup, "non_reentrant")
 
@@ -238,16 +238,16 @@ def test_torchax_checkpoint_bitwise_equal_with_patch(jax_setup: Any, mode: str) 
     assert not torch.equal(plain, jax_step(jax_setup, "plain", seed=SEED + 1))
     assert torch.equal(jax_step(jax_setup, mode), plain)
     devrng.unpatch_torch()
-    assert torch.jax is placeholder and sys.modules["torch.jax"] is placeholder  # type: ignore[attr-defined]
+    assert torch.jax is placeholder
+    assert sys.modules["torch.jax"] is placeholder
     assert torch.get_device_module("jax") is placeholder
 
 
 def test_torchax_fork_rng_device_type_jax(jax_setup: Any) -> None:
     env = jax_setup[0]
     backend = devrng.get_backend("jax")
-    with pytest.raises(TypeError, match="get_rng_state"):  # torchax's placeholder takes no device
-        with TORCH_FORK_RNG(device_type="jax"):
-            pass
+    with pytest.raises(TypeError, match="get_rng_state"), TORCH_FORK_RNG(device_type="jax"):  # torchax's placeholder takes no device
+        pass
     devrng.patch_torch()
     backend.manual_seed(2**64 - 1)
     before = backend.get_rng_state(0)["key"].clone()

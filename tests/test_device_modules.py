@@ -120,9 +120,8 @@ def _always_unpatch() -> Iterator[None]:
 
 def test_torch_sites_fail_without_patch_simulated(ve: IntSeedBackend) -> None:
     assert getattr(torch, "ve", None) is None
-    with pytest.raises(RuntimeError, match="torch has no module of `ve`|module registered as .torch.ve."):
-        with TORCH_FORK_RNG(devices=[0], device_type="ve"):
-            pass
+    with pytest.raises(RuntimeError, match=r"torch has no module of `ve`|module registered as .torch\.ve."), TORCH_FORK_RNG(devices=[0], device_type="ve"):
+        pass
     with pytest.raises(AttributeError, match="has no attribute 've'"):
         tcp.set_device_states([0], [torch.zeros(8, dtype=torch.uint8)], device_type="ve")
 
@@ -189,7 +188,8 @@ def test_uint64_state_round_trips_losslessly_simulated(ve: IntSeedBackend, seed:
     devrng.patch_torch()
     ve.seeds[1] = seed
     state = torch.ve.get_rng_state(1)  # type: ignore[attr-defined]
-    assert state.dtype == torch.uint8 and state.shape == (8,)
+    assert state.dtype == torch.uint8
+    assert state.shape == (8,)
     ve.seeds[1] = 3
     torch.ve.set_rng_state(state, 1)  # type: ignore[attr-defined]
     assert ve.seeds[1] == seed
@@ -197,7 +197,7 @@ def test_uint64_state_round_trips_losslessly_simulated(ve: IntSeedBackend, seed:
 
 def test_naive_int64_encoding_overflows() -> None:
     # Why states travel as bytes: XLA seeds >= 2**63 do not fit an int64 tensor.
-    with pytest.raises((RuntimeError, ValueError), match="[Oo]verflow"):
+    with pytest.raises((RuntimeError, ValueError), match=r"[Oo]verflow"):
         torch.tensor(2**64 - 1, dtype=torch.int64)
 
 
@@ -257,7 +257,8 @@ def test_state_all_and_seeding_simulated(ve: IntSeedBackend) -> None:
     assert ve.seeds == [2**64 - 1, 2**64 - 1]
     module.set_rng_state_all(states)
     assert ve.seeds == [2**64 - 1, 9]
-    assert module.device_count() == 2 and module.is_available()
+    assert module.device_count() == 2
+    assert module.is_available()
     with pytest.raises(NotImplementedError, match=r"can only seed all its devices.*manual_seed_all"):
         module.manual_seed(3)
     with pytest.raises(ValueError, match="got 1 state\\(s\\) for 2 ve device"):
@@ -282,7 +283,7 @@ def test_bad_states_and_devices_are_refused_simulated(ve: IntSeedBackend) -> Non
         module.set_rng_state(-1, 0)
     with pytest.raises(ValueError, match="device index 2, but this process has 2 ve device"):
         module.get_rng_state(2)
-    with pytest.raises(ValueError, match="of type 'cpu'; torch.ve only handles devices of type 've'"):
+    with pytest.raises(ValueError, match=r"of type 'cpu'; torch\.ve only handles devices of type 've'"):
         module.get_rng_state("cpu")
     with pytest.raises(TypeError, match=r"got 1\.5 \(a float\) as device"):
         module.get_rng_state(1.5)

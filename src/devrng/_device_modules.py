@@ -441,7 +441,7 @@ def register_all() -> list[str]:
                 continue  # torch (or a plugin) has a real module: never touch it
             module = DeviceRNGModule(name, fallback=existing)
             if existing is None:
-                torch._register_device_module(name, module)
+                torch._register_device_module(name, module)  # type: ignore[no-untyped-call]
             else:
                 # _register_device_module refuses a type that has a module already.
                 setattr(torch, name, module)
