@@ -11,6 +11,10 @@ at its top (each starting at column 0, anywhere in its first 40 lines):
                                          (the first word is looked up beside this
                                          interpreter, then on PATH)
     # timeout: 300                       seconds before the example counts as hung
+    # tested-by: tests/test_distributed.py
+                                         another test file runs this example (with
+                                         checks of its own); skipped here, so it
+                                         does not run twice
 
 PJRT_DEVICE defaults to CPU, so XLA examples run on machines without a TPU.
 """
@@ -30,7 +34,7 @@ import pytest
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 SCRIPTS = sorted(EXAMPLES.glob("*.py"))
-MARKER = re.compile(r"^#\s*(requires|launch|timeout)\s*:\s*(.*?)\s*$")
+MARKER = re.compile(r"^#\s*(requires|launch|timeout|tested-by)\s*:\s*(.*?)\s*$")
 DEFAULT_TIMEOUT = 600
 
 
@@ -77,9 +81,10 @@ def test_examples_exist() -> None:
 def test_markers_are_parsed(tmp_path: Path) -> None:
     script = tmp_path / "x.py"
     script.write_text('"""Doc."""\n# requires: torch_xla,  torchax\n# launch: torchrun --nproc-per-node=2\n'
-                      "# timeout: 30\nprint()\n")
+                      "# timeout: 30\n# tested-by: tests/x.py\nprint()\n")
     assert markers(script) == {"requires": "torch_xla,  torchax",
-                               "launch": "torchrun --nproc-per-node=2", "timeout": "30"}
+                               "launch": "torchrun --nproc-per-node=2", "timeout": "30",
+                               "tested-by": "tests/x.py"}
     assert available("pytest")
     assert not available("devrng_no_such_module_or_command")
 
@@ -87,6 +92,10 @@ def test_markers_are_parsed(tmp_path: Path) -> None:
 @pytest.mark.parametrize("script", SCRIPTS, ids=[s.name for s in SCRIPTS])
 def test_example_runs(script: Path) -> None:
     spec = markers(script)
+    owner = spec.get("tested-by")
+    if owner:
+        assert (EXAMPLES.parent / owner).is_file(), f"{script.name}: tested-by {owner!r} does not exist"
+        pytest.skip(f"{script.name} is run by {owner}")
     missing = [r.strip() for r in spec.get("requires", "").split(",")
                if r.strip() and not available(r.strip())]
     if missing:
