@@ -10,10 +10,9 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-
-import devrng
-from devrng import DevRNGError, fork_rng
 from tests.conftest import fake_tensor
+
+from devrng import DevRNGError, fork_rng
 
 
 def test_cpu_state_is_restored_like_torch() -> None:
@@ -242,7 +241,7 @@ def test_failure_restoring_one_generator_does_not_stop_the_others(simulate_devic
     cuda = simulate_device("cuda", count=1)
     cuda_snap, cpu_snap = cuda.generators[0].get_state(), torch.get_rng_state()
     with pytest.raises(DevRNGError, match=r"could not restore 1 generator\(s\): xpu:0 "
-                       r"\(RuntimeError: simulated xpu failure"):  # noqa: PT012
+                       r"\(RuntimeError: simulated xpu failure"):
         with fork_rng(devices=["xpu:0", "cuda:0"]):
             cuda.draw(0)
             torch.rand(3)

@@ -6,11 +6,10 @@ from collections import OrderedDict, namedtuple
 
 import pytest
 import torch
+from tests.conftest import fake_tensor
 
 from devrng import infer_device_types
 from devrng._infer import collect_devices
-from tests.conftest import fake_tensor
-
 
 fake = fake_tensor
 

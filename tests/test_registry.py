@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 import torch
+from tests.conformance.test_backend_conformance import MinimalBackend
 
 import devrng
 from devrng import _registry
-from tests.conformance.test_backend_conformance import MinimalBackend
 
 
 @pytest.fixture

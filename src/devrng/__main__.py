@@ -135,7 +135,9 @@ def _check_fork(name: str) -> None:
         inner = draw(name)
         draw("cpu")
     after = draw(name)
-    if expected is None:
+    if expected is None:  # no draw on this device type: move its state by seeding instead
+        with devrng.fork_rng(devices=devices):
+            devrng.manual_seed(98765, device_type=[name])
         if devrng.get_rng_state(devices=devices, python=False, numpy=False) != snap:
             raise AssertionError(f"{name}: state after fork_rng differs from state before")
         return
@@ -149,12 +151,16 @@ def _check_snapshot(name: str) -> None:
     devices = [] if name == "cpu" else [f"{name}:0"]
     snap = devrng.get_rng_state(devices=devices)
     first = draw(name)
-    state_after = devrng.get_rng_state(devices=devices)
     devrng.set_rng_state(snap)
     again = draw(name)
-    if first is None:  # no draw for this backend: compare states instead
-        if devrng.get_rng_state(devices=devices) != state_after and snap == state_after:
-            raise AssertionError(f"{name}: state did not round-trip")
+    if first is None:  # no draw on this device type: compare states instead
+        devrng.manual_seed(98765, device_type=[name])
+        moved = devrng.get_rng_state(devices=devices)
+        devrng.set_rng_state(snap)
+        if moved == snap:
+            raise AssertionError(f"{name}: manual_seed did not change the state")
+        if devrng.get_rng_state(devices=devices) != snap:
+            raise AssertionError(f"{name}: state did not round-trip through set_rng_state")
         return
     if not _equal(first, again):
         raise AssertionError(f"{name}: draws after set_rng_state differ from the first draws")
@@ -171,7 +177,15 @@ def _check_seed(name: str) -> None:
     b = draw(name)
     devrng.manual_seed(4321, device_type=types)
     c = draw(name)
-    if a is not None and (not _equal(a, b) or _equal(a, c)):
+    if a is None:  # no draw on this device type: compare the seeded states
+        devices = [f"{name}:0"]
+        devrng.manual_seed(1234, device_type=types)
+        a = devrng.get_rng_state(devices=devices, python=False, numpy=False).devices[name][0]
+        devrng.manual_seed(4321, device_type=types)
+        c = devrng.get_rng_state(devices=devices, python=False, numpy=False).devices[name][0]
+        devrng.manual_seed(1234, device_type=types)
+        b = devrng.get_rng_state(devices=devices, python=False, numpy=False).devices[name][0]
+    if not _equal(a, b) or _equal(a, c):
         raise AssertionError(f"{name}: manual_seed does not make draws reproducible")
 
 

@@ -24,7 +24,7 @@ def draw(device_type: str, index: int = 0, n: int = 8) -> torch.Tensor | None:
 
         with torchax.default_env():
             out = torch.rand(n, device="jax")
-        return torch.from_numpy(np.asarray(out.jax()).copy())
+        return torch.from_numpy(np.asarray(out.jax()).copy())  # type: ignore[attr-defined]
     if device_type in ("cuda", "xpu", "mps", "xla") or device_type == _privateuse1():
         return torch.rand(n, device=f"{device_type}:{index}").cpu()
     return None

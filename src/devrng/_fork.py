@@ -23,7 +23,7 @@ _WALKED = (list, tuple, dict, set, frozenset, str, torch.device, torch.Tensor,
            torch.nn.Module, torch.Generator, int)
 
 
-class fork_rng:  # noqa: N801  (a drop-in for a function)
+class fork_rng:
     """Fork the RNG of the CPU and of every device type in ``devices``; restore on exit.
 
     A drop-in for ``torch.random.fork_rng``: device types are inferred from
@@ -100,12 +100,12 @@ class fork_rng:  # noqa: N801  (a drop-in for a function)
         restore_all(cpu, devices or (), py, np, what=self._caller)
 
     def __call__(self, fn: F) -> F:
-        args = (self._devices, self._enabled, self._caller, self._devices_kw, self._device_type)
-        flags = {"python": self._python, "numpy": self._numpy}
+        devices, enabled, device_type = self._devices, self._enabled, self._device_type
+        caller, kw, python, numpy = self._caller, self._devices_kw, self._python, self._numpy
 
         @functools.wraps(fn)
         def forked(*a: Any, **k: Any) -> Any:
-            with fork_rng(*args, **flags):
+            with fork_rng(devices, enabled, caller, kw, device_type, python=python, numpy=numpy):
                 return fn(*a, **k)
 
         return forked  # type: ignore[return-value]
@@ -119,9 +119,12 @@ def restore_all(cpu: torch.Tensor | None, devices: Any, py: Any, np: Any, *, wha
             backend.set_rng_state(state, index)
         except Exception as err:
             failed.append((f"{backend.name}:{index}", err))
-    for label, setter, state in (("cpu", _cpu.set_state, cpu),
-                                 ("python", _host.set_python_state, py),
-                                 ("numpy", _host.set_numpy_state, np)):
+    host: tuple[tuple[str, Callable[[Any], object], Any], ...] = (
+        ("cpu", _cpu.set_state, cpu),
+        ("python", _host.set_python_state, py),
+        ("numpy", _host.set_numpy_state, np),
+    )
+    for label, setter, state in host:
         if state is not None:
             try:
                 setter(state)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import numbers
 import os
@@ -41,6 +42,10 @@ class RNGState:
     """
 
     __slots__ = ("_cpu", "_devices", "_numpy", "_python")
+    _cpu: torch.Tensor
+    _devices: Mapping[str, Mapping[int, Any]]
+    _python: Any
+    _numpy: Any
 
     def __init__(self, cpu: torch.Tensor, devices: Mapping[str, Mapping[int, Any]],
                  python: Any = None, numpy: Any = None) -> None:
@@ -55,11 +60,11 @@ class RNGState:
 
     @property
     def cpu(self) -> torch.Tensor:
-        return self._cpu  # type: ignore[no-any-return]
+        return self._cpu
 
     @property
     def devices(self) -> Mapping[str, Mapping[int, Any]]:
-        return self._devices  # type: ignore[no-any-return]
+        return self._devices
 
     @property
     def python(self) -> Any:
@@ -357,10 +362,8 @@ def set_rng_state(state: RNGState) -> None:
         _cpu.set_state(state.cpu)
     except Exception as err:
         for backend, index, _, previous in reversed(done):
-            try:
+            with contextlib.suppress(Exception):  # best effort; the error below says what failed
                 backend.set_rng_state(previous, index)
-            except Exception:
-                pass
         raise DevRNGError(
             f"Restoring the snapshot failed ({type(err).__name__}: {err}); the device generators "
             "already set were put back."

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 import torch
+from tests.conftest import HAS_TORCHAX, HAS_XLA
 
 import devrng
-from tests.conftest import HAS_TORCHAX, HAS_XLA
 
 
 class MinimalBackend:
