@@ -255,3 +255,13 @@ def test_torchax_fork_rng_device_type_jax(jax_setup: Any) -> None:
         with fork(device_type="jax"), env:
             torch.rand(3, device="jax")
         assert torch.equal(backend.get_rng_state(0)["key"], before)
+
+
+def test_torch_manual_seed_reaches_torchax_key_only_while_patched(jax_setup: Any) -> None:
+    backend = devrng.get_backend("jax")
+    backend.manual_seed(99)
+    torch.manual_seed(5)
+    assert backend.get_rng_state(0)["key"].tolist() == [0, 99]  # torchax's placeholder: no-op
+    devrng.patch_torch()
+    torch.manual_seed(5)
+    assert backend.get_rng_state(0)["key"].tolist() == [0, 5]

@@ -20,7 +20,11 @@ def patch_torch() -> None:
     """Point ``torch.random.fork_rng`` and ``torch.fork_rng`` at ``devrng.fork_rng``.
 
     Third-party code that calls torch's fork_rng then forks every device type
-    it hands over. Idempotent; undo with :func:`unpatch_torch`.
+    it hands over. Also registers a ``torch.<type>`` device module for every
+    devrng backend torch has none for (XLA above all), so that
+    ``torch.utils.checkpoint`` and torch's other RNG sites save and restore
+    that device's state (see devrng._device_modules). Idempotent; undo with
+    :func:`unpatch_torch`.
 
     Example:
         >>> devrng.patch_torch()
