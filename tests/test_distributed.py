@@ -9,6 +9,7 @@ SIMULATED CUDA device (real torch.Generator objects behind torch.cuda).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import random
@@ -29,6 +30,7 @@ from devrng import distributed as ddist
 
 ROOT = Path(__file__).resolve().parents[1]
 SEED = 1234
+HAS_XLA = importlib.util.find_spec("torch_xla") is not None
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not built")
 
 
@@ -111,6 +113,28 @@ def _checks(rank: int, world: int) -> dict[str, Any]:
 
     if world == 4:
         out.update(_subgroup_checks(rank))
+    elif HAS_XLA:
+        out.update(_xla_checks(rank))
+    return out
+
+
+def _xla_checks(rank: int) -> dict[str, Any]:
+    """Real XLA devices (PJRT on the CPU), one per process; their states travel over gloo."""
+    import torch_xla
+
+    dev = torch_xla.device()
+    out: dict[str, Any] = {"xla": True}
+    ddist.manual_seed_ranks(SEED)
+    out["xla_seeded"] = torch.rand(4, device=dev).cpu().tolist()
+    ddist.broadcast_rng_state(src=0, devices=[dev])
+    out["xla_after_bcast"] = _expect_error(ddist.assert_rng_in_sync, devices=[dev])
+    out["xla_draws"] = torch.rand(4, device=dev).cpu().tolist()
+    if rank == 1:
+        torch.rand(1, device=dev).cpu()  # one XLA draw too many; the CPU stream is untouched
+    out["xla_one_extra"] = _expect_error(ddist.assert_rng_in_sync, devices=[dev])
+    ddist.broadcast_rng_state(src=1, devices=[dev])
+    out["xla_repaired"] = _expect_error(ddist.assert_rng_in_sync, devices=[dev])
+    out["xla_draws_after_repair"] = torch.rand(4, device=dev).cpu().tolist()
     return out
 
 
@@ -279,6 +303,21 @@ def test_gloo_simulated_cuda_ranks_covering_different_devices_raise(
             assert err["type"] == "DevRNGError"
             assert "disagree on which devices they cover" in err["msg"]
             assert "rank 0 covers cpu, cuda (1 device)" in err["msg"]
+
+
+def test_gloo_real_xla_states_are_checked_and_broadcast(jobs: Any) -> None:
+    pytest.importorskip("torch_xla")
+    job = jobs(2)
+    assert job[0]["xla_seeded"] != job[1]["xla_seeded"]
+    for r in job:
+        assert r["xla_after_bcast"] == r["xla_repaired"] == {"type": None}
+        err = r["xla_one_extra"]
+        assert err["type"] == "RNGSyncError"
+        assert err["ranks"] == [1]
+        assert "generators that differ: rank 1 in xla[0]." in err["msg"]
+    assert _same(job, "xla_draws")
+    assert _same(job, "xla_draws_after_repair")
+    assert job[0]["xla_draws"] != job[0]["xla_draws_after_repair"]
 
 
 # -- subgroups (2 of 4) -------------------------------------------------------------------

@@ -144,9 +144,14 @@ def test_cpu_exception_inside_fork_restores_the_caller_and_keeps_the_stream() ->
     streams.add("x", 3)
     twin.add("x", 3)
     before = torch.get_rng_state()
-    with pytest.raises(KeyError), streams.fork("x"):
-        torch.rand(4)
-        raise KeyError("boom")
+
+    def fail() -> None:
+        with streams.fork("x"):
+            torch.rand(4)
+            raise KeyError("boom")
+
+    with pytest.raises(KeyError, match="boom"):
+        fail()
     assert torch.equal(torch.get_rng_state(), before)
     with streams.fork("x"):
         after = torch.rand(2)
