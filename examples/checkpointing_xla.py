@@ -14,6 +14,9 @@ checkpointing) step:
 4. torch_xla.utils.checkpoint, for reference.
 """
 
+# requires: torch_xla
+# timeout: 300
+
 from __future__ import annotations
 
 import sys
@@ -58,7 +61,7 @@ def step(mode: str) -> list[torch.Tensor]:
     return [p.grad.cpu() for p in block.parameters()]
 
 
-def report(name: str, grads: list[torch.Tensor], ref: list[torch.Tensor]) -> None:
+def report(name: str, grads: list[torch.Tensor], ref: list[torch.Tensor]) -> bool:
     diffs = [(g - r).abs() for g, r in zip(grads, ref, strict=True)]
     mismatched = sum(int((d != 0).sum()) for d in diffs)
     total = sum(d.numel() for d in diffs)
@@ -67,6 +70,7 @@ def report(name: str, grads: list[torch.Tensor], ref: list[torch.Tensor]) -> Non
     equal = all(torch.equal(g, r) for g, r in zip(grads, ref, strict=True))
     print(f"{name:<34} bitwise equal: {equal!s:<5}  mismatched {mismatched}/{total}  "
           f"max abs diff {worst:.3e} (largest gradient {scale:.3e})")
+    return equal
 
 
 plain = step("plain")
@@ -98,9 +102,10 @@ torch.get_device_module.cache_clear()
 
 # 3. The one-line fix.
 devrng.patch_torch()
-report("patch_torch, use_reentrant=False", step("non_reentrant"), plain)
-report("patch_torch, use_reentrant=True", step("reentrant"), plain)
+ok = report("patch_torch, use_reentrant=False", step("non_reentrant"), plain)
+ok &= report("patch_torch, use_reentrant=True", step("reentrant"), plain)
 
 # 4. torch_xla's own checkpoint, for reference.
-report("torch_xla.utils.checkpoint", step("torch_xla"), plain)
+ok &= report("torch_xla.utils.checkpoint", step("torch_xla"), plain)
 devrng.unpatch_torch()
+sys.exit(0 if ok else 1)
