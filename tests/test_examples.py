@@ -114,3 +114,16 @@ def test_example_runs(script: Path) -> None:
         f"{shlex.join(cmd)} exited with {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}"
         f"\n--- stderr\n{proc.stderr[-4000:]}"
     )
+
+
+def test_api_reference_documents_every_public_name() -> None:
+    """docs/api.md names each public name, so a new one cannot be left out of the reference."""
+    import devrng
+    import devrng.testing
+
+    api = (EXAMPLES.parent / "docs" / "api.md").read_text(encoding="utf-8")
+    documented = set(re.findall(r"^::: ([\w.]+)", api, flags=re.M))
+    for name in devrng.__all__:
+        assert f"devrng.{name}" in documented, f"docs/api.md has no '::: devrng.{name}'"
+    for name in devrng.testing.__all__:
+        assert name in api, f"docs/api.md does not document devrng.testing.{name}"

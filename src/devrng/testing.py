@@ -72,6 +72,7 @@ class LeafReport:
         return self.problem is None and self.mismatched == 0
 
     def summary(self) -> str:
+        """The figures as one line: ``"9 / 7680 mismatched (0.1%), max abs ..."``."""
         return _summary(self.numel, self.mismatched, self.max_abs, self.max_rel, self.mae)
 
 
@@ -97,22 +98,27 @@ class Report:
 
     @property
     def numel(self) -> int:
+        """Elements compared, over every tensor."""
         return sum(leaf.numel for leaf in self.leaves)
 
     @property
     def mismatched(self) -> int:
+        """Elements outside tolerance, over every tensor."""
         return sum(leaf.mismatched for leaf in self.leaves)
 
     @property
     def mismatch_ratio(self) -> float:
+        """``mismatched / numel`` (0 when nothing was compared)."""
         return self.mismatched / self.numel if self.numel else 0.0
 
     @property
     def max_abs(self) -> float:
+        """Largest absolute difference (``nan`` if a NaN meets a number)."""
         return _nanmax(leaf.max_abs for leaf in self.leaves)
 
     @property
     def max_rel(self) -> float:
+        """Largest difference relative to the reference's magnitude."""
         return _nanmax(leaf.max_rel for leaf in self.leaves)
 
     @property
