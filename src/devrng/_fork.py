@@ -17,6 +17,9 @@ __all__ = ["fork_rng", "restore_all"]
 F = TypeVar("F", bound=Callable[..., Any])
 
 _cpu = torch.default_generator
+_get_cpu = _cpu.get_state
+_set_cpu = _cpu.set_state
+_OFF, _CPU, _ALL = "off", "cpu", "all"
 # Containers that inference walks as they are; any other iterable (range, a
 # generator) is listed once first, as torch does, since it may be consumed.
 _WALKED = (list, tuple, dict, set, frozenset, str, torch.device, torch.Tensor,
@@ -37,7 +40,7 @@ class fork_rng:
         ...     torch.nn.functional.dropout(x)  # XLA and CPU state restored on exit
     """
 
-    __slots__ = ("_caller", "_device_type", "_devices", "_devices_kw", "_enabled",
+    __slots__ = ("_caller", "_device_type", "_devices", "_devices_kw", "_enabled", "_mode",
                  "_numpy", "_plan", "_python", "_saved")
 
     def __init__(
@@ -51,13 +54,15 @@ class fork_rng:
         python: bool = False,
         numpy: bool = False,
     ) -> None:
-        if devices is not None and not isinstance(devices, _WALKED):
+        tdev = type(devices)
+        if devices is not None and tdev is not list and not isinstance(devices, _WALKED):
             if callable(devices):
                 raise TypeError(
                     f"fork_rng got the callable {devices!r} as devices; to decorate a function "
                     "write @fork_rng() with parentheses."
                 )
             devices = list(devices)
+            tdev = list
         self._devices = devices
         self._enabled = enabled
         self._caller = _caller
@@ -67,37 +72,45 @@ class fork_rng:
         self._numpy = numpy
         self._plan: Any = None
         self._saved: list[Any] = []
+        # What __enter__ does: nothing, only the CPU generator (the hot path, kept
+        # to one get_state / set_state pair), or the general case.
+        if not enabled or device_type == "meta":
+            self._mode = _OFF
+        elif (device_type is None and not python and not numpy
+              and (tdev is list or tdev is tuple) and not devices):
+            self._mode = _CPU
+        else:
+            self._mode = _ALL
 
     def __enter__(self) -> None:
-        if not self._enabled or self._device_type == "meta":
-            self._saved.append(None)
+        mode = self._mode
+        if mode is _CPU:
+            self._saved.append(_get_cpu())
+            return
+        if mode is _OFF:
             return
         plan = self._plan
         if plan is None:
-            d = self._devices
-            if self._device_type is None and (type(d) is list or type(d) is tuple) and not d:
-                plan = ()  # the common "CPU only" call: nothing to look up
+            if self._device_type is None and type(self._devices) in (list, tuple) and not self._devices:
+                plan = ()
             else:
                 plan = make_plan(self._devices, self._device_type, caller=self._caller,
                                  devices_kw=self._devices_kw)
             self._plan = plan
-        devices = [(b, i, b.get_rng_state(i)) for b, indices in plan for i in indices] if plan else None
         self._saved.append((
-            _cpu.get_state(),
-            devices,
+            _get_cpu(),
+            [(b, i, b.get_rng_state(i)) for b, indices in plan for i in indices],
             _host.get_python_state() if self._python else None,
             _host.get_numpy_state() if self._numpy else None,
         ))
 
-    def __exit__(self, *exc_info: object) -> None:
-        saved = self._saved.pop()
-        if saved is None:
-            return
-        cpu, devices, py, np = saved
-        if devices is None and py is None and np is None:
-            _cpu.set_state(cpu)
-            return
-        restore_all(cpu, devices or (), py, np, what=self._caller)
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        mode = self._mode
+        if mode is _CPU:
+            _set_cpu(self._saved.pop())
+        elif mode is _ALL:
+            cpu, devices, py, np = self._saved.pop()
+            restore_all(cpu, devices, py, np, what=self._caller)
 
     def __call__(self, fn: F) -> F:
         devices, enabled, device_type = self._devices, self._enabled, self._device_type

@@ -1,0 +1,1 @@
+"""Benchmarks: devrng against its peers, measured in one process, interleaved."""

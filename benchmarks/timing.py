@@ -1,0 +1,28 @@
+"""Interleaved timing: every contender of a case is timed in turn, round after round,
+so that load on the machine hits all of them alike; medians and ratios come from the
+same rounds."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+
+def per_call_us(fn: Callable[[], object], number: int) -> float:
+    start = time.perf_counter()
+    for _ in range(number):
+        fn()
+    return (time.perf_counter() - start) / number * 1e6
+
+
+def interleaved(contenders: dict[str, Callable[[], object]], *, number: int,
+                rounds: int) -> dict[str, float]:
+    """Median microseconds per call of each contender over ``rounds`` interleaved rounds."""
+    for fn in contenders.values():  # warm up: caches, first-call imports, lazy init
+        per_call_us(fn, max(1, number // 10))
+    samples: dict[str, list[float]] = {name: [] for name in contenders}
+    for _ in range(rounds):
+        for name, fn in contenders.items():
+            samples[name].append(per_call_us(fn, number))
+    return {name: statistics.median(values) for name, values in samples.items()}

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Run the benchmarks in the bench environment (torch 2.13 + Lightning) and the xla
+# environment, then render docs/benchmarks.md and docs/benchmarks.png from the results.
+source "$(dirname "$0")/_venv.sh"
+cd "$DEVRNG_ROOT"
+out=$(mktemp -d)
+bench=$(venv_for bench)
+xla=$(venv_for xla)
+"$bench/bin/python" -m benchmarks.run --json "$out/results-bench.json" "$@"
+PJRT_DEVICE=CPU "$xla/bin/python" -m benchmarks.run --json "$out/results-xla.json" "$@"
+"$bench/bin/python" -m benchmarks.report "$out/results-bench.json" "$out/results-xla.json"

@@ -1,0 +1,22 @@
+"""The benchmark runner runs (tiny iteration counts). No timing is asserted here."""
+
+from __future__ import annotations
+
+import math
+
+from benchmarks.run import format_table, run
+
+
+def test_runner_produces_a_row_per_case_with_numbers_or_a_reason() -> None:
+    result = run(quick=True)
+    rows = result["rows"]
+    cases = {r["case"] for r in rows}
+    assert {"fork_rng(devices=[])", "import devrng after import torch"} <= cases
+    for r in rows:
+        if r["ratio"] is None:
+            assert r.get("ms") is not None or r["note"].startswith("skipped: ")
+        else:
+            assert math.isfinite(r["ratio"]) and r["ratio"] > 0
+            assert math.isclose(r["ratio"], r["devrng_us"] / r["peer_us"])
+    table = format_table(rows)
+    assert table.count("\n") == len(rows) + 1
