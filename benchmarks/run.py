@@ -17,7 +17,6 @@ import random
 import statistics
 import subprocess
 import sys
-from collections.abc import Callable
 from typing import Any
 
 import torch
