@@ -22,8 +22,12 @@ def pick_device() -> torch.device:
             import torch_xla  # noqa: F401  (registers the XLA device with torch)
         return device
     accelerator = getattr(torch, "accelerator", None)  # torch >= 2.6
-    current = accelerator.current_accelerator() if accelerator is not None else None
-    return current if current is not None else torch.device("cpu")
+    # A CUDA build names CUDA as its accelerator even without a GPU: ask whether it works.
+    if accelerator is not None and accelerator.is_available():
+        current = accelerator.current_accelerator()
+        if current is not None:
+            return current
+    return torch.device("cpu")
 
 
 def main() -> None:
