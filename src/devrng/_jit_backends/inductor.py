@@ -31,11 +31,6 @@ class DynamoRunner:
     """``torch.compile(fn, **compile_kwargs)`` called with the host generators seeded."""
 
     def __init__(self, fn: Callable[..., Any], compile_kwargs: dict[str, Any]) -> None:
-        if "backend" in compile_kwargs:
-            raise TypeError(
-                f"Pass the compiler as seeded_jit(backend=...), not as a compile option "
-                f"(got backend={compile_kwargs['backend']!r})."
-            )
         self._compiled = torch.compile(fn, **compile_kwargs)
         self._seeder: HostSeeder | None = None
         self._compiles = 0

@@ -53,9 +53,4 @@ seeded_openxla = aot_autograd(fw_compiler=_graph_compiler)
 
 
 def make_runner(fn: Callable[..., Any], compile_kwargs: dict[str, Any]) -> XLARunner:
-    if "backend" in compile_kwargs:
-        raise TypeError(
-            f"Pass the compiler as seeded_jit(backend=...), not as a compile option "
-            f"(got backend={compile_kwargs['backend']!r})."
-        )
     return XLARunner(torch.compile(fn, backend=seeded_openxla, **compile_kwargs))

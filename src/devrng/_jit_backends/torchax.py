@@ -26,6 +26,19 @@ __all__ = ["TorchaxRunner", "make_runner"]
 
 _cpu = torch.default_generator
 _M32 = 0xFFFFFFFF
+_BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
+_compiles = [0]  # XLA compilations JAX has reported in this process
+
+
+def _on_duration(event: str, duration: float, **kwargs: Any) -> None:
+    # The jitted object's _cache_size() counts dispatch-cache entries: a host and a
+    # device argument of the same type make two entries for one compilation.
+    # JAX reports each real backend compilation as this event.
+    if event == _BACKEND_COMPILE:
+        _compiles[0] += 1
+
+
+jax.monitoring.register_event_duration_secs_listener(_on_duration)
 
 
 def _key_data(seed: int | torch.Tensor) -> Any:
@@ -55,6 +68,7 @@ class TorchaxRunner:
         self._fn = fn
         self._env = torchax.default_env()
         self._jitted = jax.jit(self._traced, **kwargs)
+        self._compiles = 0
 
     def _traced(self, key_data: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
         env = self._env
@@ -75,16 +89,18 @@ class TorchaxRunner:
 
     @property
     def compile_count(self) -> int:
-        return int(self._jitted._cache_size())
+        return self._compiles
 
     def __call__(self, seed: int | torch.Tensor, args: tuple[Any, ...],
                  kwargs: dict[str, Any]) -> Any:
         key_data = _key_data(seed)
         j_args, j_kwargs = interop.jax_view((args, kwargs))
         cpu = _cpu.get_state()
+        before = _compiles[0]
         try:
             out, _advanced = self._jitted(key_data, *j_args, **j_kwargs)
         finally:
+            self._compiles += _compiles[0] - before
             _cpu.set_state(cpu)  # tracing runs torch code, which may draw on the CPU
         return interop.torch_view(out)
 
