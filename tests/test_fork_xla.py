@@ -126,3 +126,11 @@ def test_manual_seed_reaches_torchax(env) -> None:  # type: ignore[no-untyped-de
     b = jax_draw(env)
     devrng.manual_seed(78)
     assert torch.equal(a, b) and not torch.equal(a, jax_draw(env))
+
+
+def test_bare_indices_refer_to_xla_when_it_is_the_only_device_in_use() -> None:
+    """torch 2.9's CUDA build reports a 'cuda' accelerator with no GPU; devrng looks past it."""
+    before = xm.get_rng_state("xla:0")
+    with devrng.fork_rng(devices=[0]):
+        xla_draw()
+    assert xm.get_rng_state("xla:0") == before

@@ -66,11 +66,23 @@ def is_initialized(backend: Backend) -> bool:
         return False
 
 
+_acc_cache: list[Any] = [None, None]  # [the lookup function, its answer]
+
+
 def _current_accelerator() -> str | None:
     acc = getattr(torch, "accelerator", None)
     if acc is not None and hasattr(acc, "current_accelerator"):
-        dev = acc.current_accelerator()
-        return None if dev is None else str(dev.type)
+        # The accelerator type is fixed for a process; the cache is keyed by the
+        # function so that a replaced one (a simulated device in tests) is asked again.
+        fn = acc.current_accelerator
+        if _acc_cache[0] is not fn:
+            dev = fn()
+            name = None if dev is None else str(dev.type)
+            # A CUDA build reports "cuda" on a machine without a GPU: not an accelerator here.
+            backend = peek_backend(name) if name else None
+            _acc_cache[0] = fn
+            _acc_cache[1] = name if backend is not None and backend.is_available() else None
+        return _acc_cache[1]  # type: ignore[no-any-return]
     for name in ("cuda", "xpu", "mps"):  # torch < 2.6
         backend = peek_backend(name)
         if backend is not None and backend.is_available():

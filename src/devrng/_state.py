@@ -23,7 +23,8 @@ __all__ = ["RNGState", "check_seed", "get_rng_state", "manual_seed", "set_rng_st
 _FORMAT = "devrng.RNGState"
 _VERSION = 1
 _cpu = torch.default_generator
-_cpu_numel: list[int] = []  # filled on first use: the size of this torch's CPU state
+_cpu_numel: list[int] = []
+_NO_DEVICES: Mapping[str, Mapping[int, Any]] = MappingProxyType({})  # filled on first use: the size of this torch's CPU state
 
 
 class RNGState:
@@ -49,14 +50,12 @@ class RNGState:
 
     def __init__(self, cpu: torch.Tensor, devices: Mapping[str, Mapping[int, Any]],
                  python: Any = None, numpy: Any = None) -> None:
-        object.__setattr__(self, "_cpu", cpu)
-        object.__setattr__(self, "_devices", MappingProxyType(
-            {t: MappingProxyType(dict(per)) for t, per in devices.items()}))
-        object.__setattr__(self, "_python", python)
-        object.__setattr__(self, "_numpy", numpy)
-
-    def __setattr__(self, name: str, value: object) -> None:
-        raise AttributeError(f"RNGState is frozen; cannot set {name!r}.")
+        # Read-only through the properties below (none has a setter).
+        self._cpu = cpu
+        self._devices = MappingProxyType(
+            {t: MappingProxyType(dict(per)) for t, per in devices.items()}) if devices else _NO_DEVICES
+        self._python = python
+        self._numpy = numpy
 
     @property
     def cpu(self) -> torch.Tensor:
