@@ -128,9 +128,20 @@ def test_manual_seed_reaches_torchax(env) -> None:  # type: ignore[no-untyped-de
     assert torch.equal(a, b) and not torch.equal(a, jax_draw(env))
 
 
-def test_bare_indices_refer_to_xla_when_it_is_the_only_device_in_use() -> None:
+def test_bare_indices_refer_to_xla_when_it_is_the_only_device_in_use(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """torch 2.9's CUDA build reports a 'cuda' accelerator with no GPU; devrng looks past it."""
+    import sys
+
+    if "torchax" in sys.modules:  # an earlier test used torchax: make its env look unused
+        monkeypatch.setattr(sys.modules["torchax"], "env", None)
     before = xm.get_rng_state("xla:0")
     with devrng.fork_rng(devices=[0]):
         xla_draw()
     assert xm.get_rng_state("xla:0") == before
+
+
+def test_bare_indices_are_ambiguous_when_xla_and_torchax_are_both_in_use(env) -> None:  # type: ignore[no-untyped-def]
+    torch.ones(1, device="xla:0")
+    with pytest.raises(ValueError, match=r"devices=\[0\] holds device indices but no device type"), \
+            devrng.fork_rng(devices=[0]):
+        pass

@@ -202,10 +202,12 @@ def _owner_of_ints(named: list[str], inferred: list[str], ints: list[int], kw: s
         in_use = default_types()
         if len(in_use) == 1:
             return in_use[0]
+        why = (f"several device types are in use ({', '.join(in_use)})" if in_use else
+               "this process has no accelerator to refer them to")
         raise ValueError(
-            f"{kw}={ints!r} holds device indices but no device type, and this process has no "
-            "accelerator to refer them to; pass device_type='cuda' (or 'xla', 'xpu', ...), or "
-            f"name devices fully, as in {kw}=['xla:0']."
+            f"{kw}={ints!r} holds device indices but no device type, and {why}; pass "
+            "device_type='cuda' (or 'xla', 'xpu', ...), or name devices fully, as in "
+            f"{kw}=['xla:0']."
         )
     candidates = named or inferred
     raise ValueError(
