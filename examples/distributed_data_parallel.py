@@ -6,6 +6,9 @@ Run on this machine (CPU, gloo):
 
 On GPUs pass ``--backend nccl``; each rank then drives ``cuda:<LOCAL_RANK>``.
 """
+# tested-by: tests/test_distributed.py
+# launch: torchrun --standalone --nproc-per-node=2
+
 
 from __future__ import annotations
 

@@ -15,6 +15,9 @@ randomness in tensor parallelism:
 * each rank's shard of the hidden layer needs its *own* mask: a named
   ``RNGStreams`` stream seeded per rank, forked around the sharded dropout.
 """
+# tested-by: tests/test_distributed.py
+# launch: torchrun --standalone --nproc-per-node=2
+
 
 from __future__ import annotations
 

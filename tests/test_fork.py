@@ -252,10 +252,13 @@ def test_failure_restoring_one_generator_does_not_stop_the_others(simulate_devic
 
 def test_body_exception_survives_a_restore_failure_as_context(simulate_device: Any) -> None:
     xpu = simulate_device("xpu", count=1)
-    with pytest.raises(DevRNGError) as info:  # noqa: PT012
+    def body() -> None:
         with fork_rng(devices=["xpu:0"]):
             xpu.fail_set = True
             raise KeyError("body")
+
+    with pytest.raises(DevRNGError) as info:
+        body()
     assert isinstance(info.value.__context__, KeyError)
 
 

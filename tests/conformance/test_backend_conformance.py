@@ -137,10 +137,14 @@ def test_fork_restores_device_and_cpu(case: Case) -> None:
 def test_fork_restores_after_exception(case: Case) -> None:
     devices = [case.device(i) for i in range(case.count)] if case.name != "cpu" else []
     snap = devrng.get_rng_state(devices=devices, python=False, numpy=False)
-    with pytest.raises(KeyError), devrng.fork_rng(devices=devices):
-        case.draw(0)
-        torch.rand(2)
-        raise KeyError("boom")
+    def body() -> None:
+        with devrng.fork_rng(devices=devices):
+            case.draw(0)
+            torch.rand(2)
+            raise KeyError("boom")
+
+    with pytest.raises(KeyError):
+        body()
     assert devrng.get_rng_state(devices=devices, python=False, numpy=False) == snap
 
 
