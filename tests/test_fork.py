@@ -240,12 +240,15 @@ def test_failure_restoring_one_generator_does_not_stop_the_others(simulate_devic
     xpu = simulate_device("xpu", count=1)
     cuda = simulate_device("cuda", count=1)
     cuda_snap, cpu_snap = cuda.generators[0].get_state(), torch.get_rng_state()
-    with pytest.raises(DevRNGError, match=r"could not restore 1 generator\(s\): xpu:0 "
-                       r"\(RuntimeError: simulated xpu failure"):
+    def body() -> None:
         with fork_rng(devices=["xpu:0", "cuda:0"]):
             cuda.draw(0)
             torch.rand(3)
             xpu.fail_set = True
+
+    with pytest.raises(DevRNGError, match=r"could not restore 1 generator\(s\): xpu:0 "
+                       r"\(RuntimeError: simulated xpu failure"):
+        body()
     assert torch.equal(cuda.generators[0].get_state(), cuda_snap)
     assert torch.equal(torch.get_rng_state(), cpu_snap)
 
