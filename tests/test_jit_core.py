@@ -84,7 +84,7 @@ def case(request: pytest.FixtureRequest) -> Any:
 
 
 def test_equal_seeds_give_bitwise_equal_outputs_first_call_included(case: Any) -> None:
-    res = dict(zip(range(len(SEEDS)), case.first_results))
+    res = dict(zip(range(len(SEEDS)), case.first_results, strict=True))
     assert _same(res[0], res[2])  # seed 11: the compiling call and a cached one
     assert _same(res[1], res[4])  # seed 12
 
@@ -125,7 +125,7 @@ def test_training_twice_from_same_weights_and_seeds_is_bitwise_equal(case: Any) 
 
     a, b, c = train((1, 2, 3)), train((1, 2, 3)), train((4, 5, 6))
     assert _same(a, b)
-    assert not any(torch.equal(p, q) for p, q in zip(a[0], c[0]))
+    assert not any(torch.equal(p, q) for p, q in zip(a[0], c[0], strict=True))
     assert not _same(a[1], c[1])
     assert a[1][0].shape == (16, 8) and not _same(a[1], list(case.init.values()))  # it trained
 
@@ -218,11 +218,11 @@ def test_callers_state_is_restored_when_fn_raises() -> None:
 
 
 def test_eager_seeds_and_restores_a_simulated_cuda_device(simulate_device: Any) -> None:
-    fake = simulate_device("cuda", count=2)
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    with FakeTensorMode():
+    with FakeTensorMode():  # before the simulation: a CUDA build would try to reach a GPU
         x = torch.empty(2, device="cuda:0")
+    fake = simulate_device("cuda", count=2)
 
     def draw(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return fake.draw(0), fake.draw(1)
@@ -231,7 +231,7 @@ def test_eager_seeds_and_restores_a_simulated_cuda_device(simulate_device: Any) 
     before = [g.get_state() for g in fake.generators]
     a, b, c = step(x, seed=8), step(x, seed=8), step(x, seed=9)
     assert _same(a, b) and not torch.equal(a[0], c[0])
-    assert all(torch.equal(s, g.get_state()) for s, g in zip(before, fake.generators))
+    assert all(torch.equal(s, g.get_state()) for s, g in zip(before, fake.generators, strict=True))
 
 
 # -- errors -------------------------------------------------------------------------------

@@ -16,6 +16,10 @@ import devrng
 
 torch_xla = pytest.importorskip("torch_xla")
 xm = pytest.importorskip("torch_xla.core.xla_model")
+# torch 2.9's autograd engine sizes its device queues at the first backward pass: one
+# run before the XLA runtime starts makes every later XLA backward fail an internal
+# assert. Start it while pytest collects, before any test's backward runs.
+torch_xla.device()
 
 SEEDS = (11, 12, 11, 13, 12)
 CALLER_XLA_SEED = 424242
@@ -85,7 +89,7 @@ def test_seed_sequence_reproducible_one_compile_caller_state_kept(kit: XLAKit) -
         assert kit.caller_state() == caller, f"caller's RNG state changed by seed {seed}"
         assert torch.equal(torch.get_rng_state(), cpu)
     for i, j in ((0, 2), (1, 4)):  # equal seeds, the first (compiling) call included
-        assert all(np.array_equal(a, b) for a, b in zip(outs[i], outs[j]))
+        assert all(np.array_equal(a, b) for a, b in zip(outs[i], outs[j], strict=True))
     for i, j in ((0, 1), (0, 3), (1, 3)):  # different seeds: different mask and rand
         assert not np.array_equal(outs[i][0], outs[j][0])
         assert not np.array_equal(outs[i][1], outs[j][1])
@@ -101,12 +105,12 @@ def test_seed_tensor_and_stream(kit: XLAKit) -> None:
     if kit.backend == "torchax":
         seed_tensor = kit.tensor(seed_tensor)  # stays on the device: no host read
     by_tensor = kit.host(step(x, seed=seed_tensor))
-    assert all(np.array_equal(a, b) for a, b in zip(by_int, by_tensor))
+    assert all(np.array_equal(a, b) for a, b in zip(by_int, by_tensor, strict=True))
     sd = step.state_dict()
     a = [kit.host(step(x)) for _ in range(2)]
     step.load_state_dict(sd)
     b = [kit.host(step(x)) for _ in range(2)]
-    assert all(np.array_equal(p, q) for s, t in zip(a, b) for p, q in zip(s, t))
+    assert all(np.array_equal(p, q) for s, t in zip(a, b, strict=True) for p, q in zip(s, t, strict=True))
     assert not np.array_equal(a[0][0], a[1][0])
     assert step.compile_count == 1
 
@@ -118,7 +122,7 @@ def test_auto_picks_backend_from_inputs(kit: XLAKit) -> None:
     x = kit.tensor(torch.ones(4))
     first = kit.host(step(x, seed=3))
     assert step.backend == kit.backend
-    assert all(np.array_equal(a, b) for a, b in zip(first, kit.host(step(x, seed=3))))
+    assert all(np.array_equal(a, b) for a, b in zip(first, kit.host(step(x, seed=3)), strict=True))
 
 
 def _xla_model() -> torch.nn.Module:
@@ -137,10 +141,10 @@ def _train(run_step: Callable[[int], torch.Tensor], model: torch.nn.Module,
 
 def _check_training(train: Callable[[tuple[int, ...]], Any]) -> None:
     a, b, c = train(SEEDS), train(SEEDS), train((21, 22, 21, 23, 22))
-    assert all(np.array_equal(p, q) for p, q in zip(a[0], b[0])), "losses differ between runs"
-    assert all(np.array_equal(p, q) for p, q in zip(a[1], b[1])), "weights differ between runs"
+    assert all(np.array_equal(p, q) for p, q in zip(a[0], b[0], strict=True)), "losses differ between runs"
+    assert all(np.array_equal(p, q) for p, q in zip(a[1], b[1], strict=True)), "weights differ between runs"
     assert np.array_equal(a[0][0], a[0][2])  # seed 11 twice, each step from the initial weights
-    assert not any(np.array_equal(p, q) for p, q in zip(a[0], c[0]))
+    assert not any(np.array_equal(p, q) for p, q in zip(a[0], c[0], strict=True))
 
 
 def test_torch_xla_training_step_with_dropout_is_reproducible() -> None:

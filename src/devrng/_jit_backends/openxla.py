@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch_xla
 from torch._dynamo.backends.common import aot_autograd
-from torch._functorch.aot_autograd import make_boxed_func
+from torch._functorch.aot_autograd import make_boxed_func  # type: ignore[attr-defined]
 
 from devrng._jit_backends.torch_xla import XLARunner, xla_devices
 
