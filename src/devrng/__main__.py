@@ -102,8 +102,13 @@ def doctor() -> int:
     try:
         from devrng._determinism import current_settings
 
-        for key, value in current_settings().items():
-            print(f"  {key:45} {value}")
+        print(f"  {'setting':52} {'now':20} {'deterministic()':16} available")
+        for key, entry in current_settings().items():
+            if isinstance(entry, dict):
+                print(f"  {key:52} {entry.get('value')!s:20} {entry.get('target')!s:16} "
+                      f"{'yes' if entry.get('available') else 'no'}")
+            else:
+                print(f"  {key:45} {entry}")
     except ImportError:
         print("  (devrng._determinism is not available)")
     print("\nEnvironment variables:")
