@@ -36,9 +36,11 @@ def main() -> None:
         torch_xla.sync()
         return [step(x, y, seed=s).item() for s in seeds]
 
-    xm.set_rng_state(1234, device)
     first, second = train([11, 12, 13]), train([11, 12, 13])
     assert first == second, "same weights and seeds: the same losses, bit for bit"
+    assert train([21, 22, 23]) != first, "other seeds, other dropout masks"
+    xm.set_rng_state(1234, device)
+    step(x, y, seed=5)
     assert xm.get_rng_state(device) == 1234, "the caller's XLA seed is untouched"
     print("losses:", first)
     print("XLA compilations:", step.compile_count)
