@@ -103,9 +103,13 @@ def test_new_seeds_never_recompile(case: Any) -> None:
     else:
         assert counts[0] >= 1
         assert counts == [counts[0]] * len(SEEDS)
+        from torch._dynamo.utils import counters
+
+        graphs = counters["stats"]["unique_graphs"]  # dynamo's own count, read directly
         case.run(seed=987654321)
         case.run(seed=2**64 - 1)
         assert case.step.compile_count == counts[0]
+        assert counters["stats"]["unique_graphs"] == graphs
 
 
 def test_callers_cpu_rng_state_is_unchanged(case: Any) -> None:

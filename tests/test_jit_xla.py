@@ -101,10 +101,8 @@ def test_seed_tensor_and_stream(kit: XLAKit) -> None:
     step = devrng.seeded_jit(_draws, backend=kit.backend, seed=5)
     x = kit.tensor(torch.ones(8, 8))
     by_int = kit.host(step(x, seed=11))
-    seed_tensor = torch.tensor(11)
-    if kit.backend == "torchax":
-        seed_tensor = kit.tensor(seed_tensor)  # stays on the device: no host read
-    by_tensor = kit.host(step(x, seed=seed_tensor))
+    # A seed tensor on the device (torchax derives the key from it without a host read).
+    by_tensor = kit.host(step(x, seed=kit.tensor(torch.tensor(11))))
     assert all(np.array_equal(a, b) for a, b in zip(by_int, by_tensor, strict=True))
     sd = step.state_dict()
     a = [kit.host(step(x)) for _ in range(2)]
@@ -241,3 +239,55 @@ def test_torchax_training_step_with_dropout_is_reproducible() -> None:
 def test_compile_options_reach_torch_xla_compile() -> None:
     with pytest.raises(TypeError, match="no_such_option"):
         devrng.seeded_jit(_draws, backend="torch_xla", no_such_option=True)
+
+
+def test_peers_show_the_bugs_seeded_jit_fixes() -> None:
+    """Without devrng: openxla's first call and torchax's jax_jit are not seedable."""
+    device = torch_xla.device()
+    x = torch.ones(8, 8, device=device)
+    torch_xla.sync()
+
+    def draws(x: torch.Tensor) -> torch.Tensor:  # a fresh function: a fresh dynamo cache
+        return torch.nn.functional.dropout(x, 0.5, training=True) * 3
+
+    stock = torch.compile(draws, backend="openxla")
+    outs = []
+    for _ in range(2):
+        xm.set_rng_state(7, device)
+        outs.append(stock(x).cpu())
+    assert not torch.equal(outs[0], outs[1]), "stock openxla: first call now reproducible?"
+
+    torchax = pytest.importorskip("torchax")
+    from torchax import interop
+
+    with torchax.default_env():
+        t = torch.ones(8, 8, device="jax")
+    baked = interop.jax_jit(_draws)
+    # Tracing rotates the environment's key inside the trace and leaves a leaked
+    # tracer as the global key: fork it so that later tests get a real key back.
+    with devrng.fork_rng(device_type="jax"):
+        a, b = (np.asarray(interop.jax_view(baked(t)[0])) for _ in range(2))
+    assert np.array_equal(a, b), "torchax jax_jit: the key is no longer baked in?"
+
+
+def test_torchax_key_stack_is_restored_when_tracing_raises() -> None:
+    torchax = pytest.importorskip("torchax")
+    import jax
+
+    env = torchax.default_env()
+    with env:
+        x = torch.ones(3, device="jax")
+
+    def bad(x: torch.Tensor) -> torch.Tensor:
+        torch.nn.functional.dropout(x, 0.5, training=True)
+        raise ValueError("bad shape")
+
+    step = devrng.seeded_jit(bad, backend="torchax")
+    depth = len(env._property.content)
+    key = np.asarray(jax.random.key_data(env.param.prng)).tolist()
+    cpu = torch.get_rng_state()
+    with pytest.raises(ValueError, match="bad shape"):
+        step(x, seed=1)
+    assert len(env._property.content) == depth
+    assert np.asarray(jax.random.key_data(env.param.prng)).tolist() == key
+    assert torch.equal(torch.get_rng_state(), cpu)
