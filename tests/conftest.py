@@ -20,6 +20,16 @@ HAS_XLA = importlib.util.find_spec("torch_xla") is not None
 HAS_TORCHAX = importlib.util.find_spec("torchax") is not None
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # torch 2.9 + torch_xla 2.9: a CPU backward pass run before the XLA runtime starts
+    # makes every later XLA backward fail an internal assert. Start XLA first, as a
+    # program that uses XLA does.
+    if HAS_XLA:
+        import torch_xla
+
+        torch_xla.device()
+
+
 def _index(device: Any) -> int:
     if device is None:
         return 0

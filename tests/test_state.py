@@ -156,14 +156,17 @@ def test_other_file_is_a_clear_error(tmp_path: Any) -> None:
 
 
 def test_fingerprint_is_stable_across_processes(tmp_path: Any) -> None:
+    # devices=[]: the CPU, Python and NumPy, which both processes have (the xla env's test
+    # process also has XLA and torchax state, which a fresh interpreter does not).
     devrng.manual_seed(99)
-    here = devrng.get_rng_state().fingerprint()
-    code = "import devrng; devrng.manual_seed(99); print(devrng.get_rng_state().fingerprint())"
+    here = devrng.get_rng_state(devices=[]).fingerprint()
+    code = ("import devrng; devrng.manual_seed(99); "
+            "print(devrng.get_rng_state(devices=[]).fingerprint())")
     there = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert there.stdout.strip() == here
     assert len(here) == 16
     devrng.manual_seed(100)
-    assert devrng.get_rng_state().fingerprint() != here
+    assert devrng.get_rng_state(devices=[]).fingerprint() != here
 
 
 # -- manual_seed --------------------------------------------------------------------------

@@ -77,12 +77,11 @@ def _current_accelerator() -> str | None:
         fn = acc.current_accelerator
         if _acc_cache[0] is not fn:
             dev = fn()
-            name = None if dev is None else str(dev.type)
-            # A CUDA build reports "cuda" on a machine without a GPU: not an accelerator here.
-            backend = peek_backend(name) if name else None
-            _acc_cache[0] = fn
-            _acc_cache[1] = name if backend is not None and backend.is_available() else None
-        return _acc_cache[1]  # type: ignore[no-any-return]
+            _acc_cache[0], _acc_cache[1] = fn, (None if dev is None else str(dev.type))
+        name = _acc_cache[1]
+        # A CUDA build reports "cuda" on a machine without a GPU: not an accelerator here.
+        backend = peek_backend(name) if name else None
+        return name if backend is not None and backend.is_available() else None
     for name in ("cuda", "xpu", "mps"):  # torch < 2.6
         backend = peek_backend(name)
         if backend is not None and backend.is_available():
