@@ -14,9 +14,10 @@ from typing import Any
 import torch
 
 import devrng
+from devrng._determinism import current_settings
 from devrng._draw import draw
 from devrng._plan import is_initialized
-from devrng._registry import backend_names, package_installed, peek_backend
+from devrng._registry import backend_names, package_installed, peek_backend, requirement
 
 _PACKAGES = ("torch", "numpy", "torch_xla", "torchax", "jax", "jaxlib",
              "intel_extension_for_pytorch", "lightning", "accelerate")
@@ -82,10 +83,7 @@ def doctor() -> int:
     for name in backend_names():
         backend = peek_backend(name)
         if backend is None:
-            from devrng._registry import _entries, _Lazy
-
-            entry = _entries.get(name)
-            req = entry.requires if isinstance(entry, _Lazy) else None
+            req = requirement(name)
             installed = "yes" if req is None or package_installed(req) else "no"
             print(f"  {name:12} {installed:10} {'not loaded':10} {'-':12} -")
             continue
@@ -99,18 +97,10 @@ def doctor() -> int:
         print(f"  {name:12} {'yes':10} {'yes' if available else 'no':10} "
               f"{'yes' if initialised else 'no':12} {count}")
     print("\nDeterminism settings:")
-    try:
-        from devrng._determinism import current_settings
-
-        print(f"  {'setting':52} {'now':20} {'deterministic()':16} available")
-        for key, entry in current_settings().items():
-            if isinstance(entry, dict):
-                print(f"  {key:52} {entry.get('value')!s:20} {entry.get('target')!s:16} "
-                      f"{'yes' if entry.get('available') else 'no'}")
-            else:
-                print(f"  {key:45} {entry}")
-    except ImportError:
-        print("  (devrng._determinism is not available)")
+    print(f"  {'setting':52} {'now':20} {'deterministic()':16} available")
+    for key, setting in current_settings().items():
+        print(f"  {key:52} {setting['value']!s:20} {setting['target']!s:16} "
+              f"{'yes' if setting['available'] else 'no'}")
     print("\nEnvironment variables:")
     for var in _ENV_VARS:
         print(f"  {var:25} {os.environ.get(var, '(unset)')}")
@@ -194,25 +184,42 @@ def _check_seed(name: str) -> None:
         raise AssertionError(f"{name}: manual_seed does not make draws reproducible")
 
 
+_JIT_BACKENDS = {"cpu": "eager", "xla": "torch_xla", "jax": "torchax"}
+
+
+def _host(t: torch.Tensor) -> torch.Tensor:
+    """A CPU copy of a CPU, XLA or torchax tensor."""
+    if t.device.type == "jax":
+        import numpy as np
+
+        return torch.from_numpy(np.asarray(t.jax()).copy())  # type: ignore[attr-defined]
+    return t.cpu()
+
+
 def _check_jit(name: str) -> None:
-    if name != "cpu":
-        raise _Skip("seeded_jit is checked on the CPU (eager); device backends in the test suite")
-    try:
-        seeded_jit = devrng.seeded_jit
-    except (AttributeError, ImportError) as err:
-        raise _Skip(f"seeded_jit unavailable: {err}") from err
+    backend = _JIT_BACKENDS.get(name)
+    if backend is None:
+        raise _Skip(f"seeded_jit has no compiler for {name} devices here")
+    if name == "jax":
+        import torchax
+
+        with torchax.default_env():
+            x = torch.ones(64, device="jax")
+    else:
+        x = torch.ones(64, device=f"{name}:0" if name != "cpu" else "cpu")
 
     def fn(x: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.dropout(x, 0.5)
+        return torch.nn.functional.dropout(x, 0.5, training=True)
 
-    step = seeded_jit(fn, backend="eager", seed=0)
-    x = torch.ones(64)
-    cpu = torch.get_rng_state()
-    a, b, c = step(x, seed=3), step(x, seed=3), step(x, seed=4)
+    step = devrng.seeded_jit(fn, backend=backend, seed=0)
+    devices = [] if name == "cpu" else [f"{name}:0"]
+    before = devrng.get_rng_state(devices=devices, python=False, numpy=False)
+    a, b, c = (_host(step(x, seed=s)) for s in (3, 3, 4))
     if not torch.equal(a, b) or torch.equal(a, c):
-        raise AssertionError("seeded_jit(eager): equal seeds must give equal draws")
-    if not torch.equal(cpu, torch.get_rng_state()):
-        raise AssertionError("seeded_jit(eager) changed the caller's CPU RNG state")
+        raise AssertionError(f"seeded_jit({backend}): equal seeds must give equal draws, "
+                             "different seeds different ones")
+    if devrng.get_rng_state(devices=devices, python=False, numpy=False) != before:
+        raise AssertionError(f"seeded_jit({backend}) changed the caller's RNG state")
 
 
 class _Skip(Exception):
@@ -252,7 +259,7 @@ def selftest() -> int:
                 rows.append((name, check, result))
     finally:
         devrng.set_rng_state(outer)
-    width = max(len(n) for n, _, _ in rows)
+    width = max(len("backend"), *(len(n) for n, _, _ in rows))
     print(f"{'backend':{width}}  {'check':10}  result")
     for name, check, result in rows:
         print(f"{name:{width}}  {check:10}  {result}")

@@ -252,6 +252,12 @@ def available_backends() -> tuple[str, ...]:
     return tuple(out)
 
 
+def requirement(name: str) -> str | None:
+    """The package a lazily registered backend needs, if it names one."""
+    entry = _entries.get(name)
+    return entry.requires if isinstance(entry, _Lazy) else None
+
+
 def package_installed(module: str) -> bool:
     """Whether ``module`` could be imported, without importing it."""
     return module in sys.modules or importlib.util.find_spec(module) is not None
