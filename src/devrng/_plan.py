@@ -195,12 +195,14 @@ def _owner_of_ints(named: list[str], inferred: list[str], ints: list[int], kw: s
     if not named and len(inferred) == 1:
         return inferred[0]
     if not named and not inferred:
+        # As torch: the current accelerator. But when XLA or torchax is what this process
+        # uses, bare indices mean that device; when several are in use, say so.
         acc = _current_accelerator()
-        if acc is not None:
-            return acc
         in_use = default_types()
         if len(in_use) == 1:
             return in_use[0]
+        if acc is not None and (not in_use or (acc in in_use and acc not in _SIDE_TYPES)):
+            return acc
         why = (f"several device types are in use ({', '.join(in_use)})" if in_use else
                "this process has no accelerator to refer them to")
         raise ValueError(
