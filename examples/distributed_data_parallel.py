@@ -76,9 +76,12 @@ def main() -> None:
     # A checkpoint keeps each rank's stream: save one snapshot per rank.
     state = devrng.get_rng_state()
     print(f"rank {rank}: seed {my_seed}, rng fingerprint {state.fingerprint()}")
-    dist.barrier()
     if rank == 0:
         print(f"OK: {world} ranks, same weights, different dropout per rank")
+    # Release DDP's reducer (and its gloo work) before the group goes away: tearing both
+    # down together at exit occasionally aborted a rank here ("terminate called ...").
+    del ddp, opt
+    dist.barrier()
     dist.destroy_process_group()
 
 
