@@ -117,8 +117,10 @@ def bench_infer(number: int, rounds: int, sizes: tuple[int, ...]) -> list[Row]:
 def bench_snapshot(number: int, rounds: int) -> list[Row]:
     import numpy as np
 
+    # devices=[]: the same generators as the raw calls (in the xla environment a bare
+    # snapshot would also cover XLA and torchax, which are in use there).
     def ours_full() -> None:
-        devrng.set_rng_state(devrng.get_rng_state())
+        devrng.set_rng_state(devrng.get_rng_state(devices=[]))
 
     def raw_full() -> None:
         cpu, py, st = _gen.get_state(), random.getstate(), np.random.get_state(legacy=False)
@@ -127,7 +129,7 @@ def bench_snapshot(number: int, rounds: int) -> list[Row]:
         _gen.set_state(cpu)
 
     def ours_cpu() -> None:
-        devrng.set_rng_state(devrng.get_rng_state(python=False, numpy=False))
+        devrng.set_rng_state(devrng.get_rng_state(devices=[], python=False, numpy=False))
 
     def raw_cpu() -> None:
         _gen.set_state(_gen.get_state())

@@ -10,7 +10,7 @@ import torch
 
 from devrng import _host
 from devrng._errors import DevRNGError
-from devrng._plan import make_plan
+from devrng._plan import make_plan, plan_tensors
 
 __all__ = ["fork_rng", "restore_all"]
 
@@ -40,8 +40,7 @@ class fork_rng:
         ...     torch.nn.functional.dropout(x)  # XLA and CPU state restored on exit
     """
 
-    __slots__ = ("_caller", "_device_type", "_devices", "_devices_kw", "_enabled", "_mode",
-                 "_numpy", "_plan", "_python", "_saved")
+    __slots__ = ("_args", "_mode", "_plan", "_saved")
 
     def __init__(
         self,
@@ -54,30 +53,26 @@ class fork_rng:
         python: bool = False,
         numpy: bool = False,
     ) -> None:
-        tdev = type(devices)
+        self._saved: list[Any] = []
+        self._plan: Any = None
+        tdev = devices.__class__
+        if tdev is list and not devices and device_type is None and not python and not numpy:
+            # The hot path, `devices=[]`: one get_state / set_state pair on the CPU.
+            self._mode = _CPU if enabled else _OFF
+            self._args: tuple[Any, ...] = (devices, enabled, _caller, _devices_kw, None, False, False)
+            return
         if devices is not None and tdev is not list and not isinstance(devices, _WALKED):
             if callable(devices):
                 raise TypeError(
                     f"fork_rng got the callable {devices!r} as devices; to decorate a function "
                     "write @fork_rng() with parentheses."
                 )
-            devices = list(devices)
-            tdev = list
-        self._devices = devices
-        self._enabled = enabled
-        self._caller = _caller
-        self._devices_kw = _devices_kw
-        self._device_type = device_type
-        self._python = python
-        self._numpy = numpy
-        self._plan: Any = None
-        self._saved: list[Any] = []
-        # What __enter__ does: nothing, only the CPU generator (the hot path, kept
-        # to one get_state / set_state pair), or the general case.
+            devices = list(devices)  # a generator or range may be consumed: list it once
+        self._args = (devices, enabled, _caller, _devices_kw, device_type, python, numpy)
         if not enabled or device_type == "meta":
             self._mode = _OFF
-        elif (device_type is None and not python and not numpy
-              and (tdev is list or tdev is tuple) and not devices):
+        elif device_type is None and not python and not numpy and devices.__class__ is tuple \
+                and not devices:
             self._mode = _CPU
         else:
             self._mode = _ALL
@@ -89,19 +84,19 @@ class fork_rng:
             return
         if mode is _OFF:
             return
+        devices, _, caller, kw, device_type, python, numpy = self._args
         plan = self._plan
         if plan is None:
-            if self._device_type is None and type(self._devices) in (list, tuple) and not self._devices:
-                plan = ()
-            else:
-                plan = make_plan(self._devices, self._device_type, caller=self._caller,
-                                 devices_kw=self._devices_kw)
+            if device_type is None and devices.__class__ in (list, tuple):
+                plan = plan_tensors(devices)  # None unless devices holds only tensors
+            if plan is None:
+                plan = make_plan(devices, device_type, caller=caller, devices_kw=kw)
             self._plan = plan
         self._saved.append((
             _get_cpu(),
             [(b, i, b.get_rng_state(i)) for b, indices in plan for i in indices],
-            _host.get_python_state() if self._python else None,
-            _host.get_numpy_state() if self._numpy else None,
+            _host.get_python_state() if python else None,
+            _host.get_numpy_state() if numpy else None,
         ))
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
@@ -110,11 +105,18 @@ class fork_rng:
             _set_cpu(self._saved.pop())
         elif mode is _ALL:
             cpu, devices, py, np = self._saved.pop()
-            restore_all(cpu, devices, py, np, what=self._caller)
+            if py is None and np is None:
+                try:
+                    for backend, index, state in devices:
+                        backend.set_rng_state(state, index)
+                    _set_cpu(cpu)
+                    return
+                except Exception:
+                    pass  # setting a state is idempotent: start over, collecting every failure
+            restore_all(cpu, devices, py, np, what=self._args[2])
 
     def __call__(self, fn: F) -> F:
-        devices, enabled, device_type = self._devices, self._enabled, self._device_type
-        caller, kw, python, numpy = self._caller, self._devices_kw, self._python, self._numpy
+        devices, enabled, caller, kw, device_type, python, numpy = self._args
 
         @functools.wraps(fn)
         def forked(*a: Any, **k: Any) -> Any:

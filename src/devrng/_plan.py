@@ -13,9 +13,10 @@ from typing import Any
 import torch
 
 from devrng._infer import collect_devices, parse_device
-from devrng._registry import Backend, get_backend, peek_backend
+from devrng._registry import Backend, _resolved, get_backend, peek_backend
 
-__all__ = ["Plan", "default_types", "is_initialized", "make_plan", "normalize_device_type"]
+__all__ = ["Plan", "default_types", "is_initialized", "make_plan", "normalize_device_type",
+           "plan_tensors"]
 
 #: [(backend, indices)] in device-type order; CPU is implied and never listed.
 Plan = list[tuple[Backend, list[int]]]
@@ -155,6 +156,10 @@ def make_plan(
     warn: bool = True,
 ) -> Plan:
     """Resolve ``devices`` / ``device_type`` into backends and device indices."""
+    if device_type is None and devices.__class__ in (list, tuple):
+        tensors_only = plan_tensors(devices)
+        if tensors_only is not None:
+            return tensors_only
     named = normalize_device_type(device_type)
     named = [t for t in named if t not in ("cpu", "meta")]
     plan: Plan = []
@@ -186,6 +191,29 @@ def make_plan(
             continue
         plan.append((backend, _checked_indices(backend, indices)))
     return plan
+
+
+def plan_tensors(devices: list[Any] | tuple[Any, ...]) -> Plan | None:
+    """The common call, ``devices=[tensor, ...]``, without the general walk; None when
+    ``devices`` holds anything but plain tensors on indexed devices."""
+    found: dict[str, list[int]] = {}
+    for x in devices:
+        if x.__class__ is not torch.Tensor and x.__class__ is not torch.nn.Parameter:
+            return None
+        dev = x.device
+        name = dev.type
+        if name == "cpu" or name == "meta":
+            continue
+        index = dev.index
+        if index is None:
+            return None
+        indices = found.get(name)
+        if indices is None:
+            found[name] = [index]
+        elif index not in indices:
+            indices.append(index)
+    # A tensor's own device exists: no range check needed.
+    return [(_resolved.get(name) or get_backend(name), indices) for name, indices in found.items()]
 
 
 def _owner_of_ints(named: list[str], inferred: list[str], ints: list[int], kw: str) -> str:

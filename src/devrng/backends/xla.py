@@ -26,28 +26,39 @@ class XLABackend:
 
     name = "xla"
 
+    def __init__(self) -> None:
+        self._count: int | None = None
+
     def is_available(self) -> bool:
         return True  # importing torch_xla succeeded; PJRT picks a device (CPU at worst)
 
     def is_initialized(self) -> bool:
-        return bool(torch_xla._XLAC._xla_runtime_is_initialized())
+        return bool(_XLAC._xla_runtime_is_initialized())
 
     def device_count(self) -> int:
-        return int(torch_xla.device_count())
+        # Fixed once the runtime has started; asking it builds a list of device names.
+        if self._count is None:
+            count = int(torch_xla.device_count())
+            if not self.is_initialized():
+                return count
+            self._count = count
+        return self._count
 
     def current_device(self) -> int:
-        name = str(torch_xla._XLAC._xla_get_default_device())
+        name = str(_XLAC._xla_get_default_device())
         return int(name.rpartition(":")[2] or 0)
 
+    # The C++ calls behind xm.get_rng_state / xm.set_rng_state, with the device
+    # names built once: the Python wrappers cost several times the call itself.
     def get_rng_state(self, index: int) -> int:
-        return int(xm.get_rng_state(f"xla:{index}"))
+        return int(_XLAC._xla_get_rng_seed(_names.get(index) or _name(index)))
 
     def set_rng_state(self, state: int, index: int) -> None:
-        xm.set_rng_state(int(state), f"xla:{index}")
+        _XLAC._xla_set_rng_seed(int(state), _names.get(index) or _name(index))
 
     def manual_seed(self, seed: int) -> None:
         for index in range(self.device_count()):
-            xm.set_rng_state(seed, f"xla:{index}")
+            xm.set_rng_state(seed, _name(index))
 
     # -- determinism (optional members, used by devrng.deterministic) ----------
     # XLA on CPU and TPU has no nondeterministic kernels to switch off; XLA:GPU
@@ -85,6 +96,15 @@ class XLABackend:
 
 
 _DETERMINISTIC_FLAG = "--xla_gpu_deterministic_ops=true"
+_XLAC = torch_xla._XLAC
+_names: dict[int, str] = {}
+
+
+def _name(index: int) -> str:
+    name = _names.get(index)
+    if name is None:
+        name = _names[index] = f"xla:{index}"
+    return name
 
 
 def _runtime_device_type() -> str:
