@@ -20,6 +20,7 @@ _cpu = torch.default_generator
 _get_cpu = _cpu.get_state
 _set_cpu = _cpu.set_state
 _OFF, _CPU, _ALL = "off", "cpu", "all"
+_CPU_ARGS = ([], True, "fork_rng", "devices", None, False, False)  # the hot path's arguments
 # Containers that inference walks as they are; any other iterable (range, a
 # generator) is listed once first, as torch does, since it may be consumed.
 _WALKED = (list, tuple, dict, set, frozenset, str, torch.device, torch.Tensor,
@@ -40,7 +41,7 @@ class fork_rng:
         ...     torch.nn.functional.dropout(x)  # XLA and CPU state restored on exit
     """
 
-    __slots__ = ("_args", "_mode", "_plan", "_saved")
+    __slots__ = ("_args", "_mode", "_outer", "_plan", "_state")
 
     def __init__(
         self,
@@ -53,13 +54,15 @@ class fork_rng:
         python: bool = False,
         numpy: bool = False,
     ) -> None:
-        self._saved: list[Any] = []
-        self._plan: Any = None
+        # The state of the innermost active entry; entries of the same object that are
+        # still open around it (nesting, recursion) wait in _outer.
+        self._state: Any = None
+        self._outer: list[Any] | None = None
         tdev = devices.__class__
-        if tdev is list and not devices and device_type is None and not python and not numpy:
+        if tdev is list and enabled and not devices and device_type is None \
+                and not python and not numpy:
             # The hot path, `devices=[]`: one get_state / set_state pair on the CPU.
-            self._mode = _CPU if enabled else _OFF
-            self._args: tuple[Any, ...] = (devices, enabled, _caller, _devices_kw, None, False, False)
+            self._mode = _CPU
             return
         if devices is not None and tdev is not list and not isinstance(devices, _WALKED):
             if callable(devices):
@@ -69,9 +72,10 @@ class fork_rng:
                 )
             devices = list(devices)  # a generator or range may be consumed: list it once
         self._args = (devices, enabled, _caller, _devices_kw, device_type, python, numpy)
+        self._plan: Any = None
         if not enabled or device_type == "meta":
             self._mode = _OFF
-        elif device_type is None and not python and not numpy and devices.__class__ is tuple \
+        elif device_type is None and not python and not numpy and devices.__class__ in (list, tuple) \
                 and not devices:
             self._mode = _CPU
         else:
@@ -79,11 +83,20 @@ class fork_rng:
 
     def __enter__(self) -> None:
         mode = self._mode
+        state: Any
         if mode is _CPU:
-            self._saved.append(_get_cpu())
+            state = _get_cpu()
+        elif mode is _ALL:
+            state = self._capture()
+        else:
             return
-        if mode is _OFF:
-            return
+        if self._state is not None:
+            if self._outer is None:
+                self._outer = []
+            self._outer.append(self._state)
+        self._state = state
+
+    def _capture(self) -> tuple[Any, ...]:
         devices, _, caller, kw, device_type, python, numpy = self._args
         plan = self._plan
         if plan is None:
@@ -92,31 +105,35 @@ class fork_rng:
             if plan is None:
                 plan = make_plan(devices, device_type, caller=caller, devices_kw=kw)
             self._plan = plan
-        self._saved.append((
+        return (
             _get_cpu(),
             [(b, i, b.get_rng_state(i)) for b, indices in plan for i in indices],
             _host.get_python_state() if python else None,
             _host.get_numpy_state() if numpy else None,
-        ))
+        )
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        mode = self._mode
-        if mode is _CPU:
-            _set_cpu(self._saved.pop())
-        elif mode is _ALL:
-            cpu, devices, py, np = self._saved.pop()
-            if py is None and np is None:
-                try:
-                    for backend, index, state in devices:
-                        backend.set_rng_state(state, index)
-                    _set_cpu(cpu)
-                    return
-                except Exception:
-                    pass  # setting a state is idempotent: start over, collecting every failure
-            restore_all(cpu, devices, py, np, what=self._args[2])
+        state = self._state
+        if state is None:  # disabled
+            return
+        self._state = self._outer.pop() if self._outer else None
+        if self._mode is _CPU:
+            _set_cpu(state)
+            return
+        cpu, devices, py, np = state
+        if py is None and np is None:
+            try:
+                for backend, index, saved in devices:
+                    backend.set_rng_state(saved, index)
+                _set_cpu(cpu)
+                return
+            except Exception:
+                pass  # setting a state is idempotent: start over, collecting every failure
+        restore_all(cpu, devices, py, np, what=self._args[2])
 
     def __call__(self, fn: F) -> F:
-        devices, enabled, caller, kw, device_type, python, numpy = self._args
+        args: tuple[Any, ...] = getattr(self, "_args", None) or _CPU_ARGS
+        devices, enabled, caller, kw, device_type, python, numpy = args
 
         @functools.wraps(fn)
         def forked(*a: Any, **k: Any) -> Any:
