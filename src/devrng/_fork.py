@@ -20,7 +20,7 @@ _cpu = torch.default_generator
 _get_cpu = _cpu.get_state
 _set_cpu = _cpu.set_state
 _OFF, _CPU, _ALL = "off", "cpu", "all"
-_CPU_ARGS = ([], True, "fork_rng", "devices", None, False, False)  # the hot path's arguments
+_CPU_ARGS: tuple[Any, ...] = ([], True, "fork_rng", "devices", None, False, False)  # the hot path's arguments
 # Containers that inference walks as they are; any other iterable (range, a
 # generator) is listed once first, as torch does, since it may be consumed.
 _WALKED = (list, tuple, dict, set, frozenset, str, torch.device, torch.Tensor,
