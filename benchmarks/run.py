@@ -213,6 +213,10 @@ def format_table(rows: list[Row]) -> str:
         met = "-" if r["target"] is None else ("yes" if r["ratio"] <= r["target"] else "no")
         lines.append(f"| {r['case']} | {r['devrng_us']:.2f} µs | {r['peer']} | "
                      f"{r['peer_us']:.2f} µs | {r['ratio']:.2f}x | {_target(r['target'])} | {met} |")
+        if r.get("compiles") is not None and r["target"] is not None:  # seeded_jit: 50 seeds
+            ok = "yes" if r["compiles"] <= r.get("target_compiles", 1) else "no"
+            lines.append(f"| {r['case']}: compilations for 50 distinct seeds | "
+                         f"{r['compiles']} | - | - | - | {r.get('target_compiles', 1)} | {ok} |")
     return "\n".join(lines)
 
 

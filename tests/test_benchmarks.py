@@ -19,4 +19,7 @@ def test_runner_produces_a_row_per_case_with_numbers_or_a_reason() -> None:
             assert math.isfinite(r["ratio"]) and r["ratio"] > 0
             assert math.isclose(r["ratio"], r["devrng_us"] / r["peer_us"])
     table = format_table(rows)
-    assert table.count("\n") == len(rows) + 1
+    compile_rows = [r for r in rows if r.get("compiles") is not None and r["target"] is not None]
+    assert table.count("\n") == len(rows) + len(compile_rows) + 1
+    for r in compile_rows:
+        assert f"{r['case']}: compilations for 50 distinct seeds | {r['compiles']} |" in table

@@ -147,7 +147,8 @@ def _check_training(train: Callable[[tuple[int, ...]], Any]) -> None:
     assert not any(np.array_equal(p, q) for p, q in zip(a[0], c[0], strict=True))
 
 
-def test_torch_xla_training_step_with_dropout_is_reproducible() -> None:
+def _training_setup() -> tuple[Any, dict[str, torch.Tensor], Any, torch.Tensor, torch.Tensor]:
+    """A dropout model on XLA, its initial weights (CPU), SGD, and one materialised batch."""
     device = torch_xla.device()
     model = _xla_model().to(device)
     init = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
@@ -156,6 +157,11 @@ def test_torch_xla_training_step_with_dropout_is_reproducible() -> None:
     x = torch.randn(4, 8, generator=g).to(device)
     y = torch.randn(4, 1, generator=g).to(device)
     torch_xla.sync()
+    return model, init, opt, x, y
+
+
+def test_torch_xla_training_step_with_dropout_is_reproducible() -> None:
+    model, init, opt, x, y = _training_setup()
 
     @devrng.seeded_jit(backend="torch_xla")
     def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -180,14 +186,7 @@ def test_torch_xla_training_step_with_dropout_is_reproducible() -> None:
 def test_openxla_training_step_with_dropout_is_reproducible() -> None:
     # openxla cannot compile loss.backward() inside the function (torch_xla 2.9 fails
     # with or without devrng): compile the forward, run backward and the optimizer after.
-    device = torch_xla.device()
-    model = _xla_model().to(device)
-    init = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    g = torch.Generator().manual_seed(2)
-    x = torch.randn(4, 8, generator=g).to(device)
-    y = torch.randn(4, 1, generator=g).to(device)
-    torch_xla.sync()
+    model, init, opt, x, y = _training_setup()
     forward = devrng.seeded_jit(
         lambda x, y: torch.nn.functional.mse_loss(model(x), y), backend="openxla")
 
