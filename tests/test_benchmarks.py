@@ -22,4 +22,4 @@ def test_runner_produces_a_row_per_case_with_numbers_or_a_reason() -> None:
     compile_rows = [r for r in rows if r.get("compiles") is not None and r["target"] is not None]
     assert table.count("\n") == len(rows) + len(compile_rows) + 1
     for r in compile_rows:
-        assert f"{r['case']}: compilations for 50 distinct seeds | {r['compiles']} |" in table
+        assert f"{r['case']}: compilations for 50 distinct seeds | {r['compiles']}" in table
