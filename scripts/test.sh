@@ -7,6 +7,16 @@ source "$(dirname "$0")/_venv.sh"
 cd "$DEVRNG_ROOT"
 
 failed=()
+passed_total=0
+failed_total=0
+log=$(mktemp)
+count() {  # add up pytest's closing line ("N passed, M failed, ...") from the last run
+    local line
+    line=$(grep -E '[0-9]+ (passed|failed|errors?|skipped|deselected).* in [0-9.]+s' "$log" | tail -n 1) || true
+    if [[ $line =~ ([0-9]+)\ passed ]]; then passed_total=$((passed_total + BASH_REMATCH[1])); fi
+    if [[ $line =~ ([0-9]+)\ failed ]]; then failed_total=$((failed_total + BASH_REMATCH[1])); fi
+    if [[ $line =~ ([0-9]+)\ error ]]; then failed_total=$((failed_total + BASH_REMATCH[1])); fi
+}
 check() {  # check LABEL CMD...: run, remember failures, keep going
     local label=$1; shift
     echo "== $label: $*"
@@ -14,6 +24,11 @@ check() {  # check LABEL CMD...: run, remember failures, keep going
     "$@" || rc=$?
     # pytest exits 5 when it ran no test: that is a failure here.
     if [ "$rc" -ne 0 ]; then failed+=("$label (exit $rc)"); fi
+}
+
+pytest_logged() {  # run pytest, showing its output and keeping a copy to count from
+    "$@" 2>&1 | tee "$log"
+    return "${PIPESTATUS[0]}"
 }
 
 for env in ${DEVRNG_ENVS:-core xla}; do
@@ -25,14 +40,17 @@ for env in ${DEVRNG_ENVS:-core xla}; do
         if [ -f mkdocs.yml ]; then
             check "core: docs" "$venv/bin/mkdocs" build --strict --quiet --site-dir "$(mktemp -d)"
         fi
-        check "core: pytest" "$py" -m pytest -p no:cacheprovider "$@"
+        check "core: pytest" pytest_logged "$py" -m pytest -p no:cacheprovider "$@"
     else
-        check "$env: pytest" env PJRT_DEVICE=CPU "$py" -m pytest -p no:cacheprovider "$@"
+        check "$env: pytest" pytest_logged env PJRT_DEVICE=CPU "$py" -m pytest -p no:cacheprovider "$@"
     fi
+    count
 done
 
 if [ ${#failed[@]} -ne 0 ]; then
     printf 'FAILED: %s\n' "${failed[@]}"
+    echo "pytest: $passed_total passed, $failed_total failed"
     exit 1
 fi
 echo "all checks passed in: ${DEVRNG_ENVS:-core xla}"
+echo "pytest: $passed_total passed, $failed_total failed"
