@@ -18,7 +18,10 @@ venv_for() {
         # The local wheel folder holds the CPU build of torch 2.13 on these machines.
         local extra=()
         [ -d /opt/wheels ] && extra+=(--find-links /opt/wheels)
-        "$dir/bin/python" -m pip install --quiet "${extra[@]}" -r "$req" >&2
+        # (This machine's pip config names local index folders that may be absent; pip
+        # warns once per package about them, which only buries real errors.)
+        "$dir/bin/python" -m pip install --quiet "${extra[@]}" -r "$req" \
+            2> >(grep -v "is ignored: it is neither a file nor a directory" >&2) >&2
         touch "$dir/.complete"
     fi
     # devrng itself: editable, no dependencies, no network.
