@@ -119,19 +119,9 @@ def register_backend(name: str, backend: Backend | str, *, clobber: bool = False
             )
         _entries[name] = entry
         _resolved.pop(name, None)
-        _invalidate()
 
 
 _REQUIRED = ("name", "is_available", "device_count", "get_rng_state", "set_rng_state", "manual_seed")
-
-
-def _invalidate() -> None:
-    # Callers that cache backend lookups (fork planning) register here.
-    for hook in _on_change:
-        hook()
-
-
-_on_change: list[Any] = []
 
 
 def _load_entry_points() -> None:

@@ -181,10 +181,10 @@ class RNGState:
             '3f9a0c7d21b4e865'
         """
         h = hashlib.sha256()
-        _feed(h, self.to_dict_for_hash())
+        _feed(h, self._hash_parts())
         return h.hexdigest()[:16]
 
-    def to_dict_for_hash(self) -> Any:
+    def _hash_parts(self) -> Any:
         return [self.cpu, sorted((t, sorted(per.items())) for t, per in self.devices.items()),
                 self.python, self.numpy]
 
