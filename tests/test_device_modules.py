@@ -100,7 +100,6 @@ def _add_backend(name: str, backend: Any) -> None:
 def _drop_backend(name: str) -> None:
     _registry._entries.pop(name, None)
     _registry._resolved.pop(name, None)
-    _registry._invalidate()
 
 
 @pytest.fixture
