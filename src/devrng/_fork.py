@@ -101,7 +101,7 @@ class fork_rng:
         plan = self._plan
         if plan is None:
             if device_type is None and devices.__class__ in (list, tuple):
-                plan = plan_tensors(devices)  # None unless devices holds only tensors
+                plan = plan_tensors(devices, cache=True)  # None unless only tensors
             if plan is None:
                 plan = make_plan(devices, device_type, caller=caller, devices_kw=kw)
             self._plan = plan

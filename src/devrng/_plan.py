@@ -193,9 +193,17 @@ def make_plan(
     return plan
 
 
-def plan_tensors(devices: list[Any] | tuple[Any, ...]) -> Plan | None:
+def plan_tensors(devices: list[Any] | tuple[Any, ...], *, cache: bool = False) -> Plan | None:
     """The common call, ``devices=[tensor, ...]``, without the general walk; None when
-    ``devices`` holds anything but plain tensors on indexed devices."""
+    ``devices`` holds anything but plain tensors on indexed devices. With ``cache``, a
+    single tensor's plan is kept per device and shared: the caller must not change it."""
+    if cache and len(devices) == 1:  # one tensor: its device's plan, built once per device
+        x = devices[0]
+        if x.__class__ is torch.Tensor or x.__class__ is torch.nn.Parameter:
+            dev = x.device
+            plan = _single.get(dev)
+            if plan is not None and _resolved.get(dev.type) is plan[0][0]:
+                return plan
     found: dict[str, list[int]] = {}
     for x in devices:
         if x.__class__ is not torch.Tensor and x.__class__ is not torch.nn.Parameter:
@@ -213,7 +221,15 @@ def plan_tensors(devices: list[Any] | tuple[Any, ...]) -> Plan | None:
         elif index not in indices:
             indices.append(index)
     # A tensor's own device exists: no range check needed.
-    return [(_resolved.get(name) or get_backend(name), indices) for name, indices in found.items()]
+    plan = [(_resolved.get(name) or get_backend(name), indices) for name, indices in found.items()]
+    if cache and len(devices) == 1 and len(plan) == 1 and len(_single) < 64:
+        _single[devices[0].device] = plan
+    return plan
+
+
+# Plans of single-tensor device lists, by device; checked against the registry on use
+# (a backend registered again with clobber=True is a new object).
+_single: dict[torch.device, Plan] = {}
 
 
 def _owner_of_ints(named: list[str], inferred: list[str], ints: list[int], kw: str) -> str:
