@@ -27,6 +27,7 @@ import torch
 
 from devrng import _host
 from devrng._errors import DevRNGError
+from devrng._mix import MASK64, splitmix64
 from devrng._registry import available_backends, backend_names, peek_backend
 from devrng._state import RNGState, check_seed, get_rng_state, manual_seed, set_rng_state
 
@@ -39,7 +40,6 @@ _CUBLAS_DETERMINISTIC = (":4096:8", ":16:8")
 _CUBLAS_FORMAT = re.compile(r"^(:\d+:\d+)+$")
 _INDUCTOR_ENV = "TORCHINDUCTOR_DETERMINISTIC"
 _INDUCTOR_MODULE = "torch._inductor.config"
-_MASK64 = (1 << 64) - 1
 
 _NOTES = {
     "torch.backends.cudnn.benchmark": "off: cuDNN does not time algorithms and pick the fastest, "
@@ -502,14 +502,6 @@ def deterministic(seed: int | None = None, *, warn_only: bool = False,
 
 
 # --------------------------------------------------------------------------- workers
-def _splitmix64(x: int) -> int:
-    """One step of SplitMix64: a bijective 64-bit mixer (Steele, Lea, Flood 2014)."""
-    x = (x + 0x9E3779B97F4A7C15) & _MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return x ^ (x >> 31)
-
-
 def _env_rank() -> int:
     value = os.environ.get("RANK", "")
     try:
@@ -530,12 +522,12 @@ def _rank() -> int:
 
 def worker_seeds(base_seed: int, worker_id: int, rank: int) -> tuple[int, int, list[int]]:
     """The torch, Python and NumPy seeds :func:`seed_worker` uses, from its inputs."""
-    h = _splitmix64(base_seed & _MASK64)
-    h = _splitmix64(h ^ _splitmix64((rank & _MASK64) ^ 0x5EED0000000000AB))
-    h = _splitmix64(h ^ (worker_id & _MASK64))
-    torch_seed = _splitmix64(h ^ 1)
-    python_seed = _splitmix64(h ^ 2)
-    np_words = [w for k in (3, 4) for x in (_splitmix64(h ^ k),)
+    h = splitmix64(base_seed & MASK64)
+    h = splitmix64(h ^ splitmix64((rank & MASK64) ^ 0x5EED0000000000AB))
+    h = splitmix64(h ^ (worker_id & MASK64))
+    torch_seed = splitmix64(h ^ 1)
+    python_seed = splitmix64(h ^ 2)
+    np_words = [w for k in (3, 4) for x in (splitmix64(h ^ k),)
                 for w in (x & 0xFFFFFFFF, x >> 32)]
     return torch_seed, python_seed, np_words
 

@@ -18,6 +18,7 @@ from typing import Any, Generic, TypeVar, overload
 import torch
 
 from devrng._jit_backends import MakeRunner, Runner, input_types
+from devrng._mix import MASK64, nth_seed
 from devrng._state import check_seed
 
 __all__ = ["BACKENDS", "SeededFunction", "seeded_jit", "stream_seed"]
@@ -34,17 +35,6 @@ _MODULES: dict[str, tuple[str, str | None]] = {
 }
 BACKENDS = (*_MODULES, "auto")
 
-_MASK64 = (1 << 64) - 1
-_GOLDEN = 0x9E3779B97F4A7C15
-
-
-def _mix64(z: int) -> int:
-    """SplitMix64's output function: a bijection of 64-bit ints that mixes every bit."""
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return z ^ (z >> 31)
-
-
 def stream_seed(base_seed: int, counter: int) -> int:
     """Seed number ``counter`` of the stream of ``base_seed``.
 
@@ -55,7 +45,7 @@ def stream_seed(base_seed: int, counter: int) -> int:
         >>> stream_seed(0, 0) != stream_seed(0, 1) != stream_seed(1, 0)
         True
     """
-    return _mix64((_mix64(base_seed) + (counter + 1) * _GOLDEN) & _MASK64)
+    return nth_seed(base_seed, counter)
 
 
 def _load_runner_factory(backend: str) -> MakeRunner:
@@ -152,7 +142,7 @@ class SeededFunction(Generic[R]):
         if seed is None:
             value: int | torch.Tensor = stream_seed(self._base_seed, self._counter)
             self._counter += 1
-        elif type(seed) is int and 0 <= seed <= _MASK64:
+        elif type(seed) is int and 0 <= seed <= MASK64:
             value = seed  # the common case, checked without a call
         else:
             value = _check_call_seed(seed)

@@ -29,6 +29,7 @@ import torch
 
 from devrng import _host
 from devrng._errors import DevRNGError
+from devrng._mix import nth_seed
 from devrng._plan import default_types, make_plan
 from devrng._registry import Backend, get_backend
 from devrng._state import RNGState, _feed, check_seed, manual_seed, set_rng_state
@@ -44,8 +45,6 @@ __all__ = [
     "rank_seed",
 ]
 
-_MASK64 = (1 << 64) - 1
-_GAMMA = 0x9E3779B97F4A7C15  # SplitMix64's increment (odd, so i * _GAMMA is injective mod 2**64)
 
 
 class RNGSyncError(DevRNGError):
@@ -69,13 +68,6 @@ class RNGSyncError(DevRNGError):
 
 
 # -- seeds ---------------------------------------------------------------------
-def _mix64(z: int) -> int:
-    """SplitMix64's finaliser: a bijection of 64-bit integers that spreads every bit."""
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9 & _MASK64
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EB & _MASK64
-    return z ^ (z >> 31)
-
-
 def _rank_from_env() -> int:
     dist = _dist_or_none()
     if dist is not None and dist.is_initialized():
@@ -115,10 +107,8 @@ def rank_seed(seed: int, rank: int | None = None) -> int:
         raise TypeError(f"rank must be an int of 0 or more, not {rank!r} (a {type(rank).__name__}).")
     elif not 0 <= rank < 2**64:
         raise ValueError(f"rank={rank} is out of range; a rank is an int of 0 or more.")
-    base = _mix64(seed)
-    # Distinct ranks give distinct sums (the increment is odd), and _mix64 is a
-    # bijection, so distinct ranks can never share a seed.
-    return _mix64((base + (rank + 1) * _GAMMA) & _MASK64)
+    # Distinct ranks can never share a seed: see nth_seed.
+    return nth_seed(seed, rank)
 
 
 def manual_seed_ranks(seed: int, *, group: ProcessGroup | None = None) -> int:

@@ -14,11 +14,11 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from devrng._fork import restore_all
+from devrng._mix import MASK64
 from devrng._registry import Backend, get_backend
 
 __all__ = ["HostSeeder", "Runner", "input_tensors", "input_types", "seed_to_int"]
 
-_MASK64 = (1 << 64) - 1
 _cpu = torch.default_generator
 
 
@@ -39,7 +39,7 @@ def seed_to_int(seed: int | torch.Tensor) -> int:
     """A validated seed as a Python int; a tensor is read once (its 64 bits, unsigned)."""
     if isinstance(seed, int):
         return seed
-    return int(seed.item()) & _MASK64
+    return int(seed.item()) & MASK64
 
 
 def input_tensors(args: Any) -> Iterator[torch.Tensor]:

@@ -1,0 +1,38 @@
+"""SplitMix64 (Steele, Lea and Flood, 2014): the one seed mixer devrng derives seeds with.
+
+Per-call seeds of ``seeded_jit``, per-rank seeds of ``devrng.distributed`` and
+per-worker seeds of ``seed_worker`` all come from here.
+"""
+
+from __future__ import annotations
+
+__all__ = ["GAMMA", "MASK64", "mix64", "nth_seed", "splitmix64"]
+
+MASK64 = (1 << 64) - 1
+GAMMA = 0x9E3779B97F4A7C15  # SplitMix64's increment: odd, so i * GAMMA is injective mod 2**64
+
+
+def mix64(z: int) -> int:
+    """SplitMix64's output function: a bijection of 64-bit ints that spreads every bit."""
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
+    return z ^ (z >> 31)
+
+
+def splitmix64(x: int) -> int:
+    """One SplitMix64 step from state ``x``: its output."""
+    return mix64((x + GAMMA) & MASK64)
+
+
+def nth_seed(seed: int, n: int) -> int:
+    """Output number ``n`` (from 0) of a SplitMix64 generator started at ``mix64(seed)``.
+
+    Mixing the start first puts neighbouring seeds far apart; for one ``seed``,
+    distinct ``n`` below 2**64 never give the same value (the increment is odd
+    and ``mix64`` is a bijection).
+
+    Example:
+        >>> nth_seed(0, 0) != nth_seed(0, 1) != nth_seed(1, 0)
+        True
+    """
+    return mix64((mix64(seed) + (n + 1) * GAMMA) & MASK64)
