@@ -46,10 +46,11 @@ def same_rng(a: tuple[torch.Tensor, Any, Any], b: tuple[torch.Tensor, Any, Any])
 
 
 @pytest.fixture(autouse=True)
-def _clean_switches(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def _clean_switches() -> Iterator[None]:
     """Start each test from torch's defaults with no determinism variables; put all back after."""
-    for var in (CUBLAS, INDUCTOR_ENV):
-        monkeypatch.delenv(var, raising=False)
+    # Put the variables back by hand: monkeypatch.delenv records nothing for an absent
+    # variable, so one a test sets directly would outlive it.
+    env = {var: os.environ.pop(var, None) for var in (CUBLAS, INDUCTOR_ENV)}
     before = flags()
     saved = (torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic,
              torch.are_deterministic_algorithms_enabled(),
@@ -61,6 +62,11 @@ def _clean_switches(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     torch._C._set_deterministic_algorithms(saved[2], warn_only=saved[3])
     torch.utils.deterministic.fill_uninitialized_memory = saved[4]
     torch.backends.mkldnn.deterministic = saved[5]
+    for var, value in env.items():
+        if value is None:
+            os.environ.pop(var, None)
+        else:
+            os.environ[var] = value
     assert flags()["algorithms"] == before["algorithms"]
 
 
