@@ -154,6 +154,18 @@ def test_seed_worker_reads_rank_env(monkeypatch: pytest.MonkeyPatch) -> None:
     assert no_rank == devrng.seed_worker(0, rank=0) != from_env
 
 
+@pytest.mark.parametrize("raw", ["two", "-1", " "])
+def test_seed_worker_reads_a_bad_rank_env_as_rank_0(monkeypatch: pytest.MonkeyPatch,
+                                                    raw: str) -> None:
+    # A DataLoader worker must never fail on RANK; devrng.distributed, asked for a
+    # rank explicitly, does (tests/test_distributed.py).
+    monkeypatch.setenv("RANK", raw)
+    torch.manual_seed(1)
+    from_env = devrng.seed_worker(0)
+    torch.manual_seed(1)
+    assert devrng.seed_worker(0, rank=0) == from_env
+
+
 def test_dataloader_kwargs_shape_and_generator() -> None:
     with devrng.deterministic(seed=42) as handle:
         kwargs = handle.dataloader_kwargs()

@@ -30,6 +30,7 @@ from devrng._errors import DevRNGError
 from devrng._mix import MASK64, splitmix64
 from devrng._registry import available_backends, backend_names, peek_backend
 from devrng._state import RNGState, check_seed, get_rng_state, manual_seed, set_rng_state
+from devrng.distributed import _env_rank, _rank_from_env
 
 __all__ = ["DeterministicHandle", "current_settings", "deterministic", "seed_worker"]
 
@@ -433,7 +434,7 @@ class DeterministicHandle:
         # A worker finds the rank through torch.distributed (forked workers) or
         # RANK; bind it when a spawned worker could not see it that way.
         init_fn: Callable[[int], int] = seed_worker
-        if rank != _env_rank():
+        if rank != _env_rank(strict=False):
             init_fn = functools.partial(seed_worker, rank=rank)
         return {"generator": generator, "worker_init_fn": init_fn}
 
@@ -502,22 +503,8 @@ def deterministic(seed: int | None = None, *, warn_only: bool = False,
 
 
 # --------------------------------------------------------------------------- workers
-def _env_rank() -> int:
-    value = os.environ.get("RANK", "")
-    try:
-        return int(value) if value.strip() else 0
-    except ValueError:
-        return 0
-
-
 def _rank() -> int:
-    dist = getattr(torch, "distributed", None)
-    try:
-        if dist is not None and dist.is_available() and dist.is_initialized():
-            return int(dist.get_rank())
-    except Exception:  # a half-torn-down group: fall back to the environment
-        pass
-    return _env_rank()
+    return _rank_from_env(strict=False)
 
 
 def worker_seeds(base_seed: int, worker_id: int, rank: int) -> tuple[int, int, list[int]]:

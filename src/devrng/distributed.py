@@ -68,23 +68,38 @@ class RNGSyncError(DevRNGError):
 
 
 # -- seeds ---------------------------------------------------------------------
-def _rank_from_env() -> int:
+def _rank_from_env(*, strict: bool = True) -> int:
+    """This process's global rank: the default process group's, else ``RANK``, else 0.
+
+    With ``strict=False`` (DataLoader workers, which must never fail on it) a
+    bad ``RANK`` or a half-torn-down group reads as rank 0; otherwise both raise.
+    """
     dist = _dist_or_none()
-    if dist is not None and dist.is_initialized():
-        return int(dist.get_rank())
-    raw = os.environ.get("RANK")
-    if raw is None or raw.strip() == "":
+    try:
+        if dist is not None and dist.is_initialized():
+            return int(dist.get_rank())
+    except Exception:
+        if strict:
+            raise
+    return _env_rank(strict=strict)
+
+
+def _env_rank(*, strict: bool = True) -> int:
+    raw = os.environ.get("RANK", "")
+    if not raw.strip():
         return 0
     try:
         value = int(raw)
     except ValueError:
+        if not strict:
+            return 0
         raise ValueError(
             f"The RANK environment variable is {raw!r}, which is not a non-negative integer; "
             "set it to this process's rank or pass rank= explicitly."
         ) from None
-    if value < 0:
+    if value < 0 and strict:
         raise ValueError(f"The RANK environment variable is {value}; a rank must be 0 or more.")
-    return value
+    return max(value, 0)
 
 
 def rank_seed(seed: int, rank: int | None = None) -> int:
