@@ -419,6 +419,9 @@ def test_manual_seed_ranks_without_process_group_uses_rank_env(
     monkeypatch.setenv("RANK", "two")
     with pytest.raises(ValueError, match="RANK environment variable is 'two'"):
         ddist.rank_seed(5)
+    monkeypatch.setenv("RANK", "-2")
+    with pytest.raises(ValueError, match="RANK environment variable is -2; a rank must be 0 or more"):
+        ddist.manual_seed_ranks(5)
 
 
 # -- rank_seed ----------------------------------------------------------------------------------
