@@ -17,7 +17,8 @@ from devrng._fork import restore_all
 from devrng._mix import MASK64
 from devrng._registry import Backend, get_backend
 
-__all__ = ["HostSeeder", "Runner", "input_tensors", "input_types", "seed_to_int"]
+__all__ = ["HostSeeder", "Runner", "SeededRunner", "Seeder", "input_tensors", "input_types",
+           "seed_to_int"]
 
 _cpu = torch.default_generator
 
@@ -62,8 +63,54 @@ def input_types(args: Any) -> list[str]:
     return out
 
 
+class Seeder(Protocol):
+    """Sets the generators a compiled function reads to a seed, runs it, restores them."""
+
+    def run(self, seed: int, fn: Callable[..., Any], args: tuple[Any, ...],
+            kwargs: dict[str, Any]) -> Any: ...
+
+
+class SeededRunner:
+    """Runs ``compiled`` under a seed: the runner of eager, inductor, torch_xla and openxla.
+
+    ``make_seeder`` builds the :class:`Seeder` from the first call's ``(args, kwargs)``;
+    ``compiles``, a process-wide count read from the compiler, is sampled around each
+    call to count this function's compilations (None: it never compiles).
+    """
+
+    __slots__ = ("_compiled", "_compiles", "_counter", "_make_seeder", "_seeder")
+
+    def __init__(self, compiled: Callable[..., Any], make_seeder: Callable[[Any], Seeder],
+                 compiles: Callable[[], int] | None = None) -> None:
+        self._compiled = compiled
+        self._make_seeder = make_seeder
+        self._counter = compiles
+        self._seeder: Seeder | None = None
+        self._compiles = 0
+
+    @property
+    def compile_count(self) -> int:
+        return self._compiles
+
+    def __call__(self, seed: int | torch.Tensor, args: tuple[Any, ...],
+                 kwargs: dict[str, Any]) -> Any:
+        seeder = self._seeder
+        if seeder is None:
+            seeder = self._seeder = self._make_seeder((args, kwargs))
+        counter = self._counter
+        if counter is None:
+            return seeder.run(seed_to_int(seed), self._compiled, args, kwargs)
+        before = counter()
+        try:
+            return seeder.run(seed_to_int(seed), self._compiled, args, kwargs)
+        finally:
+            # Resetting the compiler (torch._dynamo.reset()) clears its counts: never
+            # count backwards.
+            self._compiles += max(0, counter() - before)
+
+
 class HostSeeder:
-    """Seeds the CPU generator and every generator of the given device types; restores them.
+    """Seeds the CPU generator and every generator of the arguments' device types; restores them.
 
     Used by the backends whose random ops read torch's ordinary generators at
     run time (eager, inductor): seeding them right before the call is what
@@ -72,9 +119,9 @@ class HostSeeder:
 
     __slots__ = ("_backends",)
 
-    def __init__(self, device_types: list[str]) -> None:
+    def __init__(self, args: Any) -> None:
         self._backends: list[tuple[Backend, range]] = []
-        for kind in device_types:
+        for kind in input_types(args):
             backend = get_backend(kind)
             self._backends.append((backend, range(int(backend.device_count()))))
 

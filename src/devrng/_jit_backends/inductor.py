@@ -17,9 +17,9 @@ import torch
 import torch._dynamo
 from torch._dynamo.utils import counters
 
-from devrng._jit_backends import HostSeeder, input_types, seed_to_int
+from devrng._jit_backends import HostSeeder, SeededRunner
 
-__all__ = ["DynamoRunner", "make_runner"]
+__all__ = ["make_runner"]
 
 
 def _graphs() -> int:
@@ -27,30 +27,6 @@ def _graphs() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
-class DynamoRunner:
+def make_runner(fn: Callable[..., Any], compile_kwargs: dict[str, Any]) -> SeededRunner:
     """``torch.compile(fn, **compile_kwargs)`` called with the host generators seeded."""
-
-    def __init__(self, fn: Callable[..., Any], compile_kwargs: dict[str, Any]) -> None:
-        self._compiled = torch.compile(fn, **compile_kwargs)
-        self._seeder: HostSeeder | None = None
-        self._compiles = 0
-
-    @property
-    def compile_count(self) -> int:
-        return self._compiles
-
-    def __call__(self, seed: int | torch.Tensor, args: tuple[Any, ...],
-                 kwargs: dict[str, Any]) -> Any:
-        seeder = self._seeder
-        if seeder is None:
-            seeder = self._seeder = HostSeeder(input_types((args, kwargs)))
-        before = _graphs()
-        try:
-            return seeder.run(seed_to_int(seed), self._compiled, args, kwargs)
-        finally:
-            # torch._dynamo.reset() clears the counters; never count backwards.
-            self._compiles += max(0, _graphs() - before)
-
-
-def make_runner(fn: Callable[..., Any], compile_kwargs: dict[str, Any]) -> DynamoRunner:
-    return DynamoRunner(fn, compile_kwargs)
+    return SeededRunner(torch.compile(fn, **compile_kwargs), HostSeeder, _graphs)

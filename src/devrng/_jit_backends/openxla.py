@@ -20,7 +20,8 @@ import torch_xla
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func  # type: ignore[attr-defined]
 
-from devrng._jit_backends.torch_xla import XLARunner, xla_devices
+from devrng._jit_backends import SeededRunner
+from devrng._jit_backends.torch_xla import xla_devices, xla_runner
 
 __all__ = ["make_runner", "seeded_openxla"]
 
@@ -52,5 +53,5 @@ def _graph_compiler(model: torch.fx.GraphModule, fake_inputs: list[Any]) -> Call
 seeded_openxla = aot_autograd(fw_compiler=_graph_compiler)
 
 
-def make_runner(fn: Callable[..., Any], compile_kwargs: dict[str, Any]) -> XLARunner:
-    return XLARunner(torch.compile(fn, backend=seeded_openxla, **compile_kwargs))
+def make_runner(fn: Callable[..., Any], compile_kwargs: dict[str, Any]) -> SeededRunner:
+    return xla_runner(torch.compile(fn, backend=seeded_openxla, **compile_kwargs))

@@ -16,9 +16,9 @@ import torch
 import torch_xla
 import torch_xla.debug.metrics as met
 
-from devrng._jit_backends import input_tensors, seed_to_int
+from devrng._jit_backends import SeededRunner, input_tensors
 
-__all__ = ["XLARunner", "XLASeeder", "make_runner", "xla_compiles"]
+__all__ = ["XLASeeder", "make_runner", "xla_compiles", "xla_devices", "xla_runner"]
 
 _get_seed = torch_xla._XLAC._xla_get_rng_seed
 _set_seed = torch_xla._XLAC._xla_set_rng_seed
@@ -43,50 +43,35 @@ def xla_devices(args: Any) -> list[str]:
 
 
 class XLASeeder:
-    """Seeds CPU and the given XLA devices, runs, and restores them; counts XLA compilations."""
+    """Seeds CPU and the arguments' XLA devices (the default one if none), runs, restores.
 
-    __slots__ = ("compiles", "devices")
+    XLA takes its seed as a host integer: a seed tensor costs one transfer.
+    """
 
-    def __init__(self, devices: list[str]) -> None:
-        self.devices = devices
-        self.compiles = 0
+    __slots__ = ("devices",)
+
+    def __init__(self, args: Any) -> None:
+        self.devices = xla_devices(args)
 
     def run(self, seed: int, fn: Callable[..., Any], args: tuple[Any, ...],
             kwargs: dict[str, Any]) -> Any:
         cpu = _cpu.get_state()
         saved = [(d, int(_get_seed(d))) for d in self.devices]
-        before = xla_compiles()
         try:
             _cpu.manual_seed(seed)
             for d in self.devices:
                 _set_seed(seed, d)
             return fn(*args, **kwargs)
         finally:
-            self.compiles += max(0, xla_compiles() - before)
             for d, state in saved:
                 _set_seed(state, d)
             _cpu.set_state(cpu)
 
 
-class XLARunner:
+def xla_runner(compiled: Callable[..., Any]) -> SeededRunner:
     """Runs a compiled XLA callable under a seed; shared by torch_xla and openxla."""
-
-    def __init__(self, compiled: Callable[..., Any]) -> None:
-        self._compiled = compiled
-        self._seeder: XLASeeder | None = None
-
-    @property
-    def compile_count(self) -> int:
-        return 0 if self._seeder is None else self._seeder.compiles
-
-    def __call__(self, seed: int | torch.Tensor, args: tuple[Any, ...],
-                 kwargs: dict[str, Any]) -> Any:
-        seeder = self._seeder
-        if seeder is None:
-            seeder = self._seeder = XLASeeder(xla_devices((args, kwargs)))
-        # XLA takes its seed as a host integer: a seed tensor costs one transfer.
-        return seeder.run(seed_to_int(seed), self._compiled, args, kwargs)
+    return SeededRunner(compiled, XLASeeder, xla_compiles)
 
 
-def make_runner(fn: Callable[..., Any], compile_kwargs: dict[str, Any]) -> XLARunner:
-    return XLARunner(torch_xla.compile(fn, **compile_kwargs))
+def make_runner(fn: Callable[..., Any], compile_kwargs: dict[str, Any]) -> SeededRunner:
+    return xla_runner(torch_xla.compile(fn, **compile_kwargs))
