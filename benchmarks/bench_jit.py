@@ -248,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="seeded_jit per-call overhead and compile counts")
     parser.add_argument("--quick", action="store_true", help="tiny iteration counts, no inductor")
     args = parser.parse_args(argv)
-    from benchmarks.run import format_table
+    from benchmarks.report import format_table
 
     rows = run(quick=args.quick)
     print(format_table(rows))

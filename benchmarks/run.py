@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 import devrng
+from benchmarks.report import format_table
 from benchmarks.timing import interleaved
 
 Row = dict[str, Any]
@@ -97,6 +98,74 @@ def bench_fork_xla(number: int, rounds: int) -> list[Row]:
 
     m = interleaved({"ours": ours, "peer": peer}, number=number, rounds=rounds)
     return [_row(case, 0.7, m["ours"], peer_name, m["peer"])]
+
+
+class _SimulatedCuda:
+    """The RNG surface of ``torch.cuda`` for ``count`` SIMULATED devices, each a real
+    torch.Generator (as the test suite simulates devices this machine lacks)."""
+
+    def __init__(self, count: int) -> None:
+        self.gens = [torch.Generator().manual_seed(i) for i in range(count)]
+
+    def is_available(self) -> bool:
+        return True
+
+    def is_initialized(self) -> bool:
+        return True
+
+    def device_count(self) -> int:
+        return len(self.gens)
+
+    def current_device(self) -> int:
+        return 0
+
+    def get_rng_state(self, device: int = 0) -> torch.Tensor:
+        return self.gens[device].get_state()
+
+    def set_rng_state(self, state: torch.Tensor, device: int = 0) -> None:
+        self.gens[device].set_state(state)
+
+
+def bench_fork_indices(number: int, rounds: int, counts: tuple[int, ...]) -> list[Row]:
+    """The call torch.utils.checkpoint makes through patch_torch(): a new fork per layer,
+    ``fork_rng(devices=[0, ...], enabled=True, device_type="cuda")``, against the floor:
+    the get/set calls of the same generators through devrng's backend, on 1..64
+    SIMULATED CUDA devices."""
+    rows = []
+    saved = {name: getattr(torch.cuda, name) for name in (
+        "is_available", "is_initialized", "device_count", "current_device", "get_rng_state",
+        "set_rng_state")}
+    backend = devrng.get_backend("cuda")
+    try:
+        for count in counts:
+            fake = _SimulatedCuda(count)
+            for name in saved:
+                setattr(torch.cuda, name, getattr(fake, name))
+            indices = list(range(count))
+
+            def ours(indices: list[int] = indices) -> None:
+                with devrng.fork_rng(devices=indices, enabled=True, device_type="cuda"):
+                    pass
+
+            def floor(indices: list[int] = indices) -> None:
+                cpu = _gen.get_state()
+                states = [backend.get_rng_state(i) for i in indices]
+                for i, state in zip(indices, states, strict=True):
+                    backend.set_rng_state(state, i)
+                _gen.set_state(cpu)
+
+            m = interleaved({"ours": ours, "floor": floor}, number=max(1, number // count),
+                            rounds=rounds)
+            case = ("fork_rng(devices=[0], device_type='cuda'), 1 SIMULATED device (checkpoint's "
+                    "call)" if count == 1 else
+                    f"fork_rng(devices=[0..{count - 1}], device_type='cuda'), {count} SIMULATED "
+                    "devices")
+            rows.append(_row(case, 1.5, m["ours"], "floor: the backend's get/set of each "
+                             "generator, and the CPU's", m["floor"]))
+    finally:
+        for name, fn in saved.items():
+            setattr(torch.cuda, name, fn)
+    return rows
 
 
 def bench_infer(number: int, rounds: int, sizes: tuple[int, ...]) -> list[Row]:
@@ -176,6 +245,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     rows += bench_fork_cpu(number, rounds)
     rows += bench_fork_host(number // 20, rounds)
     rows += bench_fork_xla(number // 10, rounds)
+    rows += bench_fork_indices(number // 4, rounds, (1,) if quick else (1, 4, 16, 64))
     rows += bench_infer(number * 5, rounds, (1_000,) if quick else (1_000, 10_000))
     rows += bench_snapshot(number, rounds)
     rows += bench_import(1 if quick else 9)
@@ -196,34 +266,6 @@ def _machine() -> dict[str, Any]:
 
     return {"python": platform.python_version(), "cpu": platform.processor() or platform.machine(),
             "cores": os.cpu_count(), "versions": versions, "devrng": devrng.__version__}
-
-
-def format_table(rows: list[Row]) -> str:
-    lines = ["| case | devrng | peer | peer time | ratio | target | met |",
-             "|---|---|---|---|---|---|---|"]
-    for r in rows:
-        if r.get("ms") is not None:
-            met = "yes" if r["ms"] <= r["target_ms"] else "no"
-            lines.append(f"| {r['case']} | {r['ms']:.1f} ms | - | - | - | <= 30 ms | {met} |")
-            continue
-        if r["ratio"] is None:
-            lines.append(f"| {r['case']} | - | {r['peer']} | - | - | "
-                         f"{_target(r['target'])} | {r['note']} |")
-            continue
-        met = "-" if r["target"] is None else ("yes" if r["ratio"] <= r["target"] else "no")
-        lines.append(f"| {r['case']} | {r['devrng_us']:.2f} µs | {r['peer']} | "
-                     f"{r['peer_us']:.2f} µs | {r['ratio']:.2f}x | {_target(r['target'])} | {met} |")
-        if r.get("compiles") is not None and r["target"] is not None:  # seeded_jit: 50 seeds
-            ok = "yes" if r["compiles"] <= r.get("target_compiles", 1) else "no"
-            first = r.get("compiles_after_first_call")  # the count once the first call returned
-            later = "" if first is None else f" ({r['compiles'] - first} after the first seed)"
-            lines.append(f"| {r['case']}: compilations for 50 distinct seeds | "
-                         f"{r['compiles']}{later} | - | - | - | {r.get('target_compiles', 1)} | {ok} |")
-    return "\n".join(lines)
-
-
-def _target(t: float | None) -> str:
-    return "-" if t is None else f"<= {t}x"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 
-from benchmarks.run import format_table, run
+from benchmarks.report import format_table
+from benchmarks.run import run
 
 
 def test_runner_produces_a_row_per_case_with_numbers_or_a_reason() -> None:

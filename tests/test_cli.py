@@ -7,9 +7,8 @@ import sys
 from typing import Any
 
 import pytest
-from tests.conformance.test_backend_conformance import MinimalBackend
+from tests._fakes import MinimalBackend, registered
 
-import devrng
 from devrng.__main__ import known_problems, main
 
 
@@ -34,14 +33,8 @@ def test_selftest_fails_with_exit_1_on_a_broken_backend(capsys: Any) -> None:
         def set_rng_state(self, state: Any, index: int) -> None:
             pass  # loses the state: every round trip must fail
 
-    devrng.register_backend("forgetful", Forgetful(), clobber=True)
-    try:
+    with registered("forgetful", Forgetful()):
         assert main(["selftest"]) == 1
-    finally:
-        from devrng import _registry
-
-        _registry._entries.pop("forgetful")
-        _registry._resolved.pop("forgetful", None)
     out = capsys.readouterr().out
     assert "forgetful  snapshot    FAIL" in out or "FAIL" in out.split("forgetful")[1]
 

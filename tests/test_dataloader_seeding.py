@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader
 
 import devrng
 from _datasets import INDEX, NORMAL, NUMPY, PYTHON, RANK, TORCH, UNIFORM, WORKER, RandomDraws
-from devrng import _determinism
+from devrng import _workers
 
 DRAWS = (TORCH, NUMPY, PYTHON, NORMAL, UNIFORM)
 
@@ -119,7 +119,7 @@ def test_worker_seeds_are_distinct_over_workers_epochs_and_ranks() -> None:
     for base in (0, 1, 2**40 + 3, 2**63 - 1):
         for worker in range(8):
             for rank in range(8):
-                torch_seed, python_seed, numpy_words = _determinism.worker_seeds(
+                torch_seed, python_seed, numpy_words = _workers.worker_seeds(
                     base + worker, worker, rank)
                 seen.update((torch_seed, python_seed, tuple(numpy_words)))
     # torch, Python and NumPy seeds of every (base, worker, rank) are all different

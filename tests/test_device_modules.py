@@ -98,8 +98,7 @@ def _add_backend(name: str, backend: Any) -> None:
 
 
 def _drop_backend(name: str) -> None:
-    _registry._entries.pop(name, None)
-    _registry._resolved.pop(name, None)
+    _registry.unregister_backend(name)
 
 
 @pytest.fixture

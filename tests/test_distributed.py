@@ -56,11 +56,10 @@ def _expect_error(fn: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
 
 def _simulate_cuda(rank: int) -> Any:
     """Two SIMULATED CUDA devices per process; this rank's current one is rank % 2."""
-    from conftest import _SURFACE, SimulatedDeviceModule
+    from tests._fakes import SimulatedDeviceModule, install_simulated
 
     fake = SimulatedDeviceModule("cuda", 2)
-    for name in _SURFACE:
-        setattr(torch.cuda, name, getattr(fake, name))
+    install_simulated(fake, torch.cuda)
     torch.cuda.current_device = lambda: rank % 2
     torch.accelerator.current_accelerator = lambda check_available=False: torch.device("cuda")
     return fake

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from tests.conftest import fake_tensor
+from tests._fakes import fake_tensor
 
 from devrng import DevRNGError, fork_rng
 
@@ -102,10 +102,14 @@ def test_same_object_nests_and_recurses() -> None:
     assert torch.equal(torch.get_rng_state(), before)
 
 
-def test_generator_devices_argument_is_listed_once() -> None:
-    seen = (d for d in [])  # a generator would be exhausted by two passes
+def test_generator_devices_argument_is_listed_once(simulate_device: Any) -> None:
+    x = fake_tensor("xpu:1")
+    xpu = simulate_device("xpu", count=2)  # SIMULATED
+    snap = xpu.generators[1].get_state()
+    seen = (t for t in [x])  # a second pass over a generator would find nothing
     with fork_rng(devices=seen):
-        torch.rand(1)
+        xpu.draw(1)
+    assert torch.equal(xpu.generators[1].get_state(), snap)
 
 
 # -- device types: SIMULATED devices ---------------------------------------------------

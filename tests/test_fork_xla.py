@@ -150,7 +150,7 @@ def test_bare_indices_are_ambiguous_when_xla_and_torchax_are_both_in_use(env) ->
 def test_repeated_single_tensor_forks_follow_the_tensor_device_and_registry(xla_tensor: torch.Tensor) -> None:
     """fork_rng keeps a single tensor's plan per device: a later fork must still fork that
     device, and a backend registered again must be used, not the cached one."""
-    from devrng.backends.xla import XLABackend
+    from devrng._backends.xla import XLABackend
 
     for _ in range(3):
         before = xm.get_rng_state("xla:0")

@@ -6,7 +6,7 @@ from collections import OrderedDict, namedtuple
 
 import pytest
 import torch
-from tests.conftest import fake_tensor
+from tests._fakes import fake_tensor
 
 from devrng import infer_device_types
 from devrng._infer import collect_devices

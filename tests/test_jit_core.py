@@ -292,6 +292,6 @@ def test_missing_package_gives_the_install_hint(monkeypatch: pytest.MonkeyPatch,
                                                 package: str, extra: str) -> None:
     monkeypatch.setitem(sys.modules, package, None)  # makes `import package` fail
     for mod in ("torch_xla", "openxla", "torchax"):
-        monkeypatch.delitem(sys.modules, f"devrng._jit_backends.{mod}", raising=False)
+        monkeypatch.delitem(sys.modules, f"devrng._compilers.{mod}", raising=False)
     with pytest.raises(ImportError, match=rf"backend='{backend}'\) needs .*pip install 'devrng\[{extra}\]'"):
         devrng.seeded_jit(_dropout, backend=backend)

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import torch
-from tests.conformance.test_backend_conformance import MinimalBackend
+from tests._fakes import MinimalBackend
 
 import devrng
 from devrng import _registry
@@ -19,14 +19,11 @@ from devrng import _registry
 
 @pytest.fixture
 def clean_registry() -> Iterator[None]:
-    entries, resolved = dict(_registry._entries), dict(_registry._resolved)
-    loaded = _registry._entry_points_loaded
+    """Backends a test registers are removed after it."""
+    before = set(_registry.registry)
     yield
-    _registry._entries.clear()
-    _registry._entries.update(entries)
-    _registry._resolved.clear()
-    _registry._resolved.update(resolved)
-    _registry._entry_points_loaded = loaded
+    for name in set(_registry.registry) - before:
+        _registry.unregister_backend(name)
 
 
 def test_builtin_names_are_registered() -> None:
@@ -55,7 +52,7 @@ def test_register_object_and_refuse_a_taken_name(clean_registry: None) -> None:
 def test_register_lazy_string_is_imported_on_first_use(clean_registry: None, tmp_path: Path,
                                                        monkeypatch: Any) -> None:
     (tmp_path / "lazy_backend_pkg.py").write_text(textwrap.dedent("""
-        from tests.conformance.test_backend_conformance import MinimalBackend
+        from tests._fakes import MinimalBackend
         backend = MinimalBackend()
     """))
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -75,7 +72,7 @@ def test_missing_package_gives_an_install_hint(clean_registry: None) -> None:
 @pytest.mark.skipif("torch_xla" in sys.modules or _registry.package_installed("torch_xla"),
                     reason="checks the hint where torch_xla is absent (core env)")
 def test_missing_torch_xla_hint_names_the_extra() -> None:
-    _registry._resolved.pop("xla", None)
+    _registry.unregister_backend("xla")  # back to the built-in lazy entry
     with pytest.raises(ImportError, match=r"pip install 'devrng\[xla\]'"):
         devrng.get_backend("xla")
 
@@ -119,7 +116,7 @@ def test_entry_points_register_backends(tmp_path: Path) -> None:
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: devrng-plugin\nVersion: 1.0\n")
     (dist / "entry_points.txt").write_text("[devrng.backends]\nplugdev = plugin_mod:backend\n")
     (tmp_path / "plugin_mod.py").write_text(
-        "from tests.conformance.test_backend_conformance import MinimalBackend\n"
+        "from tests._fakes import MinimalBackend\n"
         "backend = MinimalBackend()\nbackend.name = 'plugdev'\n")
     code = ("import devrng; print(devrng.available_backends()); "
             "print(devrng.get_backend('plugdev').device_count())")

@@ -19,9 +19,10 @@ from devrng._state import RNGState, get_rng_state, manual_seed, set_rng_state
 
 if TYPE_CHECKING:
     from devrng import distributed, testing
-    from devrng._determinism import deterministic, seed_worker
+    from devrng._determinism import deterministic
     from devrng._jit import seeded_jit
     from devrng._streams import RNGStreams
+    from devrng._workers import seed_worker
 
 __version__ = "0.1.0"
 
@@ -51,7 +52,7 @@ __all__ = [
 _LAZY = {
     "seeded_jit": ("devrng._jit", "seeded_jit"),
     "deterministic": ("devrng._determinism", "deterministic"),
-    "seed_worker": ("devrng._determinism", "seed_worker"),
+    "seed_worker": ("devrng._workers", "seed_worker"),
     "RNGStreams": ("devrng._streams", "RNGStreams"),
     "distributed": ("devrng.distributed", None),
     "testing": ("devrng.testing", None),

@@ -16,8 +16,13 @@ import torch
 import devrng
 from devrng._determinism import current_settings
 from devrng._draw import draw
-from devrng._plan import is_initialized
-from devrng._registry import backend_names, package_installed, peek_backend, requirement
+from devrng._registry import (
+    backend_names,
+    is_initialized,
+    loaded_backend,
+    package_installed,
+    requirement,
+)
 
 _PACKAGES = ("torch", "numpy", "torch_xla", "torchax", "jax", "jaxlib",
              "intel_extension_for_pytorch", "lightning", "accelerate")
@@ -81,7 +86,7 @@ def doctor() -> int:
     print("\nBackends (a package nobody imported is not imported to check):")
     print(f"  {'name':12} {'installed':10} {'available':10} {'initialised':12} devices")
     for name in backend_names():
-        backend = peek_backend(name)
+        backend = loaded_backend(name)
         if backend is None:
             req = requirement(name)
             installed = "yes" if req is None or package_installed(req) else "no"

@@ -1,99 +1,264 @@
-"""``deterministic()``: every reproducibility switch in one call, and DataLoader worker seeding.
+"""``deterministic()``: every reproducibility switch in one call, from one table of settings.
 
-Each switch is looked up in the installed torch before it is touched; one that
-this torch lacks is reported as unavailable. Device backends may add their own
-switches through two optional members, looked up with ``getattr``:
+Each setting is a small object that knows its name, what it does, whether this
+torch has it, how to read it, what ``deterministic()`` wants it to be, and how
+to set it (returning how to undo that). Applying, restoring and reporting are
+three loops over :func:`settings`. Device backends add their own switch through
+the optional ``DeterminismSwitch`` members (see ``devrng._registry``).
 
-``get_deterministic() -> bool | None``
-    the backend's switch, or ``None`` when it has none in this process;
-``set_deterministic(flag) -> bool | None``
-    turn it on or off and return the previous value (``None``: no switch here).
+Handles nest as a stack: restoring a handle first restores every handle
+applied after it that is still active, newest first, so that once all are
+restored -- in any order -- every setting is back where the program had it.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 import os
-import random
 import re
 import sys
+import threading
 import warnings
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
-from devrng import _host
-from devrng._errors import DevRNGError
-from devrng._mix import MASK64, splitmix64
-from devrng._registry import available_backends, backend_names, peek_backend
-from devrng._state import RNGState, check_seed, get_rng_state, manual_seed, set_rng_state
-from devrng.distributed import _env_rank, _rank_from_env
+from devrng._errors import DevRNGError, add_note
+from devrng._registry import available_backends, backend_names, is_initialized, loaded_backend
+from devrng._seeds import check_seed
+from devrng._state import RNGState, get_rng_state, manual_seed, set_rng_state
+from devrng._workers import dataloader_kwargs
 
-__all__ = ["DeterministicHandle", "current_settings", "deterministic", "seed_worker"]
+__all__ = ["DeterministicHandle", "Setting", "current_settings", "deterministic", "settings"]
 
 _CUBLAS = "CUBLAS_WORKSPACE_CONFIG"
 # The two values with which cuBLAS picks the same reduction order every time
 # (torch checks for exactly these before a cuBLAS op in deterministic mode).
 _CUBLAS_DETERMINISTIC = (":4096:8", ":16:8")
-_CUBLAS_FORMAT = re.compile(r"^(:\d+:\d+)+$")
+_CUBLAS_FORMAT = re.compile(r"(:\d+:\d+)+")
 _INDUCTOR_ENV = "TORCHINDUCTOR_DETERMINISTIC"
 _INDUCTOR_MODULE = "torch._inductor.config"
 
-_NOTES = {
-    "torch.backends.cudnn.benchmark": "off: cuDNN does not time algorithms and pick the fastest, "
-    "which can differ from run to run",
-    "torch.backends.cudnn.deterministic": "cuDNN convolutions use deterministic algorithms only",
-    "torch.use_deterministic_algorithms": "(enabled, warn_only): ops with a deterministic variant "
-    "use it; the others raise (or warn, with warn_only)",
-    "torch.utils.deterministic.fill_uninitialized_memory": "torch.empty and friends fill new "
-    "memory with NaN / the largest int, when deterministic algorithms are on",
-    "torch.backends.mkldnn.deterministic": "oneDNN primitives (XPU conv, deconv, matmul) ask "
-    "oneDNN for deterministic kernels",
-    "torch._inductor.config.deterministic": "torch.compile (inductor) skips on-device "
-    "benchmarking that could change numerics; read from TORCHINDUCTOR_DETERMINISTIC when "
-    "inductor is first imported",
-    _CUBLAS: "read by cuBLAS when CUDA starts; set it before the first CUDA call",
-}
+Undo = Callable[[], None]
 
 
-# --------------------------------------------------------------------------- switches
-class _Switch:
-    """One global setting: read it, write it, and whether this torch has it."""
+class Options(NamedTuple):
+    """The arguments of ``deterministic()`` that decide the settings' targets."""
 
-    def __init__(self, name: str, getter: Callable[[], Any] | None,
-                 setter: Callable[[Any], None] | None) -> None:
-        self.name = name
-        self.getter = getter
-        self.setter = setter
+    warn_only: bool
+    fill_uninitialized_memory: bool
+    cublas_workspace_config: str | None
+
+
+def _no_undo() -> None:
+    return None
+
+
+def _set_env(name: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
+
+
+# --------------------------------------------------------------------------- settings
+class Setting:
+    """One global setting: its name, a note, how to read it and how to set it.
+
+    Subclasses override :meth:`read`, :meth:`target` and :meth:`put`, or
+    :meth:`apply` when setting it is more than a write and its inverse.
+    """
+
+    name: str = ""
+    note: str = ""
+
+    def available(self) -> bool:
+        return True
+
+    def read(self) -> Any:
+        raise NotImplementedError
+
+    def target(self, options: Options) -> Any:
+        raise NotImplementedError
+
+    def put(self, value: Any) -> None:
+        raise NotImplementedError
+
+    def apply(self, value: Any) -> Undo:
+        """Set ``value``; return what puts the previous value back."""
+        previous = self.read()
+        self.put(value)
+        return functools.partial(self.put, previous)
+
+    def entry(self, options: Options) -> dict[str, Any]:
+        """This setting in a report: value now, availability, target, value before, note."""
+        available = self.available()
+        return {"value": self.read() if available else None, "available": available,
+                "target": self.target(options) if available else None, "previous": None,
+                "note": self.note}
+
+
+class _Flag(Setting):
+    """A boolean attribute of a torch object (``torch.backends.cudnn.benchmark``)."""
+
+    def __init__(self, name: str, owner: Callable[[], Any], attr: str, want: Any,
+                 note: str) -> None:
+        self.name, self.note = name, note
+        self._owner, self._attr, self._want = owner, attr, want
+
+    def available(self) -> bool:
+        return hasattr(self._owner(), self._attr)
+
+    def read(self) -> bool:
+        return bool(getattr(self._owner(), self._attr))
+
+    def put(self, value: Any) -> None:
+        setattr(self._owner(), self._attr, bool(value))
+
+    def target(self, options: Options) -> Any:
+        return self._want(options) if callable(self._want) else self._want
+
+
+class _Algorithms(Setting):
+    """``torch.use_deterministic_algorithms``: the mode and ``warn_only`` are one setting."""
+
+    name = "torch.use_deterministic_algorithms"
+    note = ("(enabled, warn_only): ops with a deterministic variant use it; the others raise "
+            "(or warn, with warn_only)")
+
+    def available(self) -> bool:
+        return hasattr(torch, "use_deterministic_algorithms")
+
+    def read(self) -> tuple[bool, bool]:
+        warn = getattr(torch, "is_deterministic_algorithms_warn_only_enabled", lambda: False)
+        return bool(torch.are_deterministic_algorithms_enabled()), bool(warn())
+
+    def put(self, value: tuple[bool, bool]) -> None:
+        # torch 2.13's use_deterministic_algorithms (not 2.9's) also imports inductor's
+        # config (seconds, ~800 modules) to set its flag; devrng sets that flag through
+        # its own setting, so go to the underlying setter when it exists.
+        setter = getattr(torch._C, "_set_deterministic_algorithms", None)
+        if setter is not None:
+            setter(value[0], warn_only=value[1])
+        else:
+            torch.use_deterministic_algorithms(value[0], warn_only=value[1])
+
+    def target(self, options: Options) -> tuple[bool, bool]:
+        return (True, options.warn_only)
+
+
+class _Inductor(Setting):
+    """``torch._inductor.config.deterministic``, or the variable it reads when imported."""
+
+    name = "torch._inductor.config.deterministic"
+    note = ("torch.compile (inductor) skips on-device benchmarking that could change numerics; "
+            "read from TORCHINDUCTOR_DETERMINISTIC when inductor is first imported")
+
+    def available(self) -> bool:
+        return _inductor_has_deterministic()
+
+    def read(self) -> bool:
+        module = sys.modules.get(_INDUCTOR_MODULE)
+        if module is not None:
+            return bool(getattr(module, "deterministic", False))
+        return os.environ.get(_INDUCTOR_ENV) == "1"
+
+    def target(self, options: Options) -> bool:
+        return True
+
+    def apply(self, value: Any) -> Undo:
+        module = sys.modules.get(_INDUCTOR_MODULE)
+        if module is not None:
+            previous = bool(getattr(module, "deterministic", False))
+            setattr(module, "deterministic", bool(value))  # noqa: B010
+            return lambda: setattr(module, "deterministic", previous)
+        # Not imported yet: inductor reads the variable when it is.
+        previous_env = os.environ.get(_INDUCTOR_ENV)
+        os.environ[_INDUCTOR_ENV] = "1" if value else "0"
+
+        def undo() -> None:
+            _set_env(_INDUCTOR_ENV, previous_env)
+            loaded = sys.modules.get(_INDUCTOR_MODULE)
+            if loaded is not None and hasattr(loaded, "deterministic"):
+                # Imported inside the block, so it read our value: put its old one back.
+                setattr(loaded, "deterministic", previous_env == "1")  # noqa: B010
+
+        return undo
+
+
+class _Cublas(Setting):
+    """``CUBLAS_WORKSPACE_CONFIG``: read by cuBLAS once, when CUDA starts."""
+
+    name = _CUBLAS
 
     @property
+    def note(self) -> str:  # type: ignore[override]
+        started = "already" if _cuda_initialized() else "not"
+        return (f"read by cuBLAS when CUDA starts; set it before the first CUDA call; CUDA is "
+                f"{started} initialised here")
+
+    def read(self) -> str | None:
+        return os.environ.get(_CUBLAS)
+
+    def target(self, options: Options) -> str | None:
+        return options.cublas_workspace_config
+
+    def apply(self, value: Any) -> Undo:
+        previous = os.environ.get(_CUBLAS)
+        # Once CUDA runs, a new value would only silence torch's own check while
+        # cuBLAS keeps the old one: leave it as it is (deterministic() warned).
+        if value is None or _cuda_initialized() or previous == value:
+            return _no_undo
+        os.environ[_CUBLAS] = value
+        return functools.partial(_set_env, _CUBLAS, previous)
+
+
+class _BackendSwitch(Setting):
+    """A device backend's own switch (its optional ``DeterminismSwitch`` members)."""
+
+    def __init__(self, backend: Any) -> None:
+        self._backend = backend
+        self.name = f"backend.{backend.name}.deterministic"
+        self.note = str(getattr(backend, "deterministic_note", "the backend's own switch"))
+
     def available(self) -> bool:
-        return self.getter is not None and self.setter is not None
+        return self.read() is not None
 
-    def get(self) -> Any:
-        return None if self.getter is None else self.getter()
+    def read(self) -> bool | None:
+        try:
+            return self._backend.get_deterministic()  # type: ignore[no-any-return]
+        except Exception:  # a broken third-party hook must not break the report
+            return None
 
-    def set(self, value: Any) -> None:
-        assert self.setter is not None
-        self.setter(value)
+    def target(self, options: Options) -> bool:
+        return True
 
+    def apply(self, value: Any) -> Undo:
+        env_before = dict(os.environ)
+        previous = self._backend.set_deterministic(bool(value))
+        if previous is None:  # no such switch in this process
+            return _no_undo
+        changed = {k: env_before.get(k) for k in set(env_before) | set(os.environ)
+                   if env_before.get(k) != os.environ.get(k)}
 
-def _attr_switch(name: str, owner: Any, attr: str) -> _Switch:
-    if owner is None or not hasattr(owner, attr):
-        return _Switch(name, None, None)
-    return _Switch(name, lambda: bool(getattr(owner, attr)),
-                   lambda v: setattr(owner, attr, bool(v)))
+        def undo() -> None:
+            self._backend.set_deterministic(previous)
+            for key, old in changed.items():  # put variables back byte for byte
+                _set_env(key, old)
+
+        return undo
 
 
 def _cudnn() -> Any:
-    return getattr(getattr(torch, "backends", None), "cudnn", None)
+    return getattr(torch.backends, "cudnn", None)
 
 
 def _mkldnn() -> Any:
-    return getattr(getattr(torch, "backends", None), "mkldnn", None)
+    return getattr(torch.backends, "mkldnn", None)
 
 
 def _fill_owner() -> Any:
@@ -104,26 +269,32 @@ def _fill_owner() -> Any:
     return mod
 
 
-def _algorithms_switch() -> _Switch:
-    # Mode and warn_only are one setting in torch; the value is the pair.
-    if not hasattr(torch, "use_deterministic_algorithms"):
-        return _Switch("torch.use_deterministic_algorithms", None, None)
+_TORCH_SETTINGS: tuple[Setting, ...] = (
+    _Flag("torch.backends.cudnn.benchmark", _cudnn, "benchmark", False,
+          "off: cuDNN does not time algorithms and pick the fastest, which can differ from run "
+          "to run"),
+    _Flag("torch.backends.cudnn.deterministic", _cudnn, "deterministic", True,
+          "cuDNN convolutions use deterministic algorithms only"),
+    _Algorithms(),
+    _Flag("torch.utils.deterministic.fill_uninitialized_memory", _fill_owner,
+          "fill_uninitialized_memory", lambda o: o.fill_uninitialized_memory,
+          "torch.empty and friends fill new memory with NaN / the largest int, when "
+          "deterministic algorithms are on"),
+    _Flag("torch.backends.mkldnn.deterministic", _mkldnn, "deterministic", True,
+          "oneDNN primitives (XPU conv, deconv, matmul) ask oneDNN for deterministic kernels"),
+    _Inductor(),
+    _Cublas(),
+)
 
-    def get() -> tuple[bool, bool]:
-        warn = getattr(torch, "is_deterministic_algorithms_warn_only_enabled", lambda: False)
-        return bool(torch.are_deterministic_algorithms_enabled()), bool(warn())
 
-    def put(value: tuple[bool, bool]) -> None:
-        # torch 2.13's use_deterministic_algorithms (not 2.9's) also imports inductor's
-        # config (seconds, ~800 modules) to set its flag; devrng sets that flag
-        # through its own switch, so go to the underlying setter when it exists.
-        setter = getattr(torch._C, "_set_deterministic_algorithms", None)
-        if setter is not None:
-            setter(value[0], warn_only=value[1])
-        else:
-            torch.use_deterministic_algorithms(value[0], warn_only=value[1])
-
-    return _Switch("torch.use_deterministic_algorithms", get, put)
+def settings() -> list[Setting]:
+    """Every setting ``deterministic()`` manages: torch's, then each loaded backend's own switch."""
+    out = list(_TORCH_SETTINGS)
+    for name in backend_names():
+        backend = loaded_backend(name)
+        if backend is not None and callable(getattr(backend, "set_deterministic", None)):
+            out.append(_BackendSwitch(backend))
+    return out
 
 
 @functools.lru_cache(maxsize=1)
@@ -140,20 +311,6 @@ def _inductor_has_deterministic() -> bool:
         return False
 
 
-def _inductor_get() -> bool:
-    module = sys.modules.get(_INDUCTOR_MODULE)
-    if module is not None:
-        return bool(getattr(module, "deterministic", False))
-    return os.environ.get(_INDUCTOR_ENV) == "1"
-
-
-def _set_env(name: str, value: str | None) -> None:
-    if value is None:
-        os.environ.pop(name, None)
-    else:
-        os.environ[name] = value
-
-
 def _cuda_initialized() -> bool:
     cuda = getattr(torch, "cuda", None)
     check = getattr(cuda, "is_initialized", None)
@@ -163,70 +320,10 @@ def _cuda_initialized() -> bool:
         return False
 
 
-def _hook_backends() -> list[Any]:
-    """Loaded backends that offer their own determinism switch."""
-    out = []
-    for name in backend_names():
-        backend = peek_backend(name)
-        if backend is not None and callable(getattr(backend, "set_deterministic", None)):
-            out.append(backend)
-    return out
-
-
-def _entry(value: Any, available: bool, target: Any, note: str, previous: Any = None
-           ) -> dict[str, Any]:
-    return {"value": value, "available": available, "target": target, "previous": previous,
-            "note": note}
-
-
-def _torch_switches() -> list[_Switch]:
-    cudnn, mkldnn = _cudnn(), _mkldnn()
-    return [
-        _attr_switch("torch.backends.cudnn.benchmark", cudnn, "benchmark"),
-        _attr_switch("torch.backends.cudnn.deterministic", cudnn, "deterministic"),
-        _algorithms_switch(),
-        _attr_switch("torch.utils.deterministic.fill_uninitialized_memory", _fill_owner(),
-                      "fill_uninitialized_memory"),
-        _attr_switch("torch.backends.mkldnn.deterministic", mkldnn, "deterministic"),
-    ]
-
-
-def _targets(warn_only: bool, fill: bool) -> dict[str, Any]:
-    return {
-        "torch.backends.cudnn.benchmark": False,
-        "torch.backends.cudnn.deterministic": True,
-        "torch.use_deterministic_algorithms": (True, warn_only),
-        "torch.utils.deterministic.fill_uninitialized_memory": fill,
-        "torch.backends.mkldnn.deterministic": True,
-    }
-
-
-def _settings(warn_only: bool, fill: bool, cublas: str | None) -> dict[str, dict[str, Any]]:
-    targets = _targets(warn_only, fill)
-    out: dict[str, dict[str, Any]] = {}
-    for sw in _torch_switches():
-        out[sw.name] = _entry(sw.get(), sw.available, targets[sw.name], _NOTES[sw.name])
-    name = "torch._inductor.config.deterministic"
-    has = _inductor_has_deterministic()
-    out[name] = _entry(_inductor_get() if has else None, has, True if has else None, _NOTES[name])
-    cuda_init = _cuda_initialized()
-    note = _NOTES[_CUBLAS] + ("; CUDA is already initialised here" if cuda_init else
-                              "; CUDA is not initialised yet")
-    out[_CUBLAS] = _entry(os.environ.get(_CUBLAS), True, cublas, note)
-    for backend in _hook_backends():
-        getter = getattr(backend, "get_deterministic", None)
-        try:
-            value = getter() if callable(getter) else None
-        except Exception as err:  # a broken third-party hook must not break the report
-            value, extra = None, f"; reading it failed: {err}"
-        else:
-            extra = ""
-        hook_note = str(getattr(backend, "deterministic_note", "the backend's own switch"))
-        out[f"backend.{backend.name}.deterministic"] = _entry(
-            value, value is not None, True if value is not None else None, hook_note + extra)
-    out["torch.initial_seed()"] = _entry(torch.initial_seed(), True, None,
-                                         "the seed of torch's CPU generator")
-    return out
+def _default_options() -> Options:
+    """``deterministic()``'s own defaults, read from its signature (one place for them)."""
+    params = inspect.signature(deterministic).parameters
+    return Options(*(params[name].default for name in Options._fields))
 
 
 def current_settings() -> dict[str, dict[str, Any]]:
@@ -238,86 +335,72 @@ def current_settings() -> dict[str, dict[str, Any]]:
     ``previous`` (only a handle knows it), and a one-line explanation.
 
     Example:
-        >>> devrng._determinism.current_settings()["torch.backends.cudnn.benchmark"]["value"]
-        False
+        >>> current_settings()["torch.backends.cudnn.deterministic"]["target"]
+        True
     """
-    return _settings(False, True, _CUBLAS_DETERMINISTIC[0])
+    options = _default_options()
+    return {s.name: s.entry(options) for s in settings()}
 
 
 # --------------------------------------------------------------------------- the handle
-class DeterministicHandle:
-    """What :func:`deterministic` returns: the settings it applied, and how to undo them.
+_stack_lock = threading.RLock()
+_active: list[DeterministicHandle] = []  # applied and not yet restored, oldest first
 
-    Used with ``with``, everything it changed is restored on exit, also when the
-    body raises. ``restore()`` does the same by hand.
+
+class DeterministicHandle:
+    """What [`deterministic()`][devrng.deterministic] returns: the settings it applied and how to undo them.
+
+    Used with ``with``, everything it changed is restored on exit, also when
+    the body raises. ``restore()`` does the same by hand. Handles nest as a
+    stack: restoring one first restores the handles applied after it that are
+    still active, so restoring in any order ends where the program started.
+    Entering an active handle again (``with handle:`` twice) counts the
+    entries; the outermost exit restores.
 
     Example:
         >>> with devrng.deterministic(seed=0) as handle:
-        ...     loader = DataLoader(data, num_workers=2, **handle.dataloader_kwargs())
+        ...     kwargs = handle.dataloader_kwargs()
+        >>> sorted(kwargs)
+        ['generator', 'worker_init_fn']
     """
 
-    def __init__(self, seed: int | None, warn_only: bool, cublas_workspace_config: str | None,
-                 fill_uninitialized_memory: bool) -> None:
+    def __init__(self, seed: int | None, options: Options) -> None:
         self.seed = seed
-        self.warn_only = warn_only
-        self.cublas_workspace_config = cublas_workspace_config
-        self.fill_uninitialized_memory = fill_uninitialized_memory
-        self._undo: list[tuple[str, Callable[[], None]]] = []
+        self.options = options
+        self._undo: list[tuple[str, Undo]] = []
         self._previous: dict[str, Any] = {}
+        self._depth = 0
         self._active = False
         self._apply()
+
+    @property
+    def active(self) -> bool:
+        """Whether the settings are applied (True until :meth:`restore`)."""
+        return self._active
 
     # -- applying ---------------------------------------------------------------
     def _apply(self) -> None:
         self._check_cublas()  # may raise: before anything changes
-        try:
-            targets = _targets(self.warn_only, self.fill_uninitialized_memory)
-            for sw in _torch_switches():
-                if sw.available:
-                    self._change(sw.name, sw.get, sw.set, targets[sw.name])
-            self._apply_inductor()
-            self._apply_cublas()
-            for backend in _hook_backends():
-                self._apply_hook(backend)
-            if self.seed is not None:
-                self._apply_seed(self.seed)
-        except BaseException:
-            self._run_undo()
-            raise
-        self._active = True
-
-    def _change(self, name: str, get: Callable[[], Any], put: Callable[[Any], None],
-                value: Any) -> None:
-        previous = get()
-        self._previous[name] = previous
-        put(value)
-        self._undo.append((name, lambda: put(previous)))
-
-    def _apply_inductor(self) -> None:
-        name = "torch._inductor.config.deterministic"
-        if not _inductor_has_deterministic():
-            return
-        module = sys.modules.get(_INDUCTOR_MODULE)
-        if module is not None:
-            self._change(name, lambda: bool(module.deterministic),
-                         lambda v: setattr(module, "deterministic", bool(v)), True)
-            return
-        # Not imported yet: inductor reads the variable when it is.
-        previous_env = os.environ.get(_INDUCTOR_ENV)
-        self._previous[name] = previous_env == "1"
-        os.environ[_INDUCTOR_ENV] = "1"
-
-        def undo() -> None:
-            _set_env(_INDUCTOR_ENV, previous_env)
-            loaded = sys.modules.get(_INDUCTOR_MODULE)
-            if loaded is not None and hasattr(loaded, "deterministic"):
-                # Imported inside the block, so it read our value: put its old one back.
-                setattr(loaded, "deterministic", previous_env == "1")  # noqa: B010
-
-        self._undo.append((name, undo))
+        with _stack_lock:
+            try:
+                for setting in settings():
+                    if setting.available():
+                        previous = setting.read()
+                        undo = setting.apply(setting.target(self.options))
+                        self._previous[setting.name] = previous
+                        self._undo.append((setting.name, undo))
+                if self.seed is not None:
+                    self._apply_seed(self.seed)
+            except BaseException as err:
+                failures = self._run_undo()
+                if failures:
+                    add_note(err, "deterministic() could not put back " + "; ".join(failures))
+                raise
+            self._active = True
+            _active.append(self)
 
     def _check_cublas(self) -> None:
-        want = self.cublas_workspace_config
+        want = self.options.cublas_workspace_config
         if want is None or not _cuda_initialized():
             return
         have = os.environ.get(_CUBLAS)
@@ -338,66 +421,59 @@ class DeterministicHandle:
             f"cannot pick up {want!r} any more and CUDA matrix products may differ from run to "
             f"run. {fix}"
         )
-        if not self.warn_only:
+        if not self.options.warn_only:
             raise DevRNGError(message + " Or pass warn_only=True to go on with a warning.")
         warnings.warn(message, UserWarning, stacklevel=4)
-
-    def _apply_cublas(self) -> None:
-        want = self.cublas_workspace_config
-        previous = os.environ.get(_CUBLAS)
-        self._previous[_CUBLAS] = previous
-        # Once CUDA runs, a new value would only silence torch's own check
-        # while cuBLAS keeps the old one: leave it as it is (warned above).
-        if want is None or _cuda_initialized() or previous == want:
-            return
-        os.environ[_CUBLAS] = want
-        self._undo.append((_CUBLAS, lambda: _set_env(_CUBLAS, previous)))
-
-    def _apply_hook(self, backend: Any) -> None:
-        name = f"backend.{backend.name}.deterministic"
-        env_before = dict(os.environ)
-        previous = backend.set_deterministic(True)
-        self._previous[name] = previous
-        if previous is None:  # no such switch in this process
-            return
-        changed = {k: env_before.get(k) for k in set(env_before) | set(os.environ)
-                   if env_before.get(k) != os.environ.get(k)}
-
-        def undo() -> None:
-            backend.set_deterministic(previous)
-            for key, value in changed.items():  # put variables back byte for byte
-                _set_env(key, value)
-
-        self._undo.append((name, undo))
 
     def _apply_seed(self, seed: int) -> None:
         # Only initialised devices are snapshotted: reading an uninitialised
         # device's state would start it (pytorch/pytorch#41970).
         types = [n for n in available_backends() if n != "cpu" and _initialized(n)]
         snapshot: RNGState = get_rng_state(device_type=types)
-        manual_seed(seed)
         self._undo.append(("rng state", lambda: set_rng_state(snapshot)))
+        manual_seed(seed)
 
     # -- restoring --------------------------------------------------------------
     def _run_undo(self) -> list[str]:
-        failures = []
+        """Undo everything, newest first; an interrupt waits until all is undone."""
+        failures: list[str] = []
+        interrupt: BaseException | None = None
         while self._undo:
             name, undo = self._undo.pop()
             try:
                 undo()
-            except Exception as err:  # restore the rest before reporting
+            except BaseException as err:  # restore the rest before reporting
                 failures.append(f"{name} ({type(err).__name__}: {err})")
+                if interrupt is None and not isinstance(err, Exception):
+                    interrupt = err
+        self._previous.clear()
+        if interrupt is not None:
+            raise interrupt
         return failures
 
     def restore(self) -> None:
         """Put back every flag, environment variable and RNG state this handle changed.
 
+        Handles applied after this one and still active are restored first,
+        newest first. Restoring a handle twice does nothing the second time.
+
         Example:
-            >>> handle = devrng.deterministic(seed=0)
+            >>> handle = devrng.deterministic()
             >>> handle.restore()
+            >>> handle.active
+            False
         """
-        failures = self._run_undo()
-        self._active = False
+        failures: list[str] = []
+        with _stack_lock:
+            if not self._active:
+                return
+            while _active:
+                handle = _active.pop()
+                handle._active = False
+                handle._depth = 0
+                failures += handle._run_undo()
+                if handle is self:
+                    break
         if failures:
             raise DevRNGError(
                 "deterministic() could not restore " + "; ".join(failures)
@@ -407,11 +483,14 @@ class DeterministicHandle:
     def __enter__(self) -> DeterministicHandle:
         if not self._active:  # re-entering a handle that was restored
             self._apply()
+        self._depth += 1
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        self.restore()
+        self._depth -= 1
+        if self._depth <= 0:
+            self.restore()
 
     # -- DataLoader and report -----------------------------------------------------
     def dataloader_kwargs(self) -> dict[str, Any]:
@@ -422,50 +501,40 @@ class DeterministicHandle:
         fixes it); it decides shuffling and each epoch's worker seeds.
 
         Example:
-            >>> loader = DataLoader(data, num_workers=2, shuffle=True,
-            ...                     **devrng.deterministic(seed=0).dataloader_kwargs())
+            >>> with devrng.deterministic(seed=0) as handle:
+            ...     loader = torch.utils.data.DataLoader(range(8), shuffle=True,
+            ...                                          **handle.dataloader_kwargs())
+            ...     first = [int(x) for x in next(iter(loader))]
+            >>> len(first)
+            1
         """
-        seed = self.seed
-        if seed is None:
-            seed = int(torch.randint(0, 2**62, (), dtype=torch.int64).item())
-        generator = torch.Generator()
-        generator.manual_seed(seed)
-        rank = _rank()
-        # A worker finds the rank through torch.distributed (forked workers) or
-        # RANK; bind it when a spawned worker could not see it that way.
-        init_fn: Callable[[int], int] = seed_worker
-        if rank != _env_rank(strict=False):
-            init_fn = functools.partial(seed_worker, rank=rank)
-        return {"generator": generator, "worker_init_fn": init_fn}
+        return dataloader_kwargs(self.seed)
 
     def report(self) -> dict[str, dict[str, Any]]:
         """Every setting with its current value, availability, target and value before.
 
         Example:
-            >>> devrng.deterministic(seed=0).report()["torch.backends.cudnn.deterministic"]
-            {'value': True, 'available': True, 'target': True, 'previous': False, 'note': '...'}
+            >>> with devrng.deterministic(seed=0) as handle:
+            ...     entry = handle.report()["torch.backends.cudnn.deterministic"]
+            >>> entry["value"], entry["target"]
+            (True, True)
         """
-        out = _settings(self.warn_only, self.fill_uninitialized_memory,
-                        self.cublas_workspace_config)
+        out = {s.name: s.entry(self.options) for s in settings()}
         for name, previous in self._previous.items():
             if name in out:
                 out[name]["previous"] = previous
-        out["seed"] = _entry(self.seed, True, self.seed, "devrng.manual_seed(seed) when given",
-                             None)
+        out["seed"] = {"value": self.seed, "available": True, "target": self.seed,
+                       "previous": None, "note": "devrng.manual_seed(seed) when given"}
         return out
 
     def __repr__(self) -> str:
         state = "active" if self._active else "restored"
-        return f"<devrng.deterministic seed={self.seed!r} warn_only={self.warn_only} {state}>"
+        return f"<devrng.deterministic seed={self.seed!r} warn_only={self.options.warn_only} {state}>"
 
 
 def _initialized(name: str) -> bool:
-    backend = peek_backend(name)
-    check = getattr(backend, "is_initialized", None)
-    try:
-        return bool(check()) if check is not None else True
-    except Exception:
-        return False
+    backend = loaded_backend(name)
+    return backend is not None and is_initialized(backend)
 
 
 def deterministic(seed: int | None = None, *, warn_only: bool = False,
@@ -481,10 +550,16 @@ def deterministic(seed: int | None = None, *, warn_only: bool = False,
     ``DevRNGError`` (with ``warn_only=True``: warns) and changes nothing.
 
     Example:
-        >>> devrng.deterministic(seed=0)          # at program start
-        >>> with devrng.deterministic(seed=0):     # or for one block
-        ...     train()
+        >>> with devrng.deterministic(seed=0):     # for one block; or call it at program start
+        ...     on = torch.are_deterministic_algorithms_enabled()
+        >>> on, torch.are_deterministic_algorithms_enabled()
+        (True, False)
     """
+    if isinstance(seed, bool):
+        raise TypeError(
+            f"deterministic()'s first argument is the seed, not a switch: got {seed!r}. Call "
+            "devrng.deterministic() to turn determinism on, or deterministic(seed=0) to also seed."
+        )
     if seed is not None:
         seed = check_seed(seed)
     for name, flag in (("warn_only", warn_only),
@@ -493,53 +568,11 @@ def deterministic(seed: int | None = None, *, warn_only: bool = False,
             raise TypeError(f"{name} must be True or False, not {flag!r}.")
     if cublas_workspace_config is not None and (
             not isinstance(cublas_workspace_config, str)
-            or not _CUBLAS_FORMAT.match(cublas_workspace_config)):
+            or not _CUBLAS_FORMAT.fullmatch(cublas_workspace_config)):
         raise ValueError(
             f"cublas_workspace_config={cublas_workspace_config!r} is not a cuBLAS workspace "
             "setting; pass ':4096:8' or ':16:8' (the deterministic ones), another ':SIZE:COUNT' "
-            "string, or None to leave CUBLAS_WORKSPACE_CONFIG alone."
+            "string (no spaces or newlines), or None to leave CUBLAS_WORKSPACE_CONFIG alone."
         )
-    return DeterministicHandle(seed, warn_only, cublas_workspace_config, fill_uninitialized_memory)
-
-
-# --------------------------------------------------------------------------- workers
-def _rank() -> int:
-    return _rank_from_env(strict=False)
-
-
-def worker_seeds(base_seed: int, worker_id: int, rank: int) -> tuple[int, int, list[int]]:
-    """The torch, Python and NumPy seeds :func:`seed_worker` uses, from its inputs."""
-    h = splitmix64(base_seed & MASK64)
-    h = splitmix64(h ^ splitmix64((rank & MASK64) ^ 0x5EED0000000000AB))
-    h = splitmix64(h ^ (worker_id & MASK64))
-    torch_seed = splitmix64(h ^ 1)
-    python_seed = splitmix64(h ^ 2)
-    np_words = [w for k in (3, 4) for x in (splitmix64(h ^ k),)
-                for w in (x & 0xFFFFFFFF, x >> 32)]
-    return torch_seed, python_seed, np_words
-
-
-def seed_worker(worker_id: int, *, rank: int | None = None) -> int:
-    """Seed torch, Python ``random`` and NumPy inside a DataLoader worker.
-
-    The seeds come from the worker's own seed, which the DataLoader draws from
-    its ``generator`` each epoch and offsets by ``worker_id``, mixed with the
-    distributed rank (``rank``, else the default process group's, else
-    ``RANK``, else 0). So they differ per worker, epoch and rank, and repeat
-    exactly when the generator is seeded the same. ``torch.distributions``
-    samples draw from torch's generator and follow. Returns the torch seed.
-
-    Example:
-        >>> DataLoader(data, num_workers=2, worker_init_fn=devrng.seed_worker,
-        ...            generator=torch.Generator().manual_seed(0))
-    """
-    info = torch.utils.data.get_worker_info()
-    base = int(info.seed) if info is not None else int(torch.initial_seed())
-    torch_seed, python_seed, np_words = worker_seeds(
-        base, int(worker_id), _rank() if rank is None else int(rank))
-    torch.manual_seed(torch_seed)
-    random.seed(python_seed)
-    np = _host.numpy_or_none()
-    if np is not None:
-        np.random.seed(np_words)
-    return torch_seed
+    return DeterministicHandle(
+        seed, Options(warn_only, fill_uninitialized_memory, cublas_workspace_config))

@@ -31,7 +31,21 @@ from typing import Any
 
 import torch
 
-from devrng._registry import Backend, _Lazy, backend_names, get_backend, package_installed, registry
+from devrng._backends.torch_module import DeviceModuleBackend
+from devrng._plain import tensor_to_uint64, uint64_to_tensor
+from devrng._registry import (
+    Backend,
+    backend_names,
+    current_index,
+    device_count,
+    get_backend,
+    is_initialized,
+    package_installed,
+    package_loaded,
+    registry,
+    requirement,
+)
+from devrng._seeds import MASK64, check_seed
 
 __all__ = ["DeviceRNGModule", "register_all", "registered_types", "unregister_all"]
 
@@ -40,93 +54,24 @@ _lock = threading.RLock()
 _installed: dict[str, tuple[DeviceRNGModule, types.ModuleType | None]] = {}
 
 
-# --- state codecs: backend state <-> tensor ---------------------------------------------------
+# --- states as tensors ------------------------------------------------------------------------
 
 
 class _Codec:
-    """How one backend's state travels through torch as a tensor."""
+    """How one backend's state travels through torch as a tensor.
 
-    def encode(self, state: Any, where: str) -> torch.Tensor:
-        raise NotImplementedError
-
-    def decode(self, tensor: Any, where: str) -> Any:
-        raise NotImplementedError
-
-
-def _uint64_to_tensor(value: int) -> torch.Tensor:
-    return torch.tensor(list(int(value).to_bytes(8, "little")), dtype=torch.uint8)
-
-
-def _tensor_to_uint64(tensor: Any, where: str) -> int:
-    if isinstance(tensor, int) and not isinstance(tensor, bool):
-        if not 0 <= tensor < 2**64:
-            raise ValueError(
-                f"{where} got the seed {tensor}, which is out of range; an int state must be in "
-                "[0, 2**64)."
-            )
-        return tensor
-    if not isinstance(tensor, torch.Tensor) or tensor.dtype != torch.uint8 or tensor.numel() != 8:
-        got = (f"a {tensor.dtype} tensor of shape {tuple(tensor.shape)}"
-               if isinstance(tensor, torch.Tensor) else f"{tensor!r} (a {type(tensor).__name__})")
-        raise TypeError(
-            f"{where} got {got}; it accepts the 8-element uint8 tensor that get_rng_state() "
-            "returns (the 64-bit seed as little-endian bytes) or an int in [0, 2**64)."
-        )
-    return int.from_bytes(bytes(tensor.detach().cpu().flatten().tolist()), "little")
-
-
-class _IntCodec(_Codec):
-    """Integer states (XLA's per-device seed) as eight uint8 bytes."""
-
-    def encode(self, state: Any, where: str) -> torch.Tensor:
-        return _uint64_to_tensor(int(state))
-
-    def decode(self, tensor: Any, where: str) -> int:
-        return _tensor_to_uint64(tensor, where)
-
-
-class _JaxCodec(_Codec):
-    """devrng's torchax state ``{"key": int64 tensor, "typed": bool}`` as one int64 tensor.
-
-    The key data comes first; the last element is 1 for a typed JAX key, 0 for
-    a legacy uint32 key.
+    A backend with ``state_to_tensor`` / ``tensor_to_state`` says itself how
+    (XLA, torchax); otherwise tensor states pass as they are and int states
+    travel as eight little-endian bytes.
     """
 
-    def encode(self, state: Any, where: str) -> torch.Tensor:
-        key = state["key"].detach().cpu().to(torch.int64).flatten()
-        return torch.cat([key, torch.tensor([int(bool(state["typed"]))], dtype=torch.int64)])
+    __slots__ = ("_backend", "_int_states", "_methods", "_probe")
 
-    def decode(self, tensor: Any, where: str) -> dict[str, Any]:
-        if (not isinstance(tensor, torch.Tensor) or tensor.dtype != torch.int64
-                or tensor.dim() != 1 or tensor.numel() < 2):
-            got = (f"a {tensor.dtype} tensor of shape {tuple(tensor.shape)}"
-                   if isinstance(tensor, torch.Tensor) else f"{tensor!r} (a {type(tensor).__name__})")
-            raise TypeError(
-                f"{where} got {got}; it accepts the 1-D int64 tensor that get_rng_state() returns "
-                "(the key data followed by a typed-key flag)."
-            )
-        t = tensor.detach().cpu()
-        return {"key": t[:-1].clone(), "typed": bool(t[-1].item())}
-
-
-class _MethodCodec(_Codec):
-    """A backend that says itself how: ``state_to_tensor`` / ``tensor_to_state``."""
-
-    def __init__(self, backend: Any) -> None:
+    def __init__(self, backend: Any, probe: Callable[[], Any]) -> None:
         self._backend = backend
-
-    def encode(self, state: Any, where: str) -> torch.Tensor:
-        return self._backend.state_to_tensor(state)  # type: ignore[no-any-return]
-
-    def decode(self, tensor: Any, where: str) -> Any:
-        return self._backend.tensor_to_state(tensor)
-
-
-class _AutoCodec(_Codec):
-    """Third-party backends: tensor states pass through, int states become 8 bytes."""
-
-    def __init__(self, probe: Callable[[], Any]) -> None:
         self._probe = probe
+        self._methods = callable(getattr(backend, "state_to_tensor", None)) and callable(
+            getattr(backend, "tensor_to_state", None))
         self._int_states: bool | None = None
 
     def _ints(self) -> bool:
@@ -135,12 +80,14 @@ class _AutoCodec(_Codec):
         return self._int_states
 
     def encode(self, state: Any, where: str) -> torch.Tensor:
+        if self._methods:
+            return self._backend.state_to_tensor(state)  # type: ignore[no-any-return]
         if isinstance(state, torch.Tensor):
             self._int_states = False
             return state
         if _is_int(state):
             self._int_states = True
-            return _uint64_to_tensor(int(state))
+            return uint64_to_tensor(int(state))
         raise TypeError(
             f"{where}: the backend returned a {type(state).__name__} state, which torch's RNG "
             "sites cannot carry; they need tensors. Give the backend state_to_tensor(state) and "
@@ -148,25 +95,15 @@ class _AutoCodec(_Codec):
         )
 
     def decode(self, tensor: Any, where: str) -> Any:
+        if self._methods:
+            return self._backend.tensor_to_state(tensor)
         if self._ints():
-            return _tensor_to_uint64(tensor, where)
+            return tensor_to_uint64(tensor, where)
         return tensor
 
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _codec_for(name: str, backend: Any, probe: Callable[[], Any]) -> _Codec:
-    if callable(getattr(backend, "state_to_tensor", None)) and callable(
-        getattr(backend, "tensor_to_state", None)
-    ):
-        return _MethodCodec(backend)
-    if name == "xla":
-        return _IntCodec()
-    if name == "jax":
-        return _JaxCodec()
-    return _AutoCodec(probe)
 
 
 # --- the module -------------------------------------------------------------------------------
@@ -216,16 +153,10 @@ class DeviceRNGModule(types.ModuleType):
         """The devrng backend, resolved on first use (so torch_xla is imported only then)."""
         return get_backend(self.device_type)
 
-    def _package_loaded(self) -> bool:
-        entry = registry.get(self.device_type)
-        return not (isinstance(entry, _Lazy) and entry.requires and entry.requires not in sys.modules)
-
     def _get_codec(self) -> _Codec:
         if self._codec is None:
             backend = self.backend
-            self._codec = _codec_for(
-                self.device_type, backend, lambda: backend.get_rng_state(self.current_device())
-            )
+            self._codec = _Codec(backend, lambda: backend.get_rng_state(self.current_device()))
         return self._codec
 
     def _index(self, device: Any, where: str) -> int:
@@ -245,27 +176,30 @@ class DeviceRNGModule(types.ModuleType):
                     f"{where} got device {device!r} of type {d.type!r}; torch.{self.device_type} "
                     f"only handles devices of type {self.device_type!r}."
                 )
-            return self.current_device() if d.index is None else d.index
-        if isinstance(device, bool) or not isinstance(device, int):
+            if d.index is None:
+                return self.current_device()
+            device = d.index
+        elif isinstance(device, bool) or not isinstance(device, int):
             raise TypeError(
                 f"{where} got {device!r} (a {type(device).__name__}) as device; pass an int index, "
                 f"'{self.device_type}:N', a torch.device or None for the current device."
             )
-        if device < 0:  # torch.cuda.device(-1) and Tensor.get_device() == -1: the current device
+        elif device < 0:  # torch.cuda.device(-1) and Tensor.get_device() == -1: the current device
             return self.current_device()
         count = self.device_count()
         if device >= count:
             raise ValueError(
-                f"{where} got device index {device}, but this process has {count} "
-                f"{self.device_type} device(s), indices 0 to {count - 1}."
+                f"{where} got device index {device}, but this process has "
+                + (f"{count} {self.device_type} device(s), indices 0 to {count - 1}."
+                   if count else f"no {self.device_type} device.")
             )
-        return device
+        return int(device)
 
     # -- what torch's sites call
 
     def is_available(self) -> bool:
         """Whether the backend's device is usable (False if its package is not loaded)."""
-        if not self._package_loaded():
+        if not package_loaded(self.device_type):
             return False
         try:
             return bool(self.backend.is_available())
@@ -274,12 +208,10 @@ class DeviceRNGModule(types.ModuleType):
 
     def is_initialized(self) -> bool:
         """Whether the device runtime is up; never starts it (nothing to save before that)."""
-        if not self._package_loaded():
+        if not package_loaded(self.device_type):
             return False  # nobody imported the device's package: no tensor of this type exists
         try:
-            backend = self.backend
-            check = getattr(backend, "is_initialized", None)
-            return bool(check()) if check is not None else bool(backend.is_available())
+            return is_initialized(self.backend)
         except Exception:
             return False
 
@@ -291,15 +223,14 @@ class DeviceRNGModule(types.ModuleType):
 
     def device_count(self) -> int:
         """Number of devices of this type."""
-        return int(self.backend.device_count()) if self.is_available() else 0
+        return device_count(self.backend) if self.is_available() else 0
 
     def current_device(self) -> int:
         """The innermost ``device(i)`` context's index, else the backend's current device."""
         stack: list[int] | None = getattr(self._local, "stack", None)
         if stack:
             return stack[-1]
-        current = getattr(self.backend, "current_device", None)
-        return int(current()) if current is not None else 0
+        return current_index(self.backend)
 
     def device(self, device: Any) -> _DeviceContext:
         """Context manager: ``get_rng_state()`` / ``set_rng_state(s)`` without a device use ``device``.
@@ -337,11 +268,10 @@ class DeviceRNGModule(types.ModuleType):
 
     def manual_seed(self, seed: int) -> None:
         """Seed the current device (XLA: its seed becomes ``seed``)."""
-        from devrng._state import check_seed
-
-        value = check_seed(int(seed) % 2**64 if _is_int(seed) else seed)
-        if isinstance(self._get_codec(), _IntCodec):
-            self.backend.set_rng_state(value, self.current_device())
+        value = _torch_seed(seed, f"torch.{self.device_type}.manual_seed")
+        seed_one = getattr(self.backend, "manual_seed_device", None)
+        if seed_one is not None:
+            seed_one(value, self.current_device())
         elif self.device_count() <= 1:
             self.backend.manual_seed(value)
         else:
@@ -352,9 +282,19 @@ class DeviceRNGModule(types.ModuleType):
 
     def manual_seed_all(self, seed: int) -> None:
         """Seed every device of this type (negative seeds wrap like ``torch.manual_seed``)."""
-        from devrng._state import check_seed
+        self.backend.manual_seed(_torch_seed(seed, f"torch.{self.device_type}.manual_seed_all"))
 
-        self.backend.manual_seed(check_seed(int(seed) % 2**64 if _is_int(seed) else seed))
+
+def _torch_seed(seed: object, where: str) -> int:
+    """A seed as ``torch.manual_seed`` takes it: an int in [-2**63, 2**64), negatives wrapped."""
+    if isinstance(seed, int) and not isinstance(seed, bool):
+        if -(1 << 63) <= seed <= MASK64:
+            return seed & MASK64
+        raise ValueError(
+            f"{where} got the seed {seed}, which is out of range; torch seeds are ints in "
+            "[-2**63, 2**64) (negative ones wrap around)."
+        )
+    return check_seed(seed, f"{where}'s seed")
 
 
 class _DeviceContext:
@@ -393,16 +333,13 @@ def _candidates() -> Iterator[str]:
         if name in ("cpu", "meta"):
             continue
         entry = registry.get(name)
-        if isinstance(entry, _Lazy):
-            if entry.requires and not package_installed(entry.requires):
-                continue
-        elif entry is None:
-            continue  # a renamed PrivateUse1 device with no backend of its own: torch's module
-        else:
-            from devrng.backends._device_module import DeviceModuleBackend
-
-            if isinstance(entry, DeviceModuleBackend):
-                continue  # it reads torch.<name>: a module over it would call itself
+        if entry is None or isinstance(entry, DeviceModuleBackend):
+            # A renamed PrivateUse1 device without a backend of its own keeps torch's module;
+            # a backend that reads torch.<name> must not get a module that calls itself.
+            continue
+        required = requirement(name)
+        if required is not None and not package_installed(required):
+            continue
         yield name
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["DevRNGError"]
+__all__ = ["DevRNGError", "add_note"]
 
 
 class DevRNGError(RuntimeError):
@@ -15,3 +15,10 @@ class DevRNGError(RuntimeError):
         ... except devrng.DevRNGError as err:
         ...     print(err)  # names the generator that did not match
     """
+
+
+def add_note(err: BaseException, note: str) -> None:
+    """``err.add_note(note)`` where Python has it (3.11+): a failure attached, not substituted."""
+    adder = getattr(err, "add_note", None)
+    if adder is not None:
+        adder(note)

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import torch
 
 from devrng import _host
-from devrng._errors import DevRNGError
-from devrng._plan import make_plan, plan_tensors
+from devrng._errors import DevRNGError, add_note
+from devrng._plan import make_plan
 
 __all__ = ["fork_rng", "restore_all"]
 
@@ -19,12 +20,26 @@ F = TypeVar("F", bound=Callable[..., Any])
 _cpu = torch.default_generator
 _get_cpu = _cpu.get_state
 _set_cpu = _cpu.set_state
-_OFF, _CPU, _ALL = "off", "cpu", "all"
-_CPU_ARGS: tuple[Any, ...] = ([], True, "fork_rng", "devices", None, False, False)  # the hot path's arguments
+_Tensor = torch.Tensor
 # Containers that inference walks as they are; any other iterable (range, a
 # generator) is listed once first, as torch does, since it may be consumed.
 _WALKED = (list, tuple, dict, set, frozenset, str, torch.device, torch.Tensor,
            torch.nn.Module, torch.Generator, int)
+
+
+class _Args(NamedTuple):
+    """A fork's arguments, as ``torch.random.fork_rng`` takes them plus devrng's host switches."""
+
+    devices: Any
+    enabled: bool
+    caller: str
+    devices_kw: str
+    device_type: Any
+    python: bool
+    numpy: bool
+
+
+_DEFAULT_ARGS = _Args([], True, "fork_rng", "devices", None, False, False)
 
 
 class fork_rng:
@@ -32,16 +47,19 @@ class fork_rng:
 
     A drop-in for ``torch.random.fork_rng``: device types are inferred from
     ``devices`` (tensors, modules, ``"xla:0"``, ...) instead of assumed, so one
-    call covers CUDA, XPU, MPS, XLA and torchax together. Use it as a context
-    manager or a decorator.
+    call covers CUDA, XPU, MPS, XLA and torchax together. ``devices`` is read
+    when the block is entered, as torch reads it. Use it as a context manager
+    or a decorator (also of ``async def`` functions).
 
     Example:
-        >>> x = torch.ones(2, device="xla")
+        >>> x = torch.ones(2)
         >>> with devrng.fork_rng(devices=[x]):
-        ...     torch.nn.functional.dropout(x)  # XLA and CPU state restored on exit
+        ...     a = torch.rand(2)
+        >>> torch.equal(a, torch.rand(2))   # the block's draws were undone
+        True
     """
 
-    __slots__ = ("_args", "_mode", "_outer", "_plan", "_state")
+    __slots__ = ("_args", "_device_type", "_devices", "_outer", "_state")
 
     def __init__(
         self,
@@ -58,36 +76,39 @@ class fork_rng:
         # still open around it (nesting, recursion) wait in _outer.
         self._state: Any = None
         self._outer: list[Any] | None = None
-        tdev = devices.__class__
-        if tdev is list and enabled and not devices and device_type is None \
-                and not python and not numpy:
-            # The hot path, `devices=[]`: one get_state / set_state pair on the CPU.
-            self._mode = _CPU
+        self._device_type = device_type
+        if devices.__class__ is list and enabled is True and python is False \
+                and numpy is False and _caller == "fork_rng" and _devices_kw == "devices":
+            # The shapes that run once per step or layer keep no argument record:
+            # devices=[...] (read on entry), with or without a device_type.
+            self._devices = devices
+            self._args: _Args | None = None
             return
-        if devices is not None and tdev is not list and not isinstance(devices, _WALKED):
-            if callable(devices):
-                raise TypeError(
-                    f"fork_rng got the callable {devices!r} as devices; to decorate a function "
-                    "write @fork_rng() with parentheses."
-                )
-            devices = list(devices)  # a generator or range may be consumed: list it once
-        self._args = (devices, enabled, _caller, _devices_kw, device_type, python, numpy)
-        self._plan: Any = None
-        if not enabled or device_type == "meta":
-            self._mode = _OFF
-        elif device_type is None and not python and not numpy and devices.__class__ in (list, tuple) \
-                and not devices:
-            self._mode = _CPU
-        else:
-            self._mode = _ALL
+        if devices is not None and devices.__class__ is not list and not isinstance(devices, _WALKED):
+            devices = _listed(devices, _devices_kw)
+        _check_flags(python=python, numpy=numpy)
+        self._devices = devices
+        self._args = _Args(devices, enabled, _caller, _devices_kw, device_type, python, numpy)
 
     def __enter__(self) -> None:
-        mode = self._mode
-        state: Any
-        if mode is _CPU:
-            state = _get_cpu()
-        elif mode is _ALL:
-            state = self._capture()
+        args = self._args
+        if args is None:
+            if self._device_type is None and not self._devices:  # the one CPU-only test
+                state: Any = _get_cpu()
+            elif self._device_type == "meta":  # as torch: meta has no generators, fork nothing
+                return
+            else:
+                plan = make_plan(self._devices, self._device_type)
+                if len(plan) == 1 and len(plan[0][1]) == 1:  # one device, as checkpoint forks
+                    backend, (index,) = plan[0]
+                    state = (_get_cpu(), [(backend, index, backend.get_rng_state(index))],
+                             None, None)
+                else:
+                    state = _capture(plan, False, False)
+        elif args.enabled and args.device_type != "meta":
+            plan = make_plan(args.devices, args.device_type, caller=args.caller,
+                             devices_kw=args.devices_kw)
+            state = _capture(plan, args.python, args.numpy)
         else:
             return
         if self._state is not None:
@@ -96,44 +117,50 @@ class fork_rng:
             self._outer.append(self._state)
         self._state = state
 
-    def _capture(self) -> tuple[Any, ...]:
-        devices, _, caller, kw, device_type, python, numpy = self._args
-        plan = self._plan
-        if plan is None:
-            if device_type is None and devices.__class__ in (list, tuple):
-                plan = plan_tensors(devices, cache=True)  # None unless only tensors
-            if plan is None:
-                plan = make_plan(devices, device_type, caller=caller, devices_kw=kw)
-            self._plan = plan
-        return (
-            _get_cpu(),
-            [(b, i, b.get_rng_state(i)) for b, indices in plan for i in indices],
-            _host.get_python_state() if python else None,
-            _host.get_numpy_state() if numpy else None,
-        )
-
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         state = self._state
         if state is None:  # disabled
             return
         self._state = self._outer.pop() if self._outer else None
-        if self._mode is _CPU:
+        if state.__class__ is _Tensor:  # CPU only
             _set_cpu(state)
             return
         cpu, devices, py, np = state
+        first: BaseException | None = None
         if py is None and np is None:
             try:
                 for backend, index, saved in devices:
                     backend.set_rng_state(saved, index)
                 _set_cpu(cpu)
                 return
-            except Exception:
-                pass  # setting a state is idempotent: start over, collecting every failure
-        restore_all(cpu, devices, py, np, what=self._args[2])
+            except BaseException as err:
+                first = err  # setting a state is idempotent: start over, collecting failures
+        interrupted = first is not None and not isinstance(first, Exception)
+        what = "fork_rng" if self._args is None else self._args.caller
+        restore_all(cpu, devices, py, np, what=what,
+                    pending=first if interrupted else exc)  # type: ignore[arg-type]
+        if interrupted:
+            raise first  # type: ignore[misc]  # it arrived while restoring; all is back now
 
     def __call__(self, fn: F) -> F:
-        args: tuple[Any, ...] = getattr(self, "_args", None) or _CPU_ARGS
+        args = self._args or _DEFAULT_ARGS._replace(devices=self._devices,
+                                                   device_type=self._device_type)
         devices, enabled, caller, kw, device_type, python, numpy = args
+        if inspect.isasyncgenfunction(fn) or inspect.isgeneratorfunction(fn):
+            kind = "async generator" if inspect.isasyncgenfunction(fn) else "generator"
+            raise TypeError(
+                f"fork_rng cannot decorate the {kind} function {fn.__qualname__}: its body runs "
+                "between yields, outside any block the decorator could open. Use "
+                "`with devrng.fork_rng(...):` inside it, around the draws to fork."
+            )
+        if inspect.iscoroutinefunction(fn):
+            @functools.wraps(fn)
+            async def forked_async(*a: Any, **k: Any) -> Any:
+                with fork_rng(devices, enabled, caller, kw, device_type, python=python,
+                              numpy=numpy):
+                    return await fn(*a, **k)
+
+            return forked_async  # type: ignore[return-value]
 
         @functools.wraps(fn)
         def forked(*a: Any, **k: Any) -> Any:
@@ -143,16 +170,63 @@ class fork_rng:
         return forked  # type: ignore[return-value]
 
 
-def restore_all(cpu: torch.Tensor | None, devices: Any, py: Any, np: Any, *, what: str) -> None:
-    """Put every saved state back; one failure does not stop the others."""
+def _capture(plan: Any, python: bool, numpy: bool) -> tuple[Any, ...]:
+    # Everything is read before anything could be restored, so an error here
+    # (a backend that cannot read its state) leaves nothing half-forked.
+    return (
+        _get_cpu(),
+        [(b, i, b.get_rng_state(i)) for b, indices in plan for i in indices],
+        _host.get_python_state() if python else None,
+        _host.get_numpy_state() if numpy else None,
+    )
+
+
+def _listed(devices: Any, kw: str) -> list[Any]:
+    """Any other iterable, listed once (a generator or range may be consumed)."""
+    if callable(devices):
+        raise TypeError(
+            f"fork_rng got the callable {devices!r} as {kw}; to decorate a function "
+            "write @fork_rng() with parentheses."
+        )
+    if isinstance(devices, (bytes, bytearray, memoryview)):
+        raise TypeError(
+            f"fork_rng got {kw}={devices!r} (a {type(devices).__name__}); pass device strings "
+            "such as 'cuda:0', not bytes."
+        )
+    try:
+        return list(devices)
+    except TypeError:
+        raise TypeError(
+            f"fork_rng got {kw}={devices!r} (a {type(devices).__name__}), which is neither a "
+            "device nor a collection of them; pass a list of ints, device strings, "
+            "torch.device objects, tensors or modules."
+        ) from None
+
+
+def _check_flags(**flags: object) -> None:
+    for name, value in flags.items():
+        if value.__class__ is not bool:
+            raise TypeError(f"{name} must be True or False, not {value!r}.")
+
+
+def restore_all(cpu: torch.Tensor | None, devices: Any, py: Any, np: Any, *, what: str,
+                pending: BaseException | None = None) -> None:
+    """Put every saved state back; a failure of any kind does not stop the others.
+
+    Afterwards, an interrupt (``KeyboardInterrupt``, ``SystemExit``) raised by a
+    restore is re-raised as itself; other failures raise ``DevRNGError`` --
+    unless ``pending``, the exception already on its way out, is an interrupt:
+    then the failure is attached to it as a note and this returns, so that it
+    goes on as itself. In a ``finally`` block pass ``sys.exc_info()[1]``.
+    """
     failed: list[tuple[str, BaseException]] = []
     for backend, index, state in devices:
         try:
             backend.set_rng_state(state, index)
-        except Exception as err:
+        except BaseException as err:
             failed.append((f"{backend.name}:{index}", err))
     host: tuple[tuple[str, Callable[[Any], object], Any], ...] = (
-        ("cpu", _cpu.set_state, cpu),
+        ("cpu", _set_cpu, cpu),
         ("python", _host.set_python_state, py),
         ("numpy", _host.set_numpy_state, np),
     )
@@ -160,11 +234,19 @@ def restore_all(cpu: torch.Tensor | None, devices: Any, py: Any, np: Any, *, wha
         if state is not None:
             try:
                 setter(state)
-            except Exception as err:
+            except BaseException as err:
                 failed.append((label, err))
-    if failed:
-        detail = "; ".join(f"{name} ({type(e).__name__}: {e})" for name, e in failed)
-        raise DevRNGError(
-            f"{what} could not restore {len(failed)} generator(s): {detail}. Every other "
-            "generator was restored."
-        ) from failed[0][1]
+    if not failed:
+        return
+    detail = "; ".join(f"{name} ({type(e).__name__}: {e})" for name, e in failed)
+    message = (f"{what} could not restore {len(failed)} generator(s): {detail}. Every other "
+               "generator was restored.")
+    interrupt = next((e for _, e in failed if not isinstance(e, Exception)), None)
+    if interrupt is None and pending is not None and not isinstance(pending, Exception):
+        interrupt = pending  # the body was interrupted: it goes on, carrying the failure
+    if interrupt is not None:
+        add_note(interrupt, message)
+        if interrupt is pending:
+            return
+        raise interrupt
+    raise DevRNGError(message) from failed[0][1]

@@ -6,10 +6,13 @@ torch tensors whose ``.device`` already says ``xla:N`` or ``jax:0``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
+from torch.utils._pytree import tree_leaves
+
+from devrng._registry import registry
 
 __all__ = ["collect_devices", "infer_device_types", "parse_device"]
 
@@ -38,8 +41,6 @@ def parse_device(dev: torch.device | str) -> tuple[str, int | None]:
     except (RuntimeError, ValueError, TypeError) as err:
         if isinstance(dev, str):
             name, _, index = dev.partition(":")
-            from devrng._registry import registry
-
             if name in registry and (not index or index.isdigit()):
                 return name, int(index) if index else None
         raise ValueError(
@@ -67,45 +68,82 @@ class Devices:
             found.append(index)
 
 
-def collect_devices(obj: object) -> Devices:
+_MAX_DEPTH = 10_000  # deeper nestings are mistakes, not device lists
+_END = object()
+
+
+def collect_devices(obj: object, *, args: bool = False) -> Devices:
     """Walk ``obj`` once and record every device it names.
+
+    With ``args=True`` ``obj`` is the arguments of a compiled function: only
+    tensors and modules name devices (found through torch's pytree, so any
+    registered container counts), and strings, ints and other leaves are data.
 
     Example:
         >>> collect_devices(["xla:0", 1]).indices
         {'xla': [0]}
+        >>> collect_devices((["xla:0", 1], {"x": torch.ones(1)}), args=True).indices
+        {}
     """
     out = Devices()
     add = out.add
+    if args:
+        for leaf in tree_leaves(obj):
+            if isinstance(leaf, torch.Tensor):
+                add(*_parse(leaf.device))
+            elif isinstance(leaf, torch.nn.Module):
+                _add_module(leaf, add)
+        return out
     ints = out.ints
     tensor_types: dict[type, bool] = {}
+    # An explicit stack of iterators, not recursion: a deep nesting must get a clear
+    # error, not a RecursionError. `path` holds the ids of the containers being walked;
+    # one met again inside itself is a cycle.
+    stack: list[Iterator[Any]] = [iter((obj,))]
+    path: list[int] = [0]
+    on_path = {0}
 
-    def visit(x: object) -> None:
+    def enter(items: Iterable[Any], container: object) -> None:
+        if id(container) in on_path:
+            raise ValueError(
+                f"devices contains itself ({_short_repr(container)}); pass a list that does "
+                "not include itself."
+            )
+        if len(stack) > _MAX_DEPTH:
+            raise ValueError(
+                f"devices is nested more than {_MAX_DEPTH} levels deep; pass a flat list of "
+                "devices, tensors or modules."
+            )
+        stack.append(iter(items))
+        path.append(id(container))
+        on_path.add(id(container))
+
+    while stack:
+        x = next(stack[-1], _END)
+        if x is _END:
+            stack.pop()
+            on_path.discard(path.pop())
+            continue
         tx = type(x)
         if tx is torch.Tensor or tx is torch.nn.Parameter:
             add(*_parse(x.device))  # type: ignore[attr-defined]
-        elif tx is list or tx is tuple or tx is set or tx is frozenset:
-            for item in x:  # type: ignore[attr-defined]
-                visit(item)
         elif tx is int:
             ints.append(x)  # type: ignore[arg-type]
         elif tx is str or tx is torch.device:
             add(*_parse(x))  # type: ignore[arg-type]
+        elif tx is list or tx is tuple or tx is set or tx is frozenset:
+            enter(x, x)  # type: ignore[arg-type]
         elif tx is dict or isinstance(x, Mapping):
-            for item in x.values():  # type: ignore[attr-defined]
-                visit(item)
+            enter(x.values(), x)  # type: ignore[attr-defined]
         elif tensor_types.get(tx) or isinstance(x, torch.Tensor):
             tensor_types[tx] = True  # tensor subclasses: FakeTensor, torchax, DTensor...
             add(*_parse(x.device))  # type: ignore[attr-defined]
         elif isinstance(x, torch.nn.Module):
-            for p in x.parameters():
-                add(*_parse(p.device))
-            for b in x.buffers():
-                add(*_parse(b.device))
+            _add_module(x, add)
         elif isinstance(x, torch.Generator):
             add(*_parse(x.device))
         elif isinstance(x, (list, tuple, set, frozenset)):  # namedtuples and other subclasses
-            for item in x:
-                visit(item)
+            enter(x, x)
         elif isinstance(x, int) and not isinstance(x, bool):
             ints.append(int(x))
         else:
@@ -114,9 +152,14 @@ def collect_devices(obj: object) -> Devices:
                 f"({_short_repr(x)}); accepted are ints, device strings, torch.device, tensors, "
                 "nn.Module, torch.Generator and lists, tuples, dicts and sets of these."
             )
-
-    visit(obj)
     return out
+
+
+def _add_module(module: torch.nn.Module, add: Any) -> None:
+    for p in module.parameters():
+        add(*_parse(p.device))
+    for b in module.buffers():
+        add(*_parse(b.device))
 
 
 def _short_repr(x: object) -> str:

@@ -4,36 +4,37 @@ Compilers get randomness wrong in three ways: the key is baked into the
 program (torchax ``jax_jit``), the compiling call consumes RNG that later
 calls do not (openxla), or the caller must remember to seed and restore the
 right generators around every call. ``seeded_jit`` makes the seed an input
-of the call on every backend; the compiler glue lives in
-``devrng._jit_backends.<backend>``, imported only when that backend is used.
+of the call with every compiler; the glue for each lives in
+``devrng._compilers.<name>``, imported only when that compiler is used.
+("backend" in ``seeded_jit(backend=...)`` follows ``torch.compile``'s word for
+a compiler; everywhere else in devrng a backend is a device type's RNG.)
 """
 
 from __future__ import annotations
 
 import functools
-import importlib
 from collections.abc import Callable, Mapping
 from typing import Any, Generic, TypeVar, overload
 
 import torch
 
-from devrng._jit_backends import MakeRunner, Runner, input_types
-from devrng._mix import MASK64, nth_seed
-from devrng._state import check_seed
+from devrng._compilers.runner import MakeRunner, Runner, input_types
+from devrng._lazy import load
+from devrng._seeds import MASK64, check_seed, nth_seed
 
 __all__ = ["BACKENDS", "SeededFunction", "seeded_jit", "stream_seed"]
 
 R = TypeVar("R")
 
-#: Backend name -> (module with make_runner, pip extra that installs its compiler).
-_MODULES: dict[str, tuple[str, str | None]] = {
-    "eager": ("devrng._jit_backends.eager", None),
-    "inductor": ("devrng._jit_backends.inductor", None),
-    "torch_xla": ("devrng._jit_backends.torch_xla", "xla"),
-    "openxla": ("devrng._jit_backends.openxla", "xla"),
-    "torchax": ("devrng._jit_backends.torchax", "torchax"),
+#: Compiler name -> (module with make_runner, pip extra that installs it).
+_COMPILERS: dict[str, tuple[str, str | None]] = {
+    "eager": ("devrng._compilers.eager", None),
+    "inductor": ("devrng._compilers.inductor", None),
+    "torch_xla": ("devrng._compilers.torch_xla", "xla"),
+    "openxla": ("devrng._compilers.openxla", "xla"),
+    "torchax": ("devrng._compilers.torchax", "torchax"),
 }
-BACKENDS = (*_MODULES, "auto")
+BACKENDS = (*_COMPILERS, "auto")
 
 def stream_seed(base_seed: int, counter: int) -> int:
     """Seed number ``counter`` of the stream of ``base_seed``.
@@ -49,16 +50,9 @@ def stream_seed(base_seed: int, counter: int) -> int:
 
 
 def _load_runner_factory(backend: str) -> MakeRunner:
-    module_name, extra = _MODULES[backend]
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as err:
-        missing = getattr(err, "name", None) or str(err)
-        raise ImportError(
-            f"seeded_jit(backend={backend!r}) needs {missing!r}, which could not be imported "
-            f"({err}); install it with: pip install 'devrng[{extra}]'"
-        ) from err
-    factory: MakeRunner = module.make_runner
+    module_name, extra = _COMPILERS[backend]
+    factory: MakeRunner = load(f"{module_name}:make_runner",
+                               what=f"seeded_jit(backend={backend!r})", extra=extra)
     return factory
 
 

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 import torch.random
 
+from devrng._device_modules import register_all, unregister_all
 from devrng._fork import fork_rng
 
 __all__ = ["patch_torch", "unpatch_torch"]
@@ -35,13 +36,13 @@ def patch_torch() -> None:
         if "fork_rng" in _saved:
             # Device modules are idempotent too; registering again picks up a backend
             # imported since the first call (torchax renames PrivateUse1 on import).
-            _register_device_modules()
+            register_all()
             return
         _saved["fork_rng"] = torch.random.fork_rng
         _saved["torch.fork_rng"] = getattr(torch, "fork_rng", None)
         torch.random.fork_rng = fork_rng  # type: ignore[assignment]
         torch.fork_rng = fork_rng  # type: ignore[attr-defined]
-        _register_device_modules()
+        register_all()
 
 
 def unpatch_torch() -> None:
@@ -59,21 +60,4 @@ def unpatch_torch() -> None:
             del torch.fork_rng  # type: ignore[attr-defined]
         else:
             torch.fork_rng = original  # type: ignore[attr-defined]
-        _unregister_device_modules()
-
-
-def _register_device_modules() -> None:
-    """Device modules for backends torch has none for (see devrng._device_modules)."""
-    try:
-        from devrng._device_modules import register_all
-    except ImportError:
-        return
-    register_all()
-
-
-def _unregister_device_modules() -> None:
-    try:
-        from devrng._device_modules import unregister_all
-    except ImportError:
-        return
-    unregister_all()
+        unregister_all()

@@ -13,13 +13,21 @@ from typing import Any
 import torch
 
 from devrng._infer import collect_devices, parse_device
-from devrng._registry import Backend, _resolved, get_backend, peek_backend
+from devrng._registry import (
+    Backend,
+    cached_backend,
+    current_index,
+    device_count,
+    get_backend,
+    is_initialized,
+    loaded_backend,
+)
 
-__all__ = ["Plan", "default_types", "is_initialized", "make_plan", "normalize_device_type",
-           "plan_tensors"]
+__all__ = ["Plan", "current_accelerator", "default_types", "make_plan", "normalize_device_type"]
 
-#: [(backend, indices)] in device-type order; CPU is implied and never listed.
-Plan = list[tuple[Backend, list[int]]]
+#: ((backend, indices), ...) in device-type order; CPU is implied and never listed.
+#: Plans are tuples because they are cached and shared between calls.
+Plan = tuple[tuple[Backend, tuple[int, ...]], ...]
 
 _warned: set[str] = set()
 
@@ -59,32 +67,26 @@ def normalize_device_type(device_type: object) -> list[str]:
     return out
 
 
-def is_initialized(backend: Backend) -> bool:
-    check = getattr(backend, "is_initialized", None)
-    try:
-        return bool(check()) if check is not None else bool(backend.is_available())
-    except Exception:
-        return False
+# The accelerator type is fixed for a process; it is kept per lookup function, so
+# that a replaced one (a simulated device in tests) is asked again.
+_accelerator: dict[Any, str | None] = {}
 
 
-_acc_cache: list[Any] = [None, None]  # [the lookup function, its answer]
-
-
-def _current_accelerator() -> str | None:
+def current_accelerator() -> str | None:
+    """The accelerator's device type if one is usable here (CUDA, XPU, MPS, ...), else None."""
     acc = getattr(torch, "accelerator", None)
     if acc is not None and hasattr(acc, "current_accelerator"):
-        # The accelerator type is fixed for a process; the cache is keyed by the
-        # function so that a replaced one (a simulated device in tests) is asked again.
         fn = acc.current_accelerator
-        if _acc_cache[0] is not fn:
+        if fn not in _accelerator:
             dev = fn()
-            _acc_cache[0], _acc_cache[1] = fn, (None if dev is None else str(dev.type))
-        name = _acc_cache[1]
+            _accelerator.clear()
+            _accelerator[fn] = None if dev is None else str(dev.type)
+        name = _accelerator[fn]
         # A CUDA build reports "cuda" on a machine without a GPU: not an accelerator here.
-        backend = peek_backend(name) if name else None
+        backend = loaded_backend(name) if name else None
         return name if backend is not None and backend.is_available() else None
     for name in ("cuda", "xpu", "mps"):  # torch < 2.6
-        backend = peek_backend(name)
+        backend = loaded_backend(name)
         if backend is not None and backend.is_available():
             return name
     return None
@@ -95,9 +97,9 @@ def default_types() -> list[str]:
     each only if already initialised in this process (never initialise a device
     the caller did not ask for; see pytorch/pytorch#41970)."""
     out = []
-    acc = _current_accelerator()
+    acc = current_accelerator()
     for name in ((acc,) if acc else ()) + _SIDE_TYPES:
-        backend = peek_backend(name)
+        backend = loaded_backend(name)
         if backend is not None and is_initialized(backend) and name not in out:
             out.append(name)
     return out
@@ -125,26 +127,26 @@ def _warn_many(name: str, count: int, caller: str, devices_kw: str) -> None:
     )
 
 
-def _checked_indices(backend: Backend, indices: list[int | None]) -> list[int]:
+def _checked_indices(backend: Backend, indices: list[int | None]) -> tuple[int, ...]:
     resolved: list[int] = []
     count: int | None = None
     for index in indices:
         # -1 is "the current device", as for torch.cuda.device(-1); Tensor.get_device() gives
         # it for torchax tensors, and torch.utils.checkpoint passes those ids to fork_rng.
         if index is None or index == -1:
-            current = getattr(backend, "current_device", None)
-            index = int(current()) if current is not None else 0
+            index = current_index(backend)
         else:
             if count is None:
-                count = int(backend.device_count())
+                count = device_count(backend)
             if not 0 <= index < count:
                 raise ValueError(
-                    f"Device {backend.name}:{index} does not exist: this process has {count} "
-                    f"{backend.name} device(s), indices 0 to {count - 1}."
+                    f"Device {backend.name}:{index} does not exist: this process has "
+                    + (f"{count} {backend.name} device(s), indices 0 to {count - 1}."
+                       if count else f"no {backend.name} device.")
                 )
         if index not in resolved:
             resolved.append(index)
-    return resolved
+    return tuple(resolved)
 
 
 def make_plan(
@@ -155,29 +157,28 @@ def make_plan(
     devices_kw: str = "devices",
     warn: bool = True,
 ) -> Plan:
-    """Resolve ``devices`` / ``device_type`` into backends and device indices."""
-    if device_type is None and devices.__class__ in (list, tuple):
-        tensors_only = plan_tensors(devices)
-        if tensors_only is not None:
-            return tensors_only
-    named = normalize_device_type(device_type)
-    named = [t for t in named if t not in ("cpu", "meta")]
-    plan: Plan = []
-    if devices is None:
-        if named:
-            types, explicit = named, True
-        else:
-            types, explicit = default_types(), False
-        for name in types:
-            backend = get_backend(name)
-            if not explicit and not is_initialized(backend):
-                continue
-            count = int(backend.device_count())
-            if count > 1 and warn:
-                _warn_many(name, count, caller, devices_kw)
-            plan.append((backend, list(range(count))))
-        return plan
+    """Resolve ``devices`` / ``device_type`` into backends and device indices.
 
+    The two call shapes that run once per layer or step take fast paths:
+    ``devices=[tensor, ...]`` and ``devices=[index, ...], device_type="xla"``
+    (what ``torch.utils.checkpoint`` passes through ``patch_torch()``).
+
+    Example:
+        >>> make_plan([], None)
+        ()
+    """
+    if devices.__class__ is list or devices.__class__ is tuple:
+        if device_type is None:
+            plan = _plan_tensors(devices)
+        elif device_type.__class__ is str:
+            plan = _plan_indices(devices, device_type)
+        else:
+            plan = None
+        if plan is not None:
+            return plan
+    named = [t for t in normalize_device_type(device_type) if t not in ("cpu", "meta")]
+    if devices is None:
+        return _plan_whole_types(named, caller, devices_kw, warn)
     found = collect_devices(devices)
     by_type: dict[str, list[int | None]] = {t: [] for t in named}
     for name, indices in found.indices.items():
@@ -185,24 +186,40 @@ def make_plan(
     if found.ints:
         owner = _owner_of_ints(named, list(found.indices), found.ints, devices_kw)
         by_type.setdefault(owner, []).extend(found.ints)
-    for name, indices in by_type.items():
+    return tuple((get_backend(name), _checked_indices(get_backend(name), indices))
+                 for name, indices in by_type.items()
+                 if indices)  # a type named by device_type alone, with devices=[...] for others
+
+
+def _plan_whole_types(named: list[str], caller: str, devices_kw: str, warn: bool) -> Plan:
+    """Every device of the named types, or, with none named, of the types in use."""
+    explicit = bool(named)
+    plan = []
+    for name in named if explicit else default_types():
         backend = get_backend(name)
-        if not indices:  # a type named by device_type alone, with devices=[...] for others
+        if not explicit and not is_initialized(backend):
             continue
-        plan.append((backend, _checked_indices(backend, indices)))
-    return plan
+        count = device_count(backend)
+        if count > 1 and warn:
+            _warn_many(name, count, caller, devices_kw)
+        plan.append((backend, tuple(range(count))))
+    return tuple(plan)
 
 
-def plan_tensors(devices: list[Any] | tuple[Any, ...], *, cache: bool = False) -> Plan | None:
-    """The common call, ``devices=[tensor, ...]``, without the general walk; None when
-    ``devices`` holds anything but plain tensors on indexed devices. With ``cache``, a
-    single tensor's plan is kept per device and shared: the caller must not change it."""
-    if cache and len(devices) == 1:  # one tensor: its device's plan, built once per device
+# Plans of single-tensor device lists, by device; checked against the registry on use
+# (a backend registered again with clobber=True is a new object).
+_single: dict[torch.device, Plan] = {}
+
+
+def _plan_tensors(devices: list[Any] | tuple[Any, ...]) -> Plan | None:
+    """``devices=[tensor, ...]`` without the general walk; None when ``devices`` holds anything
+    but plain tensors on indexed devices. A single tensor's plan is kept per device."""
+    if len(devices) == 1:
         x = devices[0]
         if x.__class__ is torch.Tensor or x.__class__ is torch.nn.Parameter:
             dev = x.device
             plan = _single.get(dev)
-            if plan is not None and _resolved.get(dev.type) is plan[0][0]:
+            if plan is not None and cached_backend(dev.type) is plan[0][0]:
                 return plan
     found: dict[str, list[int]] = {}
     for x in devices:
@@ -221,15 +238,49 @@ def plan_tensors(devices: list[Any] | tuple[Any, ...], *, cache: bool = False) -
         elif index not in indices:
             indices.append(index)
     # A tensor's own device exists: no range check needed.
-    plan = [(_resolved.get(name) or get_backend(name), indices) for name, indices in found.items()]
-    if cache and len(devices) == 1 and len(plan) == 1 and len(_single) < 64:
+    plan = tuple((cached_backend(name) or get_backend(name), tuple(indices))
+                 for name, indices in found.items())
+    if len(devices) == 1 and len(plan) == 1 and len(_single) < 64:
         _single[devices[0].device] = plan
     return plan
 
 
-# Plans of single-tensor device lists, by device; checked against the registry on use
-# (a backend registered again with clobber=True is a new object).
-_single: dict[torch.device, Plan] = {}
+def _plan_indices(devices: list[Any] | tuple[Any, ...], name: str) -> Plan | None:
+    """``devices=[0], device_type="xla"`` without parsing; None for anything unusual.
+
+    Plans are kept per (type, indices). A kept plan is used only while the registry
+    still holds the same backend and it reports the same device count as when the
+    plan was made; indices of -1 (the current device) are never kept.
+    """
+    key = (name, tuple(devices))
+    hit = _by_index.get(key)
+    if hit is not None:
+        plan, count = hit
+        if cached_backend(name) is plan[0][0] and plan[0][0].device_count() == count:
+            return plan
+    backend = cached_backend(name)
+    if backend is None or name == "cpu" or not devices:
+        return None  # the general path resolves the backend and says what is wrong
+    count = device_count(backend)
+    out: list[int] = []
+    keep = True
+    for index in devices:
+        if index.__class__ is not int:
+            return None
+        if index == -1:
+            index, keep = current_index(backend), False
+        elif not 0 <= index < count:
+            return None
+        if index not in out:
+            out.append(index)
+    plan = ((backend, tuple(out)),)
+    if keep and len(_by_index) < 256:
+        _by_index[key] = (plan, count)
+    return plan
+
+
+# Plans of (device type, index list) calls, with the device count they were made for.
+_by_index: dict[tuple[str, tuple[Any, ...]], tuple[Plan, int]] = {}
 
 
 def _owner_of_ints(named: list[str], inferred: list[str], ints: list[int], kw: str) -> str:
@@ -241,7 +292,7 @@ def _owner_of_ints(named: list[str], inferred: list[str], ints: list[int], kw: s
     if not named and not inferred:
         # As torch: the current accelerator. But when XLA or torchax is what this process
         # uses, bare indices mean that device; when several are in use, say so.
-        acc = _current_accelerator()
+        acc = current_accelerator()
         in_use = default_types()
         if len(in_use) == 1:
             return in_use[0]

@@ -1,35 +1,64 @@
-"""The backend registry: one object per device type that knows its RNG state.
+"""The backend registry, and the backend contract: one object per device type that knows its RNG.
 
 Built-in backends are stored as ``"module:attr"`` strings and imported on first
-use, so ``import devrng`` never imports torch_xla, JAX or IPEX.
+use, so ``import devrng`` never imports torch_xla, JAX or IPEX. Third-party
+backends come from :func:`register_backend` or the ``devrng.backends`` entry
+point group; one that fails to load is skipped with a warning by everything
+that does not name it.
+
+Every question devrng asks a backend beyond the six required members goes
+through a function here (:func:`device_count`, :func:`current_index`,
+:func:`is_initialized`), so each has one answer and one fallback.
 """
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
 import sys
 import threading
-from collections.abc import Mapping
+import warnings
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
+import torch
+
+from devrng._lazy import load
+
 __all__ = [
     "Backend",
+    "CurrentDevice",
+    "DeterminismSwitch",
+    "InitializedCheck",
+    "PerDeviceSeed",
+    "StateCodec",
     "available_backends",
+    "backend_names",
+    "broken_backends",
+    "cached_backend",
+    "current_index",
+    "device_count",
     "get_backend",
+    "is_initialized",
+    "loaded_backend",
+    "package_installed",
+    "package_loaded",
     "register_backend",
     "registry",
+    "requirement",
+    "unregister_backend",
 ]
 
 
+# --------------------------------------------------------------------------- the contract
 @runtime_checkable
 class Backend(Protocol):
     """What devrng needs from a device type to fork, snapshot and seed it.
 
-    A backend may offer more (``is_initialized()``, ``in_use()``,
-    ``current_device()``, ``set_deterministic(flag)``), which devrng looks up
-    with ``getattr`` and does without when absent.
+    These six members are all a backend must have. It may also offer the
+    optional members of ``InitializedCheck``, ``CurrentDevice``, ``PerDeviceSeed``,
+    ``StateCodec`` and ``DeterminismSwitch`` (Protocols in this module), which devrng looks up
+    with ``getattr`` and does without when absent (see docs/devices.md).
 
     Example:
         >>> class MyBackend:
@@ -55,26 +84,116 @@ class Backend(Protocol):
     def manual_seed(self, seed: int) -> None: ...
 
 
+class InitializedCheck(Protocol):
+    """Optional: whether the device runtime has started.
+
+    devrng never reads the state of a device that has not started unless the
+    caller named it (reading it would start it, pytorch/pytorch#41970). Without
+    this member a backend counts as started whenever it is available.
+    """
+
+    def is_initialized(self) -> bool: ...
+
+
+class CurrentDevice(Protocol):
+    """Optional: the index that ``"<type>"`` without an index means (default 0)."""
+
+    def current_device(self) -> int: ...
+
+
+class PerDeviceSeed(Protocol):
+    """Optional: seed one device only (``torch.<type>.manual_seed`` with several devices)."""
+
+    def manual_seed_device(self, seed: int, index: int) -> None: ...
+
+
+class StateCodec(Protocol):
+    """Optional: how a state that is not a tensor travels through torch's RNG sites.
+
+    ``torch.utils.checkpoint`` and ``torch.random.fork_rng`` carry states as
+    tensors. Without these members, tensor states pass as they are and int
+    states travel as 8 little-endian bytes.
+    """
+
+    def state_to_tensor(self, state: Any) -> torch.Tensor: ...
+
+    def tensor_to_state(self, tensor: torch.Tensor) -> Any: ...
+
+
+class DeterminismSwitch(Protocol):
+    """Optional: the device's own determinism switch, set by ``devrng.deterministic()``.
+
+    ``get_deterministic()`` returns the switch, or ``None`` when there is none
+    in this process; ``set_deterministic(flag)`` sets it and returns the value
+    before (``None``: no switch). ``deterministic_note`` is one line for the
+    report.
+    """
+
+    deterministic_note: str
+
+    def get_deterministic(self) -> bool | None: ...
+
+    def set_deterministic(self, flag: bool) -> bool | None: ...
+
+
+_REQUIRED = ("name", "is_available", "device_count", "get_rng_state", "set_rng_state", "manual_seed")
+_MAX_DEVICES = 1 << 16  # more devices of one type than any machine has: a lying backend
+
+
+def device_count(backend: Backend) -> int:
+    """``backend.device_count()``, checked: a backend that returns nonsense gets a clear error."""
+    count = backend.device_count()
+    if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= _MAX_DEVICES:
+        raise TypeError(
+            f"The devrng backend {getattr(backend, 'name', backend)!r} reported "
+            f"device_count() = {count!r} (a {type(count).__name__}); a backend must return an "
+            f"int from 0 to {_MAX_DEVICES}."
+        )
+    return count
+
+
+def current_index(backend: Backend) -> int:
+    """The backend's current device index (its ``current_device()``, else 0)."""
+    current = getattr(backend, "current_device", None)
+    return int(current()) if current is not None else 0
+
+
+def is_initialized(backend: Backend) -> bool:
+    """Whether the backend's device runtime has started; never starts it.
+
+    A backend without ``is_initialized()`` counts as started when it is
+    available. A backend that raises counts as not started.
+    """
+    check = getattr(backend, "is_initialized", None)
+    try:
+        return bool(check()) if check is not None else bool(backend.is_available())
+    except Exception:
+        return False
+
+
+# --------------------------------------------------------------------------- the registry
 class _Lazy(NamedTuple):
     """A backend not imported yet: where it lives and what it needs installed."""
 
     target: str  # "module:attr"
     requires: str | None  # top-level package that must be importable
     extra: str | None  # pip extra that installs it
+    origin: str | None = None  # for entry points: which one, from which distribution
 
 
 _BUILTIN: dict[str, _Lazy] = {
-    "cpu": _Lazy("devrng.backends.cpu:backend", None, None),
-    "cuda": _Lazy("devrng.backends.cuda:backend", None, None),
-    "xpu": _Lazy("devrng.backends.xpu:backend", None, None),
-    "mps": _Lazy("devrng.backends.mps:backend", None, None),
-    "xla": _Lazy("devrng.backends.xla:backend", "torch_xla", "xla"),
-    "jax": _Lazy("devrng.backends.jax:backend", "torchax", "torchax"),
+    "cpu": _Lazy("devrng._backends.cpu:backend", None, None),
+    "cuda": _Lazy("devrng._backends.cuda:backend", None, None),
+    "xpu": _Lazy("devrng._backends.xpu:backend", None, None),
+    "mps": _Lazy("devrng._backends.mps:backend", None, None),
+    "xla": _Lazy("devrng._backends.xla:backend", "torch_xla", "xla"),
+    "jax": _Lazy("devrng._backends.jax:backend", "torchax", "torchax"),
 }
 
 _lock = threading.RLock()
 _entries: dict[str, Backend | _Lazy] = dict(_BUILTIN)
 _resolved: dict[str, Backend] = {}
+_broken: dict[str, str] = {}  # name -> why it could not be loaded (warned once)
 _entry_points_loaded = False
 
 #: Read-only view of the registry: name -> backend object or lazy entry.
@@ -84,7 +203,7 @@ registry: Mapping[str, object] = MappingProxyType(_entries)
 def register_backend(name: str, backend: Backend | str, *, clobber: bool = False) -> None:
     """Register ``backend`` for device type ``name``.
 
-    ``backend`` is an object satisfying :class:`devrng.Backend`, or a
+    ``backend`` is an object satisfying [`devrng.Backend`][devrng.Backend], or a
     ``"module:attr"`` string imported on first use.
 
     Example:
@@ -119,9 +238,24 @@ def register_backend(name: str, backend: Backend | str, *, clobber: bool = False
             )
         _entries[name] = entry
         _resolved.pop(name, None)
+        _broken.pop(name, None)
 
 
-_REQUIRED = ("name", "is_available", "device_count", "get_rng_state", "set_rng_state", "manual_seed")
+def unregister_backend(name: str) -> None:
+    """Remove the backend registered as ``name``; a built-in one comes back as shipped.
+
+    Example:
+        >>> unregister_backend("mydev")
+    """
+    with _lock:
+        if name not in _entries:
+            raise ValueError(f"No devrng backend is registered as {name!r}; nothing to remove.")
+        if name in _BUILTIN:
+            _entries[name] = _BUILTIN[name]
+        else:
+            del _entries[name]
+        _resolved.pop(name, None)
+        _broken.pop(name, None)
 
 
 def _load_entry_points() -> None:
@@ -132,14 +266,15 @@ def _load_entry_points() -> None:
     from importlib.metadata import entry_points
 
     for ep in entry_points(group="devrng.backends"):
+        dist = getattr(ep, "dist", None)
+        origin = (f"entry point '{ep.name} = {ep.value}' of the distribution "
+                  f"{getattr(dist, 'name', '?')} {getattr(dist, 'version', '')}".rstrip())
         with _lock:
             if ep.name not in _entries:
-                _entries[ep.name] = _Lazy(ep.value, None, None)
+                _entries[ep.name] = _Lazy(ep.value, None, None, origin)
 
 
 def _privateuse1_name() -> str | None:
-    import torch
-
     name: str = torch._C._get_privateuse1_backend_name()
     return None if name == "privateuseone" else name
 
@@ -147,20 +282,23 @@ def _privateuse1_name() -> str | None:
 def _resolve(name: str, entry: Backend | _Lazy) -> Backend:
     if not isinstance(entry, _Lazy):
         return entry
-    module_name, _, attr = entry.target.partition(":")
+    what = f"The {name!r} backend" + (f" ({entry.origin})" if entry.origin else "")
     try:
-        obj = getattr(importlib.import_module(module_name), attr)
-    except ImportError as err:
-        package = entry.requires or module_name.split(".")[0]
-        hint = f"pip install 'devrng[{entry.extra}]'" if entry.extra else f"pip install {package}"
+        obj = load(entry.target, what=what, extra=entry.extra)
+    except ImportError:
+        raise
+    except Exception as err:  # a plugin module that raises on import
         raise ImportError(
-            f"The {name!r} backend needs the {package!r} package, which could not be imported "
-            f"({err}); install it with: {hint}"
+            f"{what} failed while importing {entry.target!r} ({type(err).__name__}: {err}); fix "
+            "or uninstall the package that provides it."
         ) from err
     if not isinstance(obj, Backend):
+        missing = [m for m in _REQUIRED if not hasattr(obj, m)]
         raise TypeError(
-            f"{entry.target!r}, registered as backend {name!r}, is a {type(obj).__name__} that "
-            "does not satisfy devrng.Backend."
+            f"{entry.target!r}, registered as backend {name!r}"
+            + (f" by the {entry.origin}" if entry.origin else "")
+            + f", is a {type(obj).__name__} that does not satisfy devrng.Backend (it lacks "
+            f"{', '.join(missing)})."
         )
     return obj
 
@@ -181,7 +319,7 @@ def get_backend(name: str) -> Backend:
             _load_entry_points()
             entry = _entries.get(name)
         if entry is None and isinstance(name, str) and name == _privateuse1_name():
-            from devrng.backends.privateuse1 import DeviceModuleBackend
+            from devrng._backends.torch_module import DeviceModuleBackend
 
             entry = DeviceModuleBackend(name)
         if entry is None:
@@ -195,18 +333,52 @@ def get_backend(name: str) -> Backend:
         return backend
 
 
-def peek_backend(name: str) -> Backend | None:
-    """The backend for ``name`` if it can be had without importing a missing package."""
+#: ``cached_backend(name)``: the backend for ``name`` if it has been resolved already, else
+#: None. It is the resolved dict's own ``get``, for hot paths.
+cached_backend: Callable[[str], Backend | None] = _resolved.get
+
+
+def package_loaded(name: str) -> bool:
+    """Whether the package backend ``name`` needs (torch_xla, torchax) has been imported.
+
+    Until then no tensor of that type can exist, so there is nothing to fork.
+    """
+    entry = _entries.get(name)
+    return not (isinstance(entry, _Lazy) and entry.requires and entry.requires not in sys.modules)
+
+
+def loaded_backend(name: str) -> Backend | None:
+    """The backend for ``name`` if it can be had without importing a package nobody imported.
+
+    None for unknown names and for backends that fail to load; a third-party
+    backend that fails is reported once with a warning naming it.
+    """
     backend = _resolved.get(name)
     if backend is not None:
         return backend
-    entry = _entries.get(name)
-    if isinstance(entry, _Lazy) and entry.requires and entry.requires not in sys.modules:
-        return None  # not imported by anyone: nothing of this type can exist yet
+    if name in _broken or not package_loaded(name):
+        return None
     try:
         return get_backend(name)
-    except (ValueError, ImportError):
+    except ValueError:
         return None
+    except Exception as err:
+        entry = _entries.get(name)
+        if isinstance(entry, _Lazy) and entry.requires is not None:
+            return None  # a built-in backend whose package is missing: not a plugin problem
+        _broken[name] = f"{type(err).__name__}: {err}"
+        warnings.warn(
+            f"devrng skips the backend {name!r}, which could not be loaded: {err} Everything "
+            "that does not name it goes on without it.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return None
+
+
+def broken_backends() -> dict[str, str]:
+    """Backends that failed to load, with the reason (for ``devrng doctor``)."""
+    return dict(_broken)
 
 
 def backend_names() -> list[str]:
@@ -231,7 +403,7 @@ def available_backends() -> tuple[str, ...]:
     """
     out = []
     for name in backend_names():
-        backend = peek_backend(name)
+        backend = loaded_backend(name)
         if backend is None:
             continue
         try:
@@ -250,4 +422,7 @@ def requirement(name: str) -> str | None:
 
 def package_installed(module: str) -> bool:
     """Whether ``module`` could be imported, without importing it."""
-    return module in sys.modules or importlib.util.find_spec(module) is not None
+    try:
+        return module in sys.modules or importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import numbers
 import os
 import random
 from collections.abc import Mapping
@@ -15,16 +14,17 @@ import torch
 
 from devrng import _host
 from devrng._errors import DevRNGError
+from devrng._plain import check_plain, describe, feed, signature
 from devrng._plan import make_plan
-from devrng._registry import Backend, available_backends, get_backend
+from devrng._registry import Backend, available_backends, device_count, get_backend
+from devrng._seeds import check_seed
 
-__all__ = ["RNGState", "check_seed", "get_rng_state", "manual_seed", "set_rng_state"]
+__all__ = ["RNGState", "get_rng_state", "manual_seed", "set_rng_state"]
 
 _FORMAT = "devrng.RNGState"
 _VERSION = 1
 _cpu = torch.default_generator
-_cpu_numel: list[int] = []
-_NO_DEVICES: Mapping[str, Mapping[int, Any]] = MappingProxyType({})  # filled on first use: the size of this torch's CPU state
+_NO_DEVICES: Mapping[str, Mapping[int, Any]] = MappingProxyType({})
 
 
 class RNGState:
@@ -109,7 +109,7 @@ class RNGState:
                              "gauss": float(st["gauss"])}
         for t, per in data["devices"].items():
             for i, state in per.items():
-                _check_plain(state, f"the {t}:{i} state")
+                check_plain(state, f"the {t}:{i} state")
         return data
 
     @classmethod
@@ -181,74 +181,12 @@ class RNGState:
             '3f9a0c7d21b4e865'
         """
         h = hashlib.sha256()
-        _feed(h, self._hash_parts())
+        feed(h, self._hash_parts())
         return h.hexdigest()[:16]
 
     def _hash_parts(self) -> Any:
         return [self.cpu, sorted((t, sorted(per.items())) for t, per in self.devices.items()),
                 self.python, self.numpy]
-
-
-def _feed(h: Any, obj: Any) -> None:
-    """Canonical bytes of a nesting of tensors, arrays, numbers and strings."""
-    if isinstance(obj, torch.Tensor):
-        t = obj.detach().to("cpu").contiguous()
-        h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
-        h.update(_tensor_bytes(t))
-    elif isinstance(obj, Mapping):
-        h.update(b"{")
-        for k in sorted(obj, key=str):
-            _feed(h, str(k))
-            _feed(h, obj[k])
-        h.update(b"}")
-    elif isinstance(obj, (list, tuple)):
-        h.update(f"[{len(obj)}".encode())
-        for item in obj:
-            _feed(h, item)
-    elif hasattr(obj, "tobytes") and hasattr(obj, "dtype"):  # numpy array
-        h.update(f"A{obj.dtype}{obj.shape}".encode())
-        h.update(obj.tobytes())
-    else:
-        h.update(f"{type(obj).__name__}:{obj!r};".encode())
-
-
-def _tensor_bytes(t: torch.Tensor) -> bytes:
-    raw = t.reshape(-1).view(torch.uint8) if t.numel() else t.new_empty(0, dtype=torch.uint8)
-    if _host.numpy_or_none() is not None:
-        return bytes(raw.numpy().tobytes())
-    return bytes(raw.tolist())
-
-
-def _check_plain(state: Any, what: str) -> None:
-    if isinstance(state, (torch.Tensor, bool, int, float, str, type(None))):
-        return
-    if isinstance(state, (list, tuple)):
-        for item in state:
-            _check_plain(item, what)
-        return
-    if isinstance(state, dict):
-        for item in state.values():
-            _check_plain(item, what)
-        return
-    raise DevRNGError(
-        f"{what} is a {type(state).__name__}, which a weights-only file cannot hold; its backend "
-        "must return tensors, numbers, strings, lists or dicts."
-    )
-
-
-def _signature(state: Any) -> Any:
-    """Type, shape and dtype of a state, to compare a snapshot against this process."""
-    if isinstance(state, torch.Tensor):
-        return ("tensor", state.dtype, tuple(state.shape))
-    if isinstance(state, bool):
-        return "bool"
-    if isinstance(state, int):
-        return "int"
-    if isinstance(state, dict):
-        return {k: _signature(v) for k, v in state.items()}
-    if isinstance(state, (list, tuple)):
-        return [_signature(v) for v in state]
-    return type(state).__name__
 
 
 def get_rng_state(devices: Any = None, device_type: Any = None, *, python: bool = True,
@@ -271,17 +209,25 @@ def get_rng_state(devices: Any = None, device_type: Any = None, *, python: bool 
     )
 
 
+_CPU_NUMEL: int | None = None  # the size of this torch's CPU generator state, read once
+
+
+def _cpu_numel() -> int:
+    global _CPU_NUMEL
+    if _CPU_NUMEL is None:
+        _CPU_NUMEL = _cpu.get_state().numel()
+    return _CPU_NUMEL
+
+
 def _validate_host(state: RNGState) -> None:
     cpu = state.cpu
-    if not _cpu_numel:
-        _cpu_numel.append(_cpu.get_state().numel())
     if not isinstance(cpu, torch.Tensor) or cpu.dtype != torch.uint8 or cpu.dim() != 1 \
-            or cpu.numel() != _cpu_numel[0]:
+            or cpu.numel() != _cpu_numel():
         got = f"a {cpu.dtype} tensor of shape {tuple(cpu.shape)}" if isinstance(cpu, torch.Tensor) \
             else f"a {type(cpu).__name__}"
         raise DevRNGError(
             f"The snapshot's CPU state is {got}; this torch needs a uint8 tensor of "
-            f"{_cpu_numel[0]} elements."
+            f"{_cpu_numel()} elements."
         )
     py = state.python
     if py is not None and not (isinstance(py, tuple) and len(py) == 3 and py[0] == 3
@@ -333,7 +279,7 @@ def set_rng_state(state: RNGState) -> None:
                 f"The snapshot holds {name} states, but this process cannot reach {name} devices "
                 f"({err})."
             ) from err
-        count = int(backend.device_count()) if backend.is_available() else 0
+        count = device_count(backend) if backend.is_available() else 0
         for index, saved in per.items():
             if not 0 <= index < count:
                 raise DevRNGError(
@@ -341,10 +287,10 @@ def set_rng_state(state: RNGState) -> None:
                     f"{count} {name} device(s); restore it where that device exists."
                 )
             current = backend.get_rng_state(index)
-            if _signature(saved) != _signature(current):
+            if signature(saved) != signature(current):
                 raise DevRNGError(
-                    f"The snapshot's {name}:{index} state is {_describe(saved)}, but this "
-                    f"process's is {_describe(current)}; it was taken with another backend or "
+                    f"The snapshot's {name}:{index} state is {describe(saved)}, but this "
+                    f"process's is {describe(current)}; it was taken with another backend or "
                     "library version."
                 )
             plan.append((backend, index, saved, current))
@@ -367,25 +313,6 @@ def set_rng_state(state: RNGState) -> None:
             f"Restoring the snapshot failed ({type(err).__name__}: {err}); the device generators "
             "already set were put back."
         ) from err
-
-
-def _describe(state: Any) -> str:
-    sig = _signature(state)
-    if isinstance(sig, tuple):
-        return f"a {sig[1]} tensor of shape {sig[2]}"
-    return f"{type(state).__name__} {sig!r}"
-
-
-def check_seed(seed: object, name: str = "seed") -> int:
-    """``seed`` as an int in [0, 2**64), or a TypeError / ValueError that says why not."""
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
-        raise TypeError(
-            f"{name} must be an int in [0, 2**64), not {seed!r} (a {type(seed).__name__})."
-        )
-    value = int(seed)
-    if not 0 <= value < 2**64:
-        raise ValueError(f"{name}={value} is out of range; it must be an int in [0, 2**64).")
-    return value
 
 
 def manual_seed(seed: int, *, devices: Any = None, device_type: Any = None, python: bool = True,

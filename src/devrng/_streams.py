@@ -16,9 +16,10 @@ import torch
 
 from devrng._errors import DevRNGError
 from devrng._fork import restore_all
+from devrng._plain import check_plain
 from devrng._plan import Plan, make_plan
-from devrng._registry import Backend, get_backend
-from devrng._state import _check_plain, check_seed
+from devrng._registry import Backend, device_count, get_backend
+from devrng._seeds import check_seed
 
 __all__ = ["RNGStreams"]
 
@@ -121,7 +122,7 @@ class RNGStreams:
                 continue
             # Backends seed all their devices at once; save and put back every one,
             # so that the caller's streams on other devices are left as they were.
-            every = range(int(backend.device_count()))
+            every = range(device_count(backend))
             before = [(backend, i, backend.get_rng_state(i)) for i in every]
             try:
                 backend.manual_seed(_stream_seed(name, stream.seed))
@@ -197,7 +198,7 @@ class RNGStreams:
         streams = {}
         for name, s in self._streams.items():
             devices = {t: dict(per) for t, per in s.devices.items() if per}
-            _check_plain(devices, f"stream {name!r}'s device states")
+            check_plain(devices, f"stream {name!r}'s device states")
             streams[name] = {"seed": s.seed, "cpu": s.cpu.clone(), "devices": devices}
         return {"format": _FORMAT, "version": _VERSION, "streams": streams}
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import io
-import os
 from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -29,10 +28,12 @@ import torch
 
 from devrng import _host
 from devrng._errors import DevRNGError
-from devrng._mix import nth_seed
-from devrng._plan import default_types, make_plan
-from devrng._registry import Backend, get_backend
-from devrng._state import RNGState, _feed, check_seed, manual_seed, set_rng_state
+from devrng._plain import feed, tensor_bytes
+from devrng._plan import Plan, default_types, make_plan
+from devrng._rank import dist_or_none, process_rank
+from devrng._registry import current_index, get_backend
+from devrng._seeds import check_seed, nth_seed
+from devrng._state import RNGState, manual_seed, set_rng_state
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -44,7 +45,6 @@ __all__ = [
     "manual_seed_ranks",
     "rank_seed",
 ]
-
 
 
 class RNGSyncError(DevRNGError):
@@ -68,40 +68,6 @@ class RNGSyncError(DevRNGError):
 
 
 # -- seeds ---------------------------------------------------------------------
-def _rank_from_env(*, strict: bool = True) -> int:
-    """This process's global rank: the default process group's, else ``RANK``, else 0.
-
-    With ``strict=False`` (DataLoader workers, which must never fail on it) a
-    bad ``RANK`` or a half-torn-down group reads as rank 0; otherwise both raise.
-    """
-    dist = _dist_or_none()
-    try:
-        if dist is not None and dist.is_initialized():
-            return int(dist.get_rank())
-    except Exception:
-        if strict:
-            raise
-    return _env_rank(strict=strict)
-
-
-def _env_rank(*, strict: bool = True) -> int:
-    raw = os.environ.get("RANK", "")
-    if not raw.strip():
-        return 0
-    try:
-        value = int(raw)
-    except ValueError:
-        if not strict:
-            return 0
-        raise ValueError(
-            f"The RANK environment variable is {raw!r}, which is not a non-negative integer; "
-            "set it to this process's rank or pass rank= explicitly."
-        ) from None
-    if value < 0 and strict:
-        raise ValueError(f"The RANK environment variable is {value}; a rank must be 0 or more.")
-    return max(value, 0)
-
-
 def rank_seed(seed: int, rank: int | None = None) -> int:
     """A well-mixed 64-bit seed for ``rank``, distinct for every rank.
 
@@ -117,7 +83,7 @@ def rank_seed(seed: int, rank: int | None = None) -> int:
     """
     seed = check_seed(seed)
     if rank is None:
-        rank = _rank_from_env()
+        rank = process_rank()
     elif isinstance(rank, bool) or not isinstance(rank, int):
         raise TypeError(f"rank must be an int of 0 or more, not {rank!r} (a {type(rank).__name__}).")
     elif not 0 <= rank < 2**64:
@@ -140,7 +106,7 @@ def manual_seed_ranks(seed: int, *, group: ProcessGroup | None = None) -> int:
     """
     seed = check_seed(seed)
     if group is None:
-        rank = _rank_from_env()
+        rank = process_rank()
     else:
         dist = _require_dist("manual_seed_ranks")
         rank = int(dist.get_rank(group))
@@ -154,14 +120,8 @@ def manual_seed_ranks(seed: int, *, group: ProcessGroup | None = None) -> int:
 
 
 # -- process groups ------------------------------------------------------------
-def _dist_or_none() -> Any:
-    if not torch.distributed.is_available():
-        return None
-    return torch.distributed
-
-
 def _require_dist(caller: str) -> Any:
-    dist = _dist_or_none()
+    dist = dist_or_none()
     if dist is None:
         raise RuntimeError(
             f"devrng.distributed.{caller} needs torch.distributed, which this build of torch "
@@ -196,19 +156,15 @@ def _coll_device(dist: Any, group: ProcessGroup | None) -> torch.device:
 
 
 # -- what a rank covers ---------------------------------------------------------
-def _local_devices(devices: Any, caller: str) -> list[tuple[Backend, list[int]]]:
+def _local_devices(devices: Any, caller: str) -> Plan:
     """(backend, local indices in position order) for every covered device type."""
     if devices is not None:
         return make_plan(devices, None, caller=f"devrng.distributed.{caller}", warn=False)
-    plan = []
-    for name in default_types():
-        backend = get_backend(name)
-        current = getattr(backend, "current_device", None)
-        plan.append((backend, [int(current()) if current is not None else 0]))
-    return plan
+    return tuple((backend, (current_index(backend),))
+                 for backend in map(get_backend, default_types()))
 
 
-def _coverage(plan: list[tuple[Backend, list[int]]]) -> dict[str, int]:
+def _coverage(plan: Plan) -> dict[str, int]:
     return {backend.name: len(indices) for backend, indices in plan}
 
 
@@ -217,7 +173,7 @@ def _describe_coverage(cov: dict[str, int]) -> str:
     return ", ".join(parts)
 
 
-def _snapshot(plan: list[tuple[Backend, list[int]]], python: bool, numpy: bool) -> RNGState:
+def _snapshot(plan: Plan, python: bool, numpy: bool) -> RNGState:
     """This rank's state with devices keyed by position, so ranks can be compared."""
     per_type = {b.name: {pos: b.get_rng_state(i) for pos, i in enumerate(idx)} for b, idx in plan}
     return RNGState(
@@ -241,7 +197,7 @@ def _part_fingerprints(state: RNGState) -> dict[str, str]:
     out = {}
     for label, value in parts.items():
         h = hashlib.sha256()
-        _feed(h, value)
+        feed(h, value)
         out[label] = h.hexdigest()[:16]
     return out
 
@@ -325,19 +281,12 @@ def broadcast_rng_state(src: int = 0, *, group: ProcessGroup | None = None, devi
     dist.broadcast(data, src=src, group=group)
     if me == src:
         return
-    received = torch.load(io.BytesIO(_to_bytes(data)), weights_only=True, map_location="cpu")
+    received = torch.load(io.BytesIO(tensor_bytes(data)), weights_only=True, map_location="cpu")
     state = RNGState.from_dict(received, source=f"the RNG state broadcast by rank {src}")
     # Positions back to this rank's own device indices.
     local = {b.name: {idx[pos]: s for pos, s in state.devices[b.name].items()} for b, idx in plan}
     set_rng_state(RNGState(state.cpu, local, state.python if python else None,
                            state.numpy if numpy else None))
-
-
-def _to_bytes(data: torch.Tensor) -> bytes:
-    data = data.cpu()
-    if _host.numpy_or_none() is not None:
-        return bytes(data.numpy().tobytes())
-    return bytes(data.tolist())
 
 
 # -- check -----------------------------------------------------------------------

@@ -23,8 +23,10 @@ from typing import Any
 import torch
 from torch.testing._comparison import default_tolerances
 
+from devrng._infer import collect_devices
 from devrng._plan import default_types
-from devrng._state import RNGState, check_seed, get_rng_state, manual_seed, set_rng_state
+from devrng._seeds import check_seed
+from devrng._state import RNGState, get_rng_state, manual_seed, set_rng_state
 
 __all__ = [
     "LeafReport",
@@ -346,24 +348,9 @@ def _bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 # -- running functions ------------------------------------------------------
-def _device_objects(obj: Any, out: list[Any]) -> list[Any]:
-    """The tensors and modules inside ``obj``, for device inference (which rejects other leaves)."""
-    if isinstance(obj, (torch.Tensor, torch.nn.Module)):
-        out.append(obj)
-    elif isinstance(obj, Mapping):
-        for v in obj.values():
-            _device_objects(v, out)
-    elif isinstance(obj, (list, tuple, set, frozenset)):
-        for v in obj:
-            _device_objects(v, out)
-    return out
-
-
 def _types_of(*objs: Any) -> list[str]:
     """Device types of the tensors and modules in ``objs`` and of every device in use."""
-    from devrng._infer import infer_device_types
-
-    found = list(infer_device_types(_device_objects(objs, [])))
+    found = list(collect_devices(objs, args=True).indices)
     return found + [t for t in default_types() if t not in found]
 
 

@@ -2,7 +2,7 @@
 
 cpu is real everywhere; xla and jax (torchax) are real in the xla environment;
 cuda, xpu and mps are SIMULATED (fake torch.<type> modules backed by real
-torch.Generator objects, see tests/conftest.py); "thirdparty" is a backend
+torch.Generator objects, see tests/_fakes.py); "thirdparty" is a backend
 with only the required Protocol members, registered at run time.
 """
 
@@ -13,34 +13,9 @@ from typing import Any
 
 import pytest
 import torch
-from tests.conftest import HAS_TORCHAX, HAS_XLA
+from tests._fakes import HAS_TORCHAX, HAS_XLA, MinimalBackend, registered
 
 import devrng
-
-
-class MinimalBackend:
-    """A third-party backend with exactly the required members, backed by generators."""
-
-    name = "thirdparty"
-
-    def __init__(self, count: int = 2) -> None:
-        self.gens = [torch.Generator().manual_seed(7 + i) for i in range(count)]
-
-    def is_available(self) -> bool:
-        return True
-
-    def device_count(self) -> int:
-        return len(self.gens)
-
-    def get_rng_state(self, index: int) -> torch.Tensor:
-        return self.gens[index].get_state()
-
-    def set_rng_state(self, state: torch.Tensor, index: int) -> None:
-        self.gens[index].set_state(state)
-
-    def manual_seed(self, seed: int) -> None:
-        for g in self.gens:
-            g.manual_seed(seed)
 
 
 class Case:
@@ -98,15 +73,8 @@ def case(request: pytest.FixtureRequest, simulate_device: Any) -> Iterator[Case]
         fake = simulate_device(name, count=1 if name == "mps" else 2)
         yield Case(name, fake.draw, fake.device_count())
     elif name == "thirdparty":
-        backend = MinimalBackend()
-        devrng.register_backend("thirdparty", backend, clobber=True)
-        try:
+        with registered("thirdparty", MinimalBackend()) as backend:
             yield Case("thirdparty", lambda i: torch.rand(8, generator=backend.gens[i]), 2)
-        finally:
-            from devrng import _registry
-
-            _registry._entries.pop("thirdparty", None)
-            _registry._resolved.pop("thirdparty", None)
     elif name == "xla":
         yield _xla_case()
     else:

@@ -1,23 +1,25 @@
-"""Compiler glue for :func:`devrng.seeded_jit`, one module per backend.
+"""What every compiler module of ``seeded_jit`` shares: the runner, the seeder, seed conversion.
 
-Each module exposes ``make_runner(fn, compile_kwargs) -> Runner`` and imports
-its compiler (dynamo, torch_xla, JAX) at the top, so that importing it is what
-fails when the package is missing. Shared, light helpers live here.
+Each compiler module (``devrng._compilers.<name>``) exposes
+``make_runner(fn, compile_kwargs) -> Runner`` and imports its compiler
+(dynamo, torch_xla, JAX) at the top, so that importing it is what fails when
+the package is missing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import sys
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
-from torch.utils._pytree import tree_leaves
 
 from devrng._fork import restore_all
-from devrng._mix import MASK64
-from devrng._registry import Backend, get_backend
+from devrng._infer import collect_devices
+from devrng._registry import Backend, device_count, get_backend
+from devrng._seeds import MASK64
 
-__all__ = ["HostSeeder", "Runner", "SeededRunner", "Seeder", "input_tensors", "input_types",
+__all__ = ["HostSeeder", "MakeRunner", "Runner", "SeededRunner", "Seeder", "input_types",
            "seed_to_int"]
 
 _cpu = torch.default_generator
@@ -43,24 +45,9 @@ def seed_to_int(seed: int | torch.Tensor) -> int:
     return int(seed.item()) & MASK64
 
 
-def input_tensors(args: Any) -> Iterator[torch.Tensor]:
-    """Every tensor in ``args``: pytree leaves, and the parameters and buffers of modules."""
-    for leaf in tree_leaves(args):
-        if isinstance(leaf, torch.Tensor):
-            yield leaf
-        elif isinstance(leaf, torch.nn.Module):
-            yield from leaf.parameters()
-            yield from leaf.buffers()
-
-
 def input_types(args: Any) -> list[str]:
-    """Device types of the tensors in ``args``, first-seen order, without cpu and meta."""
-    out: list[str] = []
-    for t in input_tensors(args):
-        kind = t.device.type
-        if kind not in ("cpu", "meta") and kind not in out:
-            out.append(kind)
-    return out
+    """Device types of the tensors and modules in ``args``, first-seen order, without cpu and meta."""
+    return list(collect_devices(args, args=True).indices)
 
 
 class Seeder(Protocol):
@@ -123,7 +110,7 @@ class HostSeeder:
         self._backends: list[tuple[Backend, range]] = []
         for kind in input_types(args):
             backend = get_backend(kind)
-            self._backends.append((backend, range(int(backend.device_count()))))
+            self._backends.append((backend, range(device_count(backend))))
 
     def run(self, seed: int, fn: Callable[..., Any], args: tuple[Any, ...],
             kwargs: dict[str, Any]) -> Any:
@@ -136,6 +123,6 @@ class HostSeeder:
             return fn(*args, **kwargs)
         finally:
             if devices:
-                restore_all(cpu, devices, None, None, what="seeded_jit")
+                restore_all(cpu, devices, None, None, what="seeded_jit", pending=sys.exc_info()[1])
             else:
                 _cpu.set_state(cpu)

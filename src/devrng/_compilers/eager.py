@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from devrng._jit_backends import HostSeeder, SeededRunner
+from devrng._compilers.runner import HostSeeder, SeededRunner
 
 __all__ = ["make_runner"]
 

@@ -10,18 +10,28 @@ from __future__ import annotations
 import os
 import warnings
 
+import torch
 import torch_xla
-import torch_xla.core.xla_model as xm
 
-__all__ = ["XLABackend", "backend"]
+from devrng._plain import tensor_to_uint64, uint64_to_tensor
+
+__all__ = ["XLABackend", "backend", "get_seed", "set_seed"]
+
+_XLAC = torch_xla._XLAC
+#: The C++ calls behind xm.get_rng_state / xm.set_rng_state, by device name ("xla:0"):
+#: the one place devrng reads and writes XLA seeds (the Python wrappers cost several
+#: times the call itself).
+get_seed = _XLAC._xla_get_rng_seed
+set_seed = _XLAC._xla_set_rng_seed
 
 
 class XLABackend:
     """torch_xla's per-device RNG seeds.
 
     Example:
-        >>> devrng.get_backend("xla").get_rng_state(0)
-        101
+        >>> import torch_xla
+        >>> isinstance(devrng.get_backend("xla").get_rng_state(0), int)
+        True
     """
 
     name = "xla"
@@ -48,17 +58,27 @@ class XLABackend:
         name = str(_XLAC._xla_get_default_device())
         return int(name.rpartition(":")[2] or 0)
 
-    # The C++ calls behind xm.get_rng_state / xm.set_rng_state, with the device
-    # names built once: the Python wrappers cost several times the call itself.
     def get_rng_state(self, index: int) -> int:
-        return int(_XLAC._xla_get_rng_seed(_names.get(index) or _name(index)))
+        return int(get_seed(_names.get(index) or _name(index)))
 
     def set_rng_state(self, state: int, index: int) -> None:
-        _XLAC._xla_set_rng_seed(int(state), _names.get(index) or _name(index))
+        set_seed(int(state), _names.get(index) or _name(index))
 
     def manual_seed(self, seed: int) -> None:
         for index in range(self.device_count()):
-            xm.set_rng_state(seed, _name(index))
+            set_seed(seed, _name(index))
+
+    def manual_seed_device(self, seed: int, index: int) -> None:
+        # An XLA device's state is its seed: seeding one device is setting its state.
+        set_seed(seed, _name(index))
+
+    # -- state encoding (optional members): the unsigned 64-bit seed overflows an
+    # int64 tensor, so torch's RNG sites carry it as eight little-endian bytes.
+    def state_to_tensor(self, state: int) -> torch.Tensor:
+        return uint64_to_tensor(state)
+
+    def tensor_to_state(self, tensor: torch.Tensor) -> int:
+        return tensor_to_uint64(tensor, "torch.xla.set_rng_state")
 
     # -- determinism (optional members, used by devrng.deterministic) ----------
     # XLA on CPU and TPU has no nondeterministic kernels to switch off; XLA:GPU
@@ -96,7 +116,6 @@ class XLABackend:
 
 
 _DETERMINISTIC_FLAG = "--xla_gpu_deterministic_ops=true"
-_XLAC = torch_xla._XLAC
 _names: dict[int, str] = {}
 
 

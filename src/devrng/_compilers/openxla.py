@@ -16,17 +16,14 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch_xla
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func  # type: ignore[attr-defined]
 
-from devrng._jit_backends import SeededRunner
-from devrng._jit_backends.torch_xla import xla_devices, xla_runner
+from devrng._backends.xla import get_seed, set_seed
+from devrng._compilers.runner import SeededRunner
+from devrng._compilers.torch_xla import xla_devices, xla_runner
 
 __all__ = ["make_runner", "seeded_openxla"]
-
-_get_seed = torch_xla._XLAC._xla_get_rng_seed
-_set_seed = torch_xla._XLAC._xla_set_rng_seed
 
 
 def _graph_compiler(model: torch.fx.GraphModule, fake_inputs: list[Any]) -> Callable[..., Any]:
@@ -37,13 +34,13 @@ def _graph_compiler(model: torch.fx.GraphModule, fake_inputs: list[Any]) -> Call
         if compiled is None:
             import torch_xla.core.dynamo_bridge as bridge
 
-            saved = [(d, int(_get_seed(d))) for d in xla_devices(args)]
+            saved = [(d, int(get_seed(d))) for d in xla_devices(args)]
             try:
                 compiled = bridge.extract_compiled_graph(model, args)
             finally:
                 # Building the graph ran it once and advanced the seeds: undo that.
                 for d, state in saved:
-                    _set_seed(state, d)
+                    set_seed(state, d)
         return compiled(*args)
 
     return make_boxed_func(run)

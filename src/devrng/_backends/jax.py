@@ -22,8 +22,9 @@ class JaxBackend:
     """The PRNG key of torchax's default environment; one stream, index 0.
 
     Example:
-        >>> devrng.get_backend("jax").get_rng_state(0)
-        {'key': tensor([0, 42]), 'typed': True}
+        >>> import torchax
+        >>> sorted(devrng.get_backend("jax").get_rng_state(0))
+        ['key', 'typed']
     """
 
     name = "jax"
@@ -57,6 +58,24 @@ class JaxBackend:
         # override on every call and takes only 63 bits.
         data = np.array([seed >> 32, seed & 0xFFFFFFFF], dtype=np.uint32)
         torchax.default_env().param.prng = jax.random.wrap_key_data(data)
+
+    # -- state encoding (optional members): torch's RNG sites carry one tensor, so
+    # the key data comes first and the last element says whether the key is typed.
+    def state_to_tensor(self, state: dict[str, Any]) -> torch.Tensor:
+        key = state["key"].detach().cpu().to(torch.int64).flatten()
+        return torch.cat([key, torch.tensor([int(bool(state["typed"]))], dtype=torch.int64)])
+
+    def tensor_to_state(self, tensor: torch.Tensor) -> dict[str, Any]:
+        if (not isinstance(tensor, torch.Tensor) or tensor.dtype != torch.int64
+                or tensor.dim() != 1 or tensor.numel() < 2):
+            got = (f"a {tensor.dtype} tensor of shape {tuple(tensor.shape)}"
+                   if isinstance(tensor, torch.Tensor) else f"{tensor!r} (a {type(tensor).__name__})")
+            raise TypeError(
+                f"torch.jax.set_rng_state got {got}; it accepts the 1-D int64 tensor that "
+                "get_rng_state() returns (the key data followed by a typed-key flag)."
+            )
+        t = tensor.detach().cpu()
+        return {"key": t[:-1].clone(), "typed": bool(t[-1].item())}
 
 
 backend = JaxBackend()

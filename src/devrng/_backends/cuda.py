@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from devrng.backends._device_module import DeviceModuleBackend
+from devrng._backends.torch_module import DeviceModuleBackend
 
 __all__ = ["backend"]
 

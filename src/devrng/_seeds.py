@@ -1,15 +1,35 @@
-"""SplitMix64 (Steele, Lea and Flood, 2014): the one seed mixer devrng derives seeds with.
+"""Seeds: what devrng accepts as one, and the one mixer it derives new seeds with.
 
-Per-call seeds of ``seeded_jit``, per-rank seeds of ``devrng.distributed`` and
-per-worker seeds of ``seed_worker`` all come from here.
+A seed is an int in ``[0, 2**64)``. New seeds (per call of ``seeded_jit``, per
+rank, per DataLoader worker) come from SplitMix64 (Steele, Lea and Flood,
+2014), so every derivation in devrng shares one well-studied mixer.
 """
 
 from __future__ import annotations
 
-__all__ = ["GAMMA", "MASK64", "mix64", "nth_seed", "splitmix64"]
+import numbers
+
+__all__ = ["GAMMA", "MASK64", "check_seed", "mix64", "nth_seed", "splitmix64"]
 
 MASK64 = (1 << 64) - 1
 GAMMA = 0x9E3779B97F4A7C15  # SplitMix64's increment: odd, so i * GAMMA is injective mod 2**64
+
+
+def check_seed(seed: object, name: str = "seed") -> int:
+    """``seed`` as an int in [0, 2**64), or a TypeError / ValueError that says why not.
+
+    Example:
+        >>> check_seed(7)
+        7
+    """
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise TypeError(
+            f"{name} must be an int in [0, 2**64), not {seed!r} (a {type(seed).__name__})."
+        )
+    value = int(seed)
+    if not 0 <= value <= MASK64:
+        raise ValueError(f"{name}={value} is out of range; it must be an int in [0, 2**64).")
+    return value
 
 
 def mix64(z: int) -> int:

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from devrng.backends._device_module import DeviceModuleBackend
+from devrng._backends.torch_module import DeviceModuleBackend
 
 __all__ = ["MPSBackend", "backend"]
 

@@ -17,7 +17,7 @@ import torch
 import torch._dynamo
 from torch._dynamo.utils import counters
 
-from devrng._jit_backends import HostSeeder, SeededRunner
+from devrng._compilers.runner import HostSeeder, SeededRunner
 
 __all__ = ["make_runner"]
 

@@ -16,12 +16,12 @@ import torch
 import torch_xla
 import torch_xla.debug.metrics as met
 
-from devrng._jit_backends import SeededRunner, input_tensors
+from devrng._backends.xla import get_seed, set_seed
+from devrng._compilers.runner import SeededRunner
+from devrng._infer import collect_devices
 
 __all__ = ["XLASeeder", "make_runner", "xla_compiles", "xla_devices", "xla_runner"]
 
-_get_seed = torch_xla._XLAC._xla_get_rng_seed
-_set_seed = torch_xla._XLAC._xla_set_rng_seed
 _cpu = torch.default_generator
 
 
@@ -33,13 +33,11 @@ def xla_compiles() -> int:
 
 def xla_devices(args: Any) -> list[str]:
     """The XLA devices of the tensors in ``args``; the default XLA device if there are none."""
-    out: list[str] = []
-    for t in input_tensors(args):
-        if t.device.type == "xla":
-            name = str(t.device)
-            if name not in out:
-                out.append(name)
-    return out or [str(torch_xla.device())]
+    indices = collect_devices(args, args=True).indices.get("xla")
+    if not indices:
+        return [str(torch_xla.device())]
+    return [f"xla:{index}" if index is not None else str(torch_xla.device())
+            for index in indices]
 
 
 class XLASeeder:
@@ -56,15 +54,15 @@ class XLASeeder:
     def run(self, seed: int, fn: Callable[..., Any], args: tuple[Any, ...],
             kwargs: dict[str, Any]) -> Any:
         cpu = _cpu.get_state()
-        saved = [(d, int(_get_seed(d))) for d in self.devices]
+        saved = [(d, int(get_seed(d))) for d in self.devices]
         try:
             _cpu.manual_seed(seed)
             for d in self.devices:
-                _set_seed(seed, d)
+                set_seed(seed, d)
             return fn(*args, **kwargs)
         finally:
             for d, state in saved:
-                _set_seed(state, d)
+                set_seed(state, d)
             _cpu.set_state(cpu)
 
 

@@ -20,22 +20,23 @@ import torch
 import torchax
 from torchax import interop
 
-from devrng._jit_backends import seed_to_int
+from devrng._compilers.runner import seed_to_int
 
 __all__ = ["TorchaxRunner", "make_runner"]
 
 _cpu = torch.default_generator
 _M32 = 0xFFFFFFFF
 _BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
-_compiles = [0]  # XLA compilations JAX has reported in this process
+_compiles = 0  # XLA compilations JAX has reported in this process
 
 
 def _on_duration(event: str, duration: float, **kwargs: Any) -> None:
     # The jitted object's _cache_size() counts dispatch-cache entries: a host and a
     # device argument of the same type make two entries for one compilation.
     # JAX reports each real backend compilation as this event.
+    global _compiles
     if event == _BACKEND_COMPILE:
-        _compiles[0] += 1
+        _compiles += 1
 
 
 jax.monitoring.register_event_duration_secs_listener(_on_duration)
@@ -96,11 +97,11 @@ class TorchaxRunner:
         key_data = _key_data(seed)
         j_args, j_kwargs = interop.jax_view((args, kwargs))
         cpu = _cpu.get_state()
-        before = _compiles[0]
+        before = _compiles
         try:
             out, _advanced = self._jitted(key_data, *j_args, **j_kwargs)
         finally:
-            self._compiles += _compiles[0] - before
+            self._compiles += _compiles - before
             _cpu.set_state(cpu)  # tracing runs torch code, which may draw on the CPU
         return interop.torch_view(out)
 

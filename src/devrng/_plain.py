@@ -1,0 +1,129 @@
+"""States as plain data: what a weights-only file can hold, canonical bytes to hash, and shapes.
+
+Generator states travel through ``torch.save`` / ``torch.load(weights_only=True)``
+and are compared across processes by hash, so three facts are kept here once:
+which values count as plain data, how a nesting of them becomes canonical
+bytes, and how an unsigned 64-bit integer (XLA's seed) travels as a tensor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from devrng._errors import DevRNGError
+from devrng._host import numpy_or_none
+
+__all__ = ["check_plain", "describe", "feed", "signature", "tensor_bytes", "tensor_to_uint64",
+           "uint64_to_tensor"]
+
+_PLAIN_LEAVES = (torch.Tensor, bool, int, float, str, type(None))
+
+
+def check_plain(state: Any, what: str) -> None:
+    """Raise ``DevRNGError`` unless ``state`` is tensors, numbers, strings, lists and dicts."""
+    if isinstance(state, _PLAIN_LEAVES):
+        return
+    if isinstance(state, (list, tuple)):
+        for item in state:
+            check_plain(item, what)
+        return
+    if isinstance(state, dict):
+        for item in state.values():
+            check_plain(item, what)
+        return
+    raise DevRNGError(
+        f"{what} is a {type(state).__name__}, which a weights-only file cannot hold; its backend "
+        "must return tensors, numbers, strings, lists or dicts."
+    )
+
+
+def tensor_bytes(t: torch.Tensor) -> bytes:
+    """The raw bytes of a tensor's elements (copied to the CPU, made contiguous)."""
+    t = t.detach().to("cpu").contiguous()
+    raw = t.reshape(-1).view(torch.uint8) if t.numel() else t.new_empty(0, dtype=torch.uint8)
+    if numpy_or_none() is not None:
+        return bytes(raw.numpy().tobytes())
+    return bytes(raw.tolist())
+
+
+def feed(h: Any, obj: Any) -> None:
+    """Feed the canonical bytes of a nesting of tensors, arrays, numbers and strings to hash ``h``.
+
+    Example:
+        >>> import hashlib
+        >>> h = hashlib.sha256(); feed(h, {"a": [1, torch.zeros(2)]}); len(h.hexdigest())
+        64
+    """
+    if isinstance(obj, torch.Tensor):
+        h.update(f"T{obj.dtype}{tuple(obj.shape)}".encode())
+        h.update(tensor_bytes(obj))
+    elif isinstance(obj, Mapping):
+        h.update(b"{")
+        for k in sorted(obj, key=str):
+            feed(h, str(k))
+            feed(h, obj[k])
+        h.update(b"}")
+    elif isinstance(obj, (list, tuple)):
+        h.update(f"[{len(obj)}".encode())
+        for item in obj:
+            feed(h, item)
+    elif hasattr(obj, "tobytes") and hasattr(obj, "dtype"):  # numpy array
+        h.update(f"A{obj.dtype}{obj.shape}".encode())
+        h.update(obj.tobytes())
+    else:
+        h.update(f"{type(obj).__name__}:{obj!r};".encode())
+
+
+def signature(state: Any) -> Any:
+    """Type, shape and dtype of a state, to compare a saved state with this process's."""
+    if isinstance(state, torch.Tensor):
+        return ("tensor", state.dtype, tuple(state.shape))
+    if isinstance(state, bool):
+        return "bool"
+    if isinstance(state, int):
+        return "int"
+    if isinstance(state, dict):
+        return {k: signature(v) for k, v in state.items()}
+    if isinstance(state, (list, tuple)):
+        return [signature(v) for v in state]
+    return type(state).__name__
+
+
+def describe(state: Any) -> str:
+    """A state's kind in words: ``"a torch.uint8 tensor of shape (5056,)"``, ``"an int"``."""
+    if isinstance(state, torch.Tensor):
+        return f"a {state.dtype} tensor of shape {tuple(state.shape)}"
+    if isinstance(state, bool):
+        return "a bool"
+    if isinstance(state, int):
+        return "an int"
+    if isinstance(state, (dict, list, tuple)):
+        return f"a {type(state).__name__} shaped {signature(state)!r}"
+    return f"a {type(state).__name__}"
+
+
+def uint64_to_tensor(value: int) -> torch.Tensor:
+    """An unsigned 64-bit int as 8 little-endian uint8 bytes (it overflows an int64 tensor)."""
+    return torch.tensor(list(int(value).to_bytes(8, "little")), dtype=torch.uint8)
+
+
+def tensor_to_uint64(tensor: Any, where: str) -> int:
+    """Inverse of :func:`uint64_to_tensor`; also takes an int in [0, 2**64)."""
+    if isinstance(tensor, int) and not isinstance(tensor, bool):
+        if not 0 <= tensor < 2**64:
+            raise ValueError(
+                f"{where} got the seed {tensor}, which is out of range; an int state must be in "
+                "[0, 2**64)."
+            )
+        return tensor
+    if not isinstance(tensor, torch.Tensor) or tensor.dtype != torch.uint8 or tensor.numel() != 8:
+        got = (f"a {tensor.dtype} tensor of shape {tuple(tensor.shape)}"
+               if isinstance(tensor, torch.Tensor) else f"{tensor!r} (a {type(tensor).__name__})")
+        raise TypeError(
+            f"{where} got {got}; it accepts the 8-element uint8 tensor that get_rng_state() "
+            "returns (the 64-bit seed as little-endian bytes) or an int in [0, 2**64)."
+        )
+    return int.from_bytes(tensor_bytes(tensor), "little")

@@ -1,0 +1,113 @@
+"""DataLoader workers: seeding torch, Python and NumPy in each, distinct per worker, epoch and rank.
+
+A DataLoader draws a base seed from its ``generator`` each epoch and gives
+worker ``i`` the seed ``base + i``; torch seeds its own generator in the worker
+with it, but not Python's ``random`` or NumPy's. :func:`seed_worker` derives
+all three from that seed and the distributed rank, so augmentation drawn from
+any of them is reproducible from the generator's seed.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from devrng import _host
+from devrng._rank import env_rank, process_rank
+from devrng._seeds import MASK64, check_seed, splitmix64
+
+__all__ = ["dataloader_kwargs", "seed_worker", "worker_seeds"]
+
+
+def worker_seeds(base_seed: int, worker_id: int, rank: int) -> tuple[int, int, list[int]]:
+    """The torch, Python and NumPy seeds :func:`seed_worker` uses, from its inputs."""
+    h = splitmix64(base_seed & MASK64)
+    h = splitmix64(h ^ splitmix64((rank & MASK64) ^ 0x5EED0000000000AB))
+    h = splitmix64(h ^ (worker_id & MASK64))
+    torch_seed = splitmix64(h ^ 1)
+    python_seed = splitmix64(h ^ 2)
+    np_words = [w for k in (3, 4) for x in (splitmix64(h ^ k),)
+                for w in (x & 0xFFFFFFFF, x >> 32)]
+    return torch_seed, python_seed, np_words
+
+
+def seed_worker(worker_id: int, *, rank: int | None = None) -> int:
+    """Seed torch, Python ``random`` and NumPy inside a DataLoader worker.
+
+    The seeds come from the worker's own seed, which the DataLoader draws from
+    its ``generator`` each epoch and offsets by ``worker_id``, mixed with the
+    distributed rank (``rank``, else the default process group's, else
+    ``RANK``, else 0). So they differ per worker, epoch and rank, and repeat
+    exactly when the generator is seeded the same. ``torch.distributions``
+    samples draw from torch's generator and follow. Returns the torch seed.
+
+    Example:
+        >>> loader = torch.utils.data.DataLoader(
+        ...     range(4), num_workers=2, worker_init_fn=devrng.seed_worker,
+        ...     generator=torch.Generator().manual_seed(0))
+    """
+    if isinstance(worker_id, bool) or not isinstance(worker_id, int) or worker_id < 0:
+        raise TypeError(
+            f"seed_worker takes the worker id the DataLoader passes (an int of 0 or more), not "
+            f"{worker_id!r} (a {type(worker_id).__name__})."
+        )
+    if rank is not None:
+        rank = check_seed(rank, "rank")
+    info = torch.utils.data.get_worker_info()
+    base = int(info.seed) if info is not None else int(torch.initial_seed())
+    torch_seed, python_seed, np_words = worker_seeds(
+        base, worker_id, process_rank(strict=False) if rank is None else rank)
+    torch.manual_seed(torch_seed)
+    random.seed(python_seed)
+    np = _host.numpy_or_none()
+    if np is not None:
+        np.random.seed(np_words)
+    return torch_seed
+
+
+def dataloader_kwargs(seed: int | None, worker_init_fn: Callable[[int], Any] | None = None,
+                      generator: torch.Generator | None = None) -> dict[str, Any]:
+    """``generator`` and ``worker_init_fn`` for a DataLoader whose workers :func:`seed_worker` seeds.
+
+    The generator (``generator``, else a new CPU one) is seeded with ``seed``,
+    or with a seed drawn from torch's CPU generator when ``seed`` is None (so
+    an earlier ``manual_seed`` fixes it). A user's ``worker_init_fn`` runs
+    after devrng's seeding, with the same worker id.
+    """
+    if seed is None:
+        seed = int(torch.randint(0, 2**62, (), dtype=torch.int64).item())
+    if generator is None:
+        generator = torch.Generator()
+    generator.manual_seed(seed)
+    rank = process_rank(strict=False)
+    # A worker finds the rank through torch.distributed (forked workers) or RANK;
+    # bind it when a spawned worker could not see it that way.
+    init_fn: Callable[[int], Any] = seed_worker
+    if rank != env_rank(strict=False):
+        init_fn = functools.partial(seed_worker, rank=rank)
+    if worker_init_fn is not None:
+        init_fn = _Chained(init_fn, worker_init_fn)
+    return {"generator": generator, "worker_init_fn": init_fn}
+
+
+class _Chained:
+    """devrng's worker seeding, then the user's ``worker_init_fn`` (picklable for spawn)."""
+
+    __slots__ = ("first", "then")
+
+    def __init__(self, first: Callable[[int], Any], then: Callable[[int], Any]) -> None:
+        self.first, self.then = first, then
+
+    def __call__(self, worker_id: int) -> Any:
+        self.first(worker_id)
+        return self.then(worker_id)
+
+    def __getstate__(self) -> tuple[Any, Any]:
+        return self.first, self.then
+
+    def __setstate__(self, state: tuple[Any, Any]) -> None:
+        self.first, self.then = state

@@ -1,1 +1,0 @@
-"""Built-in backends, one module per device type; each is imported on first use."""
