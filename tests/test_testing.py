@@ -23,7 +23,7 @@ from devrng.testing import (
 )
 
 SUMMARY = re.compile(
-    r"^(\d+) / (\d+) mismatched \((>?[\d.e-]+)%\), max abs (\S+), max rel (\S+), MAE (\S+) \((.*)\)$"
+    r"^(?:MISMATCH: .*; values: )?(\d+) / (\d+) mismatched \((>?[\d.e-]+)%\), max abs (\S+), max rel (\S+), MAE (\S+) \((.*)\)$"
 )
 
 

@@ -1,8 +1,8 @@
-"""devrng's one exception class."""
+"""devrng's one exception class, and the small helpers every module raises errors with."""
 
 from __future__ import annotations
 
-__all__ = ["DevRNGError", "add_note"]
+__all__ = ["DevRNGError", "add_note", "check_flags", "short_repr"]
 
 
 class DevRNGError(RuntimeError):
@@ -22,3 +22,19 @@ def add_note(err: BaseException, note: str) -> None:
     adder = getattr(err, "add_note", None)
     if adder is not None:
         adder(note)
+
+
+def short_repr(value: object, limit: int = 60) -> str:
+    """``repr(value)``, cut to ``limit`` characters, for error messages about any input."""
+    try:
+        text = repr(value)
+    except Exception:  # a hostile object's __repr__
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def check_flags(**flags: object) -> None:
+    """Raise ``TypeError`` naming the first flag that is not True or False."""
+    for name, value in flags.items():
+        if value.__class__ is not bool:
+            raise TypeError(f"{name} must be True or False, not {short_repr(value)}.")

@@ -10,7 +10,7 @@ from typing import Any, NamedTuple, TypeVar
 import torch
 
 from devrng import _host
-from devrng._errors import DevRNGError, add_note
+from devrng._errors import DevRNGError, add_note, check_flags
 from devrng._plan import make_plan
 
 __all__ = ["fork_rng", "restore_all"]
@@ -86,7 +86,7 @@ class fork_rng:
             return
         if devices is not None and devices.__class__ is not list and not isinstance(devices, _WALKED):
             devices = _listed(devices, _devices_kw)
-        _check_flags(python=python, numpy=numpy)
+        check_flags(python=python, numpy=numpy)
         self._devices = devices
         self._args = _Args(devices, enabled, _caller, _devices_kw, device_type, python, numpy)
 
@@ -201,12 +201,6 @@ def _listed(devices: Any, kw: str) -> list[Any]:
             "device nor a collection of them; pass a list of ints, device strings, "
             "torch.device objects, tensors or modules."
         ) from None
-
-
-def _check_flags(**flags: object) -> None:
-    for name, value in flags.items():
-        if value.__class__ is not bool:
-            raise TypeError(f"{name} must be True or False, not {value!r}.")
 
 
 def restore_all(cpu: torch.Tensor | None, devices: Any, py: Any, np: Any, *, what: str,

@@ -1,19 +1,26 @@
-"""Python's ``random`` and NumPy's global generator: get, set, seed.
+"""Python's ``random`` and NumPy's global generator: get, set, seed, and check a state.
 
 NumPy is imported only when a caller asks for its state, and only if present.
+The checks refuse every state these generators would accept and then break
+on: NumPy does not range-check its MT19937 position (a large one reads out of
+bounds on the next draw), and Python keeps any object as its Gaussian cache.
 """
 
 from __future__ import annotations
 
+import math
 import random
 import sys
 from typing import Any
 
-__all__ = ["get_numpy_state", "get_python_state", "numpy_or_none", "seed_numpy",
-           "set_numpy_state", "set_python_state"]
+__all__ = ["check_numpy_state", "check_python_state", "get_numpy_state", "get_python_state",
+           "numpy_or_none", "seed_numpy", "set_numpy_state", "set_python_state"]
 
 get_python_state = random.getstate
 set_python_state = random.setstate
+
+_MT_WORDS = 624
+_scratch = random.Random(0)  # states are tried here first, never on the global generator
 
 
 def numpy_or_none() -> Any:
@@ -47,3 +54,54 @@ def seed_numpy(seed: int) -> None:
     if np is None:
         return
     np.random.seed(seed if seed < 2**32 else [seed & 0xFFFFFFFF, seed >> 32])
+
+
+def check_python_state(state: Any) -> None:
+    """Raise ``ValueError`` unless ``random.setstate(state)`` would install a working generator.
+
+    Example:
+        >>> check_python_state(random.getstate())
+    """
+    if not (isinstance(state, tuple) and len(state) == 3 and state[0] == 3
+            and isinstance(state[1], tuple) and len(state[1]) == _MT_WORDS + 1):
+        raise ValueError("it is not a tuple (3, 625 ints, gauss) as random.getstate() returns")
+    gauss = state[2]
+    if gauss is not None and (type(gauss) is not float or not math.isfinite(gauss)):
+        raise ValueError(f"its Gaussian cache is {gauss!r}; it must be a finite float or None")
+    if not any(state[1][:_MT_WORDS]):
+        raise ValueError("its MT19937 key is all zeros, which generates nothing but zeros")
+    try:
+        _scratch.setstate(state)  # checks every word and the position
+    except (TypeError, ValueError, OverflowError) as err:
+        raise ValueError(f"random.setstate refuses it ({err})") from None
+
+
+def check_numpy_state(state: Any) -> None:
+    """Raise ``ValueError`` unless NumPy's global generator can take ``state`` and keep working.
+
+    Example:
+        >>> check_numpy_state(get_numpy_state())
+    """
+    np = numpy_or_none()
+    if np is None:
+        raise ValueError("it is a NumPy state and NumPy is not installed here")
+    name = state.get("bit_generator") if isinstance(state, dict) else None
+    if name != "MT19937":
+        raise ValueError(f"its bit generator is {name!r}; NumPy's global generator is 'MT19937'")
+    try:
+        inner = state["state"]
+        key, pos = inner["key"], inner["pos"]
+        has_gauss, gauss = state["has_gauss"], state["gauss"]
+    except (KeyError, TypeError, IndexError):
+        raise ValueError("it is not the dict np.random.get_state(legacy=False) returns") from None
+    if not (isinstance(key, np.ndarray) and key.dtype == np.uint32
+            and key.shape == (_MT_WORDS,)):
+        raise ValueError("its key is not 624 uint32 words")
+    if not key.any():
+        raise ValueError("its MT19937 key is all zeros, which generates nothing but zeros")
+    if type(pos) is not int or not 0 <= pos <= _MT_WORDS:
+        raise ValueError(f"its position is {pos!r}; it must be an int from 0 to 624")
+    if has_gauss not in (0, 1) or type(has_gauss) is bool:
+        raise ValueError(f"its has_gauss is {has_gauss!r}; it must be 0 or 1")
+    if type(gauss) is not float or not math.isfinite(gauss):
+        raise ValueError(f"its Gaussian cache is {gauss!r}; it must be a finite float")

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_leaves
 
+from devrng._errors import short_repr
 from devrng._registry import registry
 
 __all__ = ["collect_devices", "infer_device_types", "parse_device"]
@@ -106,7 +107,7 @@ def collect_devices(obj: object, *, args: bool = False) -> Devices:
     def enter(items: Iterable[Any], container: object) -> None:
         if id(container) in on_path:
             raise ValueError(
-                f"devices contains itself ({_short_repr(container)}); pass a list that does "
+                f"devices contains itself ({short_repr(container)}); pass a list that does "
                 "not include itself."
             )
         if len(stack) > _MAX_DEPTH:
@@ -149,7 +150,7 @@ def collect_devices(obj: object, *, args: bool = False) -> Devices:
         else:
             raise TypeError(
                 f"Cannot infer a device from an object of type {tx.__module__}.{tx.__qualname__} "
-                f"({_short_repr(x)}); accepted are ints, device strings, torch.device, tensors, "
+                f"({short_repr(x)}); accepted are ints, device strings, torch.device, tensors, "
                 "nn.Module, torch.Generator and lists, tuples, dicts and sets of these."
             )
     return out
@@ -160,11 +161,6 @@ def _add_module(module: torch.nn.Module, add: Any) -> None:
         add(*_parse(p.device))
     for b in module.buffers():
         add(*_parse(b.device))
-
-
-def _short_repr(x: object) -> str:
-    text = repr(x)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def infer_device_types(obj: object) -> tuple[str, ...]:

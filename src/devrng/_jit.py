@@ -13,6 +13,7 @@ a compiler; everywhere else in devrng a backend is a device type's RNG.)
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable, Mapping
 from typing import Any, Generic, TypeVar, overload
 
@@ -82,6 +83,49 @@ def _check_call_seed(seed: object) -> int | torch.Tensor:
     return check_seed(seed)
 
 
+def _own_seed_check(fn: Callable[..., Any]) -> inspect.Signature | None:
+    """``fn``'s signature; refuse a function whose own ``seed`` parameter devrng's would hide."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):  # builtins and some C callables have none
+        return None
+    param = sig.parameters.get("seed")
+    if param is not None and param.kind is not inspect.Parameter.POSITIONAL_ONLY:
+        name = getattr(fn, "__qualname__", repr(fn))
+        raise TypeError(
+            f"seeded_jit cannot wrap {name}: it has a parameter named 'seed', which the "
+            "result's own `seed=` keyword (the RNG seed of each call) would hide. Rename that "
+            "parameter, or give it another name in a wrapper: seeded_jit(lambda *a, data_seed, "
+            f"**k: {name}(*a, seed=data_seed, **k)), called as f(..., data_seed=..., seed=...)."
+        )
+    return sig
+
+
+def _explain_positional_seed(sig: inspect.Signature | None, args: tuple[Any, ...],
+                             kwargs: dict[str, Any], err: TypeError) -> None:
+    """If a call failed because the seed was passed by position, say that it is keyword-only."""
+    if sig is None or not args:
+        return
+    last = args[-1]
+    looks_like_seed = (type(last) is int or (isinstance(last, torch.Tensor) and last.dim() == 0
+                                             and not last.dtype.is_floating_point))
+    if not looks_like_seed:
+        return
+    try:
+        sig.bind(*args, **kwargs)
+        return  # the arguments fit: the TypeError came from inside the function
+    except TypeError:
+        pass
+    try:
+        sig.bind(*args[:-1], **kwargs)
+    except TypeError:
+        return
+    raise TypeError(
+        f"The last positional argument, {last!r}, looks like a seed, but seed is keyword-only: "
+        f"call the function as f(..., seed={last!r})."
+    ) from err
+
+
 class SeededFunction(Generic[R]):
     """A compiled function called as ``f(*args, seed=None, **kwargs)``; see :func:`seeded_jit`.
 
@@ -101,13 +145,10 @@ class SeededFunction(Generic[R]):
                 f"seeded_jit got backend={backend!r}; accepted backends are "
                 f"{', '.join(repr(b) for b in BACKENDS)}."
             )
-        if seed is None:
-            # Drawn from torch's default generator, so torch.manual_seed at program
-            # start fixes every seeded function's stream too.
-            hi, lo = torch.randint(0, 1 << 32, (2,), dtype=torch.int64).tolist()
-            seed = (hi << 32) | lo
+        if seed is not None:
+            seed = check_seed(seed, "seeded_jit's seed")
+        self._signature = _own_seed_check(fn)
         self._fn = fn
-        self._base_seed = check_seed(seed, "seeded_jit's seed")
         self._counter = 0
         self._compile_kwargs = dict(compile_kwargs)
         self._backend = backend
@@ -115,6 +156,13 @@ class SeededFunction(Generic[R]):
         if backend != "auto":
             # Build now, so a missing package or a bad compile option fails at wrap time.
             self._runner = _load_runner_factory(backend)(fn, self._compile_kwargs)
+        if seed is None:
+            # Drawn from torch's default generator once everything else succeeded (a wrap
+            # that fails leaves the generator alone), so torch.manual_seed at program start
+            # fixes every seeded function's stream too.
+            hi, lo = torch.randint(0, 1 << 32, (2,), dtype=torch.int64).tolist()
+            seed = (hi << 32) | lo
+        self._base_seed: int = seed
         functools.update_wrapper(self, fn, updated=())  # type: ignore[arg-type]
 
     @property
@@ -145,7 +193,11 @@ class SeededFunction(Generic[R]):
             self._backend = _auto_backend(args, kwargs)
             runner = self._runner = _load_runner_factory(self._backend)(
                 self._fn, self._compile_kwargs)
-        out: R = runner(value, args, kwargs)
+        try:
+            out: R = runner(value, args, kwargs)
+        except TypeError as err:
+            _explain_positional_seed(self._signature, args, kwargs, err)
+            raise
         return out
 
     def state_dict(self) -> dict[str, int]:

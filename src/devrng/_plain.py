@@ -52,6 +52,8 @@ def tensor_bytes(t: torch.Tensor) -> bytes:
 def feed(h: Any, obj: Any) -> None:
     """Feed the canonical bytes of a nesting of tensors, arrays, numbers and strings to hash ``h``.
 
+    Raises ``DevRNGError`` for anything else (its ``repr`` may hold an address).
+
     Example:
         >>> import hashlib
         >>> h = hashlib.sha256(); feed(h, {"a": [1, torch.zeros(2)]}); len(h.hexdigest())
@@ -70,11 +72,18 @@ def feed(h: Any, obj: Any) -> None:
         h.update(f"[{len(obj)}".encode())
         for item in obj:
             feed(h, item)
-    elif hasattr(obj, "tobytes") and hasattr(obj, "dtype"):  # numpy array
+    elif type(obj).__module__ == "numpy" and hasattr(obj, "tobytes"):  # arrays and scalars
         h.update(f"A{obj.dtype}{obj.shape}".encode())
         h.update(obj.tobytes())
-    else:
+    elif obj is None or isinstance(obj, (bool, int, float, str, bytes)):
         h.update(f"{type(obj).__name__}:{obj!r};".encode())
+    else:
+        # repr() of an arbitrary object can hold a memory address: no stable bytes.
+        raise DevRNGError(
+            f"A {type(obj).__name__} state cannot be fingerprinted: it is not plain data "
+            "(tensors, numbers, strings, lists, dicts), so equal states could hash apart. "
+            "Its backend must return plain data."
+        )
 
 
 def signature(state: Any) -> Any:

@@ -56,12 +56,17 @@ def normalize_device_type(device_type: object) -> list[str]:
                 "device type string such as 'xpu' or a torch.device."
             )
         try:
-            name = parse_device(item)[0]
+            name, index = parse_device(item)
         except ValueError as err:
             raise ValueError(
                 f"device_type={item!r} is not a device type; use one such as 'cuda', 'xpu', "
                 "'mps', 'xla' or 'jax', or the name of a registered devrng backend."
             ) from err
+        if index is not None:
+            raise ValueError(
+                f"device_type={str(item)!r} names a device, not a device type; pass "
+                f"device_type={name!r} and the device in devices, as in devices=[{index}]."
+            )
         if name not in out:
             out.append(name)
     return out

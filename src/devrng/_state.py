@@ -2,22 +2,23 @@
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import random
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any
+from typing import IO, Any
 
 import torch
 
 from devrng import _host
-from devrng._errors import DevRNGError
+from devrng._errors import DevRNGError, check_flags, short_repr
+from devrng._files import atomic_write, is_file_like
+from devrng._fork import restore_all
 from devrng._plain import check_plain, describe, feed, signature
 from devrng._plan import make_plan
-from devrng._registry import Backend, available_backends, device_count, get_backend
-from devrng._seeds import check_seed
+from devrng._registry import Backend, available_backends, device_count, get_backend, is_initialized
+from devrng._seeds import MASK64, check_seed
 
 __all__ = ["RNGState", "get_rng_state", "manual_seed", "set_rng_state"]
 
@@ -76,7 +77,11 @@ class RNGState:
     def __repr__(self) -> str:
         parts = ["cpu"] + [f"{t}:{i}" for t, per in self.devices.items() for i in per]
         parts += [n for n in ("python", "numpy") if getattr(self, n) is not None]
-        return f"RNGState({', '.join(parts)}; fingerprint={self.fingerprint()})"
+        try:
+            tail = f"; fingerprint={self.fingerprint()}"
+        except DevRNGError:
+            tail = "; holds a state that is not plain data"
+        return f"RNGState({', '.join(parts)}{tail})"
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, RNGState):
@@ -114,71 +119,101 @@ class RNGState:
 
     @classmethod
     def from_dict(cls, data: Any, *, source: str = "the data") -> RNGState:
-        """Inverse of :meth:`to_dict`; raises ``DevRNGError`` on anything malformed."""
+        """Inverse of [`to_dict`][devrng.RNGState.to_dict]; ``DevRNGError`` on anything malformed.
+
+        Every part is checked as far as this process can without touching a
+        generator: a snapshot that parses installs working generators.
+
+        Example:
+            >>> snap = devrng.get_rng_state()
+            >>> devrng.RNGState.from_dict(snap.to_dict()) == snap
+            True
+        """
         try:
-            if data.get("format") != _FORMAT:
-                raise ValueError(f"its format tag is {data.get('format')!r}, not {_FORMAT!r}")
-            if data.get("version") != _VERSION:
-                raise ValueError(f"it is version {data.get('version')!r}; this devrng reads {_VERSION}")
-            cpu = data["cpu"]
-            if not isinstance(cpu, torch.Tensor) or cpu.dtype != torch.uint8:
-                raise ValueError("its CPU state is not a uint8 tensor")
-            devices = {str(t): {int(i): s for i, s in per.items()} for t, per in data["devices"].items()}
-            python = None
-            if data["python"] is not None:
-                version, internal, gauss = data["python"]
-                python = (int(version), tuple(int(v) for v in internal.tolist()), gauss)
-            numpy = None
-            if data["numpy"] is not None:
-                np = _host.numpy_or_none()
-                if np is None:
-                    raise ValueError("it holds a NumPy state and NumPy is not installed")
-                st = data["numpy"]
-                numpy = {"bit_generator": st["bit_generator"],
-                         "state": {"key": np.asarray(st["key"].numpy(), dtype=np.uint32),
-                                   "pos": int(st["pos"])},
-                         "has_gauss": int(st["has_gauss"]), "gauss": float(st["gauss"])}
-        except (KeyError, TypeError, ValueError, AttributeError) as err:
-            raise DevRNGError(f"{source} is not a valid devrng RNG snapshot: {err}.") from err
+            return cls._parse(data)
+        except (DevRNGError, KeyboardInterrupt, SystemExit):
+            raise
+        except Exception as err:  # hostile input may fail in any way: one error class for it
+            raise DevRNGError(
+                f"{source} is not a valid devrng RNG snapshot: {err}. Write snapshots with "
+                "RNGState.save or RNGState.to_dict."
+            ) from err
+
+    @classmethod
+    def _parse(cls, data: Any) -> RNGState:
+        if not isinstance(data, Mapping):
+            raise ValueError(f"it is a {type(data).__name__}, not a dict")
+        if data.get("format") != _FORMAT:
+            raise ValueError(f"its format tag is {short_repr(data.get('format'))}, not {_FORMAT!r}")
+        if data.get("version") != _VERSION:
+            raise ValueError(f"it is version {short_repr(data.get('version'))}; this devrng reads "
+                             f"{_VERSION}")
+        cpu = data["cpu"]
+        _check_cpu_state(cpu)
+        raw_devices = data["devices"]
+        if not isinstance(raw_devices, Mapping):
+            raise ValueError("its 'devices' entry is not a dict")
+        devices: dict[str, dict[int, Any]] = {}
+        for name, per in raw_devices.items():
+            if not isinstance(name, str) or not name or ":" in name:
+                raise ValueError(f"it names the device type {short_repr(name)}")
+            if not isinstance(per, Mapping):
+                raise ValueError(f"its {name} entry is not a dict of device index to state")
+            devices[name] = {}
+            for index, state in per.items():
+                if type(index) is not int or index < 0:
+                    raise ValueError(f"it names the {name} device index {short_repr(index)}")
+                check_plain(state, f"its {name}:{index} state")
+                devices[name][index] = state
+        python = None if data["python"] is None else _python_from_plain(data["python"])
+        numpy = None if data["numpy"] is None else _numpy_from_plain(data["numpy"])
         return cls(cpu, devices, python, numpy)
 
-    def save(self, path: str | os.PathLike[str]) -> None:
-        """Write the snapshot to ``path``; it loads with ``torch.load(path, weights_only=True)``.
+    def save(self, f: str | os.PathLike[str] | IO[bytes]) -> None:
+        """Write the snapshot to a path or an open binary file; ``torch.load(weights_only=True)``
+        reads it. A path is written atomically: a failure leaves the previous file as it was.
 
         Example:
             >>> devrng.get_rng_state().save("step_100.rng")
         """
-        torch.save(self.to_dict(), path)
+        data = self.to_dict()
+        if is_file_like(f):
+            torch.save(data, f)
+        else:
+            atomic_write(f, lambda fh: torch.save(data, fh))  # type: ignore[arg-type]
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str]) -> RNGState:
-        """Read a snapshot written by :meth:`save`, never unpickling arbitrary objects.
+    def load(cls, f: str | os.PathLike[str] | IO[bytes]) -> RNGState:
+        """Read a snapshot written by [`save`][devrng.RNGState.save] from a path or an open binary
+        file, never unpickling arbitrary objects.
 
         Example:
-            >>> devrng.set_rng_state(devrng.RNGState.load("step_100.rng"))
+            >>> snap = devrng.RNGState.load("step_100.rng")
         """
+        where = repr(f) if is_file_like(f) else repr(os.fspath(f))  # type: ignore[arg-type]
         try:
-            data = torch.load(path, weights_only=True, map_location="cpu")
+            data = torch.load(f, weights_only=True, map_location="cpu")
         except FileNotFoundError:
             raise
+        except (KeyboardInterrupt, SystemExit):
+            raise
         except Exception as err:
+            first = str(err).splitlines()[0] if str(err) else ""
             raise DevRNGError(
-                f"{os.fspath(path)!r} could not be read as a devrng RNG snapshot "
-                f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); "
-                "it is corrupt or was not written by RNGState.save."
+                f"{where} could not be read as a devrng RNG snapshot ({type(err).__name__}: "
+                f"{first[:200]}); it is corrupt or was not written by RNGState.save."
             ) from err
-        if not isinstance(data, dict):
-            raise DevRNGError(
-                f"{os.fspath(path)!r} holds a {type(data).__name__}, not a devrng RNG snapshot."
-            )
-        return cls.from_dict(data, source=repr(os.fspath(path)))
+        return cls.from_dict(data, source=where)
 
     def fingerprint(self) -> str:
         """A short hash of every state, equal across processes exactly when the states are.
 
+        A backend state that is not plain data (tensors, numbers, strings, lists,
+        dicts) has no stable bytes to hash and raises ``DevRNGError``.
+
         Example:
-            >>> devrng.get_rng_state().fingerprint()
-            '3f9a0c7d21b4e865'
+            >>> len(devrng.get_rng_state().fingerprint())
+            16
         """
         h = hashlib.sha256()
         feed(h, self._hash_parts())
@@ -193,12 +228,14 @@ def get_rng_state(devices: Any = None, device_type: Any = None, *, python: bool 
                   numpy: bool = True) -> RNGState:
     """Snapshot the CPU generator, each covered device's, and Python's and NumPy's.
 
-    ``devices`` / ``device_type`` choose devices as in :func:`devrng.fork_rng`.
+    ``devices`` / ``device_type`` choose devices as in [`fork_rng`][devrng.fork_rng].
 
     Example:
-        >>> snap = devrng.get_rng_state(devices=[xla_tensor])
-        >>> snap.save("rng.pt")
+        >>> snap = devrng.get_rng_state(devices=[])   # CPU, Python and NumPy
+        >>> snap.devices
+        mappingproxy({})
     """
+    check_flags(python=python, numpy=numpy)
     plan = make_plan(devices, device_type, caller="get_rng_state", warn=False)
     per_type = {b.name: {i: b.get_rng_state(i) for i in idx} for b, idx in plan}
     return RNGState(
@@ -210,6 +247,7 @@ def get_rng_state(devices: Any = None, device_type: Any = None, *, python: bool 
 
 
 _CPU_NUMEL: int | None = None  # the size of this torch's CPU generator state, read once
+_scratch_cpu = torch.Generator()  # CPU states are tried here first, never on the real one
 
 
 def _cpu_numel() -> int:
@@ -219,58 +257,100 @@ def _cpu_numel() -> int:
     return _CPU_NUMEL
 
 
-def _validate_host(state: RNGState) -> None:
-    cpu = state.cpu
+def _check_cpu_state(cpu: Any) -> None:
     if not isinstance(cpu, torch.Tensor) or cpu.dtype != torch.uint8 or cpu.dim() != 1 \
-            or cpu.numel() != _cpu_numel():
-        got = f"a {cpu.dtype} tensor of shape {tuple(cpu.shape)}" if isinstance(cpu, torch.Tensor) \
-            else f"a {type(cpu).__name__}"
-        raise DevRNGError(
-            f"The snapshot's CPU state is {got}; this torch needs a uint8 tensor of "
-            f"{_cpu_numel()} elements."
+            or cpu.numel() != _cpu_numel() or cpu.device.type != "cpu":
+        raise ValueError(
+            f"its CPU state is {describe(cpu)}; this torch needs a uint8 CPU tensor of "
+            f"{_cpu_numel()} elements"
         )
-    py = state.python
-    if py is not None and not (isinstance(py, tuple) and len(py) == 3 and py[0] == 3
-                               and isinstance(py[1], tuple) and len(py[1]) == 625):
-        raise DevRNGError(
-            "The snapshot's Python state is not one that random.setstate accepts "
-            "(a tuple (3, 625 ints, gauss))."
-        )
-    np_state = state.numpy
-    if np_state is not None:
-        try:
-            ok = np_state["bit_generator"] == "MT19937" and np_state["state"]["key"].shape == (624,)
-        except (KeyError, TypeError, AttributeError):
-            ok = False
-        if not ok:
-            raise DevRNGError(
-                "The snapshot's NumPy state is not an MT19937 state of 624 words, which NumPy's "
-                "global generator needs."
-            )
-        if _host.numpy_or_none() is None:
-            raise DevRNGError("The snapshot holds a NumPy state, but NumPy is not installed here.")
+    try:
+        _scratch_cpu.set_state(cpu)
+    except RuntimeError as err:
+        raise ValueError(f"its CPU state is not a valid MT19937 state ({err})") from None
+
+
+def _python_from_plain(raw: Any) -> tuple[int, tuple[int, ...], float | None]:
+    if not isinstance(raw, (list, tuple)) or len(raw) != 3:
+        raise ValueError("its Python state is not [version, key tensor, gauss]")
+    version, internal, gauss = raw
+    if not isinstance(internal, torch.Tensor) or internal.dtype != torch.int64 \
+            or tuple(internal.shape) != (625,):
+        raise ValueError(f"its Python key is {describe(internal)}, not 625 int64 values")
+    state = (version, tuple(internal.tolist()), gauss)
+    try:
+        _host.check_python_state(state)
+    except ValueError as err:
+        raise ValueError(f"its Python state is unusable: {err}") from None
+    return state
+
+
+def _numpy_from_plain(raw: Any) -> dict[str, Any]:
+    np = _host.numpy_or_none()
+    if np is None:
+        raise ValueError("it holds a NumPy state and NumPy is not installed here")
+    if not isinstance(raw, Mapping):
+        raise ValueError("its NumPy state is not a dict")
+    key = raw["key"]
+    if not isinstance(key, torch.Tensor) or key.dtype != torch.int64 \
+            or tuple(key.shape) != (624,):
+        raise ValueError(f"its NumPy key is {describe(key)}, not 624 int64 values")
+    if bool(((key < 0) | (key > 0xFFFFFFFF)).any()):
+        raise ValueError("its NumPy key holds values outside [0, 2**32)")
+    state = {"bit_generator": raw["bit_generator"],
+             "state": {"key": np.asarray(key.numpy(), dtype=np.uint32), "pos": raw["pos"]},
+             "has_gauss": raw["has_gauss"], "gauss": raw["gauss"]}
+    try:
+        _host.check_numpy_state(state)
+    except ValueError as err:
+        raise ValueError(f"its NumPy state is unusable: {err}") from None
+    return state
+
+
+def _check_host(state: RNGState) -> None:
+    """The CPU, Python and NumPy parts of a snapshot, checked as fully as from_dict checks them."""
+    try:
+        _check_cpu_state(state.cpu)
+    except ValueError as err:
+        raise DevRNGError(f"The snapshot's {str(err).removeprefix('its ')}.") from None
+    checks = (("Python", "random.setstate accepts", _host.check_python_state, state.python),
+              ("NumPy", "NumPy's global generator can take", _host.check_numpy_state,
+               state.numpy))
+    for label, accepts, check, part in checks:
+        if part is not None:
+            try:
+                check(part)
+            except ValueError as err:
+                raise DevRNGError(
+                    f"The snapshot's {label} state is not one that {accepts}: {err}."
+                ) from None
 
 
 def set_rng_state(state: RNGState) -> None:
-    """Restore a snapshot: everything it covers, or, on any mismatch, nothing.
+    """Restore a snapshot: everything it covers, or, on any mismatch or failure, nothing.
 
     The whole snapshot is checked first (device types, device counts, state
-    types, shapes and dtypes); a mismatch raises ``DevRNGError`` before any
-    generator changes.
+    types, shapes and dtypes, and the CPU, Python and NumPy states in full); a
+    mismatch raises ``DevRNGError`` before any generator changes. If setting a
+    generator still fails, every generator already set is put back.
 
     Example:
         >>> snap = devrng.get_rng_state()
+        >>> first = torch.rand(2)
         >>> devrng.set_rng_state(snap)
+        >>> torch.equal(first, torch.rand(2))
+        True
     """
     if not isinstance(state, RNGState):
         raise TypeError(
             f"set_rng_state takes a devrng.RNGState, not a {type(state).__name__}; get one from "
             "devrng.get_rng_state() or devrng.RNGState.load(path)."
         )
-    _validate_host(state)
+    _check_host(state)
     # Check every device state against this process, keeping the current one
     # so that a failure half-way can be rolled back.
-    plan: list[tuple[Backend, int, Any, Any]] = []
+    targets: list[tuple[Backend, int, Any]] = []
+    previous: list[tuple[Backend, int, Any]] = []
     for name, per in state.devices.items():
         try:
             backend = get_backend(name)
@@ -284,7 +364,8 @@ def set_rng_state(state: RNGState) -> None:
             if not 0 <= index < count:
                 raise DevRNGError(
                     f"The snapshot holds a state for {name}:{index}, but this process has "
-                    f"{count} {name} device(s); restore it where that device exists."
+                    + (f"{count} {name} device(s); restore it where that device exists."
+                       if count else f"no {name} device; restore it where one exists.")
                 )
             current = backend.get_rng_state(index)
             if signature(saved) != signature(current):
@@ -293,25 +374,53 @@ def set_rng_state(state: RNGState) -> None:
                     f"process's is {describe(current)}; it was taken with another backend or "
                     "library version."
                 )
-            plan.append((backend, index, saved, current))
-    done: list[tuple[Backend, int, Any, Any]] = []
+            if type(saved) is int and not 0 <= saved <= MASK64:
+                raise DevRNGError(
+                    f"The snapshot's {name}:{index} state is {saved}, outside [0, 2**64)."
+                )
+            targets.append((backend, index, saved))
+            previous.append((backend, index, current))
+    _apply(targets, state.cpu, state.python, state.numpy, previous,
+           what="Restoring the snapshot", host=(state.python is not None, state.numpy is not None))
+
+
+def _apply(targets: list[tuple[Backend, int, Any]], cpu: torch.Tensor | None, python: Any,
+           numpy: Any, previous: list[tuple[Backend, int, Any]], *, what: str,
+           host: tuple[bool, bool]) -> None:
+    """Set every target state; on any failure put every generator back and raise."""
+    before_cpu = _cpu.get_state()
+    before_py = _host.get_python_state() if host[0] else None
+    before_np = _host.get_numpy_state() if host[1] else None
     try:
-        for item in plan:
-            item[0].set_rng_state(item[2], item[1])
-            done.append(item)
-        # Validated above; each of these either applies whole or raises unchanged.
-        if state.python is not None:
-            _host.set_python_state(state.python)
-        if state.numpy is not None:
-            _host.set_numpy_state(state.numpy)
-        _cpu.set_state(state.cpu)
-    except Exception as err:
-        for backend, index, _, previous in reversed(done):
-            with contextlib.suppress(Exception):  # best effort; the error below says what failed
-                backend.set_rng_state(previous, index)
+        for backend, index, saved in targets:
+            backend.set_rng_state(saved, index)
+        if python is not None:
+            _host.set_python_state(python)
+        if numpy is not None:
+            _host.set_numpy_state(numpy)
+        if cpu is not None:
+            _cpu.set_state(cpu)
+    except BaseException as err:
+        _roll_back(err, what, before_cpu, previous, before_py, before_np)
+        raise
+
+
+def _roll_back(err: BaseException, what: str, cpu: torch.Tensor, previous: Any, py: Any,
+               np: Any) -> None:
+    """Put every generator back after ``err``; an interrupt goes on as itself (the caller
+    re-raises it), any other failure becomes one ``DevRNGError`` saying what was put back."""
+    interrupt = None if isinstance(err, Exception) else err
+    try:
+        restore_all(cpu, previous, py, np, what=what, pending=interrupt)
+    except DevRNGError as undo_err:
         raise DevRNGError(
-            f"Restoring the snapshot failed ({type(err).__name__}: {err}); the device generators "
-            "already set were put back."
+            f"{what} failed ({type(err).__name__}: {err}), and putting the generators back "
+            f"failed too: {undo_err}"
+        ) from err
+    if interrupt is None:
+        raise DevRNGError(
+            f"{what} failed ({type(err).__name__}: {err}); every generator was put back as it "
+            "was."
         ) from err
 
 
@@ -321,22 +430,38 @@ def manual_seed(seed: int, *, devices: Any = None, device_type: Any = None, pyth
 
     Unlike ``torch.manual_seed`` this reaches XLA and torchax too. With
     ``devices`` / ``device_type`` only those device types are seeded (all
-    devices of each).
+    devices of each). All or nothing: if seeding one generator fails, every
+    generator seeded before it is put back.
 
     Example:
         >>> devrng.manual_seed(1234)
         1234
     """
     seed = check_seed(seed)
+    check_flags(python=python, numpy=numpy)
     if devices is None and device_type is None:
         backends = [get_backend(n) for n in available_backends() if n != "cpu"]
     else:
         backends = [b for b, _ in make_plan(devices, device_type, caller="manual_seed", warn=False)]
-    _cpu.manual_seed(seed)
-    for backend in backends:
-        backend.manual_seed(seed)
-    if python:
-        random.seed(seed)
-    if numpy:
-        _host.seed_numpy(seed)
+    # Started devices are read first so that a failure can be undone; a device that
+    # has not started is seeded last and never read (reading would start it).
+    started = [b for b in backends if is_initialized(b)]
+    previous = [(b, i, b.get_rng_state(i)) for b in started for i in range(device_count(b))]
+    before_cpu = _cpu.get_state()
+    before_py = _host.get_python_state() if python else None
+    before_np = _host.get_numpy_state() if numpy else None
+    try:
+        for backend in started:
+            backend.manual_seed(seed)
+        _cpu.manual_seed(seed)
+        if python:
+            random.seed(seed)
+        if numpy:
+            _host.seed_numpy(seed)
+        for backend in backends:
+            if backend not in started:
+                backend.manual_seed(seed)
+    except BaseException as err:
+        _roll_back(err, f"manual_seed({seed})", before_cpu, previous, before_py, before_np)
+        raise
     return seed

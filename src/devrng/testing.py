@@ -151,6 +151,12 @@ class Report:
         if not self.ok:
             raise AssertionError(f"{msg}\n{self}" if msg else str(self))
 
+    @property
+    def structure_problems(self) -> tuple[str, ...]:
+        """Differences that are not in the values: shapes, dtypes, missing keys, lengths."""
+        return self.problems + tuple(f"{leaf.path}: {leaf.problem}" for leaf in self.leaves
+                                     if leaf.problem is not None)
+
     def __str__(self) -> str:
         context = [self.title] if self.title else []
         if len(self.leaves) == 1 and not self.problems:
@@ -158,8 +164,14 @@ class Report:
             context.append(_leaf_context(leaf))
         else:
             context.append(f"{len(self.leaves)} tensors")
-        lines = [f"{_summary(self.numel, self.mismatched, self.max_abs, self.max_rel, self.mae)}"
-                 f" ({'; '.join(context)})"]
+        summary = _summary(self.numel, self.mismatched, self.max_abs, self.max_rel, self.mae)
+        structural = self.structure_problems
+        # A report that cannot compare everything must not open like a clean one.
+        head = "" if not structural else (
+            f"MISMATCH: {structural[0]}"
+            + (f" (and {len(structural) - 1} more difference(s) in structure)"
+               if len(structural) > 1 else "") + "; values: ")
+        lines = [f"{head}{summary} ({'; '.join(context)})"]
         lines += [f"  {p}" for p in self.problems]
         if len(self.leaves) > 1 or self.problems:
             shown = list(self.leaves)

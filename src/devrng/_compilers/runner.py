@@ -9,6 +9,7 @@ the package is missing.
 from __future__ import annotations
 
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -20,7 +21,12 @@ from devrng._registry import Backend, device_count, get_backend
 from devrng._seeds import MASK64
 
 __all__ = ["HostSeeder", "MakeRunner", "Runner", "SeededRunner", "Seeder", "input_types",
-           "seed_to_int"]
+           "seed_lock", "seed_to_int"]
+
+#: Held while a seeded call sets the global generators, runs and puts them back: those
+#: generators are process-wide, so two threads must not interleave there. Reentrant,
+#: so that a seeded function may call another.
+seed_lock = threading.RLock()
 
 _cpu = torch.default_generator
 
@@ -84,16 +90,18 @@ class SeededRunner:
         seeder = self._seeder
         if seeder is None:
             seeder = self._seeder = self._make_seeder((args, kwargs))
+        value = seed_to_int(seed)
         counter = self._counter
-        if counter is None:
-            return seeder.run(seed_to_int(seed), self._compiled, args, kwargs)
-        before = counter()
-        try:
-            return seeder.run(seed_to_int(seed), self._compiled, args, kwargs)
-        finally:
-            # Resetting the compiler (torch._dynamo.reset()) clears its counts: never
-            # count backwards.
-            self._compiles += max(0, counter() - before)
+        with seed_lock:
+            if counter is None:
+                return seeder.run(value, self._compiled, args, kwargs)
+            before = counter()
+            try:
+                return seeder.run(value, self._compiled, args, kwargs)
+            finally:
+                # Resetting the compiler (torch._dynamo.reset()) clears its counts: never
+                # count backwards.
+                self._compiles += max(0, counter() - before)
 
 
 class HostSeeder:

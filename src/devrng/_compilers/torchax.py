@@ -20,7 +20,7 @@ import torch
 import torchax
 from torchax import interop
 
-from devrng._compilers.runner import seed_to_int
+from devrng._compilers.runner import seed_lock, seed_to_int
 
 __all__ = ["TorchaxRunner", "make_runner"]
 
@@ -50,7 +50,11 @@ def _key_data(seed: int | torch.Tensor) -> Any:
         if value.dtype.itemsize == 8:
             wide = value.astype(jnp.uint64)
             return jnp.stack([(wide >> 32).astype(jnp.uint32), wide.astype(jnp.uint32)])
-        return jnp.stack([jnp.uint32(0), value.astype(jnp.uint32)])
+        # Narrower ints: a negative one wraps to 64 bits as a CPU tensor(-1) does, so
+        # its high word is all ones.
+        negative = jnp.issubdtype(value.dtype, jnp.signedinteger) & (value < 0)
+        high = jnp.where(negative, jnp.uint32(0xFFFFFFFF), jnp.uint32(0))
+        return jnp.stack([high, value.astype(jnp.uint32)])
     value = seed_to_int(seed)
     return np.array([value >> 32, value & _M32], dtype=np.uint32)
 
@@ -96,13 +100,14 @@ class TorchaxRunner:
                  kwargs: dict[str, Any]) -> Any:
         key_data = _key_data(seed)
         j_args, j_kwargs = interop.jax_view((args, kwargs))
-        cpu = _cpu.get_state()
-        before = _compiles
-        try:
-            out, _advanced = self._jitted(key_data, *j_args, **j_kwargs)
-        finally:
-            self._compiles += _compiles - before
-            _cpu.set_state(cpu)  # tracing runs torch code, which may draw on the CPU
+        with seed_lock:  # tracing touches the CPU generator and JAX's compile counter
+            cpu = _cpu.get_state()
+            before = _compiles
+            try:
+                out, _advanced = self._jitted(key_data, *j_args, **j_kwargs)
+            finally:
+                self._compiles += _compiles - before
+                _cpu.set_state(cpu)  # tracing runs torch code, which may draw on the CPU
         return interop.torch_view(out)
 
 
