@@ -134,3 +134,38 @@ def fake_tensor(device: str, n: int = 2) -> torch.Tensor:
     from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
     return FakeTensor(FakeTensorMode(), torch.empty(n, device="meta"), torch.device(device))
+
+
+class FaultyBackend(MinimalBackend):
+    """A backend over real generators that raises on demand: ``faults["set"] = KeyboardInterrupt()``
+    makes every ``set_rng_state`` raise it (``"get"``, ``"seed"`` likewise); ``after[kind] = n``
+    lets the first ``n`` calls of that kind succeed."""
+
+    def __init__(self, name: str = "faulty", count: int = 2) -> None:
+        super().__init__(count)
+        self.name = name
+        self.faults: dict[str, BaseException] = {}
+        self.after: dict[str, int] = {}
+        self.calls: dict[str, int] = {"get": 0, "set": 0, "seed": 0}
+
+    def _maybe_fail(self, kind: str) -> None:
+        self.calls[kind] += 1
+        fault = self.faults.get(kind)
+        if fault is not None and self.calls[kind] > self.after.get(kind, 0):
+            raise fault
+
+    def get_rng_state(self, index: int) -> torch.Tensor:
+        self._maybe_fail("get")
+        return super().get_rng_state(index)
+
+    def set_rng_state(self, state: torch.Tensor, index: int) -> None:
+        self._maybe_fail("set")
+        super().set_rng_state(state, index)
+
+    def manual_seed(self, seed: int) -> None:
+        self._maybe_fail("seed")
+        super().manual_seed(seed)
+
+    def states(self) -> list[torch.Tensor]:
+        """Every generator's state, read without going through the faults."""
+        return [g.get_state() for g in self.gens]
