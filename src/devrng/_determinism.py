@@ -448,6 +448,8 @@ class DeterministicHandle:
                     interrupt = err
         self._previous.clear()
         if interrupt is not None:
+            add_note(interrupt, "deterministic() could not restore " + "; ".join(failures)
+                     + ". The other settings were restored.")
             raise interrupt
         return failures
 

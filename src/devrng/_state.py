@@ -12,7 +12,7 @@ from typing import IO, Any
 import torch
 
 from devrng import _host
-from devrng._errors import DevRNGError, check_flags, short_repr
+from devrng._errors import DevRNGError, add_note, check_flags, short_repr
 from devrng._files import atomic_write, is_file_like
 from devrng._fork import restore_all
 from devrng._plain import check_plain, describe, feed, signature
@@ -367,7 +367,17 @@ def set_rng_state(state: RNGState) -> None:
                     + (f"{count} {name} device(s); restore it where that device exists."
                        if count else f"no {name} device; restore it where one exists.")
                 )
-            current = backend.get_rng_state(index)
+            try:
+                current = backend.get_rng_state(index)
+            except Exception as err:
+                raise DevRNGError(
+                    f"Restoring the snapshot failed before changing anything: reading this "
+                    f"process's {name}:{index} state raised {type(err).__name__}: {err}."
+                ) from err
+            except BaseException as err:
+                add_note(err, "Restoring the snapshot was interrupted before any generator "
+                              "changed.")
+                raise
             if signature(saved) != signature(current):
                 raise DevRNGError(
                     f"The snapshot's {name}:{index} state is {describe(saved)}, but this "
