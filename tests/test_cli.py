@@ -7,12 +7,14 @@ import sys
 from typing import Any
 
 import pytest
+import torch
 from tests._fakes import MinimalBackend, registered
 
-from devrng.__main__ import known_problems, main
+from devrng.__main__ import main
+from devrng._cli import known_problems
 
 
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
+def cli(*args: str) -> subprocess.CompletedProcess[str]:  # as a user runs it
     return subprocess.run([sys.executable, "-m", "devrng", *args], capture_output=True, text=True,
                           env={"PJRT_DEVICE": "CPU", "PATH": "/usr/bin:/bin"})
 
@@ -59,3 +61,92 @@ def test_known_problems_follow_installed_versions(versions: dict[str, str], need
 
 def test_no_known_problems_for_a_clean_new_torch() -> None:
     assert known_problems({"torch": "2.13.0"}) == []
+
+
+# -- manners ------------------------------------------------------------------------
+def test_no_command_prints_help_and_succeeds() -> None:
+    out = cli()
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("usage: devrng")
+    assert "doctor" in out.stdout and "selftest" in out.stdout
+
+
+def test_version_and_help_do_not_import_torch() -> None:
+    code = ("import sys\n"
+            "from devrng.__main__ import main\n"
+            "for argv in (['--version'], ['--help']):\n"
+            "    try:\n"
+            "        main(argv)\n"
+            "    except SystemExit as exit:\n"
+            "        assert exit.code == 0, exit.code\n"
+            "print('torch imported:', 'torch' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "devrng 0.1.0" in out.stdout
+    assert out.stdout.strip().endswith("torch imported: False")
+
+
+def test_doctor_into_a_closed_pipe_exits_quietly() -> None:
+    proc = subprocess.run(f"{sys.executable} -m devrng doctor | head -1", shell=True,
+                          capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin", "PJRT_DEVICE": "CPU"})
+    assert proc.stdout.startswith("devrng ")
+    assert proc.stdout.count("\n") == 1
+    assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr
+
+
+def test_doctor_onto_a_full_disk_says_so_in_one_line() -> None:
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run([sys.executable, "-m", "devrng", "doctor"], stdout=full,
+                              stderr=subprocess.PIPE, text=True,
+                              env={"PATH": "/usr/bin:/bin", "PJRT_DEVICE": "CPU"})
+    assert proc.returncode == 1
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("devrng")]
+    assert lines == ["devrng doctor: could not write the report (No space left on device)."]
+    assert "Traceback" not in proc.stderr
+
+
+def test_doctor_rows_say_one_thing_each() -> None:
+    out = cli("doctor").stdout
+    backends = out.split("Backends", 1)[1].split("Determinism settings:")[0]
+    rows = [line.split() for line in backends.splitlines()[2:] if line.startswith("  ")
+            and not line.startswith("  (")]
+    for row in rows:  # a package that is not installed is never "not loaded" as well
+        assert not ("(not" in row and "installed)" in row and "loaded" in row), row
+    assert "torch.initial_seed()" not in out
+    assert "(False, False)" not in out and "(True, False)" not in out
+    assert "torch.use_deterministic_algorithms" in out
+    if not torch.backends.cuda.is_built():  # a device type this build cannot have
+        assert "not listed: cuda (this torch is built without CUDA)" in backends
+
+
+def test_selftest_lists_what_it_did_not_test_and_why() -> None:
+    out = cli("selftest").stdout
+    assert "Not tested here:" in out
+    if not torch.backends.mps.is_built():
+        assert "mps: this torch is built without MPS" in out
+
+
+@pytest.mark.xla
+def test_doctor_load_checks_xla_and_warns_about_pjrt_device() -> None:
+    pytest.importorskip("torch_xla")
+    loaded = cli("doctor", "--load")
+    assert loaded.returncode == 0, loaded.stdout + loaded.stderr
+    row = next(line for line in loaded.stdout.splitlines() if line.split()[:1] == ["xla"])
+    assert "works (" in row and "a draw and a state round trip" in row
+    unset = subprocess.run([sys.executable, "-m", "devrng", "doctor"], capture_output=True,
+                           text=True, env={"PATH": "/usr/bin:/bin"})
+    assert "PJRT_DEVICE is not set" in unset.stdout
+    row = next(line for line in unset.stdout.splitlines() if line.split()[:1] == ["xla"])
+    assert "not loaded" in row and "--load" in row
+
+
+@pytest.mark.xla
+def test_selftest_turns_a_failing_backend_into_a_fail_row() -> None:
+    pytest.importorskip("torch_xla")
+    out = subprocess.run([sys.executable, "-m", "devrng", "selftest"], capture_output=True,
+                         text=True, env={"PATH": "/usr/bin:/bin", "PJRT_DEVICE": "NOPE"})
+    assert out.returncode == 1
+    assert "Traceback" not in out.stderr
+    xla_rows = [line for line in out.stdout.splitlines() if line.startswith("xla ")]
+    assert xla_rows and all("FAIL" in line for line in xla_rows)
+    assert any(line.split()[:3] == ["cpu", "seed", "pass"] for line in out.stdout.splitlines())

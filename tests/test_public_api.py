@@ -15,6 +15,10 @@ def test_public_names_are_exactly_all() -> None:
     assert public == set(devrng.__all__)
 
 
+def test_all_lists_exactly_the_lazy_names() -> None:
+    assert devrng.__all__ == sorted(devrng._LAZY)
+
+
 def test_every_name_in_all_resolves() -> None:
     for name in devrng.__all__:
         assert getattr(devrng, name) is not None

@@ -1,36 +1,69 @@
 """devrng: random number generation in PyTorch that is correct on every device.
 
+Every public name is loaded on first use, so ``import devrng`` costs nothing
+until one is touched (and ``devrng --help`` never waits for torch); using one
+imports torch and nothing heavier.
+
 Example:
-    >>> import devrng
-    >>> with devrng.fork_rng(devices=[xla_tensor]):   # forks XLA *and* CPU
-    ...     out = model(xla_tensor)
+    >>> import torch, devrng
+    >>> with devrng.fork_rng(devices=[torch.ones(2)]):   # the devices' types are inferred
+    ...     a = torch.rand(2)
+    >>> torch.equal(a, torch.rand(2))
+    True
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
-
-from devrng._errors import DevRNGError
-from devrng._fork import fork_rng
-from devrng._infer import infer_device_types
-from devrng._patch import patch_torch, unpatch_torch
-from devrng._registry import Backend, available_backends, get_backend, register_backend
-from devrng._state import RNGState, get_rng_state, manual_seed, set_rng_state
-
-if TYPE_CHECKING:
-    from devrng import distributed, testing
-    from devrng._determinism import deterministic
-    from devrng._jit import seeded_jit
-    from devrng._streams import RNGStreams
-    from devrng._workers import seed_worker
 
 __version__ = "0.1.0"
 
+if TYPE_CHECKING:
+    from devrng import distributed, testing
+    from devrng._determinism import DeterministicHandle, deterministic
+    from devrng._errors import DevRNGError
+    from devrng._fork import fork_rng
+    from devrng._infer import infer_device_types
+    from devrng._jit import SeededFunction, seeded_jit
+    from devrng._patch import patch_torch, unpatch_torch
+    from devrng._registry import Backend, available_backends, get_backend, register_backend
+    from devrng._state import RNGState, get_rng_state, manual_seed, set_rng_state
+    from devrng._streams import RNGStreams
+    from devrng._workers import seed_worker
+
+# name -> (module, attribute; None for the module itself)
+_LAZY: dict[str, tuple[str, str | None]] = {
+    "Backend": ("devrng._registry", "Backend"),
+    "DeterministicHandle": ("devrng._determinism", "DeterministicHandle"),
+    "DevRNGError": ("devrng._errors", "DevRNGError"),
+    "RNGState": ("devrng._state", "RNGState"),
+    "RNGStreams": ("devrng._streams", "RNGStreams"),
+    "SeededFunction": ("devrng._jit", "SeededFunction"),
+    "available_backends": ("devrng._registry", "available_backends"),
+    "deterministic": ("devrng._determinism", "deterministic"),
+    "distributed": ("devrng.distributed", None),
+    "fork_rng": ("devrng._fork", "fork_rng"),
+    "get_backend": ("devrng._registry", "get_backend"),
+    "get_rng_state": ("devrng._state", "get_rng_state"),
+    "infer_device_types": ("devrng._infer", "infer_device_types"),
+    "manual_seed": ("devrng._state", "manual_seed"),
+    "patch_torch": ("devrng._patch", "patch_torch"),
+    "register_backend": ("devrng._registry", "register_backend"),
+    "seed_worker": ("devrng._workers", "seed_worker"),
+    "seeded_jit": ("devrng._jit", "seeded_jit"),
+    "set_rng_state": ("devrng._state", "set_rng_state"),
+    "testing": ("devrng.testing", None),
+    "unpatch_torch": ("devrng._patch", "unpatch_torch"),
+}
+
 __all__ = [
     "Backend",
+    "DeterministicHandle",
     "DevRNGError",
     "RNGState",
     "RNGStreams",
+    "SeededFunction",
     "available_backends",
     "deterministic",
     "distributed",
@@ -48,26 +81,14 @@ __all__ = [
     "unpatch_torch",
 ]
 
-# Loaded on first access, so that `import devrng` stays light.
-_LAZY = {
-    "seeded_jit": ("devrng._jit", "seeded_jit"),
-    "deterministic": ("devrng._determinism", "deterministic"),
-    "seed_worker": ("devrng._workers", "seed_worker"),
-    "RNGStreams": ("devrng._streams", "RNGStreams"),
-    "distributed": ("devrng.distributed", None),
-    "testing": ("devrng.testing", None),
-}
-
 
 def __getattr__(name: str) -> Any:
     target = _LAZY.get(name)
     if target is None:
         raise AttributeError(f"module 'devrng' has no attribute {name!r}")
-    import importlib
-
     module = importlib.import_module(target[0])
     value = module if target[1] is None else getattr(module, target[1])
-    globals()[name] = value
+    globals()[name] = value  # later lookups are plain module attributes
     return value
 
 

@@ -23,7 +23,7 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import torch
 
-from devrng._lazy import load
+from devrng._lazy import install_hint, load
 
 __all__ = [
     "Backend",
@@ -39,6 +39,7 @@ __all__ = [
     "current_index",
     "device_count",
     "get_backend",
+    "install_command",
     "is_initialized",
     "loaded_backend",
     "package_installed",
@@ -418,6 +419,14 @@ def requirement(name: str) -> str | None:
     """The package a lazily registered backend needs, if it names one."""
     entry = _entries.get(name)
     return entry.requires if isinstance(entry, _Lazy) else None
+
+
+def install_command(name: str) -> str | None:
+    """The pip command that installs what backend ``name`` needs, if it needs a package."""
+    entry = _entries.get(name)
+    if not isinstance(entry, _Lazy) or entry.requires is None:
+        return None
+    return install_hint(entry.requires, entry.extra)
 
 
 def package_installed(module: str) -> bool:
