@@ -96,8 +96,10 @@ class MinimalBackend:
 
     name = "thirdparty"
 
-    def __init__(self, count: int = 2) -> None:
+    def __init__(self, count: int = 2, name: str | None = None) -> None:
         self.gens = [torch.Generator().manual_seed(7 + i) for i in range(count)]
+        if name is not None:
+            self.name = name
 
     def is_available(self) -> bool:
         return True
@@ -142,8 +144,7 @@ class FaultyBackend(MinimalBackend):
     lets the first ``n`` calls of that kind succeed."""
 
     def __init__(self, name: str = "faulty", count: int = 2) -> None:
-        super().__init__(count)
-        self.name = name
+        super().__init__(count, name)
         self.faults: dict[str, BaseException] = {}
         self.after: dict[str, int] = {}
         self.calls: dict[str, int] = {"get": 0, "set": 0, "seed": 0}

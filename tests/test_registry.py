@@ -88,6 +88,7 @@ def test_unknown_name_lists_registered_ones() -> None:
     ("a:b", MinimalBackend(), ValueError, r"Backend name 'a:b' is not valid"),
     ("x", "no_colon", ValueError, r"Backend target 'no_colon' is not of the form 'module:attr'"),
     ("x", object(), TypeError, r"does not satisfy devrng.Backend: it lacks name, is_available"),
+    ("x", MinimalBackend(), ValueError, r"says its name is 'thirdparty' but is registered as 'x'"),
 ])
 def test_bad_registrations(name: str, backend: Any, error: type, message: str) -> None:
     with pytest.raises(error, match=message):

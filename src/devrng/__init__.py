@@ -30,7 +30,8 @@ if TYPE_CHECKING:
     from devrng._registry import Backend, available_backends, get_backend, register_backend
     from devrng._state import RNGState, get_rng_state, manual_seed, set_rng_state
     from devrng._streams import RNGStreams
-    from devrng._workers import seed_worker
+    from devrng._training import TrainingRNG
+    from devrng._workers import sample_rng, seed_worker
 
 # name -> (module, attribute; None for the module itself)
 _LAZY: dict[str, tuple[str, str | None]] = {
@@ -40,6 +41,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "RNGState": ("devrng._state", "RNGState"),
     "RNGStreams": ("devrng._streams", "RNGStreams"),
     "SeededFunction": ("devrng._jit", "SeededFunction"),
+    "TrainingRNG": ("devrng._training", "TrainingRNG"),
     "available_backends": ("devrng._registry", "available_backends"),
     "deterministic": ("devrng._determinism", "deterministic"),
     "distributed": ("devrng.distributed", None),
@@ -50,6 +52,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "manual_seed": ("devrng._state", "manual_seed"),
     "patch_torch": ("devrng._patch", "patch_torch"),
     "register_backend": ("devrng._registry", "register_backend"),
+    "sample_rng": ("devrng._workers", "sample_rng"),
     "seed_worker": ("devrng._workers", "seed_worker"),
     "seeded_jit": ("devrng._jit", "seeded_jit"),
     "set_rng_state": ("devrng._state", "set_rng_state"),
@@ -64,6 +67,7 @@ __all__ = [
     "RNGState",
     "RNGStreams",
     "SeededFunction",
+    "TrainingRNG",
     "available_backends",
     "deterministic",
     "distributed",
@@ -74,6 +78,7 @@ __all__ = [
     "manual_seed",
     "patch_torch",
     "register_backend",
+    "sample_rng",
     "seed_worker",
     "seeded_jit",
     "set_rng_state",

@@ -224,6 +224,7 @@ def register_backend(name: str, backend: Backend | str, *, clobber: bool = False
             )
         entry = _Lazy(backend, None, None)
     elif isinstance(backend, Backend):
+        _check_name(name, backend)
         entry = backend
     else:
         missing = [m for m in _REQUIRED if not hasattr(backend, m)]
@@ -240,6 +241,17 @@ def register_backend(name: str, backend: Backend | str, *, clobber: bool = False
         _entries[name] = entry
         _resolved.pop(name, None)
         _broken.pop(name, None)
+
+
+def _check_name(name: str, backend: Backend) -> None:
+    # States are keyed by backend.name: a backend registered under another name would
+    # save states that its own registry entry cannot find again.
+    if getattr(backend, "name", None) != name:
+        raise ValueError(
+            f"The backend {backend!r} says its name is {getattr(backend, 'name', None)!r} but is "
+            f"registered as {name!r}; its name attribute must be the device type it is "
+            "registered for."
+        )
 
 
 def unregister_backend(name: str) -> None:
@@ -301,6 +313,7 @@ def _resolve(name: str, entry: Backend | _Lazy) -> Backend:
             + f", is a {type(obj).__name__} that does not satisfy devrng.Backend (it lacks "
             f"{', '.join(missing)})."
         )
+    _check_name(name, obj)
     return obj
 
 

@@ -7,7 +7,7 @@ import os
 import random
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import IO, Any
+from typing import IO, Any, NamedTuple
 
 import torch
 
@@ -20,7 +20,7 @@ from devrng._plan import make_plan
 from devrng._registry import Backend, available_backends, device_count, get_backend, is_initialized
 from devrng._seeds import MASK64, check_seed
 
-__all__ = ["RNGState", "get_rng_state", "manual_seed", "set_rng_state"]
+__all__ = ["RNGState", "Restore", "get_rng_state", "manual_seed", "prepare_restore", "set_rng_state"]
 
 _FORMAT = "devrng.RNGState"
 _VERSION = 1
@@ -346,6 +346,31 @@ def set_rng_state(state: RNGState) -> None:
             f"set_rng_state takes a devrng.RNGState, not a {type(state).__name__}; get one from "
             "devrng.get_rng_state() or devrng.RNGState.load(path)."
         )
+    prepare_restore(state).apply()
+
+
+class Restore(NamedTuple):
+    """A snapshot checked against this process and ready to apply (see :func:`prepare_restore`)."""
+
+    state: RNGState
+    targets: list[tuple[Backend, int, Any]]
+    previous: list[tuple[Backend, int, Any]]
+
+    def apply(self) -> None:
+        """Set every generator; on any failure put every generator back and raise."""
+        state = self.state
+        _apply(self.targets, state.cpu, state.python, state.numpy, self.previous,
+               what="Restoring the snapshot", host=(state.python is not None,
+                                                    state.numpy is not None))
+
+
+def prepare_restore(state: RNGState) -> Restore:
+    """Check ``state`` in full against this process without changing anything.
+
+    Raises ``DevRNGError`` on any mismatch; the result's ``apply()`` restores it.
+    Callers that restore more than one thing (``TrainingRNG``) check every
+    part before applying any.
+    """
     _check_host(state)
     # Check every device state against this process, keeping the current one
     # so that a failure half-way can be rolled back.
@@ -390,8 +415,7 @@ def set_rng_state(state: RNGState) -> None:
                 )
             targets.append((backend, index, saved))
             previous.append((backend, index, current))
-    _apply(targets, state.cpu, state.python, state.numpy, previous,
-           what="Restoring the snapshot", host=(state.python is not None, state.numpy is not None))
+    return Restore(state, targets, previous)
 
 
 def _apply(targets: list[tuple[Backend, int, Any]], cpu: torch.Tensor | None, python: Any,

@@ -9,18 +9,20 @@ any of them is reproducible from the generator's seed.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
 from devrng import _host
+from devrng._fork import fork_rng
 from devrng._rank import env_rank, process_rank
-from devrng._seeds import MASK64, check_seed, splitmix64
+from devrng._seeds import MASK64, check_seed, nth_seed, splitmix64
 
-__all__ = ["dataloader_kwargs", "seed_worker", "worker_seeds"]
+__all__ = ["dataloader_kwargs", "sample_rng", "seed_worker", "worker_seeds"]
 
 
 def worker_seeds(base_seed: int, worker_id: int, rank: int) -> tuple[int, int, list[int]]:
@@ -111,3 +113,47 @@ class _Chained:
 
     def __setstate__(self, state: tuple[Any, Any]) -> None:
         self.first, self.then = state
+
+
+@contextlib.contextmanager
+def sample_rng(index: int) -> Iterator[None]:
+    """Draw one sample's randomness from generators seeded by the epoch and ``index`` alone.
+
+    Inside a DataLoader worker, torch's, Python's and NumPy's generators are
+    seeded for the block from the epoch's base seed (which the DataLoader
+    draws from its ``generator``) and ``index``, and put back afterwards. So a
+    sample's augmentation does not depend on which worker loads it or what
+    that worker loaded before: a loader resumed mid-epoch (torchdata's
+    ``StatefulDataLoader``), whose new workers start their streams afresh,
+    still draws exactly what the uninterrupted run drew. In the main process
+    (``num_workers=0``) it changes nothing: there the global generators, which
+    ``TrainingRNG`` saves, already resume exactly.
+
+    Example:
+        >>> class Noisy(torch.utils.data.Dataset):
+        ...     def __len__(self): return 4
+        ...     def __getitem__(self, i):
+        ...         with devrng.sample_rng(i):
+        ...             return torch.rand(1)
+        >>> len(list(torch.utils.data.DataLoader(Noisy())))
+        4
+    """
+    if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+        raise TypeError(
+            f"sample_rng takes the sample's index (an int of 0 or more), not {index!r} "
+            f"(a {type(index).__name__})."
+        )
+    info = torch.utils.data.get_worker_info()
+    if info is None:
+        yield
+        return
+    epoch_seed = (int(info.seed) - int(info.id)) & MASK64  # the loader's base seed, per epoch
+    torch_seed, python_seed, np_words = worker_seeds(nth_seed(epoch_seed, index), 0,
+                                                     process_rank(strict=False))
+    with fork_rng(devices=[], python=True, numpy=True):
+        torch.manual_seed(torch_seed)
+        random.seed(python_seed)
+        np = _host.numpy_or_none()
+        if np is not None:
+            np.random.seed(np_words)
+        yield

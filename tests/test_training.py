@@ -1,0 +1,294 @@
+"""devrng.TrainingRNG: seeding, what its state holds, and loading it all or nothing.
+
+The bitwise resume of whole training runs in fresh processes is tests/test_resume.py;
+this file checks the object's contract piece by piece. Devices other than the CPU are
+SIMULATED here (tests/_fakes.py) where a device count must change.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import random
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from tests._fakes import FaultyBackend, MinimalBackend, registered
+
+import devrng
+from devrng import DevRNGError, TrainingRNG
+
+
+@pytest.fixture(autouse=True)
+def _seed_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DEVRNG_SEED", raising=False)
+    monkeypatch.delenv("PL_GLOBAL_SEED", raising=False)
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+
+
+# ----------------------------------------------------------------------------- seeding
+def test_a_given_seed_seeds_torch_python_and_numpy_like_manual_seed() -> None:
+    TrainingRNG(77)
+    got = (torch.rand(3), random.random(), np.random.random())
+    devrng.manual_seed(77)
+    assert torch.equal(got[0], torch.rand(3))
+    assert (got[1], got[2]) == (random.random(), np.random.random())
+
+
+def test_seed_comes_from_the_environment_then_from_entropy(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setenv("PL_GLOBAL_SEED", "42")
+    assert TrainingRNG().seed == 42
+    monkeypatch.setenv("DEVRNG_SEED", "9")  # devrng's own variable wins
+    assert TrainingRNG().seed == 9
+    monkeypatch.delenv("DEVRNG_SEED")
+    monkeypatch.delenv("PL_GLOBAL_SEED")
+    with caplog.at_level(logging.INFO, logger="devrng"):
+        rng = TrainingRNG()
+    assert f"seed {rng.seed} (drawn from OS entropy)" in caplog.text
+    assert os.environ["DEVRNG_SEED"] == str(rng.seed)  # for processes started later
+    assert TrainingRNG().seed == rng.seed  # a second one in this process agrees
+
+
+def test_a_bad_seed_variable_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DEVRNG_SEED", "twelve")
+    with pytest.raises(ValueError, match="The DEVRNG_SEED environment variable is 'twelve'"):
+        TrainingRNG()
+
+
+def test_deterministic_applies_the_switches() -> None:
+    rng = TrainingRNG(1, deterministic=True)
+    try:
+        assert torch.are_deterministic_algorithms_enabled()
+    finally:
+        assert rng.determinism is not None
+        rng.determinism.restore()
+    assert not torch.are_deterministic_algorithms_enabled()
+
+
+def test_per_rank_seeds_differ_by_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RANK", "1")
+    TrainingRNG(5, per_rank=True)
+    rank1 = torch.rand(2)
+    monkeypatch.setenv("RANK", "0")
+    TrainingRNG(5, per_rank=True)
+    assert not torch.equal(rank1, torch.rand(2))
+    TrainingRNG(5)
+    same = torch.rand(2)
+    monkeypatch.setenv("RANK", "1")
+    TrainingRNG(5)
+    assert torch.equal(same, torch.rand(2))  # by default every rank gets the seed
+
+
+# ----------------------------------------------------------------------------- what it covers
+def test_dataloader_kwargs_chain_the_users_worker_init_fn(tmp_path: Any) -> None:
+    calls = tmp_path / "calls"
+    calls.mkdir()
+
+    def mine(worker_id: int) -> None:
+        (calls / str(worker_id)).write_text(str(torch.initial_seed()))
+
+    rng = TrainingRNG(3)
+    kwargs = rng.dataloader_kwargs(worker_init_fn=mine)
+    loader = torch.utils.data.DataLoader(range(4), num_workers=2, **kwargs)
+    list(loader)
+    assert sorted(p.name for p in calls.iterdir()) == ["0", "1"]  # the user's ran in each
+    seeds = {p.read_text() for p in calls.iterdir()}
+    assert len(seeds) == 2  # after devrng's seeding: distinct per worker
+
+
+def test_each_loader_gets_its_own_generator_in_the_state() -> None:
+    rng = TrainingRNG(3)
+    a, b = rng.dataloader_kwargs()["generator"], rng.dataloader_kwargs()["generator"]
+    assert not torch.equal(a.get_state(), b.get_state())
+    assert set(rng.state_dict()["generators"]) == {"dataloader0", "dataloader1"}
+
+
+def test_track_takes_state_objects_and_refuses_others() -> None:
+    rng = TrainingRNG(3)
+    step = devrng.seeded_jit(lambda x: x, backend="eager")
+    assert rng.track("step", step) is step
+    streams = rng.track("streams", devrng.RNGStreams())
+    streams.add("dropout", 1)
+    gen = rng.track("noise", torch.Generator().manual_seed(8))
+    state = rng.state_dict()
+    assert state["tracked"]["step"] == step.state_dict()
+    assert torch.equal(state["generators"]["noise"], gen.get_state())
+    with pytest.raises(ValueError, match="already tracks an object named 'step'"):
+        rng.track("step", step)
+    with pytest.raises(TypeError, match=r"got a int, which has no state_dict\(\)"):
+        rng.track("number", 5)
+    with pytest.raises(TypeError, match="non-empty string name"):
+        rng.track("", step)
+
+
+def test_state_dict_is_plain_data_that_loads_weights_only() -> None:
+    rng = TrainingRNG(3)
+    rng.dataloader_kwargs()
+    rng.track("step", devrng.seeded_jit(lambda x: x, backend="eager"))
+    buffer = io.BytesIO()
+    torch.save(rng.state_dict(), buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=True)
+    rng.load_state_dict(loaded)
+    assert loaded["format"] == "devrng.TrainingRNG" and loaded["version"] == 1
+
+
+def test_a_tracked_object_with_an_opaque_state_is_refused() -> None:
+    class Opaque:
+        def state_dict(self) -> dict[str, Any]:
+            return {"thing": object()}
+
+        def load_state_dict(self, sd: dict[str, Any]) -> None:
+            pass
+
+    rng = TrainingRNG(3)
+    rng.track("opaque", Opaque())
+    with pytest.raises(DevRNGError, match="tracked object 'opaque' is a object, which a "
+                                          "weights-only file cannot hold"):
+        rng.state_dict()
+
+
+# ----------------------------------------------------------------------------- loading
+@pytest.fixture
+def setup() -> tuple[TrainingRNG, Any, Any, dict[str, Any]]:
+    rng = TrainingRNG(11)
+    loader = torch.utils.data.DataLoader(range(6), shuffle=True, **rng.dataloader_kwargs())
+    step = rng.track("step", devrng.seeded_jit(lambda x: x + torch.rand(1), backend="eager"))
+    step(torch.zeros(1))
+    return rng, loader, step, rng.state_dict()
+
+
+def _snapshot(rng: TrainingRNG, step: Any) -> tuple[Any, ...]:
+    return (devrng.get_rng_state(devices=[]), step.state_dict(),
+            rng._generators["dataloader0"].get_state())
+
+
+def _same(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
+    return a[0] == b[0] and a[1] == b[1] and torch.equal(a[2], b[2])
+
+
+def test_load_puts_everything_back(setup: Any) -> None:
+    rng, loader, step, saved = setup
+    first = ([int(x) for x in loader], step(torch.zeros(1)), torch.rand(2))
+    rng.load_state_dict(saved)
+    again = ([int(x) for x in loader], step(torch.zeros(1)), torch.rand(2))
+    assert first[0] == again[0]
+    assert torch.equal(first[1], again[1]) and torch.equal(first[2], again[2])
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (lambda sd: sd.update(extra=1), r"the state has unknown keys \['extra'\]"),
+    (lambda sd: sd.pop("generators"), r"the state lacks \['generators'\]"),
+    (lambda sd: sd.update(format="x"), "takes what TrainingRNG.state_dict"),
+    (lambda sd: sd.update(version=9), "the state is version 9"),
+    (lambda sd: sd["tracked"].pop("step"), r"nothing was saved for the tracked \['step'\]"),
+    (lambda sd: sd["tracked"].update(other={}), r"the saved tracked \['other'\] are not "
+                                                r"tracked here"),
+    (lambda sd: sd["generators"].update(dataloader0=torch.zeros(3, dtype=torch.uint8)),
+     "generator 'dataloader0' is not a CPU generator state"),
+    (lambda sd: sd.update(rank=3), "saved by rank 3 of 1, and this is rank 0 of 1"),
+    (lambda sd: sd["rng"].update(cpu=torch.zeros(2)), "saved global RNG state is not a valid devrng RNG snapshot"),
+    (lambda sd: sd["tracked"]["step"].update(counter=-1), "counter'] must be a non-negative"),
+])
+def test_a_bad_state_changes_nothing(setup: Any, change: Any, message: str) -> None:
+    rng, loader, step, saved = setup
+    list(loader)
+    step(torch.zeros(1))
+    torch.rand(1)
+    before = _snapshot(rng, step)
+    change(saved)
+    with pytest.raises(DevRNGError, match=message):
+        rng.load_state_dict(saved)
+    assert _same(before, _snapshot(rng, step))
+
+
+def test_a_failure_while_applying_puts_tracked_objects_back(setup: Any) -> None:
+    rng, _loader, step, saved = setup
+    with registered("faulty", FaultyBackend("faulty")) as faulty:
+        saved = rng.state_dict()  # now with the faulty backend's two devices
+        step(torch.zeros(1))
+        before = _snapshot(rng, step)
+        faulty.faults["set"] = RuntimeError("device lost")
+        with pytest.raises(DevRNGError, match="device lost"):
+            rng.load_state_dict(saved)
+        faulty.faults.clear()
+        assert _same(before, _snapshot(rng, step))  # the step counter was loaded, then put back
+
+
+def test_fewer_devices_strict_refuses_and_lenient_resumes_with_a_warning() -> None:
+    big = MinimalBackend(count=8, name="simdev")
+    with registered("simdev", big):  # SIMULATED: 8 devices when saved
+        rng = TrainingRNG(21)
+        saved = rng.state_dict()
+    small = MinimalBackend(count=4, name="simdev")
+    with registered("simdev", small):  # ... and 4 on resume
+        rng = TrainingRNG(21)
+        before = [g.get_state() for g in small.gens]
+        with pytest.raises(DevRNGError, match=r"the state holds simdev devices \[4, 5, 6, 7\], "
+                                              r"and this process has 4 simdev device\(s\)\. "
+                                              r"Pass strict=False"):
+            rng.load_state_dict(saved)
+        assert all(torch.equal(a, g.get_state()) for a, g in zip(before, small.gens, strict=True))
+        with pytest.warns(UserWarning, match=r"did not restore: simdev devices \[4, 5, 6, 7\] "
+                                             r"\(this process has 4\)"):
+            rng.load_state_dict(saved, strict=False)
+        assert all(torch.equal(saved["rng"]["devices"]["simdev"][i], small.gens[i].get_state())
+                   for i in range(4))
+
+
+def test_more_devices_lenient_seeds_the_new_ones_from_the_seed() -> None:
+    with registered("simdev", MinimalBackend(count=2, name="simdev")):  # SIMULATED: 2 devices when saved
+        saved = TrainingRNG(21).state_dict()
+    grown = MinimalBackend(count=4, name="simdev")
+    with registered("simdev", grown):  # ... and 4 on resume
+        rng = TrainingRNG(21)
+        before = grown.gens[2].get_state()
+        with pytest.warns(UserWarning, match=r"simdev devices \[2, 3\] \(none saved: seeded "
+                                             r"from the seed and this rank\)"):
+            rng.load_state_dict(saved, strict=False)
+        assert torch.equal(grown.gens[0].get_state(), saved["rng"]["devices"]["simdev"][0])
+        derived = grown.gens[2].get_state()
+        assert not torch.equal(derived, before)
+        torch.rand(3, generator=grown.gens[2])
+        with pytest.warns(UserWarning, match="simdev devices"):
+            rng.load_state_dict(saved, strict=False)
+        assert torch.equal(grown.gens[2].get_state(), derived)  # from the seed: the same again
+
+
+def test_another_ranks_state_restores_data_position_not_its_streams(
+        setup: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    rng, _loader, step, saved = setup
+    saved["rank"], saved["world_size"] = 1, 2
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(DevRNGError, match="saved by rank 1 of 2, and this is rank 0 of 2"):
+        rng.load_state_dict(saved)
+    with pytest.warns(UserWarning, match="the global generators of rank 1"):
+        rng.load_state_dict(saved, strict=False)
+    assert step.state_dict() == saved["tracked"]["step"]
+    assert torch.equal(rng._generators["dataloader0"].get_state(),
+                       saved["generators"]["dataloader0"])
+    # This rank's own stream, not rank 1's: derived from the seed and rank 0.
+    assert devrng.get_rng_state(devices=[]) != devrng.RNGState.from_dict(saved["rng"])
+    ours = torch.rand(2)
+    devrng.manual_seed(devrng.distributed.rank_seed(11, 0))
+    assert torch.equal(ours, torch.rand(2))
+
+
+def test_resume_adopts_the_saved_seed(setup: Any) -> None:
+    _rng, _loader, _step, saved = setup
+    other = TrainingRNG(99)
+    other.dataloader_kwargs()
+    other.track("step", devrng.seeded_jit(lambda x: x, backend="eager"))
+    other.load_state_dict(saved)
+    assert other.seed == 11
+    assert os.environ["DEVRNG_SEED"] == "11"
+
+
+def test_repr_names_what_it_tracks(setup: Any) -> None:
+    rng = setup[0]
+    assert repr(rng) == "TrainingRNG(seed=11, tracking dataloader0, step)"
