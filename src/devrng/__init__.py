@@ -4,7 +4,7 @@ Every public name is loaded on first use, so ``import devrng`` costs nothing
 until one is touched (and ``devrng --help`` never waits for torch); using one
 imports torch and nothing heavier.
 
-Example:
+Examples:
     >>> import torch, devrng
     >>> with devrng.fork_rng(devices=[torch.ones(2)]):   # the devices' types are inferred
     ...     a = torch.rand(2)

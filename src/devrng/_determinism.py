@@ -3,7 +3,7 @@
 Each setting is a small object that knows its name, what it does, whether this
 torch has it, how to read it, what ``deterministic()`` wants it to be, and how
 to set it (returning how to undo that). Applying, restoring and reporting are
-three loops over :func:`settings`. Device backends add their own switch through
+three loops over ``settings``. Device backends add their own switch through
 the optional ``DeterminismSwitch`` members (see ``devrng._registry``).
 
 Handles nest as a stack: restoring a handle first restores every handle
@@ -69,8 +69,8 @@ def _set_env(name: str, value: str | None) -> None:
 class Setting:
     """One global setting: its name, a note, how to read it and how to set it.
 
-    Subclasses override :meth:`read`, :meth:`target` and :meth:`put`, or
-    :meth:`apply` when setting it is more than a write and its inverse.
+    Subclasses override ``read``, ``target`` and ``put``, or
+    ``apply`` when setting it is more than a write and its inverse.
     """
 
     name: str = ""
@@ -334,7 +334,7 @@ def current_settings() -> dict[str, dict[str, Any]]:
     ``deterministic()`` with default arguments sets it to, ``None`` for
     ``previous`` (only a handle knows it), and a one-line explanation.
 
-    Example:
+    Examples:
         >>> current_settings()["torch.backends.cudnn.deterministic"]["target"]
         True
     """
@@ -357,7 +357,7 @@ class DeterministicHandle:
     Entering an active handle again (``with handle:`` twice) counts the
     entries; the outermost exit restores.
 
-    Example:
+    Examples:
         >>> with devrng.deterministic(seed=0) as handle:
         ...     kwargs = handle.dataloader_kwargs()
         >>> sorted(kwargs)
@@ -375,7 +375,7 @@ class DeterministicHandle:
 
     @property
     def active(self) -> bool:
-        """Whether the settings are applied (True until :meth:`restore`)."""
+        """Whether the settings are applied (True until ``restore``)."""
         return self._active
 
     # -- applying ---------------------------------------------------------------
@@ -459,7 +459,7 @@ class DeterministicHandle:
         Handles applied after this one and still active are restored first,
         newest first. Restoring a handle twice does nothing the second time.
 
-        Example:
+        Examples:
             >>> handle = devrng.deterministic()
             >>> handle.restore()
             >>> handle.active
@@ -502,7 +502,7 @@ class DeterministicHandle:
         seed drawn from torch's CPU generator, so an earlier ``manual_seed``
         fixes it); it decides shuffling and each epoch's worker seeds.
 
-        Example:
+        Examples:
             >>> with devrng.deterministic(seed=0) as handle:
             ...     loader = torch.utils.data.DataLoader(range(8), shuffle=True,
             ...                                          **handle.dataloader_kwargs())
@@ -515,7 +515,7 @@ class DeterministicHandle:
     def report(self) -> dict[str, dict[str, Any]]:
         """Every setting with its current value, availability, target and value before.
 
-        Example:
+        Examples:
             >>> with devrng.deterministic(seed=0) as handle:
             ...     entry = handle.report()["torch.backends.cudnn.deterministic"]
             >>> entry["value"], entry["target"]
@@ -551,7 +551,7 @@ def deterministic(seed: int | None = None, *, warn_only: bool = False,
     If CUDA already runs without a deterministic ``CUBLAS_WORKSPACE_CONFIG``, it raises
     ``DevRNGError`` (with ``warn_only=True``: warns) and changes nothing.
 
-    Example:
+    Examples:
         >>> with devrng.deterministic(seed=0):     # for one block; or call it at program start
         ...     on = torch.are_deterministic_algorithms_enabled()
         >>> on, torch.are_deterministic_algorithms_enabled()

@@ -7,9 +7,9 @@ torch reaches a device's RNG through ``getattr(torch, device_type)``:
 ``fork_rng``) and the DTensor RNG tracker. torch has no such module for XLA, so
 those sites crash with ``AttributeError: module 'torch' has no attribute 'xla'``.
 
-:func:`register_all` (called by ``devrng.patch_torch()``) registers a
-:class:`DeviceRNGModule` for every devrng backend whose device type torch has
-no module for; :func:`unregister_all` removes them. States handed to torch are
+``register_all`` (called by ``devrng.patch_torch()``) registers a
+``DeviceRNGModule`` for every devrng backend whose device type torch has
+no module for; ``unregister_all`` removes them. States handed to torch are
 tensors that carry the full value: XLA's unsigned 64-bit seed travels as eight
 little-endian bytes, since it overflows an ``int64``.
 
@@ -18,7 +18,7 @@ for device type ``jax`` (``torchax.device_module``), whose ``get_rng_state``
 returns ``[]`` and whose ``set_rng_state`` does nothing. With it,
 ``torch.utils.checkpoint`` silently recomputes different dropout masks. The
 replacement keeps every other member of torchax's module and is swapped back
-by :func:`unregister_all`. Any other existing module is never touched.
+by ``unregister_all``. Any other existing module is never touched.
 """
 
 from __future__ import annotations
@@ -120,10 +120,12 @@ class DeviceRNGModule(types.ModuleType):
     Members it does not define are looked up on ``fallback`` (the module
     torch had before, if any).
 
-    Example:
+    Examples:
+        >>> import torch_xla
         >>> devrng.patch_torch()
-        >>> torch.xla.get_rng_state(0)
-        tensor([101,   0,   0,   0,   0,   0,   0,   0], dtype=torch.uint8)
+        >>> state = torch.xla.get_rng_state(0)   # the 64-bit seed as 8 bytes
+        >>> state.dtype, tuple(state.shape)
+        (torch.uint8, (8,))
     """
 
     def __init__(self, device_type: str, fallback: types.ModuleType | None = None) -> None:
@@ -359,14 +361,15 @@ def _clear_torch_caches() -> None:
 
 
 def register_all() -> list[str]:
-    """Register a :class:`DeviceRNGModule` for every devrng backend torch has no module for.
+    """Register a ``DeviceRNGModule`` for every devrng backend torch has no module for.
 
     Returns the device types registered by this call. Idempotent.
 
-    Example:
+    Examples:
         >>> import torch_xla
-        >>> devrng._device_modules.register_all()
-        ['xla']
+        >>> _ = register_all()
+        >>> "xla" in registered_types()
+        True
     """
     added: list[str] = []
     with _lock:
@@ -391,11 +394,12 @@ def register_all() -> list[str]:
 
 
 def unregister_all() -> list[str]:
-    """Remove every module :func:`register_all` added; put back any it replaced. Idempotent.
+    """Remove every module ``register_all`` added; put back any it replaced. Idempotent.
 
-    Example:
-        >>> devrng._device_modules.unregister_all()
-        ['xla']
+    Examples:
+        >>> _ = unregister_all()
+        >>> registered_types()
+        ()
     """
     removed: list[str] = []
     with _lock:

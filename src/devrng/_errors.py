@@ -8,12 +8,14 @@ __all__ = ["DevRNGError", "add_note", "check_flags", "short_repr"]
 class DevRNGError(RuntimeError):
     """RNG state that cannot be restored, or a snapshot that does not match this process.
 
-    Example:
-        >>> import devrng
+    Examples:
+        >>> import torch, devrng
+        >>> wrong = devrng.RNGState(torch.zeros(3, dtype=torch.uint8), {})
         >>> try:
-        ...     devrng.set_rng_state(devrng.RNGState.load("run.rng"))
+        ...     devrng.set_rng_state(wrong)
         ... except devrng.DevRNGError as err:
-        ...     print(err)  # names the generator that did not match
+        ...     print(err)
+        The snapshot's CPU state is a torch.uint8 tensor of shape (3,); this torch needs a uint8 CPU tensor of ... elements.
     """
 
 

@@ -25,7 +25,7 @@ def is_file_like(target: Any) -> bool:
 def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], object]) -> None:
     """Call ``write(fh)`` on a temporary file next to ``path``, then rename it to ``path``.
 
-    Example:
+    Examples:
         >>> atomic_write("notes.bin", lambda fh: fh.write(b"data"))
     """
     path = os.fspath(path)

@@ -51,7 +51,7 @@ class fork_rng:
     when the block is entered, as torch reads it. Use it as a context manager
     or a decorator (also of ``async def`` functions).
 
-    Example:
+    Examples:
         >>> x = torch.ones(2)
         >>> with devrng.fork_rng(devices=[x]):
         ...     a = torch.rand(2)

@@ -59,7 +59,7 @@ def seed_numpy(seed: int) -> None:
 def check_python_state(state: Any) -> None:
     """Raise ``ValueError`` unless ``random.setstate(state)`` would install a working generator.
 
-    Example:
+    Examples:
         >>> check_python_state(random.getstate())
     """
     if not (isinstance(state, tuple) and len(state) == 3 and state[0] == 3
@@ -79,7 +79,7 @@ def check_python_state(state: Any) -> None:
 def check_numpy_state(state: Any) -> None:
     """Raise ``ValueError`` unless NumPy's global generator can take ``state`` and keep working.
 
-    Example:
+    Examples:
         >>> check_numpy_state(get_numpy_state())
     """
     np = numpy_or_none()

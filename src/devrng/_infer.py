@@ -80,7 +80,7 @@ def collect_devices(obj: object, *, args: bool = False) -> Devices:
     tensors and modules name devices (found through torch's pytree, so any
     registered container counts), and strings, ints and other leaves are data.
 
-    Example:
+    Examples:
         >>> collect_devices(["xla:0", 1]).indices
         {'xla': [0]}
         >>> collect_devices((["xla:0", 1], {"x": torch.ones(1)}), args=True).indices
@@ -168,7 +168,7 @@ def infer_device_types(obj: object) -> tuple[str, ...]:
 
     ``"cpu"`` and ``"meta"`` are never reported.
 
-    Example:
+    Examples:
         >>> devrng.infer_device_types([torch.ones(1, device="meta"), "xpu:1", {"a": "xla:0"}])
         ('xpu', 'xla')
     """

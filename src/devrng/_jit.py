@@ -43,7 +43,7 @@ def stream_seed(base_seed: int, counter: int) -> int:
     The base is mixed first, so neighbouring base seeds start far apart, and
     then SplitMix64 steps from there: ``counter`` picks one output.
 
-    Example:
+    Examples:
         >>> stream_seed(0, 0) != stream_seed(0, 1) != stream_seed(1, 0)
         True
     """
@@ -127,13 +127,15 @@ def _explain_positional_seed(sig: inspect.Signature | None, args: tuple[Any, ...
 
 
 class SeededFunction(Generic[R]):
-    """A compiled function called as ``f(*args, seed=None, **kwargs)``; see :func:`seeded_jit`.
+    """A compiled function called as ``f(*args, seed=None, **kwargs)``; see [`seeded_jit`][devrng.seeded_jit].
 
-    Example:
-        >>> step = devrng.seeded_jit(train_step, backend="torch_xla")
-        >>> loss = step(batch, seed=7)
-        >>> step.compile_count
-        1
+    Examples:
+        >>> step = devrng.seeded_jit(lambda x: torch.nn.functional.dropout(x, 0.5),
+        ...                          backend="eager", seed=0)
+        >>> torch.equal(step(torch.ones(8), seed=7), step(torch.ones(8), seed=7))
+        True
+        >>> step.backend, step.compile_count   # eager compiles nothing
+        ('eager', 0)
     """
 
     def __init__(self, fn: Callable[..., R], backend: str, seed: int | None,
@@ -203,16 +205,21 @@ class SeededFunction(Generic[R]):
     def state_dict(self) -> dict[str, int]:
         """Base seed and call counter of the seed stream, for checkpoints.
 
-        Example:
-            >>> ckpt["step_rng"] = step.state_dict()
+        Examples:
+            >>> step = devrng.seeded_jit(lambda x: x, backend="eager", seed=3)
+            >>> _ = step(torch.ones(1)); step.state_dict()
+            {'base_seed': 3, 'counter': 1}
         """
         return {"base_seed": self._base_seed, "counter": self._counter}
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Continue the seed stream saved by :meth:`state_dict`.
+        """Continue the seed stream saved by ``state_dict``.
 
-        Example:
-            >>> step.load_state_dict(ckpt["step_rng"])
+        Examples:
+            >>> step = devrng.seeded_jit(lambda x: x, backend="eager")
+            >>> step.load_state_dict({"base_seed": 3, "counter": 1})
+            >>> step.state_dict()
+            {'base_seed': 3, 'counter': 1}
         """
         if not isinstance(state_dict, Mapping) or set(state_dict) != {"base_seed", "counter"}:
             got = sorted(state_dict) if isinstance(state_dict, Mapping) else type(state_dict).__name__
@@ -258,12 +265,16 @@ def seeded_jit(fn: Callable[..., R] | None = None, *, backend: str = "auto",
     the function's own stream is used (base ``seed`` given here, or drawn from
     torch's default generator now). ``compile_kwargs`` go to the compiler.
 
-    Example:
+    Examples:
+        >>> import torch_xla
         >>> @devrng.seeded_jit(backend="torch_xla")
         ... def step(x):
         ...     return torch.nn.functional.dropout(x, 0.5)
+        >>> x = torch.ones(16, device=torch_xla.device())
         >>> torch.equal(step(x, seed=1).cpu(), step(x, seed=1).cpu())
         True
+        >>> step.compile_count   # one compilation, whatever the seed
+        1
     """
     if fn is None:
         def decorate(f: Callable[..., R]) -> SeededFunction[R]:

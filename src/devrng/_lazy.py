@@ -1,7 +1,7 @@
 """Import on first use, with an install hint when the package is missing.
 
 Backends (``devrng._backends.xla``) and compilers (``devrng._compilers.torchax``)
-import heavy packages at their top; they are loaded through :func:`load` the
+import heavy packages at their top; they are loaded through ``load`` the
 first time they are needed, so ``import devrng`` stays light and a missing
 package becomes one ``ImportError`` that says what to install.
 """
@@ -26,7 +26,7 @@ def load(target: str, *, what: str, extra: str | None = None) -> Any:
     ``"The 'xla' backend"``; ``extra`` is devrng's pip extra that installs the
     missing package.
 
-    Example:
+    Examples:
         >>> load("devrng._backends.cpu:backend", what="The 'cpu' backend").name
         'cpu'
     """

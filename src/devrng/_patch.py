@@ -25,9 +25,9 @@ def patch_torch() -> None:
     devrng backend torch has none for (XLA above all), so that
     ``torch.utils.checkpoint`` and torch's other RNG sites save and restore
     that device's state (see devrng._device_modules). Idempotent; undo with
-    :func:`unpatch_torch`.
+    [`unpatch_torch`][devrng.unpatch_torch].
 
-    Example:
+    Examples:
         >>> devrng.patch_torch()
         >>> torch.random.fork_rng is devrng.fork_rng
         True
@@ -46,9 +46,9 @@ def patch_torch() -> None:
 
 
 def unpatch_torch() -> None:
-    """Undo :func:`patch_torch`. Idempotent.
+    """Undo [`patch_torch`][devrng.patch_torch]. Idempotent.
 
-    Example:
+    Examples:
         >>> devrng.unpatch_torch()
     """
     with _lock:

@@ -54,7 +54,7 @@ def feed(h: Any, obj: Any) -> None:
 
     Raises ``DevRNGError`` for anything else (its ``repr`` may hold an address).
 
-    Example:
+    Examples:
         >>> import hashlib
         >>> h = hashlib.sha256(); feed(h, {"a": [1, torch.zeros(2)]}); len(h.hexdigest())
         64
@@ -120,7 +120,7 @@ def uint64_to_tensor(value: int) -> torch.Tensor:
 
 
 def tensor_to_uint64(tensor: Any, where: str) -> int:
-    """Inverse of :func:`uint64_to_tensor`; also takes an int in [0, 2**64)."""
+    """Inverse of ``uint64_to_tensor``; also takes an int in [0, 2**64)."""
     if isinstance(tensor, int) and not isinstance(tensor, bool):
         if not 0 <= tensor < 2**64:
             raise ValueError(

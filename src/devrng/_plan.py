@@ -168,7 +168,7 @@ def make_plan(
     ``devices=[tensor, ...]`` and ``devices=[index, ...], device_type="xla"``
     (what ``torch.utils.checkpoint`` passes through ``patch_torch()``).
 
-    Example:
+    Examples:
         >>> make_plan([], None)
         ()
     """

@@ -29,7 +29,7 @@ def process_rank(*, strict: bool = True) -> int:
     With ``strict=False`` (DataLoader workers, which must never fail on it) a
     bad ``RANK`` or a half-torn-down group reads as rank 0; otherwise both raise.
 
-    Example:
+    Examples:
         >>> process_rank()
         0
     """
@@ -44,7 +44,7 @@ def process_rank(*, strict: bool = True) -> int:
 
 
 def env_rank(*, strict: bool = True) -> int:
-    """The ``RANK`` environment variable as a rank (0 when unset); see :func:`process_rank`."""
+    """The ``RANK`` environment variable as a rank (0 when unset); see ``process_rank``."""
     raw = os.environ.get("RANK", "")
     if not raw.strip():
         return 0

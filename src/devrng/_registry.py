@@ -2,13 +2,13 @@
 
 Built-in backends are stored as ``"module:attr"`` strings and imported on first
 use, so ``import devrng`` never imports torch_xla, JAX or IPEX. Third-party
-backends come from :func:`register_backend` or the ``devrng.backends`` entry
+backends come from [`register_backend`][devrng.register_backend] or the ``devrng.backends`` entry
 point group; one that fails to load is skipped with a warning by everything
 that does not name it.
 
 Every question devrng asks a backend beyond the six required members goes
-through a function here (:func:`device_count`, :func:`current_index`,
-:func:`is_initialized`), so each has one answer and one fallback.
+through a function here (``device_count``, ``current_index``,
+``is_initialized``), so each has one answer and one fallback.
 """
 
 from __future__ import annotations
@@ -61,15 +61,19 @@ class Backend(Protocol):
     ``StateCodec`` and ``DeterminismSwitch`` (Protocols in this module), which devrng looks up
     with ``getattr`` and does without when absent (see docs/devices.md).
 
-    Example:
-        >>> class MyBackend:
+    Examples:
+        >>> class MyBackend:  # two devices, each a torch.Generator here
         ...     name = "mydev"
+        ...     def __init__(self): self.gens = [torch.Generator(), torch.Generator()]
         ...     def is_available(self): return True
-        ...     def device_count(self): return 1
-        ...     def get_rng_state(self, index): return my_lib.get_state(index)
-        ...     def set_rng_state(self, state, index): my_lib.set_state(state, index)
-        ...     def manual_seed(self, seed): my_lib.seed_all(seed)
+        ...     def device_count(self): return len(self.gens)
+        ...     def get_rng_state(self, index): return self.gens[index].get_state()
+        ...     def set_rng_state(self, state, index): self.gens[index].set_state(state)
+        ...     def manual_seed(self, seed):
+        ...         for g in self.gens: g.manual_seed(seed)
         >>> devrng.register_backend("mydev", MyBackend())
+        >>> devrng.infer_device_types(["mydev:1"])
+        ('mydev',)
     """
 
     name: str
@@ -207,8 +211,8 @@ def register_backend(name: str, backend: Backend | str, *, clobber: bool = False
     ``backend`` is an object satisfying [`devrng.Backend`][devrng.Backend], or a
     ``"module:attr"`` string imported on first use.
 
-    Example:
-        >>> devrng.register_backend("mydev", "my_package.rng:backend")
+    Examples:
+        >>> devrng.register_backend("mydev", "my_package.rng:backend")  # imported on first use
     """
     if not isinstance(name, str) or not name or ":" in name:
         raise ValueError(
@@ -257,8 +261,11 @@ def _check_name(name: str, backend: Backend) -> None:
 def unregister_backend(name: str) -> None:
     """Remove the backend registered as ``name``; a built-in one comes back as shipped.
 
-    Example:
+    Examples:
+        >>> register_backend("mydev", "my_package.rng:backend")
         >>> unregister_backend("mydev")
+        >>> "mydev" in registry
+        False
     """
     with _lock:
         if name not in _entries:
@@ -320,7 +327,7 @@ def _resolve(name: str, entry: Backend | _Lazy) -> Backend:
 def get_backend(name: str) -> Backend:
     """The backend for device type ``name`` (``"cuda"``, ``"xla"``, ...).
 
-    Example:
+    Examples:
         >>> devrng.get_backend("cpu").device_count()
         1
     """
@@ -411,9 +418,9 @@ def available_backends() -> tuple[str, ...]:
     Backends whose package nobody has imported yet (torch_xla, torchax) are not
     imported to find out: they count once the program imports them.
 
-    Example:
-        >>> devrng.available_backends()
-        ('cpu',)
+    Examples:
+        >>> "cpu" in devrng.available_backends()
+        True
     """
     out = []
     for name in backend_names():

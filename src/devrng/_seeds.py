@@ -18,7 +18,7 @@ GAMMA = 0x9E3779B97F4A7C15  # SplitMix64's increment: odd, so i * GAMMA is injec
 def check_seed(seed: object, name: str = "seed") -> int:
     """``seed`` as an int in [0, 2**64), or a TypeError / ValueError that says why not.
 
-    Example:
+    Examples:
         >>> check_seed(7)
         7
     """
@@ -51,7 +51,7 @@ def nth_seed(seed: int, n: int) -> int:
     distinct ``n`` below 2**64 never give the same value (the increment is odd
     and ``mix64`` is a bijection).
 
-    Example:
+    Examples:
         >>> nth_seed(0, 0) != nth_seed(0, 1) != nth_seed(1, 0)
         True
     """

@@ -35,7 +35,7 @@ class RNGState:
     ``devices`` (device type -> device index -> state), ``python`` and
     ``numpy`` (``None`` when not captured).
 
-    Example:
+    Examples:
         >>> snap = devrng.get_rng_state()
         >>> a = torch.rand(3)
         >>> devrng.set_rng_state(snap)
@@ -124,7 +124,7 @@ class RNGState:
         Every part is checked as far as this process can without touching a
         generator: a snapshot that parses installs working generators.
 
-        Example:
+        Examples:
             >>> snap = devrng.get_rng_state()
             >>> devrng.RNGState.from_dict(snap.to_dict()) == snap
             True
@@ -173,7 +173,7 @@ class RNGState:
         """Write the snapshot to a path or an open binary file; ``torch.load(weights_only=True)``
         reads it. A path is written atomically: a failure leaves the previous file as it was.
 
-        Example:
+        Examples:
             >>> devrng.get_rng_state().save("step_100.rng")
         """
         data = self.to_dict()
@@ -187,8 +187,10 @@ class RNGState:
         """Read a snapshot written by [`save`][devrng.RNGState.save] from a path or an open binary
         file, never unpickling arbitrary objects.
 
-        Example:
+        Examples:
+            >>> devrng.get_rng_state().save("step_100.rng")
             >>> snap = devrng.RNGState.load("step_100.rng")
+            >>> devrng.set_rng_state(snap)
         """
         where = repr(f) if is_file_like(f) else repr(os.fspath(f))  # type: ignore[arg-type]
         try:
@@ -211,7 +213,7 @@ class RNGState:
         A backend state that is not plain data (tensors, numbers, strings, lists,
         dicts) has no stable bytes to hash and raises ``DevRNGError``.
 
-        Example:
+        Examples:
             >>> len(devrng.get_rng_state().fingerprint())
             16
         """
@@ -230,7 +232,7 @@ def get_rng_state(devices: Any = None, device_type: Any = None, *, python: bool 
 
     ``devices`` / ``device_type`` choose devices as in [`fork_rng`][devrng.fork_rng].
 
-    Example:
+    Examples:
         >>> snap = devrng.get_rng_state(devices=[])   # CPU, Python and NumPy
         >>> snap.devices
         mappingproxy({})
@@ -334,7 +336,7 @@ def set_rng_state(state: RNGState) -> None:
     mismatch raises ``DevRNGError`` before any generator changes. If setting a
     generator still fails, every generator already set is put back.
 
-    Example:
+    Examples:
         >>> snap = devrng.get_rng_state()
         >>> first = torch.rand(2)
         >>> devrng.set_rng_state(snap)
@@ -350,7 +352,7 @@ def set_rng_state(state: RNGState) -> None:
 
 
 class Restore(NamedTuple):
-    """A snapshot checked against this process and ready to apply (see :func:`prepare_restore`)."""
+    """A snapshot checked against this process and ready to apply (see ``prepare_restore``)."""
 
     state: RNGState
     targets: list[tuple[Backend, int, Any]]
@@ -467,7 +469,7 @@ def manual_seed(seed: int, *, devices: Any = None, device_type: Any = None, pyth
     devices of each). All or nothing: if seeding one generator fails, every
     generator seeded before it is put back.
 
-    Example:
+    Examples:
         >>> devrng.manual_seed(1234)
         1234
     """

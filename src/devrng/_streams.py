@@ -49,16 +49,19 @@ class RNGStreams:
 
     ``add(name, seed)`` creates a stream; ``with streams.fork(name):`` swaps
     its state in for the CPU and every covered device type (as
-    :func:`devrng.fork_rng` chooses them from ``devices`` / ``device_type``),
+    [`fork_rng`][devrng.fork_rng] chooses them from ``devices`` / ``device_type``),
     keeps the advanced state on exit and gives the caller back its own.
     ``state_dict()`` / ``load_state_dict()`` carry every stream across a
     checkpoint in plain data that ``torch.load(weights_only=True)`` reads.
 
-    Example:
+    Examples:
         >>> streams = devrng.RNGStreams()
         >>> streams.add("dropout", 1234)
-        >>> with streams.fork("dropout", devices=[x]):
-        ...     y = torch.nn.functional.dropout(x, 0.1)   # default stream untouched
+        >>> before = torch.get_rng_state()
+        >>> with streams.fork("dropout", devices=[torch.ones(4)]):
+        ...     y = torch.nn.functional.dropout(torch.ones(4), 0.1)
+        >>> torch.equal(before, torch.get_rng_state())   # the default stream is untouched
+        True
     """
 
     def __init__(self) -> None:
@@ -69,8 +72,11 @@ class RNGStreams:
     def add(self, name: str, seed: int) -> None:
         """Create stream ``name`` from ``seed``; a name can be added once.
 
-        Example:
-            >>> streams.add("model-parallel", devrng.distributed.rank_seed(1234))
+        Examples:
+            >>> streams = devrng.RNGStreams()
+            >>> streams.add("model-parallel", devrng.distributed.rank_seed(1234, rank=0))
+            >>> streams.names
+            ('model-parallel',)
         """
         if not isinstance(name, str) or not name:
             raise TypeError(f"A stream name must be a non-empty string, not {name!r}.")
@@ -137,12 +143,19 @@ class RNGStreams:
 
         Covers the CPU and the device types of ``devices`` / ``device_type``
         (with neither, the accelerator and XLA / torchax when in use, as
-        :func:`devrng.fork_rng`). The stream's advanced state is kept, so the
+        [`fork_rng`][devrng.fork_rng]). The stream's advanced state is kept, so the
         next ``fork(name)`` continues where this one stopped.
 
-        Example:
+        Examples:
+            >>> import torch_xla
+            >>> streams = devrng.RNGStreams()
+            >>> streams.add("dropout", 7)
             >>> with streams.fork("dropout", devices=["xla:0"]):
-            ...     mask = torch.rand(4, device="xla:0") > 0.5
+            ...     first = torch.rand(4, device="xla:0").cpu()
+            >>> with streams.fork("dropout", devices=["xla:0"]):   # continues the stream
+            ...     second = torch.rand(4, device="xla:0").cpu()
+            >>> torch.equal(first, second)
+            False
         """
         stream = self._get(name, "fork")
         if name in self._active:
@@ -192,8 +205,10 @@ class RNGStreams:
     def state_dict(self) -> dict[str, Any]:
         """Every stream's seed and states as plain data (``torch.load(weights_only=True)`` safe).
 
-        Example:
-            >>> torch.save({"model": model.state_dict(), "rng": streams.state_dict()}, "ckpt.pt")
+        Examples:
+            >>> streams = devrng.RNGStreams()
+            >>> streams.add("dropout", 7)
+            >>> torch.save({"rng": streams.state_dict()}, "ckpt.pt")
         """
         streams = {}
         for name, s in self._streams.items():
@@ -203,12 +218,17 @@ class RNGStreams:
         return {"format": _FORMAT, "version": _VERSION, "streams": streams}
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Replace every stream with those in ``state_dict`` (from :meth:`state_dict`).
+        """Replace every stream with those in ``state_dict`` (from ``state_dict``).
 
         The whole dict is checked first; on any problem nothing changes.
 
-        Example:
-            >>> streams.load_state_dict(torch.load("ckpt.pt", weights_only=True)["rng"])
+        Examples:
+            >>> saved = devrng.RNGStreams()
+            >>> saved.add("dropout", 7)
+            >>> streams = devrng.RNGStreams()
+            >>> streams.load_state_dict(saved.state_dict())
+            >>> streams.seed("dropout")
+            7
         """
         if self._active:
             raise RuntimeError(

@@ -53,7 +53,7 @@ class TrainingRNG:
     with Lightning's ``seed_everything``; DataLoader workers differ per rank
     either way).
 
-    Example:
+    Examples:
         >>> rng = devrng.TrainingRNG(seed=1234)
         >>> loader = torch.utils.data.DataLoader(range(8), shuffle=True,
         ...                                      **rng.dataloader_kwargs())
@@ -101,7 +101,7 @@ class TrainingRNG:
         seeded from the run's seed and k). Workers are seeded by
         [`seed_worker`][devrng.seed_worker], then ``worker_init_fn`` runs.
 
-        Example:
+        Examples:
             >>> rng = devrng.TrainingRNG(seed=0)
             >>> sorted(rng.dataloader_kwargs())
             ['generator', 'worker_init_fn']
@@ -116,7 +116,7 @@ class TrainingRNG:
         """Add ``obj`` (anything with ``state_dict()`` / ``load_state_dict()``, or a
         ``torch.Generator``) to the state under ``name``; returns ``obj``.
 
-        Example:
+        Examples:
             >>> rng = devrng.TrainingRNG(seed=0)
             >>> g = rng.track("noise", torch.Generator().manual_seed(3))
         """
@@ -147,7 +147,7 @@ class TrainingRNG:
         every DataLoader generator and every tracked object's state. One per
         rank: save each rank's next to its model shard.
 
-        Example:
+        Examples:
             >>> sorted(devrng.TrainingRNG(seed=0).state_dict())
             ['format', 'generators', 'rank', 'rng', 'seed', 'tracked', 'version', 'world_size']
         """
@@ -184,7 +184,7 @@ class TrainingRNG:
         the seed and this rank (two ranks must never share a stream). A warning
         lists everything that was not restored.
 
-        Example:
+        Examples:
             >>> rng = devrng.TrainingRNG(seed=5)
             >>> saved = rng.state_dict()
             >>> a = torch.rand(2)

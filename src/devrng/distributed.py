@@ -53,12 +53,10 @@ class RNGSyncError(DevRNGError):
     ``ranks`` holds the global ranks that differ from the reference (the most
     common state); ``fingerprints`` maps every global rank to its fingerprint.
 
-    Example:
-        >>> try:
-        ...     devrng.distributed.assert_rng_in_sync()
-        ... except devrng.distributed.RNGSyncError as err:
-        ...     print(err.ranks)
-        (3,)
+    Examples:
+        >>> err = RNGSyncError("ranks 3 differ", [3], {0: "a1", 1: "a1", 2: "a1", 3: "b2"})
+        >>> err.ranks, isinstance(err, devrng.DevRNGError)
+        ((3,), True)
     """
 
     def __init__(self, message: str, ranks: Sequence[int], fingerprints: dict[int, str]) -> None:
@@ -77,7 +75,7 @@ def rank_seed(seed: int, rank: int | None = None) -> int:
     with ``seed``: for one ``seed`` two ranks below 2**64 never get the same
     value, and the same ``(seed, rank)`` gives the same value on every machine.
 
-    Example:
+    Examples:
         >>> devrng.distributed.rank_seed(1234, rank=0) != devrng.distributed.rank_seed(1234, rank=1)
         True
     """
@@ -93,16 +91,20 @@ def rank_seed(seed: int, rank: int | None = None) -> int:
 
 
 def manual_seed_ranks(seed: int, *, group: ProcessGroup | None = None) -> int:
-    """Seed everything (``devrng.manual_seed``) with this rank's :func:`rank_seed`; return it.
+    """Seed everything (``devrng.manual_seed``) with this rank's [`rank_seed`][devrng.distributed.rank_seed]; return it.
 
     The rank is this process's rank in ``group`` (the default group when
     ``None``; without any process group, ``RANK`` or 0). Seeding by the rank in
     a data-parallel group gives the members of each tensor-parallel group one
     shared stream.
 
-    Example:
-        >>> torch.distributed.init_process_group("gloo")
-        >>> seed = devrng.distributed.manual_seed_ranks(1234)  # a different stream per rank
+    Examples:
+        >>> import os, torch.distributed as dist   # a one-process group, for the example
+        >>> dist.init_process_group("gloo", init_method="file://" + os.path.abspath("store"),
+        ...                         rank=0, world_size=1)
+        >>> devrng.distributed.manual_seed_ranks(1234) == devrng.distributed.rank_seed(1234, 0)
+        True
+        >>> dist.destroy_process_group()
     """
     seed = check_seed(seed)
     if group is None:
@@ -248,8 +250,12 @@ def broadcast_rng_state(src: int = 0, *, group: ProcessGroup | None = None, devi
     tensor, so receiving it never unpickles arbitrary objects. Ranks outside
     ``group`` return at once, as torch's collectives do.
 
-    Example:
+    Examples:
+        >>> import os, torch.distributed as dist   # a one-process group, for the example
+        >>> dist.init_process_group("gloo", init_method="file://" + os.path.abspath("store"),
+        ...                         rank=0, world_size=1)
         >>> devrng.distributed.broadcast_rng_state(src=0)  # all replicas now draw alike
+        >>> dist.destroy_process_group()
     """
     dist = _require_dist("broadcast_rng_state")
     if dist.get_rank(group) < 0:
@@ -298,13 +304,17 @@ def assert_rng_in_sync(*, group: ProcessGroup | None = None, devices: Any = None
     matched by type and position, and Python / NumPy unless switched off) is
     gathered with ``all_gather_object``. The reference is the fingerprint most
     ranks share (a tie goes to the one held by the lowest rank); the
-    :class:`RNGSyncError` (a ``DevRNGError``) raised on every rank names, by
+    [`RNGSyncError`][devrng.distributed.RNGSyncError] (a ``DevRNGError``) raised on every rank names, by
     global rank, exactly the ranks that differ from it and which generators
     differ. Ranks outside ``group`` return at once.
 
-    Example:
+    Examples:
+        >>> import os, torch.distributed as dist   # a one-process group, for the example
+        >>> dist.init_process_group("gloo", init_method="file://" + os.path.abspath("store"),
+        ...                         rank=0, world_size=1)
         >>> devrng.distributed.broadcast_rng_state(src=0)
         >>> devrng.distributed.assert_rng_in_sync()  # passes
+        >>> dist.destroy_process_group()
     """
     dist = _require_dist("assert_rng_in_sync")
     if dist.get_rank(group) < 0:

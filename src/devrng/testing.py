@@ -1,14 +1,15 @@
 """Consistency checks: is a function reproducible, does a device agree with the CPU?
 
-Every check returns (or raises with) a :class:`Report`, whose text reads like
+Every check returns (or raises with) a [`Report`][devrng.testing.Report], whose text reads like
 ``9 / 7680 mismatched (0.1%), max abs 1.8e-04, max rel 2.7e-01, MAE 3.1e-06``
 with one line per tensor for nested outputs. Tolerances default to
 ``torch.testing.assert_close``'s per-dtype defaults.
 
-Example:
-    >>> from devrng.testing import compare_devices
-    >>> print(compare_devices(model, x, devices=("cpu", "xla:0")))
-    0 / 7680 mismatched (0.0%), max abs 9.5e-07, max rel 3.1e-05, MAE 1.2e-07 (xla:0 vs cpu; ...)
+Examples:
+    >>> import torch
+    >>> from devrng.testing import compare
+    >>> print(compare(torch.tensor([1.0, 2.0]), torch.tensor([1.0, 2.1])))
+    1 / 2 mismatched (50.0%), max abs 1.0e-01, max rel 4.8e-02, MAE 5.0e-02 (float32 (2,), rtol 1.3e-06, atol 1.0e-05)
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import torch
 from torch.testing._comparison import default_tolerances
 
 from devrng._infer import collect_devices
-from devrng._plan import default_types
+from devrng._plan import current_accelerator, default_types
 from devrng._seeds import check_seed
 from devrng._state import RNGState, get_rng_state, manual_seed, set_rng_state
 
@@ -52,7 +53,7 @@ class LeafReport:
     """How one tensor of an output compares with its reference.
 
     ``max_rel`` is relative to the reference (the second argument of
-    :func:`compare`); it is ``inf`` where the reference is 0 and the values differ.
+    [`compare`][devrng.testing.compare]); it is ``inf`` where the reference is 0 and the values differ.
     """
 
     path: str
@@ -80,13 +81,13 @@ class LeafReport:
 
 @dataclass(frozen=True)
 class Report:
-    """The result of a comparison: one :class:`LeafReport` per tensor, plus problems.
+    """The result of a comparison: one [`LeafReport`][devrng.testing.LeafReport] per tensor, plus problems.
 
     ``str(report)`` is a one-line summary (and a line per tensor for nested
     outputs); ``report.ok`` says whether everything is within tolerance;
     ``report.assert_ok()`` raises ``AssertionError`` with the text otherwise.
 
-    Example:
+    Examples:
         >>> report = devrng.testing.compare(torch.ones(3), torch.ones(3))
         >>> print(report)
         0 / 3 mismatched (0.0%), max abs 0.0e+00, max rel 0.0e+00, MAE 0.0e+00 (float32 (3,), rtol 1.3e-06, atol 1.0e-05)
@@ -143,10 +144,15 @@ class Report:
         return self.ok
 
     def assert_ok(self, msg: str | None = None) -> None:
-        """Raise ``AssertionError`` with the report's text unless :attr:`ok`.
+        """Raise ``AssertionError`` with the report's text unless ``ok``.
 
-        Example:
-            >>> compare_devices(model, x, devices=("cpu", "xla:0")).assert_ok()
+        Examples:
+            >>> compare(torch.ones(3), torch.ones(3)).assert_ok()   # passes
+            >>> compare(torch.ones(3), torch.zeros(3)).assert_ok("model output")
+            Traceback (most recent call last):
+            ...
+            AssertionError: model output
+            3 / 3 mismatched (100.0%), max abs 1.0e+00, max rel inf, MAE 1.0e+00 (float32 (3,), rtol 1.3e-06, atol 1.0e-05)
         """
         if not self.ok:
             raise AssertionError(f"{msg}\n{self}" if msg else str(self))
@@ -241,7 +247,7 @@ def compare(a: Any, b: Any, *, rtol: float | None = None, atol: float | None = N
     rtol 1.3e-6, atol 1e-5; integers and bool: exact). NaNs in the same place
     agree unless ``equal_nan=False``.
 
-    Example:
+    Examples:
         >>> a = torch.tensor([1.0, 2.0]); b = torch.tensor([1.0, 2.1])
         >>> print(devrng.testing.compare(a, b))
         1 / 2 mismatched (50.0%), max abs 1.0e-01, max rel 4.8e-02, MAE 5.0e-02 (float32 (2,), rtol 1.3e-06, atol 1.0e-05)
@@ -406,10 +412,15 @@ def assert_reproducible(fn: Callable[..., Any], *args: Any, seed: int = 0, runs:
     every device type the arguments live on or that is in use, Python's
     ``random`` and NumPy's global generator. The caller's RNG state is
     restored afterwards. On a difference the ``AssertionError`` carries the
-    :class:`Report` of the first run that differs.
+    [`Report`][devrng.testing.Report] of the first run that differs.
 
-    Example:
+    Examples:
         >>> devrng.testing.assert_reproducible(torch.nn.functional.dropout, torch.ones(8))
+        >>> import time
+        >>> devrng.testing.assert_reproducible(lambda: torch.tensor(time.perf_counter_ns()))
+        Traceback (most recent call last):
+        ...
+        AssertionError: <lambda> is not reproducible: run 2 of 2 from seed=0 differs from run 1...
     """
     seed = check_seed(seed)
     if isinstance(runs, bool) or not isinstance(runs, int) or runs < 2:
@@ -458,9 +469,13 @@ def _move(obj: Any, device: torch.device) -> Any:
 
 
 def compare_devices(fn: Callable[..., Any], inputs: Any,
-                    devices: Sequence[str | torch.device] = ("cpu", "xla:0"), *, seed: int = 0,
+                    devices: Sequence[str | torch.device] | None = None, *, seed: int = 0,
                     rtol: float | None = None, atol: float | None = None) -> Report:
     """Run ``fn`` on each device from the same seed and inputs; compare with the first device.
+
+    ``devices=None`` compares the current accelerator (XLA or torchax when
+    this process uses them) with the CPU; on a machine with neither it says
+    that there is nothing to compare with.
 
     ``inputs`` is moved to each device (a tuple is unpacked as positional
     arguments, anything else is passed as the one argument). If ``fn`` is an
@@ -470,12 +485,18 @@ def compare_devices(fn: Callable[..., Any], inputs: Any,
     different random numbers from the same seed, so compare functions without
     randomness (e.g. a model in ``eval()`` mode).
 
-    Example:
+    Examples:
         >>> model = torch.nn.Conv2d(3, 8, 3).eval()
-        >>> print(compare_devices(model, torch.randn(2, 3, 16, 16), devices=("cpu", "xla:0")))
-        0 / 3136 mismatched (0.0%), max abs 4.8e-07, max rel 2.0e-04, MAE 5.1e-08 (xla:0 vs cpu; ...)
+        >>> print(compare_devices(model, torch.randn(2, 3, 16, 16), devices=("cpu", "cpu")))
+        0 / 3136 mismatched (0.0%), max abs 0.0e+00, max rel 0.0e+00, MAE 0.0e+00 (cpu vs cpu; ...)
+        >>> import torch_xla
+        >>> report = compare_devices(model, torch.randn(2, 3, 16, 16))   # XLA vs the CPU
+        >>> report.ok
+        True
     """
     seed = check_seed(seed)
+    if devices is None:
+        devices = _default_devices()
     if isinstance(devices, (str, torch.device)) or len(devices) < 2:
         raise ValueError(
             f"devices={devices!r} must name at least two devices, the reference first, as in "
@@ -521,6 +542,20 @@ def compare_devices(fn: Callable[..., Any], inputs: Any,
     return Report(tuple(leaves), tuple(problems), f"{', '.join(labels[1:])} vs {labels[0]}")
 
 
+def _default_devices() -> tuple[str, str]:
+    """The CPU and the device this process computes on, or an error saying there is none."""
+    in_use = default_types()
+    accelerator = current_accelerator()
+    other = accelerator if accelerator is not None else (in_use[0] if in_use else None)
+    if other is None:
+        raise ValueError(
+            "compare_devices has nothing to compare with: this process has no accelerator and "
+            "uses no XLA or torchax device. Pass devices=('cpu', 'xla:0') (after import "
+            "torch_xla) or another device to compare the CPU with."
+        )
+    return ("cpu", other)
+
+
 def _relabel(leaf: LeafReport, label: str) -> LeafReport:
     return LeafReport(**{**leaf.__dict__, "path": f"{label} {leaf.path}"})
 
@@ -533,9 +568,10 @@ def compare_grad_modes(module: Callable[..., Any], *inputs: Any, rtol: float | N
     changes (BatchNorm statistics in training mode) are put back before the
     second run and afterwards, and the caller's RNG state is restored.
 
-    Example:
-        >>> print(devrng.testing.compare_grad_modes(resnet.eval(), images))
-        0 / 8000 mismatched (0.0%), max abs 0.0e+00, max rel 0.0e+00, MAE 0.0e+00 (no_grad vs grad; ...)
+    Examples:
+        >>> net = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.BatchNorm1d(8)).train()
+        >>> print(devrng.testing.compare_grad_modes(net, torch.randn(4, 8)))
+        0 / 32 mismatched (0.0%), max abs 0.0e+00, max rel 0.0e+00, MAE 0.0e+00 (no_grad vs grad; ...)
     """
     types = _types_of(module, inputs)
     buffers = _buffers(module)

@@ -21,7 +21,7 @@ __all__ = ["JaxBackend", "backend"]
 class JaxBackend:
     """The PRNG key of torchax's default environment; one stream, index 0.
 
-    Example:
+    Examples:
         >>> import torchax
         >>> sorted(devrng.get_backend("jax").get_rng_state(0))
         ['key', 'typed']

@@ -19,7 +19,7 @@ __all__ = ["DeviceModuleBackend"]
 class DeviceModuleBackend:
     """A backend over ``torch.get_device_module(name)``.
 
-    Example:
+    Examples:
         >>> DeviceModuleBackend("cuda").is_available()
         False
     """

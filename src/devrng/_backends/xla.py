@@ -28,7 +28,7 @@ set_seed = _XLAC._xla_set_rng_seed
 class XLABackend:
     """torch_xla's per-device RNG seeds.
 
-    Example:
+    Examples:
         >>> import torch_xla
         >>> isinstance(devrng.get_backend("xla").get_rng_state(0), int)
         True

@@ -66,7 +66,7 @@ class Seeder(Protocol):
 class SeededRunner:
     """Runs ``compiled`` under a seed: the runner of eager, inductor, torch_xla and openxla.
 
-    ``make_seeder`` builds the :class:`Seeder` from the first call's ``(args, kwargs)``;
+    ``make_seeder`` builds the ``Seeder`` from the first call's ``(args, kwargs)``;
     ``compiles``, a process-wide count read from the compiler, is sampled around each
     call to count this function's compilations (None: it never compiles).
     """
