@@ -232,7 +232,7 @@ def run_xla(args: argparse.Namespace) -> list[str]:
         model.load_state_dict(ckpt["model"])
         opt.load_state_dict(ckpt["optimizer"])
         start_epoch, step = ckpt["epoch"], ckpt["step"]
-        rng.load_state_dict(ckpt["rng"])
+        rng.load_state_dict(*_dropped(args.drop, ckpt["rng"], rng))
     losses = []
     for epoch in range(start_epoch, EPOCHS):
         for batch in loader:
@@ -285,7 +285,7 @@ def run_torchax(args: argparse.Namespace) -> list[str]:
         with env:
             params = {k: v.to("jax") for k, v in ckpt["params"].items()}
         start_epoch, step = ckpt["epoch"], ckpt["step"]
-        rng.load_state_dict(ckpt["rng"])
+        rng.load_state_dict(*_dropped(args.drop, ckpt["rng"], rng))
     losses = []
     for epoch in range(start_epoch, EPOCHS):
         for batch in loader:
@@ -330,7 +330,7 @@ def run_ddp(args: argparse.Namespace) -> list[str]:
         model.load_state_dict(ckpt["model"])
         opt.load_state_dict(ckpt["optimizer"])
         start_epoch, step = ckpt["epoch"], ckpt["step"]
-        rng.load_state_dict(ckpt["rng"])
+        rng.load_state_dict(*_dropped(args.drop, ckpt["rng"], rng))
     losses = []
     for epoch in range(start_epoch, EPOCHS):
         sampler.set_epoch(epoch)

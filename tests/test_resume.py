@@ -110,8 +110,11 @@ def test_stateful_dataloader_alone_does_not_resume_exactly(tmp_path: Path) -> No
 
 @pytest.mark.skipif(not HAS_XLA, reason="needs torch_xla (the xla environment)")
 def test_xla_resume_with_seeded_jit_torch_xla_is_exact(tmp_path: Path) -> None:
-    full, resumed = Runs("xla", 6, tmp_path).resume()[0]
+    runs = Runs("xla", 6, tmp_path)
+    full, resumed = runs.resume()[0]
     assert resumed == full
+    full, resumed = runs.resume("--drop", "global")[0]
+    assert resumed != full  # the XLA seed (the label noise) is part of the global state
 
 
 @pytest.mark.skipif(not HAS_TORCHAX, reason="needs torchax (the xla environment)")
@@ -131,3 +134,5 @@ def test_two_rank_ddp_resume_is_exact_on_both_ranks(tmp_path: Path) -> None:
     for rank, (full, resumed) in results.items():
         assert resumed == full, f"rank {rank}"
     assert results[0][0] != results[1][0]  # the ranks saw different data
+    for rank, (full, resumed) in runs.resume("--drop", "train_step").items():
+        assert resumed != full, f"rank {rank}"  # the seeded_jit stream is part of the state
