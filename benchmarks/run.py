@@ -231,6 +231,12 @@ def bench_import(runs: int) -> list[Row]:
              "note": f"{ms:.1f} ms (target <= 30 ms)", "ms": ms, "target_ms": 30.0}]
 
 
+def bench_training(quick: bool) -> list[Row]:
+    from benchmarks import bench_training
+
+    return bench_training.run(quick)
+
+
 def bench_jit(quick: bool) -> list[Row]:
     try:
         from benchmarks import bench_jit
@@ -249,6 +255,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     rows += bench_infer(number * 5, rounds, (1_000,) if quick else (1_000, 10_000))
     rows += bench_snapshot(number, rounds)
     rows += bench_import(1 if quick else 9)
+    rows += bench_training(quick)
     rows += bench_jit(quick)
     return {"machine": _machine(), "rows": rows}
 

@@ -127,3 +127,37 @@ def test_api_reference_documents_every_public_name() -> None:
         assert f"devrng.{name}" in documented, f"docs/api.md has no '::: devrng.{name}'"
     for name in devrng.testing.__all__:
         assert name in api, f"docs/api.md does not document devrng.testing.{name}"
+
+
+# -- the README -------------------------------------------------------------------
+README = (EXAMPLES.parent / "README.md").read_text(encoding="utf-8")
+PYTHON_BLOCKS = re.findall(r"```python\n(.*?)```", README, flags=re.S)
+
+
+def _run_snippet(code: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    env.setdefault("PJRT_DEVICE", "CPU")
+    return subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
+
+
+def test_readme_first_snippet_runs_as_copied(tmp_path: Path) -> None:
+    first = PYTHON_BLOCKS[0]
+    assert "import devrng" in first and "torch_xla" not in first  # a CPU-only start
+    proc = _run_snippet(first, tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_readme_xla_snippet_runs_as_copied(tmp_path: Path) -> None:
+    xla = next(block for block in PYTHON_BLOCKS if "import torch_xla" in block)
+    if not available("torch_xla"):
+        pytest.skip("torch_xla is not installed here (the xla environment runs this)")
+    proc = _run_snippet(xla, tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_readme_commands_are_what_ci_runs() -> None:
+    ci = (EXAMPLES.parent / ".ci" / "run").read_text(encoding="utf-8")
+    for command in re.findall(r"```bash\n(bash scripts/\w+\.sh)", README):
+        assert command in ci, f"README says {command!r}; .ci/run does not run it"
+    assert "bash scripts/test.sh" in ci and "bash scripts/run.sh" in ci

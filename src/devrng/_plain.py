@@ -42,11 +42,16 @@ def check_plain(state: Any, what: str) -> None:
 
 def tensor_bytes(t: torch.Tensor) -> bytes:
     """The raw bytes of a tensor's elements (copied to the CPU, made contiguous)."""
-    t = t.detach().to("cpu").contiguous()
-    raw = t.reshape(-1).view(torch.uint8) if t.numel() else t.new_empty(0, dtype=torch.uint8)
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    if not t.is_contiguous():
+        t = t.contiguous()
+    if t.dtype is not torch.uint8:
+        t = t.reshape(-1).view(torch.uint8) if t.numel() else t.new_empty(0, dtype=torch.uint8)
     if numpy_or_none() is not None:
-        return bytes(raw.numpy().tobytes())
-    return bytes(raw.tolist())
+        return bytes(t.numpy().tobytes())
+    return bytes(t.reshape(-1).tolist())
 
 
 def feed(h: Any, obj: Any) -> None:
@@ -116,7 +121,7 @@ def describe(state: Any) -> str:
 
 def uint64_to_tensor(value: int) -> torch.Tensor:
     """An unsigned 64-bit int as 8 little-endian uint8 bytes (it overflows an int64 tensor)."""
-    return torch.tensor(list(int(value).to_bytes(8, "little")), dtype=torch.uint8)
+    return torch.frombuffer(bytearray(int(value).to_bytes(8, "little")), dtype=torch.uint8)
 
 
 def tensor_to_uint64(tensor: Any, where: str) -> int:

@@ -1,0 +1,136 @@
+"""Checkpoint costs: TrainingRNG's state next to a small model checkpoint, and activation
+checkpointing on XLA through patch_torch() next to torch_xla's own checkpoint.
+
+    python -m benchmarks.bench_training [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import io
+import sys
+from typing import Any
+
+import torch
+
+import devrng
+from benchmarks.timing import interleaved
+
+Row = dict[str, Any]
+
+
+def _mlp(width: int = 64) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.ReLU(),
+                               torch.nn.Dropout(0.1), torch.nn.Linear(width, width))
+
+
+def bench_state(number: int, rounds: int) -> list[Row]:
+    """TrainingRNG.state_dict() + torch.save + torch.load + load_state_dict, against the same
+    round trip of a 64x64 MLP's model and optimizer state (what a checkpoint holds anyway)."""
+    rng = devrng.TrainingRNG(seed=0)
+    rng.dataloader_kwargs()
+    rng.track("step", devrng.seeded_jit(lambda x: x, backend="eager"))
+    model = _mlp()
+    opt = torch.optim.Adam(model.parameters())
+    model(torch.randn(4, 64)).sum().backward()
+    opt.step()
+
+    def save(obj: Any) -> bytes:
+        buffer = io.BytesIO()
+        torch.save(obj, buffer)
+        return buffer.getvalue()
+
+    def ours() -> None:
+        data = save(rng.state_dict())
+        rng.load_state_dict(torch.load(io.BytesIO(data), weights_only=True))
+
+    def peer() -> None:
+        data = save({"model": model.state_dict(), "optimizer": opt.state_dict()})
+        loaded = torch.load(io.BytesIO(data), weights_only=True)
+        model.load_state_dict(loaded["model"])
+        opt.load_state_dict(loaded["optimizer"])
+
+    m = interleaved({"ours": ours, "peer": peer}, number=number, rounds=rounds)
+    ours_bytes = len(save(rng.state_dict()))
+    peer_bytes = len(save({"model": model.state_dict(), "optimizer": opt.state_dict()}))
+    return [{
+        "case": "TrainingRNG state_dict + save + load + load_state_dict", "devrng_us": m["ours"],
+        "peer": "the same for a 64x64 MLP's model + Adam state", "peer_us": m["peer"],
+        "ratio": m["ours"] / m["peer"], "target": None,
+        "note": f"informational: {ours_bytes / 1024:.1f} KiB vs {peer_bytes / 1024:.1f} KiB "
+                f"({ours_bytes / peer_bytes:.2f}x the size)",
+        "bytes": ours_bytes, "peer_bytes": peer_bytes,
+    }]
+
+
+def bench_checkpoint_xla(number: int, rounds: int) -> list[Row]:
+    """A training step whose two blocks are activation-checkpointed (dropout inside), on XLA:
+    torch.utils.checkpoint through devrng.patch_torch() vs torch_xla.utils.checkpoint."""
+    case = "checkpointed training step on XLA: torch.utils.checkpoint + patch_torch()"
+    peer_name = "torch_xla.utils.checkpoint.checkpoint"
+    if importlib.util.find_spec("torch_xla") is None:
+        return [{"case": case, "devrng_us": None, "peer": peer_name, "peer_us": None,
+                 "ratio": None, "target": 1.05,
+                 "note": "skipped: torch_xla is not installed here (xla env)"}]
+    import torch.utils.checkpoint as torch_ckpt
+    import torch_xla
+    import torch_xla.utils.checkpoint as xla_ckpt
+
+    device = torch_xla.device()
+    blocks = [_mlp().to(device) for _ in range(2)]
+    params = [p for b in blocks for p in b.parameters()]
+    x = torch.randn(32, 64).to(device).requires_grad_()  # reentrant checkpoints need one
+    torch_xla.sync()
+    devrng.patch_torch()
+
+    def step(checkpoint: Any) -> None:
+        h = x
+        for block in blocks:
+            h = checkpoint(block, h, use_reentrant=True)  # the only mode torch_xla supports
+        h.sum().backward()
+        for p in params:
+            p.grad = None
+        torch_xla.sync()
+
+    def no_rng(fn: Any, *args: Any, **kwargs: Any) -> Any:
+        return torch_ckpt.checkpoint(fn, *args, preserve_rng_state=False, **kwargs)
+
+    m = interleaved({"ours": lambda: step(torch_ckpt.checkpoint),
+                     "peer": lambda: step(xla_ckpt.checkpoint),
+                     "floor": lambda: step(no_rng)}, number=number, rounds=rounds)
+    devrng.unpatch_torch()
+    return [
+        {"case": case, "devrng_us": m["ours"], "peer": peer_name, "peer_us": m["peer"],
+         "ratio": m["ours"] / m["peer"], "target": 1.05, "note": ""},
+        {"case": case, "devrng_us": m["ours"], "peer": "the same without RNG state "
+         "(preserve_rng_state=False: wrong masks, devrng not involved)", "peer_us": m["floor"],
+         "ratio": m["ours"] / m["floor"], "target": None,
+         "note": "informational: what saving and restoring the XLA and CPU states costs"},
+    ]
+
+
+def run(quick: bool = False) -> list[Row]:
+    if importlib.util.find_spec("torch_xla") is not None:
+        # torch 2.9 + torch_xla 2.9: a CPU backward pass before the XLA runtime starts
+        # breaks every later XLA backward; start XLA first, as an XLA program does.
+        import torch_xla
+
+        torch_xla.device()
+    number, rounds = (5, 2) if quick else (200, 9)
+    return bench_state(number, rounds) + bench_checkpoint_xla(max(1, number // 4), rounds)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args(argv)
+    from benchmarks.report import format_table
+
+    print(format_table(run(quick=args.quick)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
