@@ -2,7 +2,8 @@
 # Build the test environments (once per machine) and run every check in each.
 #   core: torch 2.13 CPU build; lint, types, docs, the whole suite with simulated devices
 #   xla:  torch 2.9 + torch_xla 2.9 + torchax 0.0.13 + JAX 0.10.2 on the CPU, the whole suite again
-# Choose environments with DEVRNG_ENVS="core" (default "core xla"); extra args go to pytest.
+#   ipex: torch 2.8 + intel-extension-for-pytorch 2.8 (CPU build), the whole suite with IPEX imported
+# Choose environments with DEVRNG_ENVS="core" (default "core xla ipex"); extra args go to pytest.
 source "$(dirname "$0")/_venv.sh"
 cd "$DEVRNG_ROOT"
 
@@ -31,7 +32,8 @@ pytest_logged() {  # run pytest, showing its output and keeping a copy to count 
     return "${PIPESTATUS[0]}"
 }
 
-for env in ${DEVRNG_ENVS:-core xla}; do
+envs=${DEVRNG_ENVS:-core xla ipex}
+for env in $envs; do
     venv=$(venv_for "$env")
     py="$venv/bin/python"
     if [ "$env" = core ]; then
@@ -52,5 +54,5 @@ if [ ${#failed[@]} -ne 0 ]; then
     echo "pytest: $passed_total passed, $failed_total failed"
     exit 1
 fi
-echo "all checks passed in: ${DEVRNG_ENVS:-core xla}"
+echo "all checks passed in: $envs"
 echo "pytest: $passed_total passed, $failed_total failed"

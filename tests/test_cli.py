@@ -54,6 +54,7 @@ def test_doctor_prints_every_section() -> None:
     ({"torch": "2.9.0"}, "forks 'cuda' by default"),
     ({"torch": "2.13.0", "torchax": "0.0.13"}, "bakes the PRNG key"),
     ({"torch": "2.13.0", "torch_xla": "2.9.0"}, "torch.manual_seed does not seed XLA"),
+    ({"torch": "2.13.0", "intel_extension_for_pytorch": "2.8.0"}, "imports only with torch 2.8.*"),
 ])
 def test_known_problems_follow_installed_versions(versions: dict[str, str], needle: str) -> None:
     assert any(needle in line for line in known_problems(versions))  # type: ignore[arg-type]
@@ -61,6 +62,11 @@ def test_known_problems_follow_installed_versions(versions: dict[str, str], need
 
 def test_no_known_problems_for_a_clean_new_torch() -> None:
     assert known_problems({"torch": "2.13.0"}) == []
+
+
+def test_ipex_of_the_same_minor_as_torch_is_no_mismatch() -> None:
+    lines = known_problems({"torch": "2.8.0+cu128", "intel_extension_for_pytorch": "2.8.0"})
+    assert lines and not any("imports only with torch" in line for line in lines)
 
 
 # -- manners ------------------------------------------------------------------------

@@ -83,8 +83,13 @@ def known_problems(versions: dict[str, str | None]) -> list[str]:
     if tx and _release(tx) <= (0, 0, 13):
         out.append(f"torchax {tx}: interop.jax_jit bakes the PRNG key into the compiled program "
                    "(the same dropout mask every call, pytorch/xla#8636); use devrng.seeded_jit.")
-    if versions.get("intel_extension_for_pytorch"):
+    ipex = versions.get("intel_extension_for_pytorch")
+    if ipex:
         out.append("IPEX is no longer developed after 2.8; devrng uses native torch.xpu first.")
+    if ipex and torch_v and _release(ipex)[:2] != torch_v[:2]:
+        out.append(f"IPEX {ipex} imports only with torch {'.'.join(map(str, _release(ipex)[:2]))}"
+                   f".*; with torch {versions['torch']} `import intel_extension_for_pytorch` "
+                   "fails (AttributeError: module 'os' has no attribute 'exit').")
     return out
 
 
@@ -113,10 +118,10 @@ def _buildable(name: str) -> tuple[bool, str]:
         return False, "this torch is built without CUDA"
     if name == "mps" and not torch.backends.mps.is_built():
         return False, "this torch is built without MPS (Apple GPUs)"
-    if name == "xpu":
-        compiled = getattr(torch.xpu, "_is_compiled", lambda: True)()
-        if not compiled and not package_installed("intel_extension_for_pytorch"):
-            return False, "this torch is built without XPU and IPEX is not installed"
+    # devrng uses torch.xpu whenever torch has it (torch >= 2.4); an installed IPEX adds no
+    # XPU to a torch built without one (its PyPI wheel is a CPU-only build).
+    if name == "xpu" and not getattr(torch.xpu, "_is_compiled", lambda: True)():
+        return False, "this torch is built without XPU"
     return True, ""
 
 

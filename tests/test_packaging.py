@@ -1,0 +1,161 @@
+"""pyproject.toml claims only what CI tests: its bounds and extras against the pins in envs/*.txt.
+
+CI builds one virtual environment per ``envs/<name>.txt`` (scripts/_venv.sh) and
+tests on Python 3.11 only. These tests read both files, so a pin that moves
+without the claim (or the other way round) fails here.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import re
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+PROJECT = PYPROJECT["project"]
+_REQ = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*((?:[<>=!~]=?[^,;]+,?\s*)*)$")
+
+
+def _name(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _release(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", version.split("+")[0])[:3])
+
+
+def _parse(requirement: str) -> tuple[str, list[tuple[str, str]]]:
+    """``"jax>=0.10, <1"`` -> ``("jax", [(">=", "0.10"), ("<", "1")])``."""
+    match = _REQ.match(requirement.split(";")[0])
+    assert match, f"cannot read the requirement {requirement!r}"
+    specs = [re.match(r"([<>=!~]=?)\s*(.+)", s.strip()).groups()  # type: ignore[union-attr]
+             for s in match.group(2).split(",") if s.strip()]
+    return _name(match.group(1)), specs
+
+
+def _admits(specs: list[tuple[str, str]], version: str) -> bool:
+    have = _release(version)
+    for op, want in specs:
+        if want.endswith(".*"):
+            prefix = _release(want[:-2])
+            same = have[:len(prefix)] == prefix
+            if (op == "==" and not same) or (op == "!=" and same):
+                return False
+            continue
+        bound = _release(want)
+        width = max(len(have), len(bound))
+        a, b = have + (0,) * (width - len(have)), bound + (0,) * (width - len(bound))
+        ok = {"==": a == b, "!=": a != b, ">=": a >= b, "<=": a <= b, ">": a > b, "<": a < b,
+              "~=": a >= b and a[:len(bound) - 1] == b[:len(bound) - 1]}[op]
+        if not ok:
+            return False
+    return True
+
+
+def _env_pins() -> dict[str, dict[str, str]]:
+    """``{"core": {"torch": "2.13.0", ...}, ...}`` from every envs/*.txt."""
+    envs = {}
+    for path in sorted((ROOT / "envs").glob("*.txt")):
+        pins = {}
+        for line in path.read_text().splitlines():
+            line = line.split("#")[0].strip()
+            if line:
+                name, specs = _parse(line)
+                assert [op for op, _ in specs] == ["=="], f"{path.name}: {line!r} is not a pin"
+                pins[name] = specs[0][1]
+        envs[path.stem] = pins
+    return envs
+
+
+ENVS = _env_pins()
+TEST_ENVS = {name: pins for name, pins in ENVS.items() if "pytest" in pins}
+
+
+def _lowest(specs: list[tuple[str, str]]) -> str:
+    lows = [version for op, version in specs if op == ">="]
+    assert len(lows) == 1, f"expected one '>=' bound, got {specs}"
+    return lows[0]
+
+
+PYTHON_SPECS = _parse("python" + PROJECT["requires-python"])[1]
+
+
+def test_env_files_are_read() -> None:  # the tests below must not pass on nothing
+    assert {"core", "xla", "ipex"} <= set(TEST_ENVS)
+    assert all("torch" in pins for pins in TEST_ENVS.values())
+
+
+def test_torch_lower_bound_is_the_lowest_torch_ci_tests() -> None:
+    (torch_req,) = [r for r in PROJECT["dependencies"] if _parse(r)[0] == "torch"]
+    lowest_claimed = _lowest(_parse(torch_req)[1])
+    lowest_tested = min((pins["torch"] for pins in TEST_ENVS.values()), key=_release)
+    assert _release(lowest_claimed) == _release(lowest_tested)[:len(_release(lowest_claimed))], (
+        f"pyproject says torch>={lowest_claimed}; the lowest torch CI tests is {lowest_tested}")
+
+
+def test_python_claims_agree_with_each_other_and_admit_this_python() -> None:
+    lowest = _lowest(PYTHON_SPECS)
+    assert PYPROJECT["tool"]["mypy"]["python_version"] == lowest
+    assert PYPROJECT["tool"]["ruff"]["target-version"] == "py" + lowest.replace(".", "")
+    running = ".".join(map(str, sys.version_info[:3]))
+    assert _admits(PYTHON_SPECS, running)
+
+
+@pytest.mark.parametrize("extra", sorted(PROJECT["optional-dependencies"]))
+def test_every_extra_is_installed_together_by_one_env_file(extra: str) -> None:
+    # Some env file pins every package the extra names, at versions the extra admits,
+    # next to a torch that devrng's own dependency admits.
+    wanted = [_parse(r) for r in PROJECT["optional-dependencies"][extra]]
+    torch_specs = _parse(PROJECT["dependencies"][0])[1]
+    homes = [env for env, pins in ENVS.items()
+             if all(name in pins and _admits(specs, pins[name]) for name, specs in wanted)
+             and _admits(torch_specs, pins["torch"])]
+    assert homes, (f"no envs/*.txt installs the {extra!r} extra "
+                   f"({PROJECT['optional-dependencies'][extra]}) together: CI never tests it")
+
+
+def test_torchax_extra_brings_what_import_torchax_needs() -> None:
+    # torchax 0.0.13 declares no dependencies but imports jax and flax at import time.
+    names = {_parse(r)[0] for r in PROJECT["optional-dependencies"]["torchax"]}
+    assert {"torchax", "jax", "flax"} <= names
+
+
+def test_ipex_extra_pins_the_torch_of_its_own_minor_release() -> None:
+    # IPEX's wheel does not declare torch, but its import refuses any other torch minor.
+    specs = dict(_parse(r) for r in PROJECT["optional-dependencies"]["ipex"])
+    ipex, torch_ = specs["intel-extension-for-pytorch"], specs["torch"]
+    assert ipex[0][0] == torch_[0][0] == "==" and ipex[0][1] == torch_[0][1]
+
+
+def test_installed_extras_need_no_newer_python_than_devrng_claims() -> None:
+    # A package of an extra that needs a newer Python than devrng admits breaks the extra there.
+    lowest = _release(_lowest(PYTHON_SPECS))
+    checked = 0
+    for requirement in [*PROJECT["dependencies"],
+                        *(r for rs in PROJECT["optional-dependencies"].values() for r in rs)]:
+        name = _parse(requirement)[0]
+        try:
+            needs = importlib.metadata.metadata(name).get("Requires-Python") or ""
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        checked += 1
+        floors = [_release(v) for op, v in re.findall(r"(>=|>)\s*([\d.]+)", needs)]
+        assert all(floor <= lowest for floor in floors), (
+            f"{name} needs Python {needs}; devrng claims {PROJECT['requires-python']}")
+    assert checked  # torch at least is installed wherever the suite runs
+
+
+@pytest.mark.parametrize(("specs", "version", "ok"), [
+    ([(">=", "2.8")], "2.8.0", True), ([(">=", "2.8")], "2.7.1", False),
+    ([("==", "2.8.*")], "2.8.0+cpu", True), ([("==", "2.8.*")], "2.9.0", False),
+    ([("<", "2.13")], "2.13.0", False), ([("<", "2.13")], "2.9.0", True),
+    ([(">=", "3.11")], "3.11.7", True), ([(">=", "3.11")], "3.10.14", False),
+])
+def test_the_version_checks_of_this_file(specs: list[tuple[str, str]], version: str,
+                                         ok: bool) -> None:
+    assert _admits(specs, version) is ok
