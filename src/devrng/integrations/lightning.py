@@ -1,0 +1,93 @@
+"""Lightning: a ``Callback`` that seeds the run and makes its checkpoints resume bitwise.
+
+Lightning's checkpoints hold no random state (measured with Lightning 2.6.6: the
+resumed epoch after ``fit(ckpt_path=...)`` draws different shuffles, worker
+augmentations and dropout masks). ``DevRNGCallback`` keeps a
+[`TrainingRNG`][devrng.TrainingRNG] in the checkpoint, one state per rank, and
+puts it back when the resumed run starts training.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import os
+
+import lightning.pytorch as pl
+
+from devrng._errors import DevRNGError
+from devrng._rank import dist_or_none, process_rank
+from devrng._training import TrainingRNG
+
+__all__ = ["DevRNGCallback"]
+
+
+class DevRNGCallback(pl.Callback):
+    """Seed a Lightning run at setup and resume it exactly from its checkpoints.
+
+    At ``setup`` it seeds like ``lightning.seed_everything(seed, workers=True)``
+    (the same draws for the same seed; ``seed=None`` takes ``DEVRNG_SEED``, then
+    ``PL_GLOBAL_SEED``), and every device type Lightning does not reach (XLA,
+    torchax); DataLoader workers are seeded by Lightning's own worker seeding.
+    Each checkpoint holds every rank's [`TrainingRNG`][devrng.TrainingRNG] state;
+    ``fit(ckpt_path=...)`` puts this rank's back as Lightning restores the
+    callbacks, before it builds the resumed epoch's DataLoader iterator.
+
+    Examples:
+        >>> from devrng.integrations.lightning import DevRNGCallback
+        >>> callback = DevRNGCallback(seed=1234)
+        >>> callback.state_key
+        'DevRNGCallback'
+    """
+
+    def __init__(self, seed: int | None = None, *, deterministic: bool = False,
+                 per_rank: bool = False, strict: bool = True) -> None:
+        self.seed = seed
+        self.deterministic = deterministic
+        self.per_rank = per_rank
+        self.strict = strict
+        self.rng: TrainingRNG | None = None
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if self.rng is None:
+            self.rng = TrainingRNG(self.seed, deterministic=self.deterministic,
+                                   per_rank=self.per_rank)
+            # What seed_everything(seed, workers=True) leaves for Lightning's own code: spawned
+            # processes reseed from PL_GLOBAL_SEED, and the loaders it builds get its worker
+            # seeding (distinct per worker and rank, from the loader's base seed).
+            os.environ["PL_GLOBAL_SEED"] = str(self.rng.seed)
+            os.environ["PL_SEED_WORKERS"] = "1"
+
+    # -- checkpoints: every rank's state, gathered into the one file rank 0 writes
+    def state_dict(self) -> dict[str, Any]:
+        if self.rng is None:
+            return {}
+        return {"ranks": _gather(self.rng.state_dict())}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        ranks = state_dict.get("ranks")
+        if not ranks:
+            return
+        if self.rng is None:  # restored outside fit(): set up first
+            self.rng = TrainingRNG(self.seed, deterministic=self.deterministic,
+                                   per_rank=self.per_rank)
+        rank = process_rank()
+        if rank < len(ranks):
+            self.rng.load_state_dict(ranks[rank], strict=self.strict)
+        elif self.strict:
+            raise DevRNGError(
+                f"DevRNGCallback: the checkpoint holds the RNG of {len(ranks)} rank(s), and this is "
+                f"rank {rank}; pass DevRNGCallback(strict=False) to resume on more ranks (the new "
+                "ranks' generators are then seeded from the seed and their rank)."
+            )
+        else:  # another rank's state: TrainingRNG derives this rank's own streams
+            self.rng.load_state_dict(ranks[0], strict=False)
+
+
+def _gather(state: dict[str, Any]) -> list[dict[str, Any]]:
+    dist = dist_or_none()
+    if dist is None or not dist.is_initialized() or dist.get_world_size() == 1:
+        return [state]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, state)
+    return out
