@@ -17,8 +17,9 @@ import torch
 
 pl = pytest.importorskip("lightning.pytorch")
 
-from devrng.integrations.lightning import DevRNGCallback  # noqa: E402
 from tests.integrations._runs import whole_and_resumed  # noqa: E402
+
+from devrng.integrations.lightning import DevRNGCallback  # noqa: E402
 
 PROGRAM = "tests.integrations._lightning_run"
 pytestmark = pytest.mark.slow

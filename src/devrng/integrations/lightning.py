@@ -9,15 +9,13 @@ puts it back when the resumed run starts training.
 
 from __future__ import annotations
 
-from typing import Any
-
 import os
+from typing import Any
 
 import lightning.pytorch as pl
 
-from devrng._errors import DevRNGError
-from devrng._rank import dist_or_none, process_rank
 from devrng._training import TrainingRNG
+from devrng.integrations._per_rank import PerRankState
 
 __all__ = ["DevRNGCallback"]
 
@@ -49,6 +47,9 @@ class DevRNGCallback(pl.Callback):
         self.rng: TrainingRNG | None = None
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._ensure_rng()
+
+    def _ensure_rng(self) -> TrainingRNG:
         if self.rng is None:
             self.rng = TrainingRNG(self.seed, deterministic=self.deterministic,
                                    per_rank=self.per_rank)
@@ -57,37 +58,15 @@ class DevRNGCallback(pl.Callback):
             # seeding (distinct per worker and rank, from the loader's base seed).
             os.environ["PL_GLOBAL_SEED"] = str(self.rng.seed)
             os.environ["PL_SEED_WORKERS"] = "1"
+        return self.rng
 
-    # -- checkpoints: every rank's state, gathered into the one file rank 0 writes
+    # -- checkpoints: every rank's state, in the one file rank 0 writes
     def state_dict(self) -> dict[str, Any]:
-        if self.rng is None:
-            return {}
-        return {"ranks": _gather(self.rng.state_dict())}
+        return {} if self.rng is None else self._per_rank().state_dict()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        ranks = state_dict.get("ranks")
-        if not ranks:
-            return
-        if self.rng is None:  # restored outside fit(): set up first
-            self.rng = TrainingRNG(self.seed, deterministic=self.deterministic,
-                                   per_rank=self.per_rank)
-        rank = process_rank()
-        if rank < len(ranks):
-            self.rng.load_state_dict(ranks[rank], strict=self.strict)
-        elif self.strict:
-            raise DevRNGError(
-                f"DevRNGCallback: the checkpoint holds the RNG of {len(ranks)} rank(s), and this is "
-                f"rank {rank}; pass DevRNGCallback(strict=False) to resume on more ranks (the new "
-                "ranks' generators are then seeded from the seed and their rank)."
-            )
-        else:  # another rank's state: TrainingRNG derives this rank's own streams
-            self.rng.load_state_dict(ranks[0], strict=False)
+        if state_dict:  # empty: saved before setup ran, nothing to put back
+            self._per_rank().load_state_dict(state_dict)
 
-
-def _gather(state: dict[str, Any]) -> list[dict[str, Any]]:
-    dist = dist_or_none()
-    if dist is None or not dist.is_initialized() or dist.get_world_size() == 1:
-        return [state]
-    out: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, state)
-    return out
+    def _per_rank(self) -> PerRankState:
+        return PerRankState(self._ensure_rng(), strict=self.strict, owner="DevRNGCallback")

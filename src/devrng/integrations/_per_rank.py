@@ -1,0 +1,63 @@
+"""One object holding every rank's TrainingRNG state, for trainers that checkpoint from rank 0.
+
+Lightning and accelerate write a callback's or a registered object's state from the
+main process only; every rank's generators differ, so the state gathers all of them
+(a collective: every rank must call ``state_dict()``, as these trainers do) and each
+rank takes its own back.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from devrng._errors import DevRNGError
+from devrng._rank import dist_or_none, process_rank
+from devrng._training import TrainingRNG
+
+__all__ = ["PerRankState"]
+
+
+class PerRankState:
+    """``state_dict()`` / ``load_state_dict()`` over every rank's ``TrainingRNG`` state.
+
+    Examples:
+        >>> state = PerRankState(devrng.TrainingRNG(seed=1))
+        >>> saved = state.state_dict()
+        >>> len(saved["ranks"])
+        1
+        >>> state.load_state_dict(saved)
+    """
+
+    def __init__(self, rng: TrainingRNG, *, strict: bool = True, owner: str = "devrng") -> None:
+        self.rng = rng
+        self.strict = strict
+        self.owner = owner
+
+    def state_dict(self) -> dict[str, Any]:
+        state = self.rng.state_dict()
+        dist = dist_or_none()
+        if dist is None or not dist.is_initialized() or dist.get_world_size() == 1:
+            return {"ranks": [state]}
+        out: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(out, state)
+        return {"ranks": out}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        ranks = state_dict.get("ranks") if isinstance(state_dict, dict) else None
+        if not ranks:
+            raise DevRNGError(
+                f"{self.owner}: the checkpoint holds no devrng RNG state (got "
+                f"{type(state_dict).__name__} {sorted(state_dict) if isinstance(state_dict, dict) else ''}); "
+                "it was saved without devrng, or by another program."
+            )
+        rank = process_rank()
+        if rank < len(ranks):
+            self.rng.load_state_dict(ranks[rank], strict=self.strict)
+        elif self.strict:
+            raise DevRNGError(
+                f"{self.owner}: the checkpoint holds the RNG of {len(ranks)} rank(s), and this is "
+                f"rank {rank}; pass strict=False to resume on more ranks (the new ranks' "
+                "generators are then seeded from the seed and their rank)."
+            )
+        else:  # another rank's state: TrainingRNG derives this rank's own streams
+            self.rng.load_state_dict(ranks[0], strict=False)
