@@ -26,5 +26,6 @@ venv_for() {
     fi
     # devrng itself: editable, no dependencies, no network.
     "$dir/bin/python" -m pip install --quiet --no-deps --no-build-isolation -e "$DEVRNG_ROOT" >&2
+    echo "== the $name environment: $dir (enter it with: source $dir/bin/activate)" >&2
     echo "$dir"
 }

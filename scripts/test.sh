@@ -3,7 +3,10 @@
 #   core: torch 2.13 CPU build; lint, types, docs, the whole suite with simulated devices
 #   xla:  torch 2.9 + torch_xla 2.9 + torchax 0.0.13 + JAX 0.10.2 on the CPU, the whole suite again
 #   ipex: torch 2.8 + intel-extension-for-pytorch 2.8 (CPU build), the whole suite with IPEX imported
-# Choose environments with DEVRNG_ENVS="core" (default "core xla ipex"); extra args go to pytest.
+#   integrations: torch 2.13 + Lightning, accelerate, HF transformers, torchdata; the trainer
+#         tests (tests/integrations) and the docstring examples of devrng.integrations
+# Choose environments with DEVRNG_ENVS="core" (default "core xla ipex integrations"); extra
+# args go to pytest.
 source "$(dirname "$0")/_venv.sh"
 cd "$DEVRNG_ROOT"
 
@@ -32,7 +35,7 @@ pytest_logged() {  # run pytest, showing its output and keeping a copy to count 
     return "${PIPESTATUS[0]}"
 }
 
-envs=${DEVRNG_ENVS:-core xla ipex}
+envs=${DEVRNG_ENVS:-core xla ipex integrations}
 for env in $envs; do
     venv=$(venv_for "$env")
     py="$venv/bin/python"
@@ -43,6 +46,9 @@ for env in $envs; do
             check "core: docs" "$venv/bin/mkdocs" build --strict --quiet --site-dir "$(mktemp -d)"
         fi
         check "core: pytest" pytest_logged "$py" -m pytest -p no:cacheprovider "$@"
+    elif [ "$env" = integrations ]; then
+        check "$env: pytest" pytest_logged "$py" -m pytest -p no:cacheprovider \
+            tests/integrations tests/test_docstrings.py "$@"
     else
         check "$env: pytest" pytest_logged env PJRT_DEVICE=CPU "$py" -m pytest -p no:cacheprovider "$@"
     fi
