@@ -24,7 +24,7 @@ def patch_torch() -> None:
     it hands over. Also registers a ``torch.<type>`` device module for every
     devrng backend torch has none for (XLA above all), so that
     ``torch.utils.checkpoint`` and torch's other RNG sites save and restore
-    that device's state (see devrng._device_modules). Idempotent; undo with
+    that device's state ([Checkpointing on XLA](checkpointing-xla.md) says how). Idempotent; undo with
     [`unpatch_torch`][devrng.unpatch_torch].
 
     Examples:
