@@ -15,32 +15,50 @@ DOCS = Path(__file__).resolve().parent.parent / "docs"
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 
 
-def format_table(rows: list[Row]) -> str:
-    lines = ["| case | devrng | peer | peer time | ratio | target | met |",
-             "|---|---|---|---|---|---|---|"]
+def format_table(rows: list[Row], footnote_prefix: str = "") -> str:
+    """Rows that ran as a markdown table; notes become footnotes and the cases this
+    environment cannot run are named once below it instead of as empty rows."""
+    lines = ["| case | devrng | peer | ratio | target | met |", "|---|---|---|---|---|---|"]
+    notes: list[str] = []
+    skipped: list[str] = []
+
+    def note(text: str) -> str:
+        notes.append(text)
+        return f"[^{footnote_prefix}{len(notes)}]"
+
     for r in rows:
         if r.get("ms") is not None:
             met = "yes" if r["ms"] <= r["target_ms"] else "no"
-            lines.append(f"| {r['case']} | {r['ms']:.1f} ms | - | - | - | <= 30 ms | {met} |")
+            lines.append(f"| {r['case']} | {r['ms']:.1f} ms | - | - | ≤ 30 ms | {met} |")
             continue
         if r["ratio"] is None:
-            lines.append(f"| {r['case']} | - | {r['peer']} | - | - | "
-                         f"{_target(r['target'])} | {r['note']} |")
+            skipped.append(f"{r['case']} ({r['note'].removeprefix('skipped: ')})")
             continue
         met = "-" if r["target"] is None else ("yes" if r["ratio"] <= r["target"] else "no")
-        lines.append(f"| {r['case']} | {r['devrng_us']:.2f} µs | {r['peer']} | "
-                     f"{r['peer_us']:.2f} µs | {r['ratio']:.2f}x | {_target(r['target'])} | {met} |")
+        mark = note(r["note"]) if r.get("note") else ""
+        lines.append(f"| {r['case']}{mark} | {_time(r['devrng_us'])} | {r['peer']}: "
+                     f"{_time(r['peer_us'])} | {r['ratio']:.2f}× | {_target(r['target'])} | {met} |")
         if r.get("compiles") is not None and r["target"] is not None:  # seeded_jit: 50 seeds
             ok = "yes" if r["compiles"] <= r.get("target_compiles", 1) else "no"
             first = r.get("compiles_after_first_call")  # the count once the first call returned
             later = "" if first is None else f" ({r['compiles'] - first} after the first seed)"
             lines.append(f"| {r['case']}: compilations for 50 distinct seeds | "
-                         f"{r['compiles']}{later} | - | - | - | {r.get('target_compiles', 1)} | {ok} |")
+                         f"{r['compiles']}{later} | - | - | {r.get('target_compiles', 1)} | {ok} |")
+    if skipped:
+        lines.append("")
+        lines.append("Not run in this environment: " + "; ".join(skipped) + ".")
+    if notes:
+        lines.append("")
+        lines += [f"[^{footnote_prefix}{i}]: {text}" for i, text in enumerate(notes, start=1)]
     return "\n".join(lines)
 
 
+def _time(us: float) -> str:
+    return f"{us / 1000:.2f} ms" if us >= 1000 else f"{us:.2f} µs"
+
+
 def _target(t: float | None) -> str:
-    return "-" if t is None else f"<= {t}x"
+    return "-" if t is None else f"≤ {t}×"
 
 
 def chart(results: list[tuple[str, dict[str, Any]]], path: Path) -> None:
@@ -48,26 +66,35 @@ def chart(results: list[tuple[str, dict[str, Any]]], path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
 
     labels, ratios, targets = [], [], []
     for env, result in results:
         for r in result["rows"]:
             if r["ratio"] is not None and r["target"] is not None:
-                labels.append(f"{r['case']}\nvs {r['peer']} [{env}]")
+                labels.append(f"{r['case']} [{env}]")
                 ratios.append(r["ratio"])
                 targets.append(r["target"])
-    fig, ax = plt.subplots(figsize=(9, 0.7 * len(labels) + 1.2))
-    y = range(len(labels))
-    colors = ["tab:green" if v <= t else "tab:red" for v, t in zip(ratios, targets, strict=True)]
-    ax.barh(list(y), ratios, color=colors)
-    ax.scatter(targets, list(y), marker="|", s=400, color="black", label="target", zorder=3)
-    ax.axvline(1.0, color="grey", linewidth=0.8, linestyle="--")
-    ax.set_yticks(list(y), labels, fontsize=7)
+    fig, ax = plt.subplots(figsize=(12, 0.42 * len(labels) + 1.6))
+    y = list(range(len(labels)))
+    met = [v <= t for v, t in zip(ratios, targets, strict=True)]
+    ax.barh(y, ratios, color=["tab:green" if ok else "tab:red" for ok in met], height=0.6)
+    ax.scatter(targets, y, marker="|", s=300, color="black", zorder=3)
+    ax.axvline(1.0, color="grey", linewidth=1, linestyle="--")
+    ax.text(1.0, -0.9, " 1.0× = the peer's time", color="grey", fontsize=8, va="bottom")
+    ax.set_yticks(y, labels, fontsize=8)
     ax.invert_yaxis()
+    ax.set_xlim(0, max([*ratios, *targets, 1.0]) * 1.15)
+    ax.set_ylim(len(labels) - 0.4, -1.2)
     ax.set_xlabel("devrng time / peer time (lower is better)")
-    ax.legend(loc="lower right")
+    ax.set_title("devrng against its peers, same process, interleaved rounds (median ratio)")
+    ax.legend(handles=[Patch(color="tab:green", label="target met"),
+                       Patch(color="tab:red", label="target missed"),
+                       plt.Line2D([], [], color="black", marker="|", linestyle="none",
+                                  markersize=12, label="target")],
+              loc="lower right", fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=130)
 
 
 def render(results: list[tuple[str, dict[str, Any]]]) -> str:
@@ -76,7 +103,7 @@ def render(results: list[tuple[str, dict[str, Any]]]) -> str:
         m = result["machine"]
         versions = ", ".join(f"{k} {v}" for k, v in m["versions"].items())
         parts.append(f"### {env} environment\n\nPython {m['python']}, {m['cores']} cores "
-                     f"({m['cpu']}); {versions}.\n\n{format_table(result['rows'])}\n")
+                     f"({m['cpu']}); {versions}.\n\n{format_table(result['rows'], f'{env}-')}\n")
     parts.append("![devrng / peer time ratio per case](benchmarks.png)\n")
     return "\n".join(parts)
 
