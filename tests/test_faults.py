@@ -175,11 +175,15 @@ def test_python_gauss_cache_must_be_a_finite_float(gauss: Any, message: str) -> 
     assert random.getstate() == before
 
 
-def test_unnested_text_file_is_a_clear_error(tmp_path: Path) -> None:
+def test_a_text_file_is_a_clear_error(tmp_path: Path) -> None:
     path = tmp_path / "notes.txt"
     path.write_text("hello, this is not a snapshot\n")
-    with pytest.raises(DevRNGError, match="could not be read as a devrng RNG snapshot"):
+    with pytest.raises(DevRNGError, match=r"is not a devrng RNG snapshot: it begins with "
+                                          r"'hello, t', like a text file"):
         devrng.RNGState.load(path)
+    (tmp_path / "empty.rng").write_bytes(b"")
+    with pytest.raises(DevRNGError, match="it is empty"):
+        devrng.RNGState.load(tmp_path / "empty.rng")
 
 
 FUZZ = """

@@ -292,3 +292,11 @@ def test_torchax_key_stack_is_restored_when_tracing_raises() -> None:
     assert len(env._property.content) == depth
     assert np.asarray(jax.random.key_data(env.param.prng)).tolist() == key
     assert torch.equal(torch.get_rng_state(), cpu)
+
+
+def test_torchax_backend_says_what_to_do_with_a_cpu_tensor() -> None:
+    pytest.importorskip("torchax")
+    step = devrng.seeded_jit(lambda x: x * 2, backend="torchax")
+    with pytest.raises(TypeError, match=r"got a cpu tensor of shape \(3,\); it compiles functions "
+                                        r"of torchax tensors\. Move the inputs first"):
+        step(torch.ones(3), seed=1)

@@ -193,6 +193,12 @@ class RNGState:
             >>> devrng.set_rng_state(snap)
         """
         where = repr(f) if is_file_like(f) else repr(os.fspath(f))  # type: ignore[arg-type]
+        kind = _not_torch_save(f)
+        if kind is not None:
+            raise DevRNGError(
+                f"{where} is not a devrng RNG snapshot: {kind}, and snapshots are files that "
+                "RNGState.save (torch.save) writes."
+            )
         try:
             data = torch.load(f, weights_only=True, map_location="cpu")
         except FileNotFoundError:
@@ -246,6 +252,30 @@ def get_rng_state(devices: Any = None, device_type: Any = None, *, python: bool 
         _host.get_python_state() if python else None,
         _host.get_numpy_state() if numpy else None,
     )
+
+
+def _not_torch_save(f: Any) -> str | None:
+    """What a file is when it plainly is not torch.save's output (a zip archive or a pickle)."""
+    try:
+        if is_file_like(f):
+            if not (hasattr(f, "seek") and hasattr(f, "tell")):
+                return None
+            start = f.tell()
+            head = f.read(8)
+            f.seek(start)
+        else:
+            with open(f, "rb") as fh:
+                head = fh.read(8)
+    except (OSError, ValueError):
+        return None  # torch.load says what is wrong (a missing file stays FileNotFoundError)
+    if not head:
+        return "it is empty"
+    if head.startswith(b"PK\x03\x04") or head[:1] == b"\x80":
+        return None  # a zip archive (torch.save) or a pickle (its legacy format)
+    text = head.decode("ascii", errors="replace")
+    printable = text.isprintable() or text.rstrip("\r\n").isprintable()
+    return f"it begins with {text!r}, like a text file" if printable else \
+        f"it begins with the bytes {head!r}"
 
 
 _CPU_NUMEL: int | None = None  # the size of this torch's CPU generator state, read once

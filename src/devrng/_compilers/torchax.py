@@ -99,7 +99,11 @@ class TorchaxRunner:
     def __call__(self, seed: int | torch.Tensor, args: tuple[Any, ...],
                  kwargs: dict[str, Any]) -> Any:
         key_data = _key_data(seed)
-        j_args, j_kwargs = interop.jax_view((args, kwargs))
+        try:
+            j_args, j_kwargs = interop.jax_view((args, kwargs))
+        except AssertionError:  # torchax's bare assert on a tensor that is not its own
+            _explain_inputs(args, kwargs)
+            raise
         with seed_lock:  # tracing touches the CPU generator and JAX's compile counter
             cpu = _cpu.get_state()
             before = _compiles
@@ -109,6 +113,20 @@ class TorchaxRunner:
                 self._compiles += _compiles - before
                 _cpu.set_state(cpu)  # tracing runs torch code, which may draw on the CPU
         return interop.torch_view(out)
+
+
+def _explain_inputs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Raise a TypeError naming the first tensor that is not a torchax tensor."""
+    from torch.utils._pytree import tree_leaves
+
+    for leaf in tree_leaves((args, kwargs)):
+        if isinstance(leaf, torch.Tensor) and not isinstance(leaf, torchax.tensor.Tensor):
+            raise TypeError(
+                f"seeded_jit(backend='torchax') got a {leaf.device.type} tensor of shape "
+                f"{tuple(leaf.shape)}; it compiles functions of torchax tensors. Move the inputs "
+                "first, as in: with torchax.default_env(): x = x.to('jax')  (or use "
+                "backend='eager' / 'inductor' for CPU tensors)."
+            )
 
 
 def make_runner(fn: Callable[..., Any], compile_kwargs: dict[str, Any]) -> TorchaxRunner:
