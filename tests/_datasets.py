@@ -1,4 +1,4 @@
-"""Tiny datasets for the DataLoader seeding tests.
+"""Tiny datasets for the DataLoader seeding and resume tests.
 
 They live in an importable module (not in a test file) so that workers started
 with the 'spawn' method can unpickle them.
@@ -12,6 +12,8 @@ import random
 import numpy as np
 import torch
 from torch.utils.data import Dataset, get_worker_info
+
+import devrng
 
 # Columns of one item.
 INDEX, TORCH, NUMPY, PYTHON, NORMAL, UNIFORM, WORKER, RANK = range(8)
@@ -47,3 +49,36 @@ class RandomDraws(Dataset[torch.Tensor]):
             ],
             dtype=torch.float64,
         )
+
+
+class Augmented(Dataset[torch.Tensor]):
+    """Samples whose augmentation draws from torch, NumPy and Python's random; with
+    ``per_sample``, inside ``devrng.sample_rng(index)``."""
+
+    def __init__(self, size: int = 24, per_sample: bool = False) -> None:
+        self.base = torch.linspace(-1, 1, size * 4).reshape(size, 4)
+        self.per_sample = per_sample
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if self.per_sample:
+            with devrng.sample_rng(i):
+                return self._augment(i)
+        return self._augment(i)
+
+    def _augment(self, i: int) -> torch.Tensor:
+        noise = torch.randn(4) * 0.1 + float(np.random.normal()) * 0.05 + random.random() * 0.05
+        return self.base[i] + noise
+
+
+def small_model(device: str = "cpu") -> torch.nn.Module:
+    """Linear, ReLU, dropout 0.3, Linear; the same initial weights in every run."""
+    gen = torch.Generator().manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.ReLU(), torch.nn.Dropout(0.3),
+                                torch.nn.Linear(16, 1))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
+    return model.to(device)

@@ -35,43 +35,39 @@ from typing import Any
 
 import numpy as np
 import torch
+from tests._datasets import Augmented, small_model
 
 import devrng
 
 SEED = 1234
-SAMPLES, BATCH, EPOCHS = 24, 4, 3
-
-
-class Augmented(torch.utils.data.Dataset[torch.Tensor]):
-    """Samples whose augmentation draws from torch, NumPy and Python's random."""
-
-    def __init__(self, per_sample: bool) -> None:
-        self.base = torch.linspace(-1, 1, SAMPLES * 4).reshape(SAMPLES, 4)
-        self.per_sample = per_sample
-
-    def __len__(self) -> int:
-        return SAMPLES
-
-    def __getitem__(self, i: int) -> torch.Tensor:
-        if self.per_sample:
-            with devrng.sample_rng(i):
-                return self._augment(i)
-        return self._augment(i)
-
-    def _augment(self, i: int) -> torch.Tensor:
-        noise = torch.randn(4) * 0.1 + float(np.random.normal()) * 0.05 + random.random() * 0.05
-        return self.base[i] + noise
+SAMPLES, BATCH, EPOCHS = 24, 4, 3  # SAMPLES: the size of tests._datasets.Augmented
 
 
 def model_and_optimizer(device: str = "cpu") -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    gen = torch.Generator().manual_seed(0)  # the same initial weights in every run
-    model = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.ReLU(), torch.nn.Dropout(0.3),
-                                torch.nn.Linear(16, 1))
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
-    model = model.to(device)
+    model = small_model(device)
     return model, torch.optim.SGD(model.parameters(), lr=0.05)
+
+
+def sgd_step(model: torch.nn.Module, opt: torch.optim.Optimizer) -> Any:
+    """One training step: forward (dropout), MSE loss, backward, SGD."""
+    def train_step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    return train_step
+
+
+def resume(args: argparse.Namespace, model: torch.nn.Module, opt: torch.optim.Optimizer,
+           rng: Any) -> tuple[int, int]:
+    """Load the checkpoint into the model, optimizer and TrainingRNG; (epoch, step) to go on."""
+    ckpt = torch.load(args.resume, weights_only=True)
+    model.load_state_dict(ckpt["model"])
+    opt.load_state_dict(ckpt["optimizer"])
+    rng.load_state_dict(*_dropped(args.drop, ckpt["rng"], rng))
+    return ckpt["epoch"], ckpt["step"]
 
 
 def checkpoint(path: str, **parts: Any) -> None:
@@ -133,13 +129,7 @@ def run_loader(args: argparse.Namespace) -> list[str]:
         loader = torch.utils.data.DataLoader(dataset, batch_size=BATCH, shuffle=True,
                                              num_workers=2, **kwargs)
 
-    def train_step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        opt.zero_grad()
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        loss.backward()
-        opt.step()
-        return loss.detach()
-
+    train_step = sgd_step(model, opt)
     step_fn: Any = train_step
     if rng is not None:
         step_fn = rng.track("train_step", devrng.seeded_jit(train_step, backend="eager"))
@@ -218,21 +208,9 @@ def run_xla(args: argparse.Namespace) -> list[str]:
     loader = torch.utils.data.DataLoader(Augmented(per_sample=False), batch_size=BATCH,
                                          shuffle=True, **rng.dataloader_kwargs())
 
-    def train_step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        opt.zero_grad()
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        loss.backward()
-        opt.step()
-        return loss.detach()
-
-    step_fn = rng.track("train_step", devrng.seeded_jit(train_step, backend="torch_xla"))
-    start_epoch, step = 0, 0
-    if args.resume:
-        ckpt = torch.load(args.resume, weights_only=True)
-        model.load_state_dict(ckpt["model"])
-        opt.load_state_dict(ckpt["optimizer"])
-        start_epoch, step = ckpt["epoch"], ckpt["step"]
-        rng.load_state_dict(*_dropped(args.drop, ckpt["rng"], rng))
+    step_fn = rng.track("train_step", devrng.seeded_jit(sgd_step(model, opt),
+                                                        backend="torch_xla"))
+    start_epoch, step = resume(args, model, opt, rng) if args.resume else (0, 0)
     losses = []
     for epoch in range(start_epoch, EPOCHS):
         for batch in loader:
@@ -310,27 +288,14 @@ def run_ddp(args: argparse.Namespace) -> list[str]:
     dist.init_process_group("gloo")
     rng = devrng.TrainingRNG(SEED)
     model, opt = model_and_optimizer()
-    ddp = torch.nn.parallel.DistributedDataParallel(model)
-    sampler = torch.utils.data.distributed.DistributedSampler(Augmented(False), shuffle=True,
+    ddp: Any = torch.nn.parallel.DistributedDataParallel(model)
+    sampler = torch.utils.data.distributed.DistributedSampler(Augmented(), shuffle=True,
                                                               seed=SEED)
-    loader = torch.utils.data.DataLoader(Augmented(False), batch_size=BATCH, sampler=sampler,
+    loader = torch.utils.data.DataLoader(Augmented(), batch_size=BATCH, sampler=sampler,
                                          num_workers=2, **rng.dataloader_kwargs())
 
-    def train_step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        opt.zero_grad()
-        loss = torch.nn.functional.mse_loss(ddp(x), y)
-        loss.backward()
-        opt.step()
-        return loss.detach()
-
-    step_fn = rng.track("train_step", devrng.seeded_jit(train_step, backend="eager"))
-    start_epoch, step = 0, 0
-    if args.resume:
-        ckpt = torch.load(args.resume, weights_only=True)
-        model.load_state_dict(ckpt["model"])
-        opt.load_state_dict(ckpt["optimizer"])
-        start_epoch, step = ckpt["epoch"], ckpt["step"]
-        rng.load_state_dict(*_dropped(args.drop, ckpt["rng"], rng))
+    step_fn = rng.track("train_step", devrng.seeded_jit(sgd_step(ddp, opt), backend="eager"))
+    start_epoch, step = resume(args, model, opt, rng) if args.resume else (0, 0)
     losses = []
     for epoch in range(start_epoch, EPOCHS):
         sampler.set_epoch(epoch)

@@ -453,21 +453,25 @@ def prepare_restore(state: RNGState) -> Restore:
 def _apply(targets: list[tuple[Backend, int, Any]], cpu: torch.Tensor | None, python: Any,
            numpy: Any, previous: list[tuple[Backend, int, Any]], *, what: str,
            host: tuple[bool, bool]) -> None:
-    """Set every target state; on any failure put every generator back and raise."""
+    """Set every target state; on any failure put every generator back and raise.
+
+    NumPy goes last: its state was checked in full, and ``set_state`` either
+    applies whole or raises unchanged, so nothing after it can fail and its
+    current state (the costliest to copy, 624 words) need not be kept.
+    """
     before_cpu = _cpu.get_state()
     before_py = _host.get_python_state() if host[0] else None
-    before_np = _host.get_numpy_state() if host[1] else None
     try:
         for backend, index, saved in targets:
             backend.set_rng_state(saved, index)
+        if cpu is not None:
+            _cpu.set_state(cpu)
         if python is not None:
             _host.set_python_state(python)
         if numpy is not None:
             _host.set_numpy_state(numpy)
-        if cpu is not None:
-            _cpu.set_state(cpu)
     except BaseException as err:
-        _roll_back(err, what, before_cpu, previous, before_py, before_np)
+        _roll_back(err, what, before_cpu, previous, before_py, None)
         raise
 
 
@@ -515,19 +519,18 @@ def manual_seed(seed: int, *, devices: Any = None, device_type: Any = None, pyth
     previous = [(b, i, b.get_rng_state(i)) for b in started for i in range(device_count(b))]
     before_cpu = _cpu.get_state()
     before_py = _host.get_python_state() if python else None
-    before_np = _host.get_numpy_state() if numpy else None
     try:
         for backend in started:
             backend.manual_seed(seed)
-        _cpu.manual_seed(seed)
-        if python:
-            random.seed(seed)
-        if numpy:
-            _host.seed_numpy(seed)
         for backend in backends:
             if backend not in started:
                 backend.manual_seed(seed)
+        _cpu.manual_seed(seed)
+        if python:
+            random.seed(seed)
+        if numpy:  # last, as in _apply: nothing after it can fail
+            _host.seed_numpy(seed)
     except BaseException as err:
-        _roll_back(err, f"manual_seed({seed})", before_cpu, previous, before_py, before_np)
+        _roll_back(err, f"manual_seed({seed})", before_cpu, previous, before_py, None)
         raise
     return seed

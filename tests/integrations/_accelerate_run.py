@@ -11,28 +11,17 @@ not save), ``devrng`` (``devrng.integrations.accelerate.register``), or
 from __future__ import annotations
 
 import json
-import random
 import sys
 from typing import Any
 
 import accelerate
-import numpy as np
 import torch
+from tests._datasets import Augmented, small_model
 
 import devrng
 from devrng.integrations.accelerate import register
 
 SEED = 1234
-
-
-class Augmented(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor]]):
-    def __len__(self) -> int:
-        return 32
-
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        x = torch.linspace(-1, 1, 4) * (i + 1) / 32
-        x = x + torch.randn(4) * 0.1 + float(np.random.normal()) * 0.05 + random.random() * 0.05
-        return x, x.sum(dim=0, keepdim=True) * 0.5
 
 
 def main(argv: list[str]) -> None:
@@ -50,14 +39,9 @@ def main(argv: list[str]) -> None:
     else:
         rng = devrng.TrainingRNG(SEED)
         loader_kwargs = rng.dataloader_kwargs()
-    gen = torch.Generator().manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.ReLU(), torch.nn.Dropout(0.3),
-                                torch.nn.Linear(16, 1))
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
+    model = small_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    loader = torch.utils.data.DataLoader(Augmented(), batch_size=4, shuffle=True, num_workers=2,
+    loader = torch.utils.data.DataLoader(Augmented(size=32), batch_size=4, shuffle=True, num_workers=2,
                                          **loader_kwargs)
     model, opt, loader = accelerator.prepare(model, opt, loader)
 
@@ -79,8 +63,8 @@ def main(argv: list[str]) -> None:
         start = 1
     losses = []
     for _epoch in range(start, epochs):
-        for x, y in loader:
-            losses.append(float(step(x, y)).hex())
+        for x in loader:
+            losses.append(float(step(x, x.sum(dim=1, keepdim=True) * 0.5)).hex())
     if save:
         accelerator.save_state(save)
     with open(out, "w") as fh:

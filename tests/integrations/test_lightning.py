@@ -82,3 +82,20 @@ def devrng_error() -> type[Exception]:
     import devrng
 
     return devrng.DevRNGError
+
+
+@pytest.mark.parametrize(("mode", "exact"), [("plain-stateful", False), ("devrng-stateful", True)])
+def test_a_mid_epoch_checkpoint_with_a_stateful_dataloader(tmp_path: Path, mode: str,
+                                                           exact: bool) -> None:
+    """torchdata's StatefulDataLoader (samples drawn in devrng.sample_rng), a ModelCheckpoint
+    after step 11 of 24 (the middle of the second epoch), fit(ckpt_path=...) from it."""
+    pytest.importorskip("torchdata")
+    from tests.integrations._runs import losses, run
+
+    run(PROGRAM, mode, "3", str(tmp_path / "whole.json"))
+    run(PROGRAM, mode, "3", str(tmp_path / "first.json"), "--save", str(tmp_path / "mid.ckpt"),
+        "--max-steps", "11")
+    run(PROGRAM, mode, "3", str(tmp_path / "resumed.json"), "--resume", str(tmp_path / "mid.ckpt"))
+    whole, resumed = losses(tmp_path / "whole.json"), losses(tmp_path / "resumed.json")
+    assert len(resumed) == 13
+    assert (whole[11:] == resumed) is exact

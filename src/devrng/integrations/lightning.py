@@ -13,6 +13,7 @@ import os
 from typing import Any
 
 import lightning.pytorch as pl
+import torch
 
 from devrng._training import TrainingRNG
 from devrng.integrations._per_rank import PerRankState
@@ -45,6 +46,7 @@ class DevRNGCallback(pl.Callback):
         self.per_rank = per_rank
         self.strict = strict
         self.rng: TrainingRNG | None = None
+        self._restored_cpu: torch.Tensor | None = None
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._ensure_rng()
@@ -67,6 +69,15 @@ class DevRNGCallback(pl.Callback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if state_dict:  # empty: saved before setup ran, nothing to put back
             self._per_rank().load_state_dict(state_dict)
+            self._restored_cpu = torch.get_rng_state()
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        cpu, self._restored_cpu = self._restored_cpu, None
+        if cpu is not None and getattr(trainer.fit_loop, "restarted_mid_epoch", False):
+            # Resuming in the middle of an epoch, Lightning builds the loader's iterator after
+            # the restore, and it draws the epoch's base seed from torch's generator (which a
+            # StatefulDataLoader then replaces with the saved one): undo that draw.
+            torch.set_rng_state(cpu)
 
     def _per_rank(self) -> PerRankState:
         return PerRankState(self._ensure_rng(), strict=self.strict, owner="DevRNGCallback")
