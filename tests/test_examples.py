@@ -161,3 +161,29 @@ def test_readme_commands_are_what_ci_runs() -> None:
     for command in re.findall(r"```bash\n(bash scripts/\w+\.sh)", README):
         assert command in ci, f"README says {command!r}; .ci/run does not run it"
     assert "bash scripts/test.sh" in ci and "bash scripts/run.sh" in ci
+
+
+# -- the docs' code blocks ------------------------------------------------------------
+_DOC_BLOCKS = [
+    pytest.param(code, id=f"{page.relative_to(EXAMPLES.parent)}#{i}")
+    for page in sorted((EXAMPLES.parent / "docs").rglob("*.md"))
+    for i, code in enumerate(re.findall(r"```python\n(.*?)```", page.read_text(encoding="utf-8"),
+                                        flags=re.S))
+    # A whole program starts with its imports; fragments (names from the text around
+    # them, `...` for the rest) start with a comment saying where their names come from.
+    if code.lstrip().startswith(("import ", "from ")) and "..." not in code
+]
+
+
+def test_there_are_whole_programs_in_the_docs() -> None:
+    assert len(_DOC_BLOCKS) >= 6
+
+
+@pytest.mark.parametrize("code", _DOC_BLOCKS)
+def test_docs_code_block_runs(code: str, tmp_path: Path) -> None:
+    imported = re.findall(r"^\s*(?:import|from)\s+([\w.]+)", code, flags=re.M)
+    missing = sorted({m.split(".")[0] for m in imported if not available(m.split(".")[0])})
+    if missing:
+        pytest.skip(f"needs {', '.join(missing)}, not installed here")
+    proc = _run_snippet(code, tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]

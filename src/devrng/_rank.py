@@ -15,7 +15,7 @@ import torch
 
 from devrng._seeds import MASK64
 
-__all__ = ["dist_or_none", "env_rank", "process_rank"]
+__all__ = ["dist_or_none", "env_rank", "process_rank", "world_size"]
 
 
 def dist_or_none() -> Any:
@@ -64,3 +64,12 @@ def env_rank(*, strict: bool = True) -> int:
             f"The RANK environment variable is {value}; a rank must be 0 or more and below 2**64."
         )
     return value
+
+
+def world_size() -> int:
+    """How many ranks: the default process group's size, else ``WORLD_SIZE``, else 1."""
+    dist = dist_or_none()
+    if dist is not None and dist.is_initialized():
+        return int(dist.get_world_size())
+    raw = os.environ.get("WORLD_SIZE", "").strip()
+    return int(raw) if raw.isdigit() and int(raw) > 0 else 1

@@ -22,7 +22,7 @@ import torch
 from devrng._determinism import DeterministicHandle, deterministic
 from devrng._errors import DevRNGError, add_note, check_flags, short_repr
 from devrng._plain import check_plain
-from devrng._rank import dist_or_none, process_rank
+from devrng._rank import process_rank, world_size
 from devrng._registry import available_backends, device_count, get_backend, is_initialized
 from devrng._seeds import check_seed, nth_seed
 from devrng._state import RNGState, get_rng_state, manual_seed, prepare_restore, set_rng_state
@@ -390,11 +390,7 @@ def _resolve_seed(seed: int | None) -> tuple[int, str]:
 
 
 def _rank_and_world() -> tuple[int, int]:
-    dist = dist_or_none()
-    if dist is not None and dist.is_initialized():
-        return int(dist.get_rank()), int(dist.get_world_size())
-    raw = os.environ.get("WORLD_SIZE", "").strip()
-    return process_rank(), int(raw) if raw.isdigit() and int(raw) > 0 else 1
+    return process_rank(), world_size()
 
 
 def _started_types() -> list[str]:
