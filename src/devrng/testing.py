@@ -26,6 +26,7 @@ from torch.testing._comparison import default_tolerances
 
 from devrng._infer import collect_devices
 from devrng._plan import current_accelerator, default_types
+from devrng._registry import loaded_backend
 from devrng._seeds import check_seed
 from devrng._state import RNGState, get_rng_state, manual_seed, set_rng_state
 
@@ -473,9 +474,9 @@ def compare_devices(fn: Callable[..., Any], inputs: Any,
                     rtol: float | None = None, atol: float | None = None) -> Report:
     """Run ``fn`` on each device from the same seed and inputs; compare with the first device.
 
-    ``devices=None`` compares the current accelerator (XLA or torchax when
-    this process uses them) with the CPU; on a machine with neither it says
-    that there is nothing to compare with.
+    ``devices=None`` compares XLA (when this process has imported torch_xla),
+    else the current accelerator, with the CPU; without either it says that
+    there is nothing to compare with (torchax tensors: pass the devices).
 
     ``inputs`` is moved to each device (a tuple is unpacked as positional
     arguments, anything else is passed as the one argument). If ``fn`` is an
@@ -544,13 +545,14 @@ def compare_devices(fn: Callable[..., Any], inputs: Any,
 
 def _default_devices() -> tuple[str, str]:
     """The CPU and the device this process computes on, or an error saying there is none."""
-    in_use = default_types()
-    accelerator = current_accelerator()
-    other = accelerator if accelerator is not None else (in_use[0] if in_use else None)
+    xla = loaded_backend("xla")  # only if the program imported torch_xla
+    other = "xla:0" if xla is not None and xla.is_available() else current_accelerator()
+    if other == "jax":  # torchax's device: tensors move there only inside its environment
+        other = None
     if other is None:
         raise ValueError(
             "compare_devices has nothing to compare with: this process has no accelerator and "
-            "uses no XLA or torchax device. Pass devices=('cpu', 'xla:0') (after import "
+            "has not imported torch_xla. Pass devices=('cpu', 'xla:0') (after import "
             "torch_xla) or another device to compare the CPU with."
         )
     return ("cpu", other)
