@@ -108,22 +108,19 @@ def test_stateful_dataloader_alone_does_not_resume_exactly(tmp_path: Path) -> No
     assert resumed != full  # loader state + CPU, Python and generator states: not enough
 
 
-@pytest.mark.skipif(not HAS_XLA, reason="needs torch_xla (the xla environment)")
-def test_xla_resume_with_seeded_jit_torch_xla_is_exact(tmp_path: Path) -> None:
-    runs = Runs("xla", 6, tmp_path)
+@pytest.mark.parametrize(("scenario", "dropped"), [
+    pytest.param("xla", "the XLA seed", id="xla",
+                 marks=pytest.mark.skipif(not HAS_XLA, reason="needs torch_xla (the xla environment)")),
+    pytest.param("torchax", "torchax's key", id="torchax",
+                 marks=pytest.mark.skipif(not HAS_TORCHAX, reason="needs torchax (the xla environment)")),
+])
+def test_device_resume_with_its_seeded_jit_is_exact(scenario: str, dropped: str,
+                                                     tmp_path: Path) -> None:
+    runs = Runs(scenario, 6, tmp_path)
     full, resumed = runs.resume()[0]
     assert resumed == full
     full, resumed = runs.resume("--drop", "global")[0]
-    assert resumed != full  # the XLA seed (the label noise) is part of the global state
-
-
-@pytest.mark.skipif(not HAS_TORCHAX, reason="needs torchax (the xla environment)")
-def test_torchax_resume_with_seeded_jit_torchax_is_exact(tmp_path: Path) -> None:
-    runs = Runs("torchax", 6, tmp_path)
-    full, resumed = runs.resume()[0]
-    assert resumed == full
-    full, resumed = runs.resume("--drop", "global")[0]
-    assert resumed != full  # torchax's key (the label noise) is part of the global state
+    assert resumed != full, f"{dropped} (the label noise) is part of the global state"
 
 
 def test_two_rank_ddp_resume_is_exact_on_both_ranks(tmp_path: Path) -> None:
