@@ -462,5 +462,34 @@ def test_example_runs_under_torchrun(example: str, tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            str(ROOT / "examples" / example)]
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    if proc.returncode != 0 and _aborted_after_success(proc, world=2):
+        # About one launch in 100 here, a rank that has passed every check, printed its line and
+        # closed its process group is aborted by native code while the interpreter exits
+        # ("terminate called without an active exception"; see docs/known-issues.md). That
+        # signature alone gets one more launch, reported as a warning; anything else fails.
+        warnings.warn(f"retrying once: {example} aborted at exit after success:\n{proc.stderr[-3000:]}",
+                      stacklevel=1)
+        proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "OK" in proc.stdout
+
+
+def _aborted_after_success(proc: subprocess.CompletedProcess[str], *, world: int) -> bool:
+    """Every rank printed its result line and "OK" came, then a rank was aborted at exit."""
+    every_rank = all(f"rank {r}: " in proc.stdout for r in range(world))
+    return (every_rank and "OK" in proc.stdout
+            and "terminate called without an active exception" in proc.stderr
+            and "(SIGABRT)" in proc.stderr and "Traceback" not in proc.stdout)
+
+
+@pytest.mark.parametrize(("stdout", "stderr", "expected"), [
+    ("rank 0: a\nrank 1: b\nOK", "terminate called without an active exception\n (SIGABRT)", True),
+    ("rank 0: a\nOK", "terminate called without an active exception\n (SIGABRT)", False),
+    ("rank 0: a\nrank 1: b", "terminate called without an active exception\n (SIGABRT)", False),
+    ("rank 0: a\nrank 1: b\nOK", "AssertionError: replicas should hold equal weights", False),
+    ("rank 0: a\nrank 1: b\nOK", "(SIGABRT)", False),
+])
+def test_only_an_abort_after_success_is_retried(stdout: str, stderr: str, expected: bool) -> None:
+    proc = subprocess.CompletedProcess(["torchrun"], -6, stdout, stderr)
+    assert _aborted_after_success(proc, world=2) is expected
