@@ -3,9 +3,8 @@
 PyPI's intel-extension-for-pytorch 2.8.0 is a CPU-only build pinned to torch
 2.8: it ships ``intel_extension_for_pytorch.xpu`` (random.py, generator.py,
 lazy_init.py) but no XPU runtime and no ``xpu.deterministics``. These tests
-import it for real and check what devrng's XPU paths meet: on torch >= 2.4
-devrng uses native ``torch.xpu``; the IPEX fallback (reached here by removing
-torch.xpu's RNG functions) ends in IPEX's own functions, which on this build
+import it for real and check what devrng's XPU paths meet: devrng uses native
+``torch.xpu`` and never calls IPEX's own RNG functions, which on this build
 raise on reads and silently queue seeds and writes.
 
 IPEX is imported when this module is collected, so in the ipex environment
@@ -42,13 +41,6 @@ def ipex_queues(monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.setattr(lazy_init, "_queued_calls", [])
     monkeypatch.setattr(lazy_init, "_lazy_seed_tracker", lazy_init._LazySeedTracker())
     return lazy_init
-
-
-@pytest.fixture
-def ipex_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
-    """torch.xpu without RNG functions, as on torch < 2.4: devrng must fall back to IPEX."""
-    for name in ("get_rng_state", "set_rng_state", "device_count"):
-        monkeypatch.delattr(torch.xpu, name)
 
 
 # -- what was installed ---------------------------------------------------------------
@@ -122,7 +114,7 @@ def test_doctor_lists_ipex_and_its_known_problem(capsys: Any) -> None:
     assert main(["doctor"]) == 0
     out = capsys.readouterr().out
     assert f"intel_extension_for_pytorch    {ipex.__version__.split('+')[0]}" in out
-    assert "IPEX is no longer developed after 2.8; devrng uses native torch.xpu first." in out
+    assert "IPEX is no longer developed after 2.8; devrng uses native torch.xpu." in out
     # This torch has no XPU, and IPEX's CPU build adds none: xpu is not a row that could work.
     assert "xpu (this torch is built without XPU)" in out
     assert not any(line.split()[:1] == ["xpu"] for line in out.splitlines())
@@ -146,48 +138,13 @@ def test_selftest_with_ipex_imported_passes_and_skips_xpu(capsys: Any, ipex_queu
     assert ipex_queues._queued_calls == []
 
 
-# -- the IPEX fallback, forced ----------------------------------------------------------
-@pytest.mark.usefixtures("ipex_fallback")
-def test_fallback_reaches_ipex_xpu() -> None:
-    assert xpu_backend.module is ipex.xpu
-    assert xpu_backend.is_available() is False
-    assert xpu_backend.device_count() == 0  # IPEX's device_count: no _getDeviceCount in _C
-    assert xpu_backend.is_initialized() is False
-    assert "xpu" not in devrng.available_backends()
-
-
-@pytest.mark.usefixtures("ipex_fallback")
-def test_fallback_state_read_raises_ipex_assertion() -> None:
-    # What a caller who names the device in spite of is_available() gets from IPEX itself.
+# -- IPEX's own xpu RNG functions, which devrng does not call ----------------------------
+def test_ipex_own_xpu_rng_raises_on_read_and_queues_writes(ipex_queues: Any) -> None:
+    # Why devrng keeps to torch.xpu: on this build IPEX's functions fail or never run.
     with pytest.raises(AssertionError, match="IPEX not compiled with XPU enabled"):
-        xpu_backend.get_rng_state(0)
-    with pytest.raises(AttributeError, match="_getDevice"):
-        xpu_backend.current_device()
-
-
-@pytest.mark.usefixtures("ipex_fallback")
-def test_fallback_seed_and_write_are_queued_by_ipex_and_never_run(ipex_queues: Any) -> None:
-    xpu_backend.manual_seed(7)  # IPEX's manual_seed_all: queued until an XPU starts
+        ipex.xpu.get_rng_state(0)
+    ipex.xpu.manual_seed_all(7)
     assert ipex_queues._lazy_seed_tracker.manual_seed_all_cb is not None
-    xpu_backend.set_rng_state(torch.get_rng_state(), 0)
+    ipex.xpu.set_rng_state(torch.get_rng_state(), 0)
     assert len(ipex_queues._queued_calls) == 1
     assert not ipex.xpu.is_initialized()
-
-
-@pytest.mark.usefixtures("ipex_fallback")
-def test_fallback_devrng_calls_skip_the_unavailable_xpu(ipex_queues: Any) -> None:
-    devrng.manual_seed(5)
-    with devrng.fork_rng(), devrng.deterministic(seed=3):
-        torch.rand(3)
-    assert ipex_queues._queued_calls == []
-    assert ipex_queues._lazy_seed_tracker.get_calls() == []
-
-
-def test_fallback_without_ipex_is_an_import_error_with_the_hint(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("get_rng_state", "set_rng_state", "device_count"):
-        monkeypatch.delattr(torch.xpu, name)
-    monkeypatch.setitem(sys.modules, "intel_extension_for_pytorch", None)  # import fails
-    with pytest.raises(ImportError, match=r"pip install 'devrng\[ipex\]'"):
-        xpu_backend.module  # noqa: B018
-    assert xpu_backend.is_available() is False

@@ -72,8 +72,6 @@ def known_problems(versions: dict[str, str | None]) -> list[str]:
     if torch_v and torch_v < (2, 13):
         out.append(f"torch {versions['torch']}: torch.random.fork_rng() forks 'cuda' by default "
                    "and ignores the device types of `devices`; use devrng.fork_rng.")
-    if torch_v and torch_v < (2, 4) and versions.get("intel_extension_for_pytorch"):
-        out.append("torch < 2.4 has no torch.xpu; devrng falls back to IPEX's xpu module.")
     if versions.get("torch_xla"):
         out.append("torch_xla: torch.manual_seed does not seed XLA devices, and "
                    "torch.random.fork_rng cannot fork them; devrng.manual_seed / fork_rng do.")
@@ -85,7 +83,7 @@ def known_problems(versions: dict[str, str | None]) -> list[str]:
                    "(the same dropout mask every call, pytorch/xla#8636); use devrng.seeded_jit.")
     ipex = versions.get("intel_extension_for_pytorch")
     if ipex:
-        out.append("IPEX is no longer developed after 2.8; devrng uses native torch.xpu first.")
+        out.append("IPEX is no longer developed after 2.8; devrng uses native torch.xpu.")
     if ipex and torch_v and _release(ipex)[:2] != torch_v[:2]:
         out.append(f"IPEX {ipex} imports only with torch {'.'.join(map(str, _release(ipex)[:2]))}"
                    f".*; with torch {versions['torch']} `import intel_extension_for_pytorch` "
@@ -118,7 +116,7 @@ def _buildable(name: str) -> tuple[bool, str]:
         return False, "this torch is built without CUDA"
     if name == "mps" and not torch.backends.mps.is_built():
         return False, "this torch is built without MPS (Apple GPUs)"
-    # devrng uses torch.xpu whenever torch has it (torch >= 2.4); an installed IPEX adds no
+    # devrng uses torch.xpu (in every torch >= 2.8 build); an installed IPEX adds no
     # XPU to a torch built without one (its PyPI wheel is a CPU-only build).
     if name == "xpu" and not getattr(torch.xpu, "_is_compiled", lambda: True)():
         return False, "this torch is built without XPU"
