@@ -464,9 +464,10 @@ def test_example_runs_under_torchrun(example: str, tmp_path: Path) -> None:
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     if proc.returncode != 0 and _aborted_after_success(proc, world=2):
         # About one launch in 100 here, a rank that has passed every check, printed its line and
-        # closed its process group is aborted by native code while the interpreter exits
-        # ("terminate called without an active exception"; see docs/known-issues.md). That
-        # signature alone gets one more launch, reported as a warning; anything else fails.
+        # closed its process group is aborted while the interpreter exits: gloo's worker thread
+        # frees a finished work holding Python tensors and cannot take the GIL (pytorch/pytorch
+        # #190489; docs/known-issues.md). That signature alone gets one more launch, reported
+        # as a warning; anything else fails.
         warnings.warn(f"retrying once: {example} aborted at exit after success:\n{proc.stderr[-3000:]}",
                       stacklevel=1)
         proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True,
