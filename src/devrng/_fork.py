@@ -47,9 +47,34 @@ class fork_rng:
 
     A drop-in for ``torch.random.fork_rng``: device types are inferred from
     ``devices`` (tensors, modules, ``"xla:0"``, ...) instead of assumed, so one
-    call covers CUDA, XPU, MPS, XLA and torchax together. ``devices`` is read
-    when the block is entered, as torch reads it. Use it as a context manager
-    or a decorator (also of ``async def`` functions).
+    call covers CUDA, XPU, MPS, XLA and torchax together. Use it as a context
+    manager or a decorator (also of ``async def`` functions); forks nest.
+
+    Args:
+        devices: What to fork: tensors, modules, device strings (``"xpu:1"``,
+            ``"cuda"``), ``torch.device`` and ``torch.Generator`` objects, and
+            ints (indices of ``device_type``), in any nesting of lists, tuples,
+            dicts and sets. Read when the block is entered, as torch reads it.
+            ``[]`` forks the CPU only; ``None`` forks every device of
+            ``device_type`` or, without one, the current accelerator and
+            XLA / torchax where this process uses them.
+        enabled: ``False`` forks nothing, as in torch.
+        device_type: A device type (``"cuda"``, ``"xla"``, ...) or a sequence
+            of them. With ``devices=None`` every device of each is forked;
+            otherwise it is the type that bare ints in ``devices`` index.
+            ``"meta"`` forks nothing, as in torch.
+        python: Also fork Python's ``random``.
+        numpy: Also fork NumPy's global generator.
+
+    Raises:
+        TypeError: ``devices`` or ``device_type`` holds something that names no
+            device, or a flag is not ``True`` / ``False``.
+        ValueError: A device or device type does not exist here, or bare ints
+            fit no single device type.
+        ImportError: A device type needs a package that is not installed
+            (torch_xla, torchax); the message says what to install.
+        DevRNGError: A generator could not be restored on exit; every other
+            generator was restored.
 
     Examples:
         >>> x = torch.ones(2)
