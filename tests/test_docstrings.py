@@ -11,6 +11,8 @@ import importlib
 import importlib.util
 import os
 import pkgutil
+import pydoc
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -83,3 +85,45 @@ def test_docstring_example_runs(test: doctest.DocTest, clean: None) -> None:
     report: list[str] = []
     result = runner.run(test, out=report.append)
     assert result.failed == 0, "".join(report)
+
+
+# -- help() ----------------------------------------------------------------------------
+def _public_objects() -> list[Any]:
+    import devrng.distributed
+    import devrng.testing
+
+    found = [(f"devrng.{n}", getattr(devrng, n)) for n in devrng.__all__]
+    found += [(f"devrng.testing.{n}", getattr(devrng.testing, n)) for n in devrng.testing.__all__]
+    found += [(f"devrng.distributed.{n}", getattr(devrng.distributed, n))
+              for n in devrng.distributed.__all__]
+    # fork_rng keeps torch's private _caller / _devices_kw; the lead's rewrite of it hides them
+    # from help(). Strict: this test fails as soon as they are gone, so the mark goes with them.
+    pending = pytest.mark.xfail(strict=True, reason="help(devrng.fork_rng) still shows _caller")
+    return [pytest.param(obj, id=name, marks=[pending] if name == "devrng.fork_rng" else [])
+            for name, obj in found]
+
+
+# Lines pydoc writes itself, naming Python's own internals (a Protocol's __init__, a
+# dataclass's parameters, the annotations of slots), not devrng's.
+_PYDOC_OWN = re.compile(r"__(annotations|dataclass_params|init|subclasshook)__ = ")
+
+
+@pytest.mark.parametrize("obj", _public_objects())
+def test_help_text_has_no_link_syntax_and_no_private_names(obj: Any) -> None:
+    text = pydoc.render_doc(obj, renderer=pydoc.plaintext)
+    links = re.findall(r".{0,30}(?:\]\[|\]\(|:(?:func|class|meth|mod):`).{0,30}", text)
+    assert not links, links
+    body = [line for line in text.splitlines()[1:] if not _PYDOC_OWN.search(line)]  # 1: the title
+    private = re.findall(r".{0,30}(?:(?<![\w.])_[A-Za-z]\w*|devrng\._\w+).{0,20}", "\n".join(body))
+    assert not private, private
+
+
+def test_the_help_check_sees_private_names_and_links() -> None:
+    def leaky(_caller: str = "x") -> None:
+        """See [`fork_rng`][devrng.fork_rng] in devrng._fork."""
+
+    with pytest.raises(AssertionError, match=r"\]\["):
+        test_help_text_has_no_link_syntax_and_no_private_names(leaky)
+    leaky.__doc__ = "Plain."
+    with pytest.raises(AssertionError, match="_caller"):
+        test_help_text_has_no_link_syntax_and_no_private_names(leaky)
