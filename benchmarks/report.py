@@ -103,7 +103,7 @@ def chart(env: str, result: dict[str, Any], path: Path) -> None:
 
     rows = chart_rows(result)
     top = max([1.0, *(max(v, t) for _, v, t in rows)])
-    fig, ax = plt.subplots(figsize=(7.5, 0.78 * len(rows) + 1.0))
+    fig, ax = plt.subplots(figsize=(7.5, 0.85 * len(rows) + 1.0))
     for y, (label, ratio, target) in enumerate(rows):
         met = ratio <= target
         case, peer = label.split("\n", 1)
@@ -111,17 +111,17 @@ def chart(env: str, result: dict[str, Any], path: Path) -> None:
         ax.plot([target, target], [y - 0.24, y + 0.24], color="black", linewidth=2)
         # Above the bar, full width: what is measured, then what it is compared with
         # (on white, so that the 1.0 line does not run through the words).
-        ax.text(0, y - 0.38, textwrap.shorten(case, 96), fontsize=8.5, va="bottom",
+        ax.text(0, y - 0.4, textwrap.shorten(case, 88), fontsize=9.5, va="bottom",
                 fontweight="bold", bbox=_PLAIN)
-        ax.text(0, y - 0.2, textwrap.shorten(peer, 104), fontsize=8, va="bottom",
+        ax.text(0, y - 0.2, textwrap.shorten(peer, 96), fontsize=9, va="bottom",
                 color="#555555", bbox=_PLAIN)
         verdict = "met" if met else "MISSED"
         ax.text(max(ratio, target) + top * 0.015, y, f"{ratio:.2f}×  (target ≤ {target:g}×, "
-                f"{verdict})", fontsize=8, va="center")
+                f"{verdict})", fontsize=9, va="center")
     ax.axvline(1.0, color="grey", linewidth=1, linestyle="--", zorder=0)
     ax.text(1.0, -0.75, " 1.0×: as fast as the compared tool", color="grey", fontsize=8)
     ax.set_xlim(0, top * 1.45)
-    ax.set_ylim(len(rows) - 0.6, -1.0)
+    ax.set_ylim(len(rows) - 0.6, -1.05)
     ax.set_yticks([])
     ax.set_xlabel("devrng's time / the compared tool's time (below 1.0: devrng is faster; "
                   "| marks the target)", fontsize=8.5)
@@ -139,8 +139,10 @@ def render(results: list[tuple[str, dict[str, Any]]]) -> str:
         m = result["machine"]
         versions = ", ".join(f"{k} {v}" for k, v in m["versions"].items())
         image = f"benchmarks-{env}.png"
+        # The div lets the site's stylesheet keep ratios and targets whole on a phone.
         parts.append(f"### {env} environment\n\nPython {m['python']}, {m['cores']} cores "
-                     f"({m['cpu']}); {versions}.\n\n{format_table(result['rows'], f'{env}-')}\n\n"
+                     f"({m['cpu']}); {versions}.\n\n<div class=\"bench-results\" markdown>\n\n"
+                     f"{format_table(result['rows'], f'{env}-')}\n\n</div>\n\n"
                      f"[![{env} environment: devrng time / the compared tool's time, per case]"
                      f"({image})]({image})\n")
     return "\n".join(parts)
