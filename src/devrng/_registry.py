@@ -47,6 +47,7 @@ __all__ = [
     "register_backend",
     "registry",
     "requirement",
+    "started_types",
     "unregister_backend",
 ]
 
@@ -433,6 +434,16 @@ def available_backends() -> tuple[str, ...]:
         except Exception:  # a broken third-party backend must not break discovery
             continue
     return tuple(out)
+
+
+def started_types() -> list[str]:
+    """Device types (not the CPU) that are available and whose runtime has started here.
+
+    Their states exist and can be read without starting anything
+    (pytorch/pytorch#41970); devrng saves and reseeds exactly these.
+    """
+    return [name for name in available_backends()
+            if name != "cpu" and is_initialized(get_backend(name))]
 
 
 def requirement(name: str) -> str | None:
