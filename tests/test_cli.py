@@ -9,14 +9,15 @@ from typing import Any
 import pytest
 import torch
 from tests._fakes import MinimalBackend, registered
+from tests._helpers import run_python
 
 from devrng.__main__ import main
 from devrng._cli import known_problems
 
 
-def cli(*args: str) -> subprocess.CompletedProcess[str]:  # as a user runs it
-    return subprocess.run([sys.executable, "-m", "devrng", *args], capture_output=True, text=True,
-                          env={"PJRT_DEVICE": "CPU", "PATH": "/usr/bin:/bin"})
+def cli(*args: str, env: dict[str, str | None] | None = None
+        ) -> subprocess.CompletedProcess[str]:  # as a user runs it
+    return run_python("devrng", module=True, args=args, env=env)
 
 
 def test_selftest_passes_and_prints_a_table() -> None:
@@ -86,7 +87,8 @@ def test_version_and_help_do_not_import_torch() -> None:
             "    except SystemExit as exit:\n"
             "        assert exit.code == 0, exit.code\n"
             "print('torch imported:', 'torch' in sys.modules)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    out = run_python(code)
+    assert out.returncode == 0, out.stderr
     assert "devrng 0.1.0" in out.stdout
     assert out.stdout.strip().endswith("torch imported: False")
 
@@ -102,9 +104,7 @@ def test_doctor_into_a_closed_pipe_exits_quietly() -> None:
 
 def test_doctor_onto_a_full_disk_says_so_in_one_line() -> None:
     with open("/dev/full", "w") as full:
-        proc = subprocess.run([sys.executable, "-m", "devrng", "doctor"], stdout=full,
-                              stderr=subprocess.PIPE, text=True,
-                              env={"PATH": "/usr/bin:/bin", "PJRT_DEVICE": "CPU"})
+        proc = run_python("devrng", module=True, args=["doctor"], stdout=full)
     assert proc.returncode == 1
     lines = [line for line in proc.stderr.splitlines() if line.startswith("devrng")]
     assert lines == ["devrng doctor: could not write the report (No space left on device)."]
@@ -139,8 +139,7 @@ def test_doctor_load_checks_xla_and_warns_about_pjrt_device() -> None:
     assert loaded.returncode == 0, loaded.stdout + loaded.stderr
     row = next(line for line in loaded.stdout.splitlines() if line.split()[:1] == ["xla"])
     assert "works (" in row and "a draw and a state round trip" in row
-    unset = subprocess.run([sys.executable, "-m", "devrng", "doctor"], capture_output=True,
-                           text=True, env={"PATH": "/usr/bin:/bin"})
+    unset = cli("doctor", env={"PJRT_DEVICE": None})
     assert "PJRT_DEVICE is not set" in unset.stdout
     row = next(line for line in unset.stdout.splitlines() if line.split()[:1] == ["xla"])
     assert "not loaded" in row and "--load" in row
@@ -149,8 +148,7 @@ def test_doctor_load_checks_xla_and_warns_about_pjrt_device() -> None:
 @pytest.mark.xla
 def test_selftest_turns_a_failing_backend_into_a_fail_row() -> None:
     pytest.importorskip("torch_xla")
-    out = subprocess.run([sys.executable, "-m", "devrng", "selftest"], capture_output=True,
-                         text=True, env={"PATH": "/usr/bin:/bin", "PJRT_DEVICE": "NOPE"})
+    out = cli("selftest", env={"PJRT_DEVICE": "NOPE"})
     assert out.returncode == 1
     assert "Traceback" not in out.stderr
     xla_rows = [line for line in out.stdout.splitlines() if line.startswith("xla ")]

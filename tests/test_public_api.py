@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
+from tests._helpers import run_python
 
 import devrng
 
@@ -38,5 +37,6 @@ def test_import_and_cpu_fork_load_nothing_heavy() -> None:
         "devrng.infer_device_types(['xla:0', 'cuda:1'])\n"
         f"print([m for m in {HEAVY!r} if m in sys.modules])\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    out = run_python(code)
+    assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"

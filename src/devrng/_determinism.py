@@ -29,6 +29,7 @@ import torch
 import torch.utils.deterministic
 
 from devrng._errors import DevRNGError, check_flags
+from devrng._locks import ForkSafeLock
 from devrng._registry import backend_names, loaded_backend
 from devrng._seeding import manual_seed
 from devrng._seeds import check_seed
@@ -333,7 +334,7 @@ def current_settings() -> dict[str, dict[str, Any]]:
 
 
 # --------------------------------------------------------------------------- the handle
-_stack_lock = threading.RLock()
+_stack_lock = ForkSafeLock()
 _active: list[DeterministicHandle] = []  # applied and not yet restored, oldest first
 _made = threading.local()  # .handle: the last handle this thread activated
 

@@ -135,20 +135,41 @@ class Fork:
                 "`with devrng.fork_rng(...):` inside it, around the draws to fork."
             )
         # A new Fork per call: concurrent calls (threads, tasks) never share saved states.
+        # No `with` statement: its exit runs after a line that an interrupt could take
+        # before __exit__ is called; here the exit is the try block's last step.
         if inspect.iscoroutinefunction(fn):
             @functools.wraps(fn)
             async def forked_async(*a: Any, **k: Any) -> Any:
-                with Fork(args):
-                    return await fn(*a, **k)
+                fork = Fork(args)
+                try:
+                    fork.__enter__()
+                    out = await fn(*a, **k)
+                    fork.__exit__(None, None, None)
+                except BaseException as err:
+                    fork._leave(err)
+                    raise
+                return out
 
             return forked_async  # type: ignore[return-value]
 
         @functools.wraps(fn)
         def forked(*a: Any, **k: Any) -> Any:
-            with Fork(args):
-                return fn(*a, **k)
+            fork = Fork(args)
+            try:
+                fork.__enter__()
+                out = fn(*a, **k)
+                fork.__exit__(None, None, None)
+            except BaseException as err:
+                fork._leave(err)
+                raise
+            return out
 
         return forked  # type: ignore[return-value]
+
+    def _leave(self, err: BaseException) -> None:
+        """Exit with ``err`` unless this (decorator's own) fork is not open any more."""
+        if self._open:
+            self.__exit__(type(err), err, err.__traceback__)
 
 
 def _listed(devices: Any, kw: str) -> list[Any]:

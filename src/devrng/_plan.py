@@ -177,7 +177,8 @@ def make_plan(
             plan = None
         if plan is not None:
             return plan
-    named = [t for t in normalize_device_type(device_type) if t not in ("cpu", "meta")]
+    types = normalize_device_type(device_type)
+    named = [t for t in types if t not in ("cpu", "meta")]
     if devices is None:
         # device_type names the types to cover (an empty list: none); without it, the
         # types in use.
@@ -187,7 +188,7 @@ def make_plan(
     by_type: dict[str, list[int | None]] = {t: [] for t in named}
     for name, indices in found.indices.items():
         by_type.setdefault(name, []).extend(indices)
-    if found.ints:
+    if found.ints and (named or not types):  # device_type="cpu": the CPU is forked anyway
         owner = _owner_of_ints(named, list(found.indices), found.ints, devices_kw)
         by_type.setdefault(owner, []).extend(found.ints)
     return tuple((get_backend(name), _checked_indices(get_backend(name), indices))

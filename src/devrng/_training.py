@@ -80,8 +80,10 @@ class TrainingRNG:
         self._generators: dict[str, torch.Generator] = {}
         self._tracked: dict[str, Any] = {}
         self.determinism: DeterministicHandle | None = None
-        # All or nothing: the exported seed, the determinism switches and the seeding.
-        with Undo("TrainingRNG") as undo:
+        # All or nothing: the exported seed, the determinism switches and the seeding. (No
+        # `with`: an interrupt after it, before the caller has this object, must undo too.)
+        undo = Undo("TrainingRNG")
+        try:
             _push_env(undo, "DEVRNG_SEED")
             os.environ["DEVRNG_SEED"] = str(seed)
             if deterministic:
@@ -90,7 +92,10 @@ class TrainingRNG:
             undo.save_devices(read_started())
             undo.save_host(python=True, numpy=True)
             manual_seed(self._process_seed(process_rank()))
-        _logger.info("devrng.TrainingRNG: seed %d (%s)", seed, source)
+            _logger.info("devrng.TrainingRNG: seed %d (%s)", seed, source)
+        except BaseException as err:
+            undo.roll_back(err)
+            raise
 
     def _drop_determinism(self) -> None:
         if self.determinism is not None:

@@ -104,34 +104,42 @@ class Undo:
             self._steps.append((f"{backend.name}:{index}", backend.set_rng_state, (state, index)))
 
     # -- putting back ----------------------------------------------------------------
-    def _put_back(self) -> list[tuple[str, BaseException]]:
+    def _put_back(self) -> tuple[list[tuple[str, BaseException]], BaseException | None]:
+        """Set every entry back; returns the failures and the first interrupt that came."""
         failed: list[tuple[str, BaseException]] = []
+        interrupt: BaseException | None = None
         for label, setter, args in reversed(self._steps):
             try:
                 setter(*args)
-            except BaseException as err:  # the others are put back all the same
+            except Exception as err:  # the others are put back all the same
                 failed.append((label, err))
-        return failed
+            except BaseException as err:  # an interrupt: this entry again, then the others
+                interrupt = interrupt or err
+                try:
+                    setter(*args)
+                except BaseException as again:
+                    failed.append((label, again))
+        return failed, interrupt
 
     def run(self, pending: BaseException | None = None) -> None:
         """Put back everything pushed, newest first, then empty the stack.
 
         A failure of one entry does not stop the others. Afterwards an
-        interrupt raised by an entry (or arriving meanwhile) goes on as
-        itself; other failures raise one ``DevRNGError`` -- unless
-        ``pending``, the exception already on its way out, is an interrupt:
-        then the failures are attached to it as a note and this returns, so
-        that it goes on as itself.
+        interrupt that arrived meanwhile goes on as itself; failures raise one
+        ``DevRNGError`` -- unless ``pending``, the exception already on its
+        way out, is an interrupt: then the failures are attached to it as a
+        note and this returns, so that it goes on as itself.
         """
         try:
-            failed = self._put_back()
+            failed, interrupt = self._put_back()
         except BaseException as err:  # interrupted between two entries: all again (idempotent)
-            failed = self._put_back()
-            self._steps.clear()
-            if failed:
-                err.add_note(self._message(failed))
-            raise
+            failed, _ = self._put_back()
+            interrupt = err
         self._steps.clear()
+        if interrupt is not None:
+            if failed:
+                interrupt.add_note(self._message(failed))
+            raise interrupt
         if failed:
             self._report(failed, pending)
 

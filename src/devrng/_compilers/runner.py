@@ -8,7 +8,6 @@ the package is missing.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -16,6 +15,7 @@ import torch
 
 from devrng._host import seed_cpu
 from devrng._infer import arg_devices
+from devrng._locks import ForkSafeLock
 from devrng._registry import Backend, device_count, get_backend
 from devrng._seeds import MASK64
 from devrng._undo import Undo, read_devices
@@ -26,7 +26,7 @@ __all__ = ["HostSeeder", "MakeRunner", "Runner", "SeededRunner", "Seeder", "inpu
 #: Held while a seeded call sets the global generators, runs and puts them back: those
 #: generators are process-wide, so two threads must not interleave there. Reentrant,
 #: so that a seeded function may call another.
-seed_lock = threading.RLock()
+seed_lock = ForkSafeLock()
 
 
 class Runner(Protocol):
