@@ -1298,3 +1298,20 @@ def test_an_interrupted_training_rng_load_is_all_or_nothing(world: _World, injec
         assert trial.raised is trial.injected, (trial.where, trial.raised)
         assert end in (start, new), f"half loaded after an interrupt {trial.where}"
     assert interrupted > _ENOUGH[inject]
+
+
+@INJECT
+def test_an_interrupted_stream_fork_or_seeded_call_gives_the_caller_its_state_back(
+        world: _World, inject: str) -> None:
+    streams = devrng.RNGStreams()
+    streams.add("a", 1)
+    step = devrng.seeded_jit(lambda x: x + torch.rand(1), backend="eager", seed=0)
+
+    def op() -> None:
+        with streams.fork("a", devices=["faulty:0", "other:1"]):
+            torch.rand(1)
+        step(torch.zeros(1), seed=4)
+
+    assert world.result_of(op) == world.start
+    assert _all_or_nothing(_trials(inject, op, world.reset, *world.holders), world, world.start,
+                           "streams.fork / seeded_jit") > _ENOUGH[inject]

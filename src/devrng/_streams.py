@@ -175,12 +175,12 @@ class RNGStreams:
         caller = Undo(f"RNGStreams.fork({name!r})", wrap=False)
         caller.save_cpu()
         caller.save_devices(read_devices(plan))
-        self._active.add(name)
         # The caller's states are put back on every way out, also when an interrupt
         # lands here; the stream keeps what it drew unless its states never went in.
         swapped = False
         advanced: RNGState | None = None
         try:
+            self._active.add(name)
             _swap_in(name, stream, plan)
             swapped = True
             yield
