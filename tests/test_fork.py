@@ -12,6 +12,7 @@ import pytest
 import torch
 from tests._fakes import MinimalBackend, fake_tensor, registered
 
+import devrng
 from devrng import DevRNGError, fork_rng
 
 
@@ -277,3 +278,14 @@ def test_bad_device_type_is_a_clear_error() -> None:
 def test_unknown_object_in_devices_is_a_type_error() -> None:
     with pytest.raises(TypeError, match=r"object of type builtins.float"):
         fork_rng(devices=[1.5]).__enter__()
+
+
+def test_an_empty_device_type_list_means_no_device_type(simulate_device: Any) -> None:
+    """device_type=[] names no device type: only the CPU is covered, not the accelerator."""
+    cuda = simulate_device("cuda", count=1, accelerator=True)
+    assert devrng.get_rng_state(device_type=[]).devices == {}
+    assert set(devrng.get_rng_state().devices) == {"cuda"}  # the default: the accelerator
+    before = cuda.generators[0].get_state()
+    with fork_rng(device_type=[]):
+        cuda.draw(0)
+    assert not torch.equal(cuda.generators[0].get_state(), before)  # not forked
