@@ -96,11 +96,7 @@ def _public_objects() -> list[Any]:
     found += [(f"devrng.testing.{n}", getattr(devrng.testing, n)) for n in devrng.testing.__all__]
     found += [(f"devrng.distributed.{n}", getattr(devrng.distributed, n))
               for n in devrng.distributed.__all__]
-    # fork_rng keeps torch's private _caller / _devices_kw; the lead's rewrite of it hides them
-    # from help(). Strict: this test fails as soon as they are gone, so the mark goes with them.
-    pending = pytest.mark.xfail(strict=True, reason="help(devrng.fork_rng) still shows _caller")
-    return [pytest.param(obj, id=name, marks=[pending] if name == "devrng.fork_rng" else [])
-            for name, obj in found]
+    return [pytest.param(obj, id=name) for name, obj in found]
 
 
 # Lines pydoc writes itself, naming Python's own internals (a Protocol's __init__, a

@@ -6,8 +6,6 @@ calls do not (openxla), or the caller must remember to seed and restore the
 right generators around every call. ``seeded_jit`` makes the seed an input
 of the call with every compiler; the glue for each lives in
 ``devrng._compilers.<name>``, imported only when that compiler is used.
-("backend" in ``seeded_jit(backend=...)`` follows ``torch.compile``'s word for
-a compiler; everywhere else in devrng a backend is a device type's RNG.)
 """
 
 from __future__ import annotations
@@ -23,7 +21,7 @@ from devrng._compilers.runner import MakeRunner, Runner, input_types
 from devrng._lazy import load
 from devrng._seeds import MASK64, check_seed, nth_seed
 
-__all__ = ["BACKENDS", "SeededFunction", "seeded_jit", "stream_seed"]
+__all__ = ["COMPILER_NAMES", "SeededFunction", "auto_compiler", "seeded_jit"]
 
 R = TypeVar("R")
 
@@ -35,29 +33,25 @@ _COMPILERS: dict[str, tuple[str, str | None]] = {
     "openxla": ("devrng._compilers.openxla", "xla"),
     "torchax": ("devrng._compilers.torchax", "torchax"),
 }
-BACKENDS = (*_COMPILERS, "auto")
-
-def stream_seed(base_seed: int, counter: int) -> int:
-    """Seed number ``counter`` of the stream of ``base_seed``.
-
-    The base is mixed first, so neighbouring base seeds start far apart, and
-    then SplitMix64 steps from there: ``counter`` picks one output.
-
-    Examples:
-        >>> stream_seed(0, 0) != stream_seed(0, 1) != stream_seed(1, 0)
-        True
-    """
-    return nth_seed(base_seed, counter)
+#: What ``seeded_jit(backend=...)`` accepts (torch.compile's word for a compiler).
+COMPILER_NAMES = (*_COMPILERS, "auto")
 
 
-def _load_runner_factory(backend: str) -> MakeRunner:
-    module_name, extra = _COMPILERS[backend]
+def _load_runner_factory(compiler: str) -> MakeRunner:
+    module_name, extra = _COMPILERS[compiler]
     factory: MakeRunner = load(f"{module_name}:make_runner",
-                               what=f"seeded_jit(backend={backend!r})", extra=extra)
+                               what=f"seeded_jit(backend={compiler!r})", extra=extra)
     return factory
 
 
-def _auto_backend(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+def auto_compiler(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    """The compiler ``backend="auto"`` picks from a call's arguments: XLA tensors -> torch_xla,
+    torchax tensors -> torchax, anything else -> inductor.
+
+    Examples:
+        >>> auto_compiler((torch.ones(2),), {})
+        'inductor'
+    """
     types = input_types((args, kwargs))
     if "xla" in types:
         return "torch_xla"
@@ -147,10 +141,10 @@ class SeededFunction(Generic[R]):
                  compile_kwargs: dict[str, Any]) -> None:
         if not callable(fn):
             raise TypeError(f"seeded_jit needs a callable to compile, not {fn!r}.")
-        if backend not in BACKENDS:
+        if backend not in COMPILER_NAMES:
             raise ValueError(
                 f"seeded_jit got backend={backend!r}; accepted backends are "
-                f"{', '.join(repr(b) for b in BACKENDS)}."
+                f"{', '.join(repr(b) for b in COMPILER_NAMES)}."
             )
         if seed is not None:
             seed = check_seed(seed, "seeded_jit's seed")
@@ -189,7 +183,7 @@ class SeededFunction(Generic[R]):
 
     def __call__(self, *args: Any, seed: int | torch.Tensor | None = None, **kwargs: Any) -> R:
         if seed is None:
-            value: int | torch.Tensor = stream_seed(self._base_seed, self._counter)
+            value: int | torch.Tensor = nth_seed(self._base_seed, self._counter)
             self._counter += 1
         elif type(seed) is int and 0 <= seed <= MASK64:
             value = seed  # the common case, checked without a call
@@ -197,7 +191,7 @@ class SeededFunction(Generic[R]):
             value = _check_call_seed(seed)
         runner = self._runner
         if runner is None:
-            self._backend = _auto_backend(args, kwargs)
+            self._backend = auto_compiler(args, kwargs)
             runner = self._runner = _load_runner_factory(self._backend)(
                 self._fn, self._compile_kwargs)
         try:
@@ -235,10 +229,11 @@ class SeededFunction(Generic[R]):
             {'base_seed': 3, 'counter': 1}
         """
         if not isinstance(state_dict, Mapping) or set(state_dict) != {"base_seed", "counter"}:
-            got = sorted(state_dict) if isinstance(state_dict, Mapping) else type(state_dict).__name__
+            got = (f"a mapping with the keys {', '.join(sorted(map(repr, state_dict)))}"
+                   if isinstance(state_dict, Mapping) else f"a {type(state_dict).__name__}")
             raise ValueError(
                 f"load_state_dict needs a mapping with exactly the keys 'base_seed' and 'counter' "
-                f"(from SeededFunction.state_dict()), not {got!r}."
+                f"(from SeededFunction.state_dict()), not {got}."
             )
         base = check_seed(state_dict["base_seed"], "state_dict['base_seed']")
         counter = state_dict["counter"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import torch
@@ -10,10 +9,11 @@ import torch.random
 
 from devrng._device_modules import register_all, unregister_all
 from devrng._fork import fork_rng
+from devrng._locks import ForkSafeLock
 
 __all__ = ["patch_torch", "unpatch_torch"]
 
-_lock = threading.Lock()
+_lock = ForkSafeLock()
 _saved: dict[str, Any] = {}
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import numbers
 import random
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -83,19 +84,18 @@ def seed_worker(worker_id: int, *, rank: int | None = None) -> int:
     return torch_seed
 
 
-def dataloader_kwargs(seed: int | None, worker_init_fn: Callable[[int], Any] | None = None,
-                      generator: torch.Generator | None = None) -> dict[str, Any]:
+def dataloader_kwargs(seed: int | None, worker_init_fn: Callable[[int], Any] | None = None
+                      ) -> dict[str, Any]:
     """``generator`` and ``worker_init_fn`` for a DataLoader whose workers ``seed_worker`` seeds.
 
-    The generator (``generator``, else a new CPU one) is seeded with ``seed``,
-    or with a seed drawn from torch's CPU generator when ``seed`` is None (so
-    an earlier ``manual_seed`` fixes it). A user's ``worker_init_fn`` runs
-    after devrng's seeding, with the same worker id.
+    The generator, a new CPU one, is seeded with ``seed``, or with a seed drawn
+    from torch's CPU generator when ``seed`` is None (so an earlier
+    ``manual_seed`` fixes it). A user's ``worker_init_fn`` runs after devrng's
+    seeding, with the same worker id.
     """
     if seed is None:
         seed = int(torch.randint(0, 2**62, (), dtype=torch.int64).item())
-    if generator is None:
-        generator = torch.Generator()
+    generator = torch.Generator()
     generator.manual_seed(seed)
     rank = process_rank(strict=False)
     # A worker finds the rank through torch.distributed (forked workers) or RANK;
@@ -156,10 +156,16 @@ def sample_rng(index: int) -> Iterator[None]:
         >>> len(list(torch.utils.data.DataLoader(Noisy())))
         4
     """
-    if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+    if isinstance(index, bool) or not isinstance(index, numbers.Integral):
         raise TypeError(
-            f"sample_rng takes the sample's index (an int of 0 or more), not {index!r} "
+            f"sample_rng takes the sample's index (an int from 0 to 2**64 - 1), not {index!r} "
             f"(a {type(index).__name__})."
+        )
+    index = int(index)  # NumPy ints too: Subset and samplers hand them out
+    if not 0 <= index <= MASK64:
+        raise ValueError(
+            f"sample_rng got the index {index}; a sample's index must be from 0 to 2**64 - 1 "
+            "(larger ones would share the streams of smaller ones)."
         )
     info = torch.utils.data.get_worker_info()
     if info is None:

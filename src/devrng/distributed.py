@@ -26,14 +26,16 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from devrng import _host
 from devrng._errors import DevRNGError
 from devrng._plain import feed, tensor_bytes
 from devrng._plan import Plan, default_types, make_plan
 from devrng._rank import dist_or_none, process_rank
 from devrng._registry import current_index, get_backend
+from devrng._restore import set_rng_state
+from devrng._seeding import manual_seed
 from devrng._seeds import check_seed, nth_seed
-from devrng._state import RNGState, manual_seed, set_rng_state
+from devrng._state import RNGState, snapshot
+from devrng._undo import read_devices
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -199,13 +201,9 @@ def _describe_coverage(cov: dict[str, int]) -> str:
 
 def _snapshot(plan: Plan, python: bool, numpy: bool) -> RNGState:
     """This rank's state with devices keyed by position, so ranks can be compared."""
-    per_type = {b.name: {pos: b.get_rng_state(i) for pos, i in enumerate(idx)} for b, idx in plan}
-    return RNGState(
-        torch.default_generator.get_state(),
-        per_type,
-        _host.get_python_state() if python else None,
-        _host.get_numpy_state() if numpy else None,
-    )
+    by_position = [(b, pos, s) for b, idx in plan
+                   for pos, (_, _, s) in enumerate(read_devices([(b, idx)]))]
+    return snapshot(by_position, python=python, numpy=numpy)
 
 
 def _part_fingerprints(state: RNGState) -> dict[str, str]:

@@ -24,11 +24,15 @@ from typing import Any
 import torch
 from torch.testing._comparison import default_tolerances
 
-from devrng._infer import collect_devices
+from devrng._errors import short_repr
+from devrng._infer import arg_devices
+from devrng._plain import describe
 from devrng._plan import current_accelerator, default_types
 from devrng._registry import loaded_backend
+from devrng._restore import set_rng_state
+from devrng._seeding import manual_seed
 from devrng._seeds import check_seed
-from devrng._state import RNGState, get_rng_state, manual_seed, set_rng_state
+from devrng._state import RNGState, get_rng_state
 
 __all__ = [
     "LeafReport",
@@ -296,14 +300,14 @@ def _walk(a: Any, b: Any, path: str, leaves: list[LeafReport], problems: list[st
         for i, (x, y) in enumerate(zip(a, b, strict=False)):
             _walk(x, y, f"{path}[{i}]", leaves, problems, rtol, atol, equal_nan)
     elif ta is not None or tb is not None or type(a) is not type(b):
-        problems.append(f"{path}: {_kind(a)} vs {_kind(b)} in the reference")
+        problems.append(f"{path}: {describe(a)} vs {describe(b)} in the reference")
     else:
         try:
             same = bool(a == b)
         except Exception:
             same = a is b
         if not same:
-            problems.append(f"{path}: {_short(a)} vs {_short(b)} in the reference")
+            problems.append(f"{path}: {short_repr(a, 40)} vs {short_repr(b, 40)} in the reference")
 
 
 def _is_sequence(x: Any) -> bool:
@@ -319,17 +323,6 @@ def _as_tensor(x: Any) -> torch.Tensor | None:
     if type(x).__module__ == "numpy" and hasattr(x, "dtype") and x.dtype.kind in "biufc":
         return torch.as_tensor(x)
     return None
-
-
-def _kind(x: Any) -> str:
-    if isinstance(x, torch.Tensor):
-        return f"a {x.dtype} tensor of shape {tuple(x.shape)}"
-    return f"a {type(x).__name__}"
-
-
-def _short(x: Any) -> str:
-    text = repr(x)
-    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _compare_tensors(a: torch.Tensor, b: torch.Tensor, path: str, rtol: float | None,
@@ -382,13 +375,8 @@ def _bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
 # -- running functions ------------------------------------------------------
 def _types_of(*objs: Any) -> list[str]:
     """Device types of the tensors and modules in ``objs`` and of every device in use."""
-    found = list(collect_devices(objs, args=True).indices)
+    found = list(arg_devices(objs).indices)
     return found + [t for t in default_types() if t not in found]
-
-
-def _cover(types: list[str]) -> dict[str, Any]:
-    """Keyword arguments that make fork_rng / get_rng_state / manual_seed cover ``types``."""
-    return {"device_type": types} if types else {"devices": []}
 
 
 @contextlib.contextmanager
@@ -398,7 +386,7 @@ def _forked(types: list[str]) -> Iterator[RNGState]:
     Like fork_rng, without its warning about forking every device of a type:
     covering them all is the point here.
     """
-    state = get_rng_state(**_cover(types))
+    state = get_rng_state(device_type=types)
     try:
         yield state
     finally:
@@ -460,7 +448,7 @@ def assert_reproducible(fn: Callable[..., Any], *args: Any, seed: int = 0, runs:
         for _ in range(4):
             outputs = []
             for _run in range(runs):
-                manual_seed(seed, **_cover(types))
+                manual_seed(seed, device_type=types)
                 outputs.append(_to_cpu(fn(*args, **kwargs)))
             new = [t for t in _types_of(outputs) if t not in types]
             if not new:
@@ -565,12 +553,11 @@ def compare_devices(fn: Callable[..., Any], inputs: Any,
             try:
                 out = f(*moved) if isinstance(moved, tuple) else f(moved)
             except Exception as err:
-                if hasattr(err, "add_note"):  # Python 3.11+
-                    err.add_note(
-                        f"devrng.testing.compare_devices: this failed on {device}. fn receives "
-                        "the inputs moved to each device; a module that fn uses must be moved "
-                        "too: pass it as fn or inside inputs, not through a closure."
-                    )
+                err.add_note(
+                    f"devrng.testing.compare_devices: this failed on {device}. fn receives "
+                    "the inputs moved to each device; a module that fn uses must be moved "
+                    "too: pass it as fn or inside inputs, not through a closure."
+                )
                 raise
             outputs.append(_to_cpu(out))
     if len(parsed) == 2:

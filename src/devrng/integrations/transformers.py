@@ -19,7 +19,7 @@ import transformers
 from devrng._fork import fork_rng
 from devrng._patch import patch_torch
 from devrng._registry import available_backends
-from devrng._state import manual_seed
+from devrng._seeding import manual_seed
 
 __all__ = ["DevRNGTrainerCallback"]
 
