@@ -174,3 +174,13 @@ def test_install_commands_work_as_written() -> None:
         else:
             assert target in (".", wheel), f"{command}: installs {target!r}, not the source tree"
     assert f"pip install {wheel}" in CANONICAL  # the wheel the build command makes
+
+
+def test_a_returns_section_renders_as_one_description(site: Path) -> None:
+    """A Returns: description that takes two lines is one item, not two return values."""
+    api = (site / "api" / "index.html").read_text()
+    for ident in ("devrng.fork_rng", "devrng.deterministic", "devrng.get_backend"):
+        start = api.find(f'id="{ident}"')
+        section = api[api.find("Returns:", start):]
+        items = section[:section.find("</ul>")].count("<li")
+        assert items == 1, (ident, items)
