@@ -58,6 +58,15 @@ def generator_states(*holders: Any) -> Generators:
     return Generators(_bytes(torch.get_rng_state()), random.getstate(), numpy, devices)
 
 
+def set_environ(values: Mapping[str, str | None]) -> None:
+    """Set environment variables, ``None`` meaning unset (to put saved values back)."""
+    for key, value in values.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
 def run_env(env: Mapping[str, str | None] | None = None, *, inherit_env: bool = False
             ) -> dict[str, str]:
     """The environment ``run_python`` gives a child: minimal (PATH, PYTHONPATH with this
@@ -67,11 +76,9 @@ def run_env(env: Mapping[str, str | None] | None = None, *, inherit_env: bool = 
     base["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), str(ROOT / "src"),
                                                        base.get("PYTHONPATH")]))
     base.setdefault("PJRT_DEVICE", "CPU")
-    for key, value in (env or {}).items():
-        if value is None:
-            base.pop(key, None)
-        else:
-            base[key] = value
+    base.update({k: v for k, v in (env or {}).items() if v is not None})
+    for key in [k for k, v in (env or {}).items() if v is None]:
+        base.pop(key, None)
     return base
 
 

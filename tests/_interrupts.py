@@ -89,15 +89,20 @@ def at_every_line(op: Callable[[], Any], reset: Callable[[], Any],
 
 
 class _Raiser:
-    """Wraps a callable: its n-th call does its work, then raises the interrupt."""
+    """Wraps a callable: its n-th call during the trial does its work, then raises the
+    interrupt. (Undo entries made in the trial may keep it and call it later: it only
+    passes calls through then.)"""
 
     def __init__(self, fn: Callable[..., Any], n: int, injected: BaseException,
                  fired: list[str], label: str) -> None:
         self.fn, self.n, self.injected, self.fired, self.label = fn, n, injected, fired, label
         self.calls = 0
+        self.armed = False
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         out = self.fn(*args, **kwargs)
+        if not self.armed:
+            return out
         self.calls += 1
         if self.calls == self.n and not self.fired:
             self.fired.append(f"after {self.label} call {self.n}")
@@ -113,15 +118,18 @@ def after_every_apply(op: Callable[[], Any], reset: Callable[[], Any],
         original = getattr(owner, attr)
         label = f"{getattr(owner, '__name__', type(owner).__name__)}.{attr}"
         for n in range(1, limit + 1):
-            reset()
             fired: list[str] = []
             injected = KeyboardInterrupt(f"injected after {label} call {n}")
             raised: BaseException | None = None
-            with _patched(owner, attr, _Raiser(original, n, injected, fired, label)):
+            raiser = _Raiser(original, n, injected, fired, label)
+            with _patched(owner, attr, raiser):
+                reset()  # what reset makes (a handle to restore) may keep the setter
+                raiser.armed = True
                 try:
                     op()
                 except BaseException as err:
                     raised = err
+                raiser.armed = False
             yield Trial(fired[0] if fired else "", injected if fired else None, raised)
             if not fired:
                 break

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 from tests._fakes import registered
-from tests._helpers import generator_states
+from tests._helpers import generator_states, set_environ
 
 import devrng
 from devrng import _determinism
@@ -64,11 +64,7 @@ def _clean_switches() -> Iterator[None]:
     torch._C._set_deterministic_algorithms(saved[2], warn_only=saved[3])
     torch.utils.deterministic.fill_uninitialized_memory = saved[4]
     torch.backends.mkldnn.deterministic = saved[5]
-    for var, value in env.items():
-        if value is None:
-            os.environ.pop(var, None)
-        else:
-            os.environ[var] = value
+    set_environ(env)
     assert flags()["algorithms"] == before["algorithms"]
 
 

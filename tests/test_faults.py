@@ -30,7 +30,14 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tests._fakes import FaultyBackend, MinimalBackend, registered
-from tests._helpers import ROOT, generator_states, generators_of, run_env, run_python
+from tests._helpers import (
+    ROOT,
+    generator_states,
+    generators_of,
+    run_env,
+    run_python,
+    set_environ,
+)
 from tests._interrupts import after_every_apply, at_every_line
 
 import devrng
@@ -475,11 +482,7 @@ def clean_env() -> Iterator[None]:
     saved = {k: os.environ.pop(k, None) for k in ("CUBLAS_WORKSPACE_CONFIG",
                                                   "TORCHINDUCTOR_DETERMINISTIC")}
     yield
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+    set_environ(saved)
 
 
 @pytest.mark.parametrize("count", [2, 3])
@@ -957,11 +960,7 @@ def test_random_nestings_with_random_faults_end_where_they_started(
                 assert type(raised) is fault[1]  # interrupts propagate as themselves
             else:  # a failed restore or seeding is a DevRNGError; a failed read is the backend's
                 assert isinstance(raised, (DevRNGError, fault[1])), repr(raised)
-    for k, v in saved_env.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+    set_environ(saved_env)
 
 
 def _nest(ops: list[str], faulty: FaultyBackend, other: FaultyBackend,
@@ -1050,11 +1049,7 @@ class _World:
         torch.use_deterministic_algorithms(flags[0], warn_only=flags[1])
         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = flags[2:4]
         torch.utils.deterministic.fill_uninitialized_memory = flags[4]
-        for key, value in env.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        set_environ(env)
 
     def result_of(self, op: Callable[[], Any]) -> tuple[Any, ...]:
         """The world after ``op`` runs untouched from the start."""
@@ -1096,6 +1091,16 @@ def _all_or_nothing(trials: Iterator[Any], world: _World, new: tuple[Any, ...], 
         allowed = (world.start,) if undone_only else (world.start, new)
         assert end in allowed, f"{what}: not all or nothing after an interrupt {trial.where}"
     return interrupted
+
+
+def _restoring(handles: list[Any], world: _World) -> Callable[[], None]:
+    """A reset that restores every handle the last trial made, then the world."""
+    def reset() -> None:
+        while handles:
+            handles.pop().restore()
+        world.reset()
+
+    return reset
 
 
 @pytest.fixture
@@ -1169,14 +1174,10 @@ def test_an_interrupted_fork_restores_everything(world: _World, inject: str,
 def test_interrupted_deterministic_leaves_nothing_without_a_handle(world: _World,
                                                                    inject: str) -> None:
     handles: list[Any] = []
+    reset = _restoring(handles, world)
 
     def op() -> None:
         handles.append(devrng.deterministic(seed=3))
-
-    def reset() -> None:
-        while handles:
-            handles.pop().restore()
-        world.reset()
 
     new = world.result_of(op)
     reset()
@@ -1189,11 +1190,10 @@ def test_interrupted_deterministic_leaves_nothing_without_a_handle(world: _World
 @INJECT
 def test_interrupted_restore_of_a_handle_is_all_or_nothing(world: _World, inject: str) -> None:
     handles: list[Any] = []
+    restoring = _restoring(handles, world)
 
     def reset() -> None:
-        while handles:
-            handles.pop().restore()
-        world.reset()
+        restoring()
         handles.append(devrng.deterministic(seed=3))
 
     reset()
