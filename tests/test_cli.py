@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import warnings
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from tests._fakes import MinimalBackend, registered
-from tests._helpers import run_python
+from tests._helpers import run_env, run_python
 
+import devrng
 from devrng.__main__ import main
-from devrng._cli import known_problems
+from devrng._cli import environment_problems, known_problems
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def cli(*args: str, env: dict[str, str | None] | None = None
@@ -154,3 +159,66 @@ def test_selftest_turns_a_failing_backend_into_a_fail_row() -> None:
     xla_rows = [line for line in out.stdout.splitlines() if line.startswith("xla ")]
     assert xla_rows and all("FAIL" in line for line in xla_rows)
     assert any(line.split()[:3] == ["cpu", "seed", "pass"] for line in out.stdout.splitlines())
+
+
+# -- the environment's settings ------------------------------------------------------------
+def test_doctor_reports_a_seed_variable_that_is_no_seed_with_the_fix() -> None:
+    out = cli("doctor", env={"DEVRNG_SEED": "abc"})
+    assert out.returncode == 1, out.stdout + out.stderr
+    problems = out.stdout.split("Problems in this environment:")[1]
+    assert ("ERROR: The DEVRNG_SEED environment variable is 'abc', which is not a seed; set it "
+            "to an int in [0, 2**64) or unset it.") in problems
+    assert "TrainingRNG()" in problems
+    fine = cli("doctor", env={"DEVRNG_SEED": "1234", "PL_GLOBAL_SEED": str(2**64)})
+    assert fine.returncode == 1 and "PL_GLOBAL_SEED environment variable is" in fine.stdout
+    assert "DEVRNG_SEED environment variable" not in fine.stdout
+    clean = cli("doctor", env={"DEVRNG_SEED": "1234"})
+    assert clean.returncode == 0 and "Problems in this environment" not in clean.stdout
+
+
+@pytest.mark.parametrize("value", [":4096:8", ":16:8", ":0:0", ":8192:2", "4096:8"])
+def test_doctor_and_deterministic_agree_on_cublas_workspace_config(
+        value: str, simulate_device: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """doctor warns about exactly the values that deterministic() refuses once CUDA runs
+    (SIMULATED CUDA: already initialised)."""
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", value)
+    errors, warned = environment_problems({})
+    flagged = any(line.startswith(f"CUBLAS_WORKSPACE_CONFIG is {value!r}") for line in warned)
+    assert not errors
+    simulate_device("cuda", initialized=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # ':16:8' is accepted with a warning
+        try:
+            with devrng.deterministic():
+                refused = False
+        except devrng.DevRNGError:
+            refused = True
+    assert flagged == refused
+    assert refused == (value not in (":4096:8", ":16:8"))
+
+
+def test_doctor_load_prints_what_packages_print_after_its_table(tmp_path: Path) -> None:
+    """A backend package that warns while loading (Python warnings, or C++ writing to
+    file descriptor 2) does not break into the table: its text comes after, marked."""
+    dist = tmp_path / "devrng_noisy-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: devrng-noisy\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[devrng.backends]\nnoisydev = noisy_mod:backend\n")
+    (tmp_path / "noisy_mod.py").write_text(
+        "import os, warnings\n"
+        "warnings.warn('noisy_mod is deprecated, says the package')\n"
+        "os.write(2, b'noisy C++ runtime: starting\\n')\n"
+        "from tests._fakes import MinimalBackend\n"
+        "backend = MinimalBackend()\nbackend.name = 'noisydev'\n")
+    out = subprocess.run([sys.executable, "-m", "devrng", "doctor", "--load"], text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,  # as a terminal shows
+                         env=run_env({"PYTHONPATH": f"{tmp_path}:{ROOT / 'src'}:{ROOT}"}))
+    lines = out.stdout.splitlines()
+    table_end = max(i for i, line in enumerate(lines) if line.split()[:1] == ["noisydev"])
+    assert "works (" in lines[table_end]
+    noise = [i for i, line in enumerate(lines) if "noisy_mod is deprecated" in line
+             or "noisy C++ runtime: starting" in line]
+    assert len(noise) >= 2 and min(noise) > table_end, out.stdout  # the warning quotes its line
+    heading = lines.index("Printed while loading the backends (by the packages themselves):")
+    assert table_end < heading < min(noise)
+    assert all(lines[i].startswith("  | ") for i in noise)

@@ -121,7 +121,7 @@ def test_track_takes_state_objects_and_refuses_others() -> None:
     assert torch.equal(state["generators"]["noise"], gen.get_state())
     with pytest.raises(ValueError, match="already tracks an object named 'step'"):
         rng.track("step", step)
-    with pytest.raises(TypeError, match=r"got a int, which has no state_dict\(\)"):
+    with pytest.raises(TypeError, match=r"got 5 \(of type int\), which has no state_dict\(\)"):
         rng.track("number", 5)
     with pytest.raises(TypeError, match="non-empty string name"):
         rng.track("", step)
@@ -180,7 +180,9 @@ def test_load_puts_everything_back(setup: Any) -> None:
 @pytest.mark.parametrize(("change", "message"), [
     (lambda sd: sd.update(extra=1), r"the state has unknown keys 'extra'\."),
     (lambda sd: sd.pop("generators"), r"the state lacks \['generators'\]"),
-    (lambda sd: sd.update(format="x"), "takes what TrainingRNG.state_dict"),
+    (lambda sd: sd.update(format="x"), r"takes the dict that TrainingRNG.state_dict\(\) returns, "
+                                        r"whose 'format' is 'devrng.TrainingRNG'; it got a dict "
+                                        r"whose 'format' is 'x'\."),
     (lambda sd: sd.update(version=9), "the state is version 9"),
     (lambda sd: sd["tracked"].pop("step"), r"nothing was saved for the tracked objects 'step', "
                                             r"which are tracked here"),
@@ -202,6 +204,14 @@ def test_a_bad_state_changes_nothing(setup: Any, change: Any, message: str) -> N
     with pytest.raises(DevRNGError, match=message):
         rng.load_state_dict(saved)
     assert before == _snapshot(loader, step)
+
+
+@pytest.mark.parametrize(("state", "got"), [(None, r"it got None\."),
+                                           (3, r"it got 3 \(of type int\)\.")])
+def test_something_that_is_not_a_state_is_named_in_the_error(state: Any, got: str) -> None:
+    with pytest.raises(DevRNGError, match=r"takes the dict that TrainingRNG.state_dict\(\) "
+                                          r"returns, whose 'format' is 'devrng.TrainingRNG'; " + got):
+        TrainingRNG(1).load_state_dict(state)
 
 
 def test_a_failure_while_applying_puts_tracked_objects_back(setup: Any) -> None:

@@ -340,7 +340,7 @@ _made = threading.local()  # .handle: the last handle this thread activated
 
 
 class DeterministicHandle:
-    """What [`deterministic()`][devrng.deterministic] returns: the settings it applied and how to undo them.
+    """What ``deterministic()`` returns: the settings it applied and how to undo them.
 
     Used with ``with``, everything it changed is restored on exit, also when
     the body raises. ``restore()`` does the same by hand. Handles nest as a
@@ -489,6 +489,10 @@ class DeterministicHandle:
         seed drawn from torch's CPU generator, so an earlier ``manual_seed``
         fixes it); it decides shuffling and each epoch's worker seeds.
 
+        Returns:
+            ``{"generator": ..., "worker_init_fn": ...}`` (the initialiser
+            calls ``seed_worker``): pass it as ``DataLoader(..., **kwargs)``.
+
         Examples:
             >>> with devrng.deterministic(seed=0) as handle:
             ...     loader = torch.utils.data.DataLoader(range(8), shuffle=True,
@@ -501,6 +505,10 @@ class DeterministicHandle:
 
     def report(self) -> dict[str, dict[str, Any]]:
         """Every setting with its current value, availability, target and value before.
+
+        Returns:
+            Setting name -> ``{"value", "available", "target", "previous",
+            "note"}``; ``devrng doctor`` prints the same table.
 
         Examples:
             >>> with devrng.deterministic(seed=0) as handle:
@@ -542,6 +550,28 @@ def deterministic(seed: int | None = None, *, warn_only: bool = False,
     ``None``), each loaded backend's own switch, and, with ``seed``, ``devrng.manual_seed(seed)``.
     If CUDA already runs without a deterministic ``CUBLAS_WORKSPACE_CONFIG``, it raises
     ``DevRNGError`` (with ``warn_only=True``: warns) and changes nothing.
+
+    Args:
+        seed: Also call ``devrng.manual_seed(seed)`` (an int in ``[0, 2**64)``).
+        warn_only: Passed to ``torch.use_deterministic_algorithms``: an op
+            without a deterministic implementation warns instead of raising.
+        cublas_workspace_config: The value for ``CUBLAS_WORKSPACE_CONFIG``
+            (``":4096:8"`` or ``":16:8"`` are deterministic); ``None`` leaves
+            the variable alone.
+        fill_uninitialized_memory: Fill uninitialised memory (``torch.empty``)
+            with a known value, as torch's deterministic mode can.
+
+    Returns:
+        A ``DeterministicHandle``: a context manager that restores every
+        setting on exit, with ``dataloader_kwargs()`` and ``report()``.
+
+    Raises:
+        TypeError: ``seed`` is not an int (a bool is refused: it is not a
+            switch), or a flag is not ``True`` / ``False``.
+        ValueError: ``seed`` is out of range, or ``cublas_workspace_config``
+            is not a ``":SIZE:COUNT"`` string.
+        DevRNGError: CUDA already runs with another ``CUBLAS_WORKSPACE_CONFIG``
+            (and ``warn_only=False``); nothing was changed.
 
     Examples:
         >>> with devrng.deterministic(seed=0):     # for one block; or call it at program start

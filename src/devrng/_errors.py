@@ -18,6 +18,10 @@ class DevRNGError(RuntimeError):
         The snapshot's CPU state is a torch.uint8 tensor of shape (3,); this torch needs a uint8 CPU tensor of ... elements.
     """
 
+    # Tracebacks and help() name it where users import it from (pickling finds it
+    # there too, through the package's lazy attributes).
+    __module__ = "devrng"
+
 
 def short_repr(value: object, limit: int = 60) -> str:
     """``repr(value)``, cut to ``limit`` characters, for error messages about any input."""

@@ -43,11 +43,41 @@ def fork_rng(devices: Any = None, enabled: bool = True, _caller: str = "fork_rng
     """Fork the RNG of the CPU and of every device type in ``devices``; restore it on exit.
 
     A drop-in for ``torch.random.fork_rng``: device types are inferred from
-    ``devices`` instead of assumed, so one call covers CUDA, XPU, MPS, XLA and
-    torchax together. ``devices`` is read when the block is entered, as torch
-    reads it. Use it as a context manager or a decorator (also of ``async def``
-    functions). On exit, normal or by exception, every forked generator is put
-    back; a failure to put one back does not stop the others.
+    ``devices`` (tensors, modules, ``"xla:0"``, ...) instead of assumed, so one
+    call covers CUDA, XPU, MPS, XLA and torchax together. Use it as a context
+    manager or a decorator (also of ``async def`` functions); forks nest. On
+    exit, normal or by exception, every forked generator is put back; a failure
+    to put one back does not stop the others.
+
+    Args:
+        devices: What to fork: tensors, modules, device strings (``"xpu:1"``,
+            ``"cuda"``), ``torch.device`` and ``torch.Generator`` objects, and
+            ints (indices of ``device_type``), in any nesting of lists, tuples,
+            dicts and sets. Read when the block is entered, as torch reads it.
+            ``[]`` forks the CPU only; ``None`` forks every device of
+            ``device_type`` or, without one, the current accelerator and
+            XLA / torchax where this process uses them.
+        enabled: ``False`` forks nothing, as in torch.
+        device_type: A device type (``"cuda"``, ``"xla"``, ...) or a sequence
+            of them. With ``devices=None`` every device of each is forked;
+            otherwise it is the type that bare ints in ``devices`` index.
+            ``"meta"`` forks nothing, as in torch.
+        python: Also fork Python's ``random``.
+        numpy: Also fork NumPy's global generator.
+
+    Returns:
+        A context manager that is also a decorator: each call of a decorated
+        function runs inside a fork of its own.
+
+    Raises:
+        TypeError: ``devices`` or ``device_type`` holds something that names no
+            device, or a flag is not ``True`` / ``False``.
+        ValueError: A device or device type does not exist here, or bare ints
+            fit no single device type.
+        ImportError: A device type needs a package that is not installed
+            (torch_xla, torchax); the message says what to install.
+        DevRNGError: A generator could not be restored on exit; every other
+            generator was restored.
 
     Examples:
         >>> x = torch.ones(2)
@@ -71,7 +101,7 @@ fork_rng.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
 
 
 class Fork:
-    """What [`fork_rng`][devrng.fork_rng] returns: a context manager and decorator.
+    """What ``fork_rng`` returns: a context manager and decorator.
 
     The same object may be entered again while open (nesting, recursion):
     each entry keeps its own saved states, the innermost last.

@@ -172,7 +172,20 @@ def _add_module(module: torch.nn.Module, add: Any) -> None:
 def infer_device_types(obj: object) -> tuple[str, ...]:
     """Device types found in ``obj``, in first-seen order, without duplicates.
 
-    ``"cpu"`` and ``"meta"`` are never reported.
+    ``"cpu"`` and ``"meta"`` are never reported: the CPU is always forked, and
+    meta tensors have no generator.
+
+    Args:
+        obj: An int (no type), a device string (``"xpu:1"``, ``"cuda"``), a
+            ``torch.device``, a tensor (torchax tensors are ``"jax"``), a
+            module (its parameters and buffers), a ``torch.Generator``, or any
+            nesting of lists, tuples, dicts and sets of these.
+
+    Returns:
+        The device type names, such as ``("xla",)`` or ``("cuda", "xpu")``.
+
+    Raises:
+        TypeError: Something in ``obj`` has no device; the message names its type.
 
     Examples:
         >>> devrng.infer_device_types([torch.ones(1, device="meta"), "xpu:1", {"a": "xla:0"}])

@@ -121,7 +121,12 @@ def _explain_positional_seed(sig: inspect.Signature | None, args: tuple[Any, ...
 
 
 class SeededFunction(Generic[R]):
-    """A compiled function called as ``f(*args, seed=None, **kwargs)``; see [`seeded_jit`][devrng.seeded_jit].
+    """What ``seeded_jit`` returns: call it as ``f(*args, seed=None, **kwargs)``.
+
+    ``seed`` is an int in ``[0, 2**64)`` or a 0-d integer tensor; without it
+    the call takes the next seed of the function's own stream. Equal seeds
+    give bitwise-equal outputs, the first (compiling) call included, and the
+    caller's RNG state is left as it was.
 
     Examples:
         >>> step = devrng.seeded_jit(lambda x: torch.nn.functional.dropout(x, 0.5),
@@ -207,7 +212,15 @@ class SeededFunction(Generic[R]):
         return {"base_seed": self._base_seed, "counter": self._counter}
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Continue the seed stream saved by ``state_dict``.
+        """Continue the seed stream that ``SeededFunction.state_dict`` saved.
+
+        Args:
+            state_dict: ``{"base_seed": ..., "counter": ...}``.
+
+        Raises:
+            ValueError: The keys are not exactly those two, or a value is out
+                of range.
+            TypeError: The base seed is not an int.
 
         Examples:
             >>> step = devrng.seeded_jit(lambda x: x, backend="eager")
@@ -252,15 +265,50 @@ def seeded_jit(fn: Callable[..., R] | None = None, *, backend: str = "auto",
                ) -> SeededFunction[R] | Callable[[Callable[..., R]], SeededFunction[R]]:
     """Compile ``fn`` so that its random draws depend only on its inputs and a seed.
 
-    ``backend`` is ``"torch_xla"``, ``"openxla"``, ``"torchax"``,
-    ``"inductor"``, ``"eager"`` or ``"auto"`` (chosen from the devices of the
-    first call's inputs: XLA -> torch_xla, torchax -> torchax, else inductor).
     Call the result as ``f(*args, seed=..., **kwargs)`` with an int in
-    ``[0, 2**64)`` or a 0-d integer tensor; without ``seed`` the next seed of
-    the function's own stream is used (base ``seed`` given here, or drawn from
-    torch's default generator now). ``compile_kwargs`` go to the compiler.
+    ``[0, 2**64)`` or a 0-d integer tensor. Without ``seed`` a call takes the
+    next seed of the function's own stream. A new seed never recompiles, and
+    the caller's RNG state is left as it was. Also a decorator:
+    ``@seeded_jit`` or ``@seeded_jit(backend=...)``.
+
+    Args:
+        fn: The function to compile (a training step, a forward pass, ...).
+        backend: ``"inductor"`` (``torch.compile``), ``"eager"`` (no
+            compilation), ``"torch_xla"`` (``torch_xla.compile``),
+            ``"openxla"`` (``torch.compile(backend="openxla")``), ``"torchax"``
+            (JAX jit), or ``"auto"``: chosen from the devices of the first
+            call's inputs (XLA: torch_xla, torchax: torchax, else inductor).
+        seed: The base of the function's own seed stream; ``None`` draws it
+            from torch's default generator now, so ``torch.manual_seed`` at
+            program start fixes it.
+        **compile_kwargs: Passed to the compiler (``mode``, ``fullgraph``,
+            ``full_graph``, ``static_argnums``, ...).
+
+    Returns:
+        A ``SeededFunction`` (with ``fn=None``, a decorator that makes one).
+
+    Raises:
+        TypeError: ``fn`` is not callable or has a parameter named ``seed``,
+            or ``seed`` is not an int.
+        ValueError: ``backend`` is not one of the above, or ``seed`` is
+            outside ``[0, 2**64)``.
+        ImportError: The backend needs a package that is not installed.
 
     Examples:
+        On the CPU (``"eager"`` runs ``fn`` as it is; ``"inductor"`` compiles
+        it the same way):
+
+        >>> @devrng.seeded_jit(backend="eager")
+        ... def noisy(x):
+        ...     return torch.nn.functional.dropout(x, 0.5)
+        >>> x = torch.ones(16)
+        >>> torch.equal(noisy(x, seed=1), noisy(x, seed=1))
+        True
+        >>> torch.equal(noisy(x, seed=1), noisy(x, seed=2))
+        False
+
+        On an XLA device (needs torch_xla):
+
         >>> import torch_xla
         >>> @devrng.seeded_jit(backend="torch_xla")
         ... def step(x):

@@ -2,7 +2,7 @@
 
 Built-in backends are stored as ``"module:attr"`` strings and imported on first
 use, so ``import devrng`` never imports torch_xla, JAX or IPEX. Third-party
-backends come from [`register_backend`][devrng.register_backend] or the ``devrng.backends`` entry
+backends come from ``devrng.register_backend`` or the ``devrng.backends`` entry
 point group; one that fails to load is skipped with a warning by everything
 that does not name it.
 
@@ -57,14 +57,19 @@ __all__ = [
 class Backend(Protocol):
     """What devrng needs from a device type to fork, snapshot and seed it.
 
-    These six members are all a backend must have. It may also offer the
-    optional members of ``InitializedCheck``, ``CurrentDevice``, ``PerDeviceSeed``,
-    ``StateCodec`` and ``DeterminismSwitch`` (Protocols in this module), which devrng looks up
-    with ``getattr`` and does without when absent (see docs/devices.md).
+    These six members are all a backend must have. It may also offer optional
+    ones, which devrng looks up with ``getattr`` and does without when absent:
+    ``is_initialized()``, ``current_device()``, ``manual_seed_device(seed,
+    index)``, ``state_to_tensor(state)`` / ``tensor_to_state(tensor)`` and
+    ``get_deterministic()`` / ``set_deterministic(flag)`` (the Devices page of
+    the docs describes each).
+
+    Attributes:
+        name: The device type, as in ``torch.device`` (``"cuda"``, ``"xla"``).
 
     Examples:
-        >>> class MyBackend:  # two devices, each a torch.Generator here
-        ...     name = "mydev"
+        >>> class ToyBackend:  # two devices, each a torch.Generator here
+        ...     name = "toy"
         ...     def __init__(self): self.gens = [torch.Generator(), torch.Generator()]
         ...     def is_available(self): return True
         ...     def device_count(self): return len(self.gens)
@@ -72,9 +77,9 @@ class Backend(Protocol):
         ...     def set_rng_state(self, state, index): self.gens[index].set_state(state)
         ...     def manual_seed(self, seed):
         ...         for g in self.gens: g.manual_seed(seed)
-        >>> devrng.register_backend("mydev", MyBackend())
-        >>> devrng.infer_device_types(["mydev:1"])
-        ('mydev',)
+        >>> devrng.register_backend("toy", ToyBackend())
+        >>> devrng.infer_device_types(["toy:1"])
+        ('toy',)
     """
 
     name: str
@@ -224,8 +229,17 @@ registry: Mapping[str, object] = MappingProxyType(_entries)
 def register_backend(name: str, backend: Backend | str, *, clobber: bool = False) -> None:
     """Register ``backend`` for device type ``name``.
 
-    ``backend`` is an object satisfying [`devrng.Backend`][devrng.Backend], or a
-    ``"module:attr"`` string imported on first use.
+    Args:
+        name: The device type, as ``torch.device`` spells it (no ``":"``).
+        backend: An object satisfying ``devrng.Backend`` (its ``name`` must be
+            ``name``), or a ``"module:attr"`` string imported on first use.
+        clobber: Replace a backend already registered as ``name``.
+
+    Raises:
+        ValueError: ``name`` is not a device type, is taken (without
+            ``clobber``), or differs from the backend's ``name``; or the
+            string is not ``"module:attr"``.
+        TypeError: ``backend`` lacks members ``devrng.Backend`` requires.
 
     Examples:
         >>> devrng.register_backend("mydev", "my_package.rng:backend")  # imported on first use
@@ -341,7 +355,21 @@ def _resolve(name: str, entry: Backend | _Lazy) -> Backend:
 
 
 def get_backend(name: str) -> Backend:
-    """The backend for device type ``name`` (``"cuda"``, ``"xla"``, ...).
+    """The backend for device type ``name``, imported on first use.
+
+    Args:
+        name: A device type: ``"cpu"``, ``"cuda"``, ``"xpu"``, ``"mps"``,
+            ``"xla"``, ``"jax"`` (torchax), a PrivateUse1 device, or a
+            registered one.
+
+    Returns:
+        The object satisfying ``devrng.Backend`` that devrng uses for it.
+
+    Raises:
+        ValueError: No backend is registered for ``name`` (the message lists
+            those that are).
+        ImportError: Its package (torch_xla, torchax) is not installed; the
+            message says what to install.
 
     Examples:
         >>> devrng.get_backend("cpu").device_count()
@@ -438,6 +466,9 @@ def available_backends() -> tuple[str, ...]:
 
     Backends whose package nobody has imported yet (torch_xla, torchax) are not
     imported to find out: they count once the program imports them.
+
+    Returns:
+        Device type names, ``"cpu"`` first.
 
     Examples:
         >>> "cpu" in devrng.available_backends()

@@ -31,6 +31,15 @@ def set_rng_state(state: RNGState) -> None:
     generator still fails, or an interrupt arrives, every generator already
     set is put back.
 
+    Args:
+        state: A snapshot from ``get_rng_state`` or ``RNGState.load``.
+
+    Raises:
+        TypeError: ``state`` is not an ``RNGState``.
+        DevRNGError: The snapshot does not fit this process (devices it lacks,
+            states of another backend or version), or setting a generator
+            failed; either way every generator is as it was.
+
     Examples:
         >>> snap = devrng.get_rng_state()
         >>> first = torch.rand(2)

@@ -24,6 +24,22 @@ def manual_seed(seed: int, *, devices: Any = None, device_type: Any = None, pyth
     devices of each). All or nothing: if seeding one generator fails, or an
     interrupt arrives, every generator seeded before it is put back.
 
+    Args:
+        seed: An int in ``[0, 2**64)``; all 64 bits reach every generator.
+        devices: Seed only the device types found here (every device of each).
+        device_type: Seed only these device types (one or a sequence).
+        python: Also seed Python's ``random``.
+        numpy: Also seed NumPy's global generator.
+
+    Returns:
+        ``seed``, as an int.
+
+    Raises:
+        TypeError: ``seed`` is not an int, or a flag is not ``True`` / ``False``.
+        ValueError: ``seed`` is outside ``[0, 2**64)``, or a device type does
+            not exist here.
+        DevRNGError: Seeding a generator failed; every generator is as it was.
+
     Examples:
         >>> devrng.manual_seed(1234)
         1234

@@ -28,11 +28,17 @@ _NO_DEVICES: Mapping[str, Mapping[int, Any]] = MappingProxyType({})
 
 
 class RNGState:
-    """A frozen snapshot of every covered generator.
+    """A frozen snapshot of every covered generator, from ``get_rng_state()``.
 
-    Attributes are read-only: ``cpu`` (the CPU generator's state tensor),
-    ``devices`` (device type -> device index -> state), ``python`` and
-    ``numpy`` (``None`` when not captured).
+    Restore it with ``set_rng_state``, write it with ``RNGState.save`` and read
+    it back with ``RNGState.load``. Two snapshots are equal when their
+    fingerprints are.
+
+    Attributes:
+        cpu: The CPU generator's state (a uint8 tensor).
+        devices: Device type -> device index -> that device's state.
+        python: Python's ``random`` state, or ``None`` when not captured.
+        numpy: NumPy's global generator state, or ``None`` when not captured.
 
     Examples:
         >>> snap = devrng.get_rng_state()
@@ -118,10 +124,22 @@ class RNGState:
 
     @classmethod
     def from_dict(cls, data: Any, *, source: str = "the data") -> RNGState:
-        """Inverse of [`to_dict`][devrng.RNGState.to_dict]; ``DevRNGError`` on anything malformed.
+        """The snapshot that ``RNGState.to_dict`` turned into ``data``.
 
         Every part is checked as far as this process can without touching a
         generator: a snapshot that parses installs working generators.
+
+        Args:
+            data: What ``RNGState.to_dict`` returned (after any round trip
+                through ``torch.save`` / ``torch.load``).
+            source: What ``data`` is, for the error message.
+
+        Returns:
+            The snapshot.
+
+        Raises:
+            DevRNGError: ``data`` is not a snapshot, or any part of it is
+                malformed.
 
         Examples:
             >>> snap = devrng.get_rng_state()
@@ -150,8 +168,15 @@ class RNGState:
         return parse_state(data["cpu"], data["devices"], data["python"], data["numpy"])
 
     def save(self, f: str | os.PathLike[str] | IO[bytes]) -> None:
-        """Write the snapshot to a path or an open binary file; ``torch.load(weights_only=True)``
-        reads it. A path is written atomically: a failure leaves the previous file as it was.
+        """Write the snapshot to a file that ``torch.load(..., weights_only=True)`` reads.
+
+        A path is written atomically: a failure leaves the previous file as it was.
+
+        Args:
+            f: A path, or a binary file open for writing.
+
+        Raises:
+            OSError: The file could not be written.
 
         Examples:
             >>> devrng.get_rng_state().save("step_100.rng")
@@ -164,8 +189,18 @@ class RNGState:
 
     @classmethod
     def load(cls, f: str | os.PathLike[str] | IO[bytes]) -> RNGState:
-        """Read a snapshot written by [`save`][devrng.RNGState.save] from a path or an open binary
-        file, never unpickling arbitrary objects.
+        """Read a snapshot that ``RNGState.save`` wrote, never unpickling arbitrary objects.
+
+        Args:
+            f: A path, or a binary file open for reading.
+
+        Returns:
+            The snapshot, checked as ``RNGState.from_dict`` checks it.
+
+        Raises:
+            FileNotFoundError: There is no such file.
+            DevRNGError: The file is not a snapshot (text, empty, corrupt, or
+                written by something else).
 
         Examples:
             >>> devrng.get_rng_state().save("step_100.rng")
@@ -196,8 +231,12 @@ class RNGState:
     def fingerprint(self) -> str:
         """A short hash of every state, equal across processes exactly when the states are.
 
-        A backend state that is not plain data (tensors, numbers, strings, lists,
-        dicts) has no stable bytes to hash and raises ``DevRNGError``.
+        Returns:
+            16 hexadecimal digits.
+
+        Raises:
+            DevRNGError: A backend state is not plain data (tensors, numbers,
+                strings, lists, dicts), so it has no stable bytes to hash.
 
         Examples:
             >>> len(devrng.get_rng_state().fingerprint())
@@ -216,7 +255,23 @@ def get_rng_state(devices: Any = None, device_type: Any = None, *, python: bool 
                   numpy: bool = True) -> RNGState:
     """Snapshot the CPU generator, each covered device's, and Python's and NumPy's.
 
-    ``devices`` / ``device_type`` choose devices as in [`fork_rng`][devrng.fork_rng].
+    Args:
+        devices: The devices to cover, as in ``fork_rng``: tensors, modules,
+            device strings, ints, ... ``[]`` covers the CPU only; ``None``
+            every device of ``device_type`` or, without one, the accelerator
+            and XLA / torchax where this process has started them.
+        device_type: A device type or a sequence of them, as in ``fork_rng``.
+        python: Include Python's ``random``.
+        numpy: Include NumPy's global generator.
+
+    Returns:
+        A frozen ``RNGState``.
+
+    Raises:
+        TypeError: ``devices`` or ``device_type`` names no device, or a flag is
+            not ``True`` / ``False``.
+        ValueError: A device or device type does not exist here.
+        ImportError: A device type needs a package that is not installed.
 
     Examples:
         >>> snap = devrng.get_rng_state(devices=[])   # CPU, Python and NumPy

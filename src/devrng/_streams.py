@@ -58,9 +58,9 @@ class RNGStreams:
     """Named RNG streams, independent of each other and of the default stream.
 
     ``add(name, seed)`` creates a stream; ``with streams.fork(name):`` swaps
-    its state in for the CPU and every covered device type (as
-    [`fork_rng`][devrng.fork_rng] chooses them from ``devices`` / ``device_type``),
-    keeps the advanced state on exit and gives the caller back its own.
+    its state in for the CPU and every covered device type (as ``fork_rng``
+    chooses them from ``devices`` / ``device_type``), keeps the advanced state
+    on exit and gives the caller back its own.
     ``state_dict()`` / ``load_state_dict()`` carry every stream across a
     checkpoint in plain data that ``torch.load(weights_only=True)`` reads.
 
@@ -81,6 +81,16 @@ class RNGStreams:
     # -- streams ---------------------------------------------------------------
     def add(self, name: str, seed: int) -> None:
         """Create stream ``name`` from ``seed``; a name can be added once.
+
+        Args:
+            name: A non-empty string.
+            seed: An int in ``[0, 2**64)``; the stream's generators are seeded
+                from it and ``name``, so it never replays the default stream
+                seeded with the same number.
+
+        Raises:
+            TypeError: ``name`` is not a non-empty string, or ``seed`` not an int.
+            ValueError: ``name`` was added before, or ``seed`` is out of range.
 
         Examples:
             >>> streams = devrng.RNGStreams()
@@ -150,10 +160,30 @@ class RNGStreams:
 
         Covers the CPU and the device types of ``devices`` / ``device_type``
         (with neither, the accelerator and XLA / torchax when in use, as
-        [`fork_rng`][devrng.fork_rng]). The stream's advanced state is kept, so the
-        next ``fork(name)`` continues where this one stopped.
+        ``fork_rng``). The stream's advanced state is kept, so the next
+        ``fork(name)`` continues where this one stopped.
+
+        Args:
+            name: A stream added with ``RNGStreams.add``.
+            devices: The devices to cover, as in ``fork_rng``.
+            device_type: A device type or a sequence of them, as in ``fork_rng``.
+
+        Raises:
+            ValueError: No stream is named ``name``.
+            RuntimeError: The stream is already forked (inside itself).
 
         Examples:
+            >>> streams = devrng.RNGStreams()
+            >>> streams.add("dropout", 7)
+            >>> with streams.fork("dropout", devices=[]):   # the CPU only
+            ...     first = torch.rand(4)
+            >>> with streams.fork("dropout", devices=[]):   # continues the stream
+            ...     second = torch.rand(4)
+            >>> torch.equal(first, second)
+            False
+
+            On an XLA device (needs torch_xla):
+
             >>> import torch_xla
             >>> streams = devrng.RNGStreams()
             >>> streams.add("dropout", 7)
@@ -214,11 +244,18 @@ class RNGStreams:
         return {"format": _FORMAT, "version": _VERSION, "streams": streams}
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Replace every stream with those in ``state_dict`` (from ``state_dict``).
+        """Replace every stream with those ``RNGStreams.state_dict`` saved.
 
         The whole dict is checked first, each stream's states as fully as
-        [`set_rng_state`][devrng.set_rng_state] checks a snapshot against this
+        ``set_rng_state`` checks a snapshot against this
         process; on any problem nothing changes.
+
+        Args:
+            state_dict: What ``RNGStreams.state_dict`` returned.
+
+        Raises:
+            ValueError: ``state_dict`` is not such a dict, or a part is malformed.
+            RuntimeError: A stream is forked right now.
 
         Examples:
             >>> saved = devrng.RNGStreams()

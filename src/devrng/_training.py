@@ -50,15 +50,27 @@ class TrainingRNG:
     """The RNG of one training process: seeded at once, checkpointed as one plain dict.
 
     ``TrainingRNG(seed)`` seeds the CPU, every available device type (XLA and
-    torchax included), Python and NumPy. Without ``seed`` it takes
-    ``DEVRNG_SEED`` (or Lightning's ``PL_GLOBAL_SEED``) from the environment,
-    else draws one from OS entropy; it logs the seed on the ``"devrng"``
-    logger and exports it as ``DEVRNG_SEED`` for processes started later.
-    ``deterministic=True`` also applies [`deterministic()`][devrng.deterministic].
-    ``per_rank=True`` seeds each distributed rank with its own
-    ``devrng.distributed.rank_seed`` (by default every rank gets ``seed``, as
-    with Lightning's ``seed_everything``; DataLoader workers differ per rank
-    either way).
+    torchax included), Python and NumPy at once. It logs the seed on the
+    ``"devrng"`` logger and exports it as ``DEVRNG_SEED`` for processes
+    started later. Save ``state_dict()`` with each checkpoint and call
+    ``load_state_dict`` on resume: the resumed run draws bitwise what the
+    uninterrupted run drew.
+
+    Args:
+        seed: An int in ``[0, 2**64)``. ``None`` takes ``DEVRNG_SEED`` (or
+            Lightning's ``PL_GLOBAL_SEED``) from the environment, else draws
+            one from OS entropy.
+        deterministic: Also apply ``deterministic()`` (every determinism
+            switch; the handle is the ``determinism`` attribute).
+        per_rank: Seed each distributed rank with its own
+            ``devrng.distributed.rank_seed``. By default every rank gets
+            ``seed``, as with Lightning's ``seed_everything``; DataLoader
+            workers differ per rank either way.
+
+    Raises:
+        TypeError: ``seed`` is not an int, or a flag is not ``True`` / ``False``.
+        ValueError: ``seed`` (or the environment variable) is not a seed in
+            ``[0, 2**64)``.
 
     Examples:
         >>> rng = devrng.TrainingRNG(seed=1234)
@@ -122,7 +134,14 @@ class TrainingRNG:
         The generator decides shuffling and each epoch's worker seeds; it is
         part of this object's state. Each call makes a new one (the k-th is
         seeded from the run's seed and k). Workers are seeded by
-        [`seed_worker`][devrng.seed_worker], then ``worker_init_fn`` runs.
+        ``seed_worker``, then ``worker_init_fn`` runs.
+
+        Args:
+            worker_init_fn: Your own worker initialiser, run after devrng's.
+
+        Returns:
+            ``{"generator": ..., "worker_init_fn": ...}``: pass it as
+            ``DataLoader(..., **kwargs)``.
 
         Examples:
             >>> rng = devrng.TrainingRNG(seed=0)
@@ -136,8 +155,23 @@ class TrainingRNG:
         return kwargs
 
     def track(self, name: str, obj: Any) -> Any:
-        """Add ``obj`` (anything with ``state_dict()`` / ``load_state_dict()``, or a
-        ``torch.Generator``) to the state under ``name``; returns ``obj``.
+        """Add ``obj`` to the state under ``name``; returns ``obj``.
+
+        Args:
+            name: A non-empty string, unique in this ``TrainingRNG``; the
+                resumed run must track the same names.
+            obj: A ``torch.Generator``, or anything with ``state_dict()`` and
+                ``load_state_dict()``: a ``SeededFunction``, ``RNGStreams``,
+                torchdata's ``StatefulDataLoader``, ...
+
+        Returns:
+            ``obj``, so that ``step = rng.track("step", seeded_jit(...))`` reads
+            as one line.
+
+        Raises:
+            TypeError: ``name`` is not a non-empty string, or ``obj`` has no
+                state to save.
+            ValueError: ``name`` is tracked already.
 
         Examples:
             >>> rng = devrng.TrainingRNG(seed=0)
@@ -157,9 +191,10 @@ class TrainingRNG:
         if not plain_generator and not (callable(getattr(obj, "state_dict", None))
                                         and callable(getattr(obj, "load_state_dict", None))):
             raise TypeError(
-                f"TrainingRNG.track({name!r}, ...) got a {type(obj).__name__}, which has no "
-                "state_dict() and load_state_dict(); pass a torch.Generator, a SeededFunction, "
-                "an RNGStreams, a StatefulDataLoader or another object with both methods."
+                f"TrainingRNG.track({name!r}, ...) got {short_repr(obj)} (of type "
+                f"{type(obj).__name__}), which has no state_dict() and load_state_dict(); pass a "
+                "torch.Generator, a SeededFunction, an RNGStreams, a StatefulDataLoader or "
+                "another object with both methods."
             )
         if plain_generator:
             self._generators[name] = obj
@@ -174,6 +209,9 @@ class TrainingRNG:
         Holds the global generators (CPU, every started device, Python, NumPy),
         every DataLoader generator and every tracked object's state. One per
         rank: save each rank's next to its model shard.
+
+        Returns:
+            A versioned dict of tensors, numbers, strings, lists and dicts.
 
         Examples:
             >>> sorted(devrng.TrainingRNG(seed=0).state_dict())
@@ -210,6 +248,18 @@ class TrainingRNG:
         tracked objects, but this rank's global generators are seeded anew from
         the seed and this rank (two ranks must never share a stream). A warning
         lists everything that was not restored.
+
+        Args:
+            state_dict: What ``TrainingRNG.state_dict`` returned, for example
+                read back with ``torch.load(path, weights_only=True)``.
+            strict: ``False`` resumes with a warning where the run cannot
+                continue exactly (see above).
+
+        Raises:
+            DevRNGError: The state does not fit (another format or version,
+                missing or unknown keys, other devices, rank or tracked names
+                with ``strict=True``, a corrupt generator state). Nothing
+                changed.
 
         Examples:
             >>> rng = devrng.TrainingRNG(seed=5)
@@ -248,11 +298,12 @@ class _Loading:
     def check(self) -> None:
         data = self.data
         if not isinstance(data, Mapping) or data.get("format") != _FORMAT:
-            got = (f"a dict with format {short_repr(data.get('format'))}"
-                   if isinstance(data, Mapping) else f"a {type(data).__name__}")
+            got = (f"a dict whose 'format' is {short_repr(data.get('format'))}"
+                   if isinstance(data, Mapping) else "None" if data is None
+                   else f"{short_repr(data)} (of type {type(data).__name__})")
             raise DevRNGError(
-                f"TrainingRNG.load_state_dict takes what TrainingRNG.state_dict() returns (a dict "
-                f"with format {_FORMAT!r}), not {got}."
+                f"TrainingRNG.load_state_dict takes the dict that TrainingRNG.state_dict() "
+                f"returns, whose 'format' is {_FORMAT!r}; it got {got}."
             )
         version = data.get("version")
         if type(version) is not int or version != _VERSION:

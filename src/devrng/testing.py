@@ -1,6 +1,6 @@
 """Consistency checks: is a function reproducible, does a device agree with the CPU?
 
-Every check returns (or raises with) a [`Report`][devrng.testing.Report], whose text reads like
+Every check returns (or raises with) a ``Report``, whose text reads like
 ``9 / 7680 mismatched (0.1%), max abs 1.8e-04, max rel 2.7e-01, MAE 3.1e-06``
 with one line per tensor for nested outputs. Tolerances default to
 ``torch.testing.assert_close``'s per-dtype defaults.
@@ -58,7 +58,7 @@ class LeafReport:
     """How one tensor of an output compares with its reference.
 
     ``max_rel`` is relative to the reference (the second argument of
-    [`compare`][devrng.testing.compare]); it is ``inf`` where the reference is 0 and the values differ.
+    ``compare``); it is ``inf`` where the reference is 0 and the values differ.
     """
 
     path: str
@@ -86,7 +86,7 @@ class LeafReport:
 
 @dataclass(frozen=True)
 class Report:
-    """The result of a comparison: one [`LeafReport`][devrng.testing.LeafReport] per tensor, plus problems.
+    """The result of a comparison: one ``LeafReport`` per tensor, plus problems.
 
     ``str(report)`` is a one-line summary (and a line per tensor for nested
     outputs); ``report.ok`` says whether everything is within tolerance;
@@ -249,8 +249,21 @@ def compare(a: Any, b: Any, *, rtol: float | None = None, atol: float | None = N
     dicts of them. Tensors are compared on the CPU; an element mismatches
     when ``|a - b| > atol + rtol * |b|``. Without ``rtol`` / ``atol`` the
     defaults of ``torch.testing.assert_close`` for the dtypes apply (float32:
-    rtol 1.3e-6, atol 1e-5; integers and bool: exact). NaNs in the same place
-    agree unless ``equal_nan=False``.
+    rtol 1.3e-6, atol 1e-5; integers and bool: exact).
+
+    Args:
+        a: The output to check.
+        b: The reference.
+        rtol: Relative tolerance; give both ``rtol`` and ``atol`` or neither.
+        atol: Absolute tolerance.
+        equal_nan: NaNs in the same place agree.
+        title: What is compared, shown in the report (``"xla:0 vs cpu"``).
+
+    Returns:
+        A ``Report``: ``report.ok``, the figures, and a line per tensor.
+
+    Raises:
+        ValueError: Only one of ``rtol`` / ``atol`` is given.
 
     Examples:
         >>> a = torch.tensor([1.0, 2.0]); b = torch.tensor([1.0, 2.1])
@@ -400,8 +413,20 @@ def assert_reproducible(fn: Callable[..., Any], *args: Any, seed: int = 0, runs:
     Before each run devrng seeds torch's CPU generator, the generators of
     every device type the arguments live on or that is in use, Python's
     ``random`` and NumPy's global generator. The caller's RNG state is
-    restored afterwards. On a difference the ``AssertionError`` carries the
-    [`Report`][devrng.testing.Report] of the first run that differs.
+    restored afterwards.
+
+    Args:
+        fn: The function to run.
+        *args: Its positional arguments (also where devices are looked for).
+        seed: The seed every run starts from.
+        runs: How many runs to compare, at least 2.
+        **kwargs: Its keyword arguments.
+
+    Raises:
+        AssertionError: A run differs from the first; the message holds the
+            ``Report`` of the first run that differs and a checklist of where
+            unseeded randomness comes from.
+        ValueError: ``runs`` is less than 2, or ``seed`` is out of range.
 
     Examples:
         >>> devrng.testing.assert_reproducible(torch.nn.functional.dropout, torch.ones(8))
@@ -473,6 +498,23 @@ def compare_devices(fn: Callable[..., Any], inputs: Any,
     ``seed``; the caller's RNG state is restored afterwards. Devices draw
     different random numbers from the same seed, so compare functions without
     randomness (e.g. a model in ``eval()`` mode).
+
+    Args:
+        fn: A function or an ``nn.Module``.
+        inputs: The argument, or a tuple of positional arguments.
+        devices: Devices to run on, the first being the reference;
+            ``None`` is the CPU and XLA (when in use) or the accelerator.
+        seed: The seed every device starts from.
+        rtol: Relative tolerance; give both or neither.
+        atol: Absolute tolerance.
+
+    Returns:
+        A ``Report`` of every other device against the first.
+
+    Raises:
+        ValueError: With ``devices=None``, there is no device to compare the
+            CPU with; an entry of ``devices`` is not a device; or only one of
+            ``rtol`` / ``atol`` is given.
 
     Examples:
         >>> model = torch.nn.Conv2d(3, 8, 3).eval()
@@ -556,6 +598,15 @@ def compare_grad_modes(module: Callable[..., Any], *inputs: Any, rtol: float | N
     A healthy backend agrees to rounding error. Buffers that the first run
     changes (BatchNorm statistics in training mode) are put back before the
     second run and afterwards, and the caller's RNG state is restored.
+
+    Args:
+        module: A module (or function) to run twice.
+        *inputs: Its arguments.
+        rtol: Relative tolerance; give both or neither.
+        atol: Absolute tolerance.
+
+    Returns:
+        A ``Report`` of the ``no_grad`` output against the autograd one.
 
     Examples:
         >>> net = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.BatchNorm1d(8)).train()
