@@ -84,7 +84,7 @@ def run_env(env: Mapping[str, str | None] | None = None, *, inherit_env: bool = 
 
 def run_python(code: str, *, args: Sequence[str] = (),
                env: Mapping[str, str | None] | None = None, inherit_env: bool = False,
-               timeout: float = 300, cwd: Path | str = ROOT, module: bool = False,
+               timeout: float = 900, cwd: Path | str = ROOT, module: bool = False,
                stdout: Any = None) -> subprocess.CompletedProcess[str]:
     """Run ``code`` (or, with ``module=True``, ``python -m code``) in a fresh interpreter with
     this checkout first on the path; output captured as text (``stdout``: a file instead).

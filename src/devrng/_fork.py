@@ -12,7 +12,7 @@ import torch
 from devrng._errors import check_flags
 from devrng._host import get_cpu_state, set_cpu_state
 from devrng._plan import make_plan
-from devrng._undo import Undo, read_devices
+from devrng._undo import Undo
 
 __all__ = ["fork_rng"]
 
@@ -129,9 +129,7 @@ class Fork:
                              devices_kw=args.devices_kw)
             # Everything is read before anything could be restored, so an error here
             # (a backend that cannot read its state) leaves nothing half-forked.
-            saved = Undo(args.caller)
-            saved.save_host(python=args.python, numpy=args.numpy)
-            saved.save_devices(read_devices(plan))
+            saved = Undo.of_plan(args.caller, plan, python=args.python, numpy=args.numpy)
         self._open += [saved]  # no call, so no interrupt can land between adding and returning
 
     def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:

@@ -28,14 +28,20 @@ __all__ = ["DeviceState", "Undo", "read_devices", "read_started"]
 
 #: One device generator's saved state: (backend, device index, state).
 DeviceState = tuple[Backend, int, Any]
-#: One entry of an undo stack: (what it puts back, a setter, the setter's arguments).
-_Step = tuple[str, Callable[..., object], tuple[Any, ...]]
+#: One entry of an undo stack: (what it puts back -- a name, or the backend of a device
+#: whose index is the last argument --, a setter, the setter's arguments).
+_Step = tuple[Any, Callable[..., object], tuple[Any, ...]]
 
 
 def read_devices(plan: Iterable[tuple[Backend, Iterable[int]]]) -> list[DeviceState]:
     """The state of every device of ``plan`` ((backend, indices) pairs), read in order."""
     return [(backend, index, backend.get_rng_state(index))
             for backend, indices in plan for index in indices]
+
+
+def _label(what: Any, args: tuple[Any, ...]) -> str:
+    """An entry's name in messages: its own, or ``"<device type>:<index>"``."""
+    return what if isinstance(what, str) else f"{what.name}:{args[-1]}"
 
 
 def read_started() -> list[DeviceState]:
@@ -71,6 +77,20 @@ class Undo:
     def __bool__(self) -> bool:
         return bool(self._steps)
 
+    @classmethod
+    def of_plan(cls, what: str, plan: Iterable[tuple[Backend, Iterable[int]]], *,
+                python: bool = False, numpy: bool = False) -> Undo:
+        """An undo stack holding the CPU generator, every device of ``plan`` and, when asked
+        for, Python's and NumPy's generators, as they are now (what a fork saves)."""
+        undo = cls(what)
+        undo.save_host(python=python, numpy=numpy)
+        steps = undo._steps
+        for backend, indices in plan:
+            setter, getter = backend.set_rng_state, backend.get_rng_state
+            for index in indices:
+                steps.append((backend, setter, (getter(index), index)))
+        return undo
+
     # -- filling the stack ---------------------------------------------------------
     def push(self, label: str, setter: Callable[..., object], *args: Any) -> None:
         """Remember that ``setter(*args)`` puts ``label`` back as it is now."""
@@ -101,24 +121,24 @@ class Undo:
     def save_devices(self, states: Iterable[DeviceState]) -> None:
         """Device states already read (``read_devices``), to be set back as they were."""
         for backend, index, state in states:
-            self._steps.append((f"{backend.name}:{index}", backend.set_rng_state, (state, index)))
+            self._steps.append((backend, backend.set_rng_state, (state, index)))
 
     # -- putting back ----------------------------------------------------------------
     def _put_back(self) -> tuple[list[tuple[str, BaseException]], BaseException | None]:
         """Set every entry back; returns the failures and the first interrupt that came."""
         failed: list[tuple[str, BaseException]] = []
         interrupt: BaseException | None = None
-        for label, setter, args in reversed(self._steps):
+        for what, setter, args in reversed(self._steps):
             try:
                 setter(*args)
             except Exception as err:  # the others are put back all the same
-                failed.append((label, err))
+                failed.append((_label(what, args), err))
             except BaseException as err:  # an interrupt: this entry again, then the others
                 interrupt = interrupt or err
                 try:
                     setter(*args)
                 except BaseException as again:
-                    failed.append((label, again))
+                    failed.append((_label(what, args), again))
         return failed, interrupt
 
     def run(self, pending: BaseException | None = None) -> None:

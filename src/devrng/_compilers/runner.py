@@ -18,7 +18,7 @@ from devrng._infer import arg_devices
 from devrng._locks import ForkSafeLock
 from devrng._registry import Backend, device_count, get_backend
 from devrng._seeds import MASK64
-from devrng._undo import Undo, read_devices
+from devrng._undo import Undo
 
 __all__ = ["HostSeeder", "MakeRunner", "Runner", "SeededRunner", "Seeder", "input_types",
            "seed_lock", "seed_to_int"]
@@ -120,9 +120,7 @@ class HostSeeder:
 
     def run(self, seed: int, fn: Callable[..., Any], args: tuple[Any, ...],
             kwargs: dict[str, Any]) -> Any:
-        undo = Undo("seeded_jit")
-        undo.save_cpu()
-        undo.save_devices(read_devices(self._backends))
+        undo = Undo.of_plan("seeded_jit", self._backends)
         return undo.around(self._seeded, seed, fn, args, kwargs)
 
     def _seeded(self, seed: int, fn: Callable[..., Any], args: tuple[Any, ...],
