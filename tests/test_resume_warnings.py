@@ -161,7 +161,8 @@ def test_track_takes_a_plain_dataloader_and_refuses_other_objects() -> None:
     assert "loader" in repr(rng)
     with pytest.raises(ValueError, match="already tracks an object named 'loader'"):
         rng.track("loader", DataLoader(range(4)))
-    with pytest.raises(TypeError, match=r"got a list, which has no state_dict\(\)"):
+    with pytest.raises(TypeError, match=r"got \[1, 2\] \(of type list\), which has no "
+                                        r"state_dict\(\)"):
         rng.track("other", [1, 2])
 
 
