@@ -1,5 +1,7 @@
-"""Checkpoint costs: TrainingRNG's state next to a small model checkpoint, and activation
-checkpointing on XLA through patch_torch() next to torch_xla's own checkpoint.
+"""Checkpoint costs: TrainingRNG's state next to a small model checkpoint, what a resumed
+run pays devrng (the state round trip with a tracked loader, the per-epoch seed for
+workers kept across epochs) next to one training step, and activation checkpointing on
+XLA through patch_torch() next to torch_xla's own checkpoint.
 
     python -m benchmarks.bench_training [--quick]
 """
@@ -65,6 +67,58 @@ def bench_state(number: int, rounds: int) -> list[Row]:
     }]
 
 
+def bench_resume_overhead(number: int, rounds: int) -> list[Row]:
+    """What a resume costs next to one training step of a 64x64 MLP (batch 32, dropout,
+    SGD): the TrainingRNG state round trip in memory with a tracked DataLoader (its
+    description and the comparison that decides whether to warn), and the per-epoch seed
+    that devrng's Lightning callback gives workers kept across epochs (one draw from the
+    loader's generator and one write to the workers' shared memory)."""
+    rng = devrng.TrainingRNG(seed=0)
+    kwargs = rng.dataloader_kwargs()
+    rng.track("loader", torch.utils.data.DataLoader(range(64), batch_size=32, shuffle=True,
+                                                    **kwargs))
+    rng.track("step", devrng.seeded_jit(lambda x: x, backend="eager"))
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(32, 64), torch.randn(32, 64)
+    state = rng.state_dict()
+    seeding, generator = kwargs["worker_init_fn"], kwargs["generator"]
+
+    def step() -> None:
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+
+    def round_trip() -> None:
+        rng.load_state_dict(rng.state_dict())
+
+    def epoch_seed() -> None:
+        base = torch.empty((), dtype=torch.int64).random_(generator=generator)
+        seeding.set_epoch_seed(int(base.item()))
+
+    # One intra-op thread: on a busy 2-core machine torch's thread pool makes this tiny step
+    # ten times slower, which would flatter the ratios; the fastest step is the strict peer.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        m = interleaved({"state": round_trip, "epoch": epoch_seed, "step": step},
+                        number=number, rounds=rounds)
+    finally:
+        torch.set_num_threads(threads)
+    peer = "one training step of a 64x64 MLP (batch 32, dropout, SGD; 1 thread)"
+    return [
+        {"case": "resume: TrainingRNG state_dict + load_state_dict, a tracked DataLoader",
+         "devrng_us": m["state"], "peer": peer, "peer_us": m["step"],
+         "ratio": m["state"] / m["step"], "target": None,
+         "note": f"informational: once per resume (and per checkpoint for state_dict); "
+                 f"{len(str(state['loaders']))} characters of loader description"},
+        {"case": "resume: per-epoch seed for workers kept across epochs (Lightning callback)",
+         "devrng_us": m["epoch"], "peer": peer, "peer_us": m["step"],
+         "ratio": m["epoch"] / m["step"], "target": None,
+         "note": "informational: once per epoch per loader with persistent_workers=True"},
+    ]
+
+
 def bench_checkpoint_xla(number: int, rounds: int) -> list[Row]:
     """A training step whose two blocks are activation-checkpointed (dropout inside), on XLA:
     torch.utils.checkpoint through devrng.patch_torch() vs torch_xla.utils.checkpoint."""
@@ -119,7 +173,8 @@ def run(quick: bool = False) -> list[Row]:
 
         torch_xla.device()
     number, rounds = (5, 2) if quick else (200, 9)
-    return bench_state(number, rounds) + bench_checkpoint_xla(max(1, number // 4), rounds)
+    return (bench_state(number, rounds) + bench_resume_overhead(number, rounds)
+            + bench_checkpoint_xla(max(1, number // 4), rounds))
 
 
 def main(argv: list[str] | None = None) -> int:

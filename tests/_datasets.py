@@ -73,12 +73,15 @@ class Augmented(Dataset[torch.Tensor]):
         return self.base[i] + noise
 
 
-def small_model(device: str = "cpu") -> torch.nn.Module:
-    """Linear, ReLU, dropout 0.3, Linear; the same initial weights in every run."""
-    gen = torch.Generator().manual_seed(0)
+def small_model(device: str = "cpu", *, seeded: bool = True) -> torch.nn.Module:
+    """Linear, ReLU, dropout 0.3, Linear; the same initial weights in every run, or with
+    ``seeded=False`` torch's default initialisation, from its global generator (so that
+    a run's seeding decides them, as in a user's program)."""
     model = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.ReLU(), torch.nn.Dropout(0.3),
                                 torch.nn.Linear(16, 1))
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
+    if seeded:
+        gen = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
     return model.to(device)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import random
 from typing import Any
 
@@ -170,7 +169,15 @@ def test_dataloader_kwargs_shape_and_generator() -> None:
     with devrng.deterministic(seed=42) as handle:
         kwargs = handle.dataloader_kwargs()
     assert set(kwargs) == {"generator", "worker_init_fn"}
-    assert kwargs["worker_init_fn"] is devrng.seed_worker
+    init = kwargs["worker_init_fn"]
+    assert isinstance(init, _workers.WorkerSeeding) and init.rank is None and init.then is None
+    assert init.generator is kwargs["generator"]  # which loader generator it belongs to
+    torch.manual_seed(3)
+    assert init(0) is None  # outside a worker: seed_worker's own seeding, nothing more
+    ours = torch.rand(1)
+    torch.manual_seed(3)
+    devrng.seed_worker(0)
+    assert torch.equal(ours, torch.rand(1))
     assert isinstance(kwargs["generator"], torch.Generator)
     assert kwargs["generator"].initial_seed() == 42
 
@@ -198,12 +205,13 @@ def test_simulated_process_group_rank_is_bound(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(torch.distributed, "get_rank", lambda group=None: 2)
     with devrng.deterministic(seed=1) as handle:
         init: Any = handle.dataloader_kwargs()["worker_init_fn"]
-    assert isinstance(init, functools.partial)
-    assert init.func is devrng.seed_worker
-    assert init.keywords == {"rank": 2}
-    torch.manual_seed(9)
-    bound = init(0)
-    torch.manual_seed(9)
-    assert bound == devrng.seed_worker(0, rank=2)
-    torch.manual_seed(9)
-    assert bound != devrng.seed_worker(0, rank=0)
+    assert isinstance(init, _workers.WorkerSeeding)
+    assert init.rank == 2
+    def draw_after(seeding: Any) -> torch.Tensor:
+        torch.manual_seed(9)
+        seeding()
+        return torch.rand(2)
+
+    bound = draw_after(lambda: init(0))
+    assert torch.equal(bound, draw_after(lambda: devrng.seed_worker(0, rank=2)))
+    assert not torch.equal(bound, draw_after(lambda: devrng.seed_worker(0, rank=0)))

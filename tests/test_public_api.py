@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+
+import pytest
 from tests._helpers import run_python
 
 import devrng
@@ -11,7 +14,7 @@ HEAVY = ("torch_xla", "jax", "torchax", "intel_extension_for_pytorch")
 
 # The public surface of API.md: a name added or lost here is an API change.
 PUBLIC = {
-    "Backend", "DeterministicHandle", "DevRNGError", "RNGState", "RNGStreams", "SeededFunction",
+    "Backend", "DeterministicHandle", "DevRNGError", "DevRNGWarning", "RNGState", "RNGStreams", "SeededFunction",
     "TrainingRNG", "available_backends", "deterministic", "distributed", "fork_rng",
     "get_backend", "get_rng_state", "infer_device_types", "manual_seed", "patch_torch",
     "register_backend", "sample_rng", "seed_worker", "seeded_jit", "set_rng_state", "testing",
@@ -40,3 +43,24 @@ def test_import_and_cpu_fork_load_nothing_heavy() -> None:
     out = run_python(code)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_devrng_warning_is_a_user_warning_also_logged_on_the_devrng_logger(
+        caplog: pytest.LogCaptureFixture) -> None:
+    from devrng._errors import warn_and_log
+
+    assert issubclass(devrng.DevRNGWarning, UserWarning)
+    with caplog.at_level(logging.WARNING, logger="devrng"), \
+            pytest.warns(devrng.DevRNGWarning, match="^The run differs: because.$") as caught:
+        warn_and_log("The run differs: because.")
+    assert [r.getMessage() for r in caplog.records] == ["The run differs: because."]
+    assert caught[0].filename == __file__  # reported where it was called from
+
+
+def test_the_devrng_logger_prints_nothing_unless_configured() -> None:
+    out = run_python("import warnings\n"
+                     "from devrng._errors import warn_and_log\n"
+                     "warnings.simplefilter('ignore')\n"
+                     "warn_and_log('x')\n")
+    assert out.returncode == 0, out.stderr
+    assert out.stderr == ""  # no second copy through logging's last-resort handler

@@ -129,14 +129,15 @@ def test_track_takes_state_objects_and_refuses_others() -> None:
 
 def test_state_dict_is_plain_data_that_loads_weights_only() -> None:
     rng = TrainingRNG(3)
-    rng.dataloader_kwargs()
+    rng.track("loader", torch.utils.data.DataLoader(range(4), **rng.dataloader_kwargs()))
     rng.track("step", devrng.seeded_jit(lambda x: x, backend="eager"))
     buffer = io.BytesIO()
     torch.save(rng.state_dict(), buffer)
     buffer.seek(0)
     loaded = torch.load(buffer, weights_only=True)
     rng.load_state_dict(loaded)
-    assert loaded["format"] == "devrng.TrainingRNG" and loaded["version"] == 1
+    assert loaded["format"] == "devrng.TrainingRNG" and loaded["version"] == 2
+    assert loaded["loaders"]["loader"]["kind"] == "DataLoader"  # the loader, as plain data
 
 
 def test_a_tracked_object_with_an_opaque_state_is_refused() -> None:

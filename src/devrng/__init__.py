@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # the public names, for type checkers (``X as X``: re-exporte
         deterministic as deterministic,
     )
     from devrng._errors import DevRNGError as DevRNGError
+    from devrng._errors import DevRNGWarning as DevRNGWarning
     from devrng._fork import fork_rng as fork_rng
     from devrng._infer import infer_device_types as infer_device_types
     from devrng._jit import SeededFunction as SeededFunction
@@ -61,6 +62,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "Backend": ("devrng._registry", "Backend"),
     "DeterministicHandle": ("devrng._determinism", "DeterministicHandle"),
     "DevRNGError": ("devrng._errors", "DevRNGError"),
+    "DevRNGWarning": ("devrng._errors", "DevRNGWarning"),
     "RNGState": ("devrng._state", "RNGState"),
     "RNGStreams": ("devrng._streams", "RNGStreams"),
     "SeededFunction": ("devrng._jit", "SeededFunction"),

@@ -1,8 +1,16 @@
-"""devrng's one exception class, and the small helpers every module raises errors with."""
+"""devrng's exception and warning classes, and the small helpers every module raises errors with."""
 
 from __future__ import annotations
 
-__all__ = ["DevRNGError", "check_flags", "short_repr"]
+import logging
+import warnings
+
+__all__ = ["DevRNGError", "DevRNGWarning", "check_flags", "short_repr",
+           "warn_and_log"]
+
+# A library's logger stays quiet until the application configures logging (without a
+# handler, Python would print every warning logged here a second time, to stderr).
+logging.getLogger("devrng").addHandler(logging.NullHandler())
 
 
 class DevRNGError(RuntimeError):
@@ -21,6 +29,39 @@ class DevRNGError(RuntimeError):
     # Tracebacks and help() name it where users import it from (pickling finds it
     # there too, through the package's lazy attributes).
     __module__ = "devrng"
+
+
+class DevRNGWarning(UserWarning):
+    """A resumed run that will not continue bitwise as the uninterrupted one, and why.
+
+    devrng warns when a run resumes, naming what will differ and how to make it
+    exact; each warning is also logged on the ``"devrng"`` logger. Turn them into
+    errors with ``warnings.simplefilter("error", devrng.DevRNGWarning)``.
+
+    Examples:
+        >>> import warnings
+        >>> with warnings.catch_warnings():
+        ...     warnings.simplefilter("error", devrng.DevRNGWarning)
+        ...     rng = devrng.TrainingRNG(seed=1)
+        ...     state = rng.state_dict()
+        ...     state["world_size"] = 2           # saved by one of two ranks
+        ...     try:
+        ...         rng.load_state_dict(state, strict=False)
+        ...     except devrng.DevRNGWarning as warning:
+        ...         print(str(warning)[:45])
+        The resumed run will not be bitwise the same
+    """
+
+    __module__ = "devrng"  # as DevRNGError: named where users import it from
+
+
+def warn_and_log(message: str, *, stacklevel: int = 1) -> None:
+    """Warn with a ``DevRNGWarning`` and log the same message on the ``"devrng"`` logger.
+
+    ``stacklevel`` is ``warnings.warn``'s, counted from the line that calls this function.
+    """
+    logging.getLogger("devrng").warning(message)
+    warnings.warn(message, DevRNGWarning, stacklevel=stacklevel + 1)
 
 
 def short_repr(value: object, limit: int = 60) -> str:

@@ -15,7 +15,6 @@ import logging
 import os
 import re
 import secrets
-import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -24,7 +23,15 @@ import torch
 from devrng import _host
 from devrng._determinism import DeterministicHandle
 from devrng._determinism import deterministic as turn_on_determinism
-from devrng._errors import DevRNGError, check_flags, short_repr
+from devrng._errors import DevRNGError, check_flags, short_repr, warn_and_log
+from devrng._loaders import (
+    describe,
+    differences,
+    is_stateful,
+    persistent_workers_problem,
+    warn_on_resume,
+    world_size_problem,
+)
 from devrng._plain import check_plain
 from devrng._rank import process_rank, world_size
 from devrng._registry import available_backends, device_count, get_backend, started_types
@@ -35,12 +42,13 @@ from devrng._state import RNGState, get_rng_state
 from devrng._undo import Undo, read_devices, read_started
 from devrng._workers import dataloader_kwargs
 
-__all__ = ["TrainingRNG"]
+__all__ = ["TrainingRNG", "generator_states", "set_generator_states"]
 
 _FORMAT = "devrng.TrainingRNG"
-_VERSION = 1
+_VERSION = 2
 _KEYS = frozenset({"format", "version", "seed", "rank", "world_size", "rng", "generators",
-                   "tracked"})
+                   "tracked", "loaders"})
+_KEYS_OF = {1: _KEYS - {"loaders"}, 2: _KEYS}  # version 1 (devrng 0.1) has no loader records
 _SEED_VARIABLES = ("DEVRNG_SEED", "PL_GLOBAL_SEED")  # read in this order; DEVRNG_SEED is written
 _LOADER_NAME = re.compile(r"dataloader\d+")  # the generators dataloader_kwargs() makes
 _logger = logging.getLogger("devrng")
@@ -91,6 +99,7 @@ class TrainingRNG:
         self._per_rank = per_rank
         self._generators: dict[str, torch.Generator] = {}
         self._tracked: dict[str, Any] = {}
+        self._loaders: dict[str, Any] = {}  # tracked DataLoaders, described in the state
         self.determinism: DeterministicHandle | None = None
         # All or nothing: the exported seed, the determinism switches and the seeding. (No
         # `with`: an interrupt after it, before the caller has this object, must undo too.)
@@ -123,7 +132,8 @@ class TrainingRNG:
         return nth_seed(self._seed, rank) if self._per_rank else self._seed
 
     def __repr__(self) -> str:
-        tracked = ", ".join([*self._generators, *self._tracked]) or "nothing"
+        names = dict.fromkeys([*self._generators, *self._tracked, *self._loaders])
+        tracked = ", ".join(names) or "nothing"
         return f"TrainingRNG(seed={self._seed}, tracking {tracked})"
 
     # -- what it covers ---------------------------------------------------------
@@ -157,12 +167,18 @@ class TrainingRNG:
     def track(self, name: str, obj: Any) -> Any:
         """Add ``obj`` to the state under ``name``; returns ``obj``.
 
+        A tracked ``DataLoader`` (torch's, or torchdata's ``StatefulDataLoader``,
+        whose position is saved and restored too) is also described in the state
+        -- kind, batch size, workers -- so that a resume that cannot continue
+        exactly (another batch size or number of workers, workers kept across
+        epochs) warns with a ``DevRNGWarning`` that says why.
+
         Args:
             name: A non-empty string, unique in this ``TrainingRNG``; the
                 resumed run must track the same names.
-            obj: A ``torch.Generator``, or anything with ``state_dict()`` and
-                ``load_state_dict()``: a ``SeededFunction``, ``RNGStreams``,
-                torchdata's ``StatefulDataLoader``, ...
+            obj: A ``torch.Generator``, a ``DataLoader``, or anything with
+                ``state_dict()`` and ``load_state_dict()``: a ``SeededFunction``,
+                ``RNGStreams``, torchdata's ``StatefulDataLoader``, ...
 
         Returns:
             ``obj``, so that ``step = rng.track("step", seeded_jit(...))`` reads
@@ -176,6 +192,8 @@ class TrainingRNG:
         Examples:
             >>> rng = devrng.TrainingRNG(seed=0)
             >>> g = rng.track("noise", torch.Generator().manual_seed(3))
+            >>> loader = rng.track("loader", torch.utils.data.DataLoader(
+            ...     range(8), batch_size=4, shuffle=True, **rng.dataloader_kwargs()))
         """
         if not isinstance(name, str) or not name:
             raise TypeError(f"track needs a non-empty string name, not {short_repr(name)}.")
@@ -184,22 +202,25 @@ class TrainingRNG:
                 f"TrainingRNG.track: the name {name!r} is kept for the generators "
                 "dataloader_kwargs() makes ('dataloader0', 'dataloader1', ...); choose another."
             )
-        if name in self._tracked or name in self._generators:
+        if name in self._tracked or name in self._generators or name in self._loaders:
             raise ValueError(f"TrainingRNG already tracks an object named {name!r}; choose "
                              "another name.")
         plain_generator = isinstance(obj, torch.Generator)
-        if not plain_generator and not (callable(getattr(obj, "state_dict", None))
-                                        and callable(getattr(obj, "load_state_dict", None))):
+        loader = isinstance(obj, torch.utils.data.DataLoader)
+        stateful = is_stateful(obj)
+        if not plain_generator and not loader and not stateful:
             raise TypeError(
                 f"TrainingRNG.track({name!r}, ...) got {short_repr(obj)} (of type "
                 f"{type(obj).__name__}), which has no state_dict() and load_state_dict(); pass a "
-                "torch.Generator, a SeededFunction, an RNGStreams, a StatefulDataLoader or "
-                "another object with both methods."
+                "torch.Generator, a DataLoader, a SeededFunction, an RNGStreams or another "
+                "object with both methods."
             )
         if plain_generator:
             self._generators[name] = obj
-        else:
+        elif stateful:
             self._tracked[name] = obj
+        if loader:
+            self._loaders[name] = obj
         return obj
 
     # -- state ------------------------------------------------------------------
@@ -215,7 +236,7 @@ class TrainingRNG:
 
         Examples:
             >>> sorted(devrng.TrainingRNG(seed=0).state_dict())
-            ['format', 'generators', 'rank', 'rng', 'seed', 'tracked', 'version', 'world_size']
+            ['format', 'generators', 'loaders', 'rank', 'rng', 'seed', 'tracked', 'version', 'world_size']
         """
         tracked = {}
         for name, obj in self._tracked.items():
@@ -231,6 +252,7 @@ class TrainingRNG:
             "rng": get_rng_state(device_type=started_types()).to_dict(),
             "generators": {name: g.get_state() for name, g in self._generators.items()},
             "tracked": tracked,
+            "loaders": {name: describe(loader) for name, loader in self._loaders.items()},
         }
 
     def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True) -> None:
@@ -272,9 +294,30 @@ class TrainingRNG:
         check_flags(strict=strict)
         loading = _Loading(self, state_dict, strict)
         loading.check()
+        problems = self._resume_problems(state_dict)  # before any change: it only reads
         with Undo("TrainingRNG.load_state_dict") as undo:
             loading.apply(undo)
         loading.warn()
+        warn_on_resume(problems, stacklevel=2)
+
+    def _resume_problems(self, saved: Mapping[str, Any]) -> list[str]:
+        """Why the run just resumed from ``saved`` cannot continue exactly (empty: it can)."""
+        problems = []
+        world = world_size()
+        if saved["world_size"] != world:
+            problems.append(world_size_problem(saved["world_size"], world))
+        records = saved.get("loaders")
+        records = records if isinstance(records, Mapping) else {}
+        for name, loader in self._loaders.items():
+            now = describe(loader)
+            record = records.get(name)
+            if isinstance(record, Mapping):
+                problems += differences(f"the loader {name!r}", record, now)
+            if now["persistent_workers"]:
+                problems.append(persistent_workers_problem(
+                    f"the loader {name!r}", "build it with persistent_workers=False (or use "
+                    "devrng's Lightning callback, which reseeds them each epoch)"))
+        return problems
 
 
 class _Loading:
@@ -306,13 +349,14 @@ class _Loading:
                 f"returns, whose 'format' is {_FORMAT!r}; it got {got}."
             )
         version = data.get("version")
-        if type(version) is not int or version != _VERSION:
+        expected = _KEYS_OF.get(version) if type(version) is int else None
+        if expected is None:
             raise DevRNGError(f"TrainingRNG.load_state_dict: the state is version "
-                              f"{short_repr(version)}; this devrng reads {_VERSION}.")
+                              f"{short_repr(version)}; this devrng reads {sorted(_KEYS_OF)}.")
         keys = set(data)
-        if keys != _KEYS:
-            extra = sorted(map(short_repr, keys - _KEYS))
-            missing = sorted(_KEYS - keys)
+        if keys != expected:
+            extra = sorted(map(short_repr, keys - expected))
+            missing = sorted(expected - keys)
             if missing:
                 raise DevRNGError(f"TrainingRNG.load_state_dict: the state lacks {missing}.")
             if self.strict:
@@ -454,8 +498,21 @@ class _Loading:
 
     def warn(self) -> None:
         if self.skipped:
-            warnings.warn("TrainingRNG.load_state_dict(strict=False) did not restore: "
-                          + "; ".join(self.skipped) + ".", UserWarning, stacklevel=3)
+            warn_and_log("TrainingRNG.load_state_dict(strict=False) did not restore: "
+                         + "; ".join(self.skipped) + ".", stacklevel=3)
+
+
+def generator_states(rng: TrainingRNG) -> dict[str, torch.Tensor]:
+    """The states of ``rng``'s DataLoader and tracked generators, by name (for the trainer
+    integrations, which put them back once the trainer has built its resumed loaders)."""
+    return {name: g.get_state() for name, g in rng._generators.items()}
+
+
+def set_generator_states(rng: TrainingRNG, states: Mapping[str, torch.Tensor]) -> None:
+    """Put back states that ``generator_states(rng)`` returned (names ``rng`` still tracks)."""
+    for name, state in states.items():
+        if name in rng._generators:
+            rng._generators[name].set_state(state)
 
 
 def _materialise(obj: Any) -> None:

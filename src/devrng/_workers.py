@@ -10,7 +10,6 @@ any of them is reproducible from the generator's seed.
 from __future__ import annotations
 
 import contextlib
-import functools
 import numbers
 import random
 from collections.abc import Callable, Iterator
@@ -23,7 +22,7 @@ from devrng._fork import fork_rng
 from devrng._rank import env_rank, process_rank
 from devrng._seeds import MASK64, check_seed, nth_seed, splitmix64
 
-__all__ = ["dataloader_kwargs", "sample_rng", "seed_worker", "worker_seeds"]
+__all__ = ["WorkerSeeding", "dataloader_kwargs", "sample_rng", "seed_worker", "worker_seeds"]
 
 
 def worker_seeds(base_seed: int, worker_id: int, rank: int) -> tuple[int, int, list[int]]:
@@ -91,7 +90,8 @@ def dataloader_kwargs(seed: int | None, worker_init_fn: Callable[[int], Any] | N
     The generator, a new CPU one, is seeded with ``seed``, or with a seed drawn
     from torch's CPU generator when ``seed`` is None (so an earlier
     ``manual_seed`` fixes it). A user's ``worker_init_fn`` runs after devrng's
-    seeding, with the same worker id.
+    seeding, with the same worker id. The ``worker_init_fn`` is a
+    ``WorkerSeeding``, which also lets the main process see what the workers did.
     """
     if seed is None:
         seed = int(torch.randint(0, 2**62, (), dtype=torch.int64).item())
@@ -100,31 +100,84 @@ def dataloader_kwargs(seed: int | None, worker_init_fn: Callable[[int], Any] | N
     rank = process_rank(strict=False)
     # A worker finds the rank through torch.distributed (forked workers) or RANK;
     # bind it when a spawned worker could not see it that way.
-    init_fn: Callable[[int], Any] = seed_worker
-    if rank != env_rank(strict=False):
-        init_fn = functools.partial(seed_worker, rank=rank)
-    if worker_init_fn is not None:
-        init_fn = _Chained(init_fn, worker_init_fn)
-    return {"generator": generator, "worker_init_fn": init_fn}
+    bound = rank if rank != env_rank(strict=False) else None
+    return {"generator": generator,
+            "worker_init_fn": WorkerSeeding(generator, rank=bound, then=worker_init_fn)}
 
 
-class _Chained:
-    """devrng's worker seeding, then the user's ``worker_init_fn`` (picklable for spawn)."""
+# Slots of WorkerSeeding.shared, an int64 tensor in shared memory.
+_SAMPLE_RNG_USED, _EPOCH_SEED_SET, _EPOCH_SEED = range(3)
+_shared: Any = None  # in a worker: its loader's WorkerSeeding.shared, as a NumPy view (fast)
+_marked = False  # in a worker: _SAMPLE_RNG_USED is written
 
-    __slots__ = ("first", "then")
 
-    def __init__(self, first: Callable[[int], Any], then: Callable[[int], Any]) -> None:
-        self.first, self.then = first, then
+class WorkerSeeding:
+    """The ``worker_init_fn`` of ``dataloader_kwargs``: devrng's seeding in each worker, then
+    the user's function; and three int64 slots in shared memory that the workers and the
+    main process both see (picklable, so spawned workers get them too).
+
+    The workers record there that a sample drew inside ``sample_rng`` (the main
+    process reads it with ``sample_rng_used()`` when it saves the loader's
+    description); the main process can give ``sample_rng`` the epoch's seed for
+    workers that outlive an epoch (``persistent_workers=True``), which would
+    otherwise keep the seed of the epoch that started them.
+
+    Examples:
+        >>> from devrng._workers import WorkerSeeding
+        >>> init = devrng.TrainingRNG(seed=0).dataloader_kwargs()["worker_init_fn"]
+        >>> isinstance(init, WorkerSeeding), init.sample_rng_used()
+        (True, False)
+    """
+
+    __slots__ = ("generator", "rank", "shared", "then")
+
+    def __init__(self, generator: torch.Generator | None, *, rank: int | None = None,
+                 then: Callable[[int], Any] | None = None) -> None:
+        self.generator = generator  # the loader's, in the main process only
+        self.rank = rank
+        self.then = then
+        self.shared = torch.zeros(3, dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
 
     def __call__(self, worker_id: int) -> Any:
-        self.first(worker_id)
-        return self.then(worker_id)
+        global _shared, _marked
+        # A NumPy view of the same memory reads ten times faster than the tensor, per sample.
+        _shared = self.shared.numpy() if _host.numpy_or_none() is not None else self.shared
+        _marked = False
+        seed_worker(worker_id, rank=self.rank)
+        return None if self.then is None else self.then(worker_id)
 
-    def __getstate__(self) -> tuple[Any, Any]:
-        return self.first, self.then
+    def __getstate__(self) -> tuple[Any, ...]:
+        return self.rank, self.then, self.shared
 
-    def __setstate__(self, state: tuple[Any, Any]) -> None:
-        self.first, self.then = state
+    def __setstate__(self, state: tuple[Any, ...]) -> None:
+        self.rank, self.then, self.shared = state
+        self.generator = None
+
+    def sample_rng_used(self) -> bool:
+        """Whether a worker of this loader ran ``sample_rng`` (since the loader was made)."""
+        return bool(self.shared[_SAMPLE_RNG_USED])
+
+    def set_epoch_seed(self, seed: int | None) -> None:
+        """The seed ``sample_rng`` uses in this loader's workers from now on, in place of the
+        base seed they were started with; ``None`` goes back to that base seed."""
+        if seed is None:
+            self.shared[_EPOCH_SEED_SET] = 0
+            return
+        self.shared[_EPOCH_SEED] = (seed & MASK64) - (1 << 64 if seed & (1 << 63) else 0)
+        self.shared[_EPOCH_SEED_SET] = 1
+
+
+def _worker_epoch_seed(info: Any) -> int:
+    """The seed ``sample_rng`` derives a sample's streams from, in a worker."""
+    global _marked
+    shared = _shared
+    if shared is not None:
+        if not _marked:
+            shared[_SAMPLE_RNG_USED] = 1
+            _marked = True
+        if shared[_EPOCH_SEED_SET]:
+            return int(shared[_EPOCH_SEED]) & MASK64
+    return (int(info.seed) - int(info.id)) & MASK64  # the loader's base seed, per epoch
 
 
 @contextlib.contextmanager
@@ -171,7 +224,7 @@ def sample_rng(index: int) -> Iterator[None]:
     if info is None:
         yield
         return
-    epoch_seed = (int(info.seed) - int(info.id)) & MASK64  # the loader's base seed, per epoch
+    epoch_seed = _worker_epoch_seed(info)
     torch_seed, python_seed, np_words = worker_seeds(nth_seed(epoch_seed, index), 0,
                                                      process_rank(strict=False))
     with fork_rng(devices=[], python=True, numpy=True):

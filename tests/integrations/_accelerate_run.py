@@ -1,75 +1,104 @@
-"""A small accelerate run that records its per-step losses (float.hex) for the resume tests.
+"""The accelerate programs of the resume matrix (jobs: see ``tests/integrations/_runs.py``).
 
-    python -m tests.integrations._accelerate_run MODE EPOCHS OUT.json [--save DIR] [--resume DIR]
+    python -m tests.integrations._accelerate_run OUT JOBS_JSON
 
-MODE: ``plain`` (accelerate's ``set_seed`` and its own ``save_state`` RNG states),
-``plain-seeded-jit`` (the same with a ``seeded_jit`` step, whose stream accelerate does
-not save), ``devrng`` (``devrng.integrations.accelerate.register``), or
-``devrng-without-state`` (devrng seeding, but nothing registered).
+The loop the accelerate page documents: ``register`` before the model, a DataLoader with
+``rng.dataloader_kwargs()`` tracked by the TrainingRNG, the epoch and step counters
+registered for checkpointing, ``skip_first_batches`` to resume inside an epoch. 48
+samples whose augmentation draws inside ``devrng.sample_rng``, batch 4, 2 workers, dropout,
+label noise; 2 epochs of 12 steps. The uninterrupted run saves after each epoch's loop
+(``epoch1``) and inside the loop after step 6 (``step6``).
 """
 
 from __future__ import annotations
 
-import json
 import sys
+from pathlib import Path
 from typing import Any
 
 import accelerate
 import torch
+from accelerate.utils import DataLoaderConfiguration
 from tests._datasets import Augmented, small_model
+from tests.integrations._runs import SEED, Result, devrng_messages, digest, main, target
 
 import devrng
 from devrng.integrations.accelerate import register
 
-SEED = 1234
+EPOCHS = 2
+# register: devrng.integrations.accelerate.register (else a TrainingRNG accelerate does
+# not save, to show what register adds); stateful: use_stateful_dataloader=True.
+CONFIGS: dict[str, dict[str, Any]] = {
+    "devrng": {"register": True},
+    "unregistered": {"register": False},
+    "stateful": {"register": True, "stateful": True},
+    "persistent": {"register": True, "persistent": True},
+}
 
 
-def main(argv: list[str]) -> None:
-    mode, epochs, out = argv[0], int(argv[1]), argv[2]
-    save = argv[argv.index("--save") + 1] if "--save" in argv else None
-    resume = argv[argv.index("--resume") + 1] if "--resume" in argv else None
-    accelerator = accelerate.Accelerator(cpu=True)
-    loader_kwargs: dict[str, Any] = {}
-    rng = None
-    if mode.startswith("plain"):
-        accelerate.utils.set_seed(SEED)
-    elif mode == "devrng":
-        rng = register(accelerator, seed=SEED)
-        loader_kwargs = rng.dataloader_kwargs()
+class Progress:
+    """The epoch and step counters, saved with ``accelerator.save_state``."""
+
+    def __init__(self) -> None:
+        self.epoch = self.step = 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "step": self.step}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch, self.step = state["epoch"], state["step"]
+
+
+def train(config: dict[str, Any], out: Path, resume: Path | None = None) -> Result:
+    with devrng_messages() as (found, logged):
+        accelerator = accelerate.Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(
+            use_stateful_dataloader=bool(config.get("stateful"))))
+        # register seeds now, before the model; without it, accelerate does not save the rng
+        rng = register(accelerator, seed=SEED) if config["register"] else devrng.TrainingRNG(SEED)
+        model = small_model(seeded=False)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        workers = config.get("workers", 2)
+        loader = torch.utils.data.DataLoader(
+            Augmented(size=48, per_sample=True), batch_size=config.get("batch", 4), shuffle=True,
+            num_workers=workers, persistent_workers=bool(config.get("persistent")),
+            **rng.dataloader_kwargs())
+        model, opt, loader = accelerator.prepare(model, opt, loader)
+        rng.track("loader", loader)
+        progress = Progress()
+        accelerator.register_for_checkpointing(progress)
+        if resume is not None:
+            accelerator.load_state(str(resume))
+        losses = []
+        while progress.epoch < EPOCHS:
+            done = progress.step - progress.epoch * len(loader)  # batches of this epoch done
+            batches = accelerator.skip_first_batches(loader, done) if done else loader
+            for x in batches:
+                opt.zero_grad()
+                y = x.sum(dim=1, keepdim=True) * 0.5 + torch.randn(len(x), 1) * 0.01
+                loss = torch.nn.functional.mse_loss(model(x), y)
+                accelerator.backward(loss)
+                opt.step()
+                losses.append(float(loss).hex())
+                progress.step += 1
+                if progress.step == 6 and resume is None:
+                    accelerator.save_state(str(out / "ck" / "step6"))
+            progress.epoch += 1
+            if resume is None:
+                accelerator.save_state(str(out / "ck" / f"epoch{progress.epoch}"))
+    result = Result(losses, [], digest(model), progress.step)
+    result.warnings, result.logged = found, logged
+    return result
+
+
+def run_job(out: Path, job: dict[str, Any]) -> None:
+    name = job["name"]
+    if job["mode"] == "A":
+        result = train(CONFIGS[name], out / name)
     else:
-        rng = devrng.TrainingRNG(SEED)
-        loader_kwargs = rng.dataloader_kwargs()
-    model = small_model()
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    loader = torch.utils.data.DataLoader(Augmented(size=32), batch_size=4, shuffle=True, num_workers=2,
-                                         **loader_kwargs)
-    model, opt, loader = accelerator.prepare(model, opt, loader)
-
-    def train_step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        opt.zero_grad()
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        accelerator.backward(loss)
-        opt.step()
-        return loss.detach()
-
-    step: Any = train_step
-    if mode != "plain":
-        step = devrng.seeded_jit(train_step, backend="eager")
-        if rng is not None and mode == "devrng":
-            rng.track("step", step)
-    start = 0
-    if resume:
-        accelerator.load_state(resume)
-        start = 1
-    losses = []
-    for _epoch in range(start, epochs):
-        for x in loader:
-            losses.append(float(step(x, x.sum(dim=1, keepdim=True) * 0.5)).hex())
-    if save:
-        accelerator.save_state(save)
-    with open(out, "w") as fh:
-        json.dump(losses, fh)
+        config = {**CONFIGS[name], **job.get("changes", {})}
+        result = train(config, out / name / job["tag"], resume=Path(job["checkpoint"]))
+    result.write(target(out, job))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main(sys.argv[1:], run_job)

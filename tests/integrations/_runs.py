@@ -1,33 +1,145 @@
-"""Run a trainer program three times in new processes: whole, stopped after a checkpoint,
-resumed from it; return the per-step losses to compare bitwise."""
+"""Running the trainer programs of the resume matrix, and reading what they wrote.
+
+Each program (``_lightning_run``, ``_accelerate_run``, ``_transformers_run``) runs a list
+of jobs given as JSON:
+
+    python -m tests.integrations._lightning_run OUT JOBS_JSON
+
+- ``{"mode": "A", "name": NAME}``: the uninterrupted run of configuration NAME; its
+  checkpoints go to ``OUT/NAME/ck``, its result to ``OUT/NAME/A.json``.
+- ``{"mode": "first", "name": NAME}``: where the trainer has one, the first part as users
+  write it (one epoch, then save), to ``OUT/NAME/first.*``.
+- ``{"mode": "B", "name": NAME, "checkpoint": PATH, "tag": TAG, "changes": {...}}``: the
+  run resumed from PATH (with ``changes``, e.g. ``{"workers": 3}``), to
+  ``OUT/NAME/TAG.json``.
+
+Importing a trainer costs most of a run (Lightning: about 7 of 8 CPU seconds here), so the
+program imports it once and runs every job in a process of its own, forked from that one
+before anything else happens: each run starts as a new process that imported the trainer
+and did nothing else, and nothing of one job (generators, environment, the trainer's
+globals) reaches another. Two jobs run at a time.
+
+A result holds every training step's loss as ``float.hex`` (bitwise comparable), the
+validation losses, a SHA-256 of the final weights' bytes, the global step, and the
+``DevRNGWarning`` messages and the ``"devrng"`` log records the run produced; a job that
+fails writes its traceback instead.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
+import logging
 import os
-import subprocess
 import sys
+import traceback
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
+import torch
+from tests._helpers import run_python
 
-
-def run(module: str, *args: str) -> None:
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONWARNINGS": "ignore",
-           "PYTHONPATH": f"{ROOT}:{ROOT / 'src'}", "PJRT_DEVICE": "CPU",
-           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    out = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True,
-                         env=env, cwd=ROOT, timeout=900)
-    assert out.returncode == 0, f"{module} {args}\n{out.stdout[-3000:]}\n{out.stderr[-5000:]}"
+SEED = 1234
+PARALLEL = 2
 
 
-def losses(path: Path) -> list[str]:
-    return list(json.loads(path.read_text()))
+def run(module: str, out: Path, jobs: list[dict[str, Any]]) -> None:
+    """Run ``jobs`` with the program ``module`` in a new process."""
+    proc = run_python(module, module=True, args=(str(out), json.dumps(jobs)), timeout=1800,
+                      env={"PYTHONWARNINGS": "ignore", "HF_HUB_OFFLINE": "1",
+                           "TRANSFORMERS_OFFLINE": "1"})
+    assert proc.returncode == 0, f"{module}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
 
 
-def whole_and_resumed(module: str, mode: str, epochs: int, tmp: Path) -> tuple[list[str], ...]:
-    """(whole run, first part, resumed part) of ``module`` in ``mode``."""
-    run(module, mode, str(epochs), str(tmp / "whole.json"))
-    run(module, mode, "1", str(tmp / "first.json"), "--save", str(tmp / "ckpt"))
-    run(module, mode, str(epochs), str(tmp / "resumed.json"), "--resume", str(tmp / "ckpt"))
-    return losses(tmp / "whole.json"), losses(tmp / "first.json"), losses(tmp / "resumed.json")
+@dataclass
+class Result:
+    losses: list[str]
+    val: list[str]
+    weights: str
+    steps: int
+    warnings: list[str] = field(default_factory=list)
+    logged: list[str] = field(default_factory=list)
+
+    @classmethod
+    def read(cls, path: Path) -> Result:
+        failed = path.with_suffix(".error")
+        if failed.exists():
+            raise AssertionError(f"the run for {path.name} failed:\n{failed.read_text()}")
+        return cls(**json.loads(path.read_text()))
+
+    def write(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.__dict__))
+
+
+def digest(model: torch.nn.Module) -> str:
+    """SHA-256 of every parameter's bytes: equal digests are bitwise-equal weights."""
+    h = hashlib.sha256()
+    for p in model.parameters():
+        h.update(p.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+@contextlib.contextmanager
+def devrng_messages() -> Iterator[tuple[list[str], list[str]]]:
+    """(DevRNGWarning messages, ``"devrng"`` WARNING log records) raised inside the block."""
+    logged: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            logged.append(record.getMessage())
+
+    logger = logging.getLogger("devrng")
+    handler = Keep(logging.WARNING)
+    logger.addHandler(handler)
+    found: list[str] = []
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            yield found, logged
+        found += [str(w.message) for w in caught if w.category.__name__ == "DevRNGWarning"]
+    finally:
+        logger.removeHandler(handler)
+
+
+def target(out: Path, job: dict[str, Any]) -> Path:
+    """Where a job's result goes."""
+    name = out / job["name"]
+    return name / {"A": "A.json", "first": "first.json"}.get(job["mode"], f"{job.get('tag')}.json")
+
+
+def main(argv: list[str], run_job: Callable[[Path, dict[str, Any]], None]) -> None:
+    """Run each job of ``argv`` (OUT, JOBS_JSON) in a forked process, ``PARALLEL`` at a time."""
+    out, jobs = Path(argv[0]), json.loads(argv[1])
+    running: dict[int, dict[str, Any]] = {}
+    failed = []
+    for job in [*jobs, None]:
+        while running and (job is None or len(running) >= PARALLEL):
+            pid, status = os.wait()
+            if status != 0:
+                failed.append(running[pid])
+            del running[pid]
+        if job is None:
+            break
+        sys.stdout.flush()
+        pid = os.fork()
+        if pid == 0:  # the job's own process
+            code = 0
+            try:
+                run_job(out, job)
+            except BaseException:
+                path = target(out, job).with_suffix(".error")
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(traceback.format_exc())
+                code = 1
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        running[pid] = job
+    if failed:
+        print("failed:", json.dumps(failed), file=sys.stderr)

@@ -1,16 +1,18 @@
-"""devrng.integrations.accelerate with a real Accelerator on the CPU (the integrations env).
+"""devrng.integrations.accelerate with a real Accelerator on the CPU, in this process.
 
-Each case: two epochs in one process vs one epoch, ``accelerator.save_state``, and
-``load_state`` + the second epoch in a new process; a shuffled DataLoader with two
-workers drawing augmentation from torch, NumPy and Python, and dropout.
+Resumes in new processes -- epoch ends, inside an epoch, changes at resume -- are in
+tests/integrations/test_resume_matrix.py; here: what the registered state records and
+that loading it warns (``pytest.warns`` and the ``"devrng"`` logger) when it must.
 """
 
 from __future__ import annotations
 
 import importlib.util
-from pathlib import Path
+import logging
+from typing import Any
 
 import pytest
+import torch
 
 pytest.importorskip("accelerate")
 if importlib.util.find_spec("torch_xla") is not None:
@@ -20,28 +22,45 @@ if importlib.util.find_spec("torch_xla") is not None:
     pytest.skip("accelerate picks XLA where torch_xla is installed (integrations env runs "
                 "these)", allow_module_level=True)
 
-from tests.integrations._runs import whole_and_resumed
+import accelerate
 
-PROGRAM = "tests.integrations._accelerate_run"
-pytestmark = pytest.mark.slow
-
-
-def test_accelerates_own_states_resume_a_plain_loop_at_an_epoch_boundary(tmp_path: Path) -> None:
-    whole, first, resumed = whole_and_resumed(PROGRAM, "plain", 2, tmp_path)
-    assert whole[len(first):] == resumed  # measured: python, numpy, torch CPU are enough here
+import devrng
+from devrng.integrations.accelerate import register
 
 
-def test_accelerate_misses_a_seeded_jit_stream(tmp_path: Path) -> None:
-    whole, first, resumed = whole_and_resumed(PROGRAM, "plain-seeded-jit", 2, tmp_path)
-    assert whole[len(first):] != resumed
+def _registered(accelerator: accelerate.Accelerator) -> Any:
+    [registered] = [obj for obj in accelerator._custom_objects if hasattr(obj, "rng")]
+    return registered
 
 
-def test_registered_training_rng_resumes_bitwise(tmp_path: Path) -> None:
-    whole, first, resumed = whole_and_resumed(PROGRAM, "devrng", 2, tmp_path)
-    assert whole[:len(first)] == first
-    assert whole[len(first):] == resumed
+def test_a_state_saved_inside_an_epochs_loop_warns_when_loaded(
+        caplog: pytest.LogCaptureFixture) -> None:
+    accelerator = accelerate.Accelerator(cpu=True)
+    rng = register(accelerator, seed=3)
+    loader = accelerator.prepare(torch.utils.data.DataLoader(range(8), batch_size=2, shuffle=True,
+                                                             **rng.dataloader_kwargs()))
+    registered = _registered(accelerator)
+    for _ in loader:
+        inside = registered.state_dict()
+        break
+    after = None
+    for _ in loader:
+        pass
+    after = registered.state_dict()
+    assert inside["inside_epoch"]["kind"] == "DataLoaderShard" and after["inside_epoch"] is None
+    with caplog.at_level(logging.WARNING, logger="devrng"), \
+            pytest.warns(devrng.DevRNGWarning, match=r"skip_first_batches starts the epoch again"):
+        registered.load_state_dict(inside)
+    assert any("skip_first_batches" in r.getMessage() for r in caplog.records)
+    with caplog.at_level(logging.WARNING, logger="devrng"):
+        caplog.clear()
+        registered.load_state_dict(after)  # after the epoch's loop: nothing to say
+    assert caplog.records == []
 
 
-def test_without_registering_devrngs_state_is_lost(tmp_path: Path) -> None:
-    whole, first, resumed = whole_and_resumed(PROGRAM, "devrng-without-state", 2, tmp_path)
-    assert whole[len(first):] != resumed  # accelerate does not save the loader's generator
+def test_register_seeds_at_once() -> None:
+    accelerator = accelerate.Accelerator(cpu=True)
+    register(accelerator, seed=11)
+    first = torch.rand(3)
+    register(accelerate.Accelerator(cpu=True), seed=11)
+    assert torch.equal(first, torch.rand(3))  # a model built after register is seeded

@@ -98,3 +98,84 @@ def test_the_callback_patches_torch_and_keeps_the_cpu_stream(tmp_path: Path) -> 
     finally:
         devrng.unpatch_torch()
     assert plain == with_devrng  # on the CPU it changes nothing the Trainer draws
+
+
+# -- what DevRNGTrainerCallback says when a run resumes (the Trainer's calls, in this process) -
+def _args(world_size: int = 1) -> Any:
+    import types
+
+    return types.SimpleNamespace(seed=1, world_size=world_size, gradient_accumulation_steps=1,
+                                 ignore_data_skip=False)
+
+
+def _state(global_step: int, saved: dict[str, Any] | None) -> Any:
+    """The TrainerState the Trainer passes: ``saved``, the callback's attributes, as it loaded
+    them from the checkpoint's trainer_state.json."""
+    import types
+
+    stateful = {} if saved is None else {"DevRNGTrainerCallback": {"args": {},
+                                                                   "attributes": saved}}
+    return types.SimpleNamespace(global_step=global_step, stateful_callbacks=stateful)
+
+
+def _resume_with(callback: Any, saved: dict[str, Any] | None, loader: Any, *,
+                 global_step: int = 6, world_size: int = 1) -> list[str]:
+    """Call on_train_begin as the Trainer does when it resumes; the DevRNGWarnings."""
+    import warnings
+
+    import devrng
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        callback.on_train_begin(_args(world_size), _state(global_step, saved), None,
+                                train_dataloader=loader)
+    return [str(w.message) for w in caught if issubclass(w.category, devrng.DevRNGWarning)]
+
+
+def _loader(batch: int = 4, workers: int = 2) -> Any:
+    import torch
+
+    return torch.utils.data.DataLoader(range(48), batch_size=batch, num_workers=workers)
+
+
+def _saved_by(callback: Any) -> dict[str, Any]:
+    """What the Trainer writes for ``callback`` after a first run began with ``_loader()``."""
+    callback.on_train_begin(_args(), _state(0, None), None, train_dataloader=_loader())
+    callback.on_epoch_begin(None, None, None)
+    return dict(callback.state()["attributes"])
+
+
+def test_the_trainer_callback_names_what_a_resume_changes() -> None:
+    from devrng.integrations.transformers import DevRNGTrainerCallback
+
+    callback = DevRNGTrainerCallback(sample_rng=True)
+    saved = _saved_by(callback)
+    assert _resume_with(callback, saved, _loader()) == []  # inside epoch 0, workers, sample_rng
+    assert _resume_with(callback, saved, _loader(), global_step=12) == []  # an epoch's end
+    [message] = _resume_with(callback, saved, _loader(batch=6))
+    assert "the training loader had batch size 4 and has 6" in message
+    [message] = _resume_with(callback, saved, _loader(), world_size=2)
+    assert "written by a run of 1 process(es) and this run has 2" in message
+    [message] = _resume_with(callback, saved, _loader(workers=0))
+    assert "had num_workers=2 and has 0" in message
+    assert "with dataloader_num_workers=0 their augmentation" in message
+    [message] = _resume_with(DevRNGTrainerCallback(), saved, _loader())
+    assert "skips the epoch's first batches without loading them" in message
+    for unreadable in ({**saved, "epoch_start": "not base64"}, None):
+        [message] = _resume_with(callback, unreadable, _loader())
+        assert "holds no readable state of DevRNGTrainerCallback" in message
+
+
+def test_the_trainer_callback_puts_back_the_epochs_start_when_it_resumes_inside_it() -> None:
+    import torch
+
+    from devrng.integrations.transformers import DevRNGTrainerCallback
+
+    torch.manual_seed(5)
+    saved = _saved_by(DevRNGTrainerCallback(sample_rng=True))  # the epoch starts here
+    expected = torch.rand(4)
+    resumed = DevRNGTrainerCallback(sample_rng=True)
+    torch.manual_seed(99)  # the resumed process is elsewhere
+    assert _resume_with(resumed, saved, _loader(), global_step=18) == []
+    resumed.on_epoch_begin(None, None, None)
+    assert torch.equal(torch.rand(4), expected)  # what the resumed epoch's iterator draws from

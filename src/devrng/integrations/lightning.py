@@ -1,36 +1,61 @@
-"""Lightning: a ``Callback`` that seeds the run and makes its checkpoints resume bitwise.
+"""Lightning: a ``Callback`` that seeds the run and makes its checkpoints resume bitwise, or says why not.
 
 Lightning's checkpoints hold no random state (measured with Lightning 2.6.6: the
 resumed epoch after ``fit(ckpt_path=...)`` draws different shuffles, worker
 augmentations and dropout masks). ``DevRNGCallback`` keeps a
-``devrng.TrainingRNG`` in the checkpoint, one state per rank, and
-puts it back when the resumed run starts training.
+``devrng.TrainingRNG`` in the checkpoint, one state per rank, and puts it back
+when the resumed run starts training. What a generator state cannot carry -- a
+loader that cannot restore its place in an epoch, workers kept across epochs,
+another batch size -- it names in a ``DevRNGWarning`` when the run resumes.
+
+Lightning builds the loaders after it restored the callbacks, and makes their first
+iterator at once, before any callback hook: a resumed run's first epoch draws its
+shuffle from the generators as restored. A loader's own generator must therefore
+exist, restored, before Lightning builds the loader: that is why the loaders take
+``callback.rng.dataloader_kwargs()`` made when the callback is.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
 
-from devrng._training import TrainingRNG
+from devrng._errors import check_flags
+from devrng._loaders import (
+    describe,
+    differences,
+    persistent_workers_problem,
+    position_problem,
+    private_shuffle_problem,
+    warn_on_resume,
+)
+from devrng._rank import process_rank
+from devrng._seeding import manual_seed
+from devrng._training import TrainingRNG, generator_states, set_generator_states
+from devrng._workers import WorkerSeeding
+from devrng.distributed import rank_seed
 from devrng.integrations._per_rank import PerRankState
 
 __all__ = ["DevRNGCallback"]
 
 
 class DevRNGCallback(pl.Callback):
-    """Seed a Lightning run at setup and resume it exactly from its checkpoints.
+    """Seed a Lightning run when created, and resume it exactly from its checkpoints.
 
-    At ``setup`` it seeds like ``lightning.seed_everything(seed, workers=True)``
-    (the same draws for the same seed; ``seed=None`` takes ``DEVRNG_SEED``, then
-    ``PL_GLOBAL_SEED``), and every device type Lightning does not reach (XLA,
-    torchax); DataLoader workers are seeded by Lightning's own worker seeding.
-    Each checkpoint holds every rank's ``devrng.TrainingRNG`` state;
-    ``fit(ckpt_path=...)`` puts this rank's back as Lightning restores the
-    callbacks, before it builds the resumed epoch's DataLoader iterator.
+    Creating the callback seeds like ``lightning.seed_everything(seed,
+    workers=True)`` (the same draws for the same seed), plus every device type
+    Lightning does not reach (XLA, torchax): create it before the model, so that
+    the initial weights are seeded too. ``callback.rng`` is its
+    ``devrng.TrainingRNG``; pass ``**callback.rng.dataloader_kwargs()`` (made
+    once, before ``fit``) to a torchdata ``StatefulDataLoader`` or a loader with
+    ``persistent_workers=True``. Each checkpoint holds every rank's state and a
+    description of the loaders; ``fit(ckpt_path=...)`` puts this rank's state
+    back as Lightning restores the callbacks, and warns (``DevRNGWarning``) when
+    the resumed run cannot be bitwise the uninterrupted one.
 
     Args:
         seed: The run's seed; ``None`` takes ``DEVRNG_SEED``, then
@@ -43,49 +68,197 @@ class DevRNGCallback(pl.Callback):
     Examples:
         >>> from devrng.integrations.lightning import DevRNGCallback
         >>> callback = DevRNGCallback(seed=1234)
-        >>> callback.state_key
-        'DevRNGCallback'
+        >>> callback.rng.seed, callback.state_key
+        (1234, 'DevRNGCallback')
     """
 
     def __init__(self, seed: int | None = None, *, deterministic: bool = False,
                  per_rank: bool = False, strict: bool = True) -> None:
+        check_flags(deterministic=deterministic, per_rank=per_rank, strict=strict)
         self.seed = seed
         self.deterministic = deterministic
         self.per_rank = per_rank
         self.strict = strict
-        self.rng: TrainingRNG | None = None
-        self._restored_cpu: torch.Tensor | None = None
+        self.rng = TrainingRNG(seed, deterministic=deterministic, per_rank=per_rank)
+        # What seed_everything(seed, workers=True) leaves for Lightning's own code: spawned
+        # processes reseed from PL_GLOBAL_SEED, and the loaders it builds without a
+        # worker_init_fn get its worker seeding (distinct per worker and rank).
+        os.environ["PL_GLOBAL_SEED"] = str(self.rng.seed)
+        os.environ["PL_SEED_WORKERS"] = "1"
+        self._seeded_in = (os.getpid(), process_rank(strict=False))
+        self._trainer: pl.Trainer | None = None
+        self._resumed: dict[str, Any] | None = None  # what the last load_state_dict restored
+        self._ended: dict[str, Any] | None = None  # the state when the last fit ended
+        self._iterated: set[int] = set()  # ids of training loaders that ran an epoch here
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        self._ensure_rng()
+        self._trainer = trainer
+        here = (os.getpid(), process_rank(strict=False))
+        if here != self._seeded_in and (self.per_rank or here[0] != self._seeded_in[0]):
+            # A process Lightning started (spawn), or a rank known only now: seed it as the
+            # callback seeded the process that created it.
+            rank = here[1]
+            manual_seed(rank_seed(self.rng.seed, rank) if self.per_rank else self.rng.seed)
+            self._seeded_in = here
 
-    def _ensure_rng(self) -> TrainingRNG:
-        if self.rng is None:
-            self.rng = TrainingRNG(self.seed, deterministic=self.deterministic,
-                                   per_rank=self.per_rank)
-            # What seed_everything(seed, workers=True) leaves for Lightning's own code: spawned
-            # processes reseed from PL_GLOBAL_SEED, and the loaders it builds get its worker
-            # seeding (distinct per worker and rank, from the loader's base seed).
-            os.environ["PL_GLOBAL_SEED"] = str(self.rng.seed)
-            os.environ["PL_SEED_WORKERS"] = "1"
-        return self.rng
-
-    # -- checkpoints: every rank's state, in the one file rank 0 writes
+    # -- checkpoints: every rank's state, in the one file rank 0 writes ----------------------
     def state_dict(self) -> dict[str, Any]:
-        return {} if self.rng is None else self._per_rank().state_dict()
+        if self._ended is not None:
+            # trainer.save_checkpoint after fit: Lightning has already asked a
+            # StatefulDataLoader for its state, which builds a new iterator that draws from
+            # the loader's generator; the run's state is the one it ended with.
+            return self._ended
+        state = self._per_rank().state_dict()
+        state["loaders"] = {stage: [describe(loader) for loader in loaders]
+                            for stage, loaders in self._loaders().items()}
+        return state
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._ended = self.state_dict()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        if state_dict:  # empty: saved before setup ran, nothing to put back
-            self._per_rank().load_state_dict(state_dict)
-            self._restored_cpu = torch.get_rng_state()
-
-    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        cpu, self._restored_cpu = self._restored_cpu, None
-        if cpu is not None and getattr(trainer.fit_loop, "restarted_mid_epoch", False):
-            # Resuming in the middle of an epoch, Lightning builds the loader's iterator after
-            # the restore, and it draws the epoch's base seed from torch's generator (which a
-            # StatefulDataLoader then replaces with the saved one): undo that draw.
-            torch.set_rng_state(cpu)
+        if not state_dict:  # saved before the callback had a state: nothing to put back
+            return
+        self._per_rank().load_state_dict(state_dict)
+        self._ended = None
+        loaders = state_dict.get("loaders")
+        self._resumed = {"cpu": torch.get_rng_state(),
+                         "generators": generator_states(self.rng),
+                         "loaders": loaders if isinstance(loaders, Mapping) else {}}
 
     def _per_rank(self) -> PerRankState:
-        return PerRankState(self._ensure_rng(), strict=self.strict, owner="DevRNGCallback")
+        return PerRankState(self.rng, strict=self.strict, owner="DevRNGCallback")
+
+    def _loaders(self) -> dict[str, list[Any]]:
+        trainer = self._trainer
+        if trainer is None:
+            return {}
+        return {"training": _flatten(trainer.train_dataloader),
+                "validation": _flatten(trainer.val_dataloaders)}
+
+    # -- the resumed run ------------------------------------------------------------------
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._trainer = trainer
+        resumed, self._resumed, self._ended = self._resumed, None, None
+        loaders = self._loaders()
+        mid_epoch = bool(trainer.fit_loop.restarted_mid_epoch)
+        # The first epoch of this process iterates what Lightning built before this hook; a
+        # restart in the middle of an epoch has no on_train_epoch_start for it.
+        self._iterated = {id(loader) for loader in loaders["training"]} if mid_epoch else set()
+        if resumed is None:
+            return
+        stateful = bool(loaders["training"]) and all(describe(loader)["stateful"]
+                                                     for loader in loaders["training"])
+        if mid_epoch and stateful:
+            # Lightning built the resumed loaders' iterators after the restore, and they drew
+            # what the loaders' saved positions then replaced (a base seed, the sampler's
+            # seed, a permutation): undo those draws.
+            torch.set_rng_state(resumed["cpu"])
+            set_generator_states(self.rng, resumed["generators"])
+        warn_on_resume(_problems(trainer, loaders, resumed["loaders"], mid_epoch),
+                       stacklevel=2)
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        for loader in self._loaders()["training"]:
+            seeding = _epoch_reseeded(loader)
+            if seeding is not None and id(loader) in self._iterated:
+                # Workers kept from the last epoch: make the draw a new iterator would make
+                # (its base seed, from the loader's generator, before the shuffle) and hand
+                # it to the workers, so that this epoch is what a resumed run's new iterator
+                # gives -- in both runs.
+                base = torch.empty((), dtype=torch.int64).random_(generator=loader.generator)
+                seeding.set_epoch_seed(int(base.item()))
+            self._iterated.add(id(loader))
+
+
+def _epoch_reseeded(loader: Any) -> WorkerSeeding | None:
+    """The loader's devrng worker seeding if the callback gives it a seed each epoch: a torch
+    DataLoader that keeps its workers across epochs, with devrng's generator and seeding."""
+    info = describe(loader)
+    if info["persistent_workers"] and info["devrng_seeded"] and not info["stateful"]:
+        seeding: WorkerSeeding = loader.worker_init_fn
+        return seeding
+    return None
+
+
+def _flatten(loaders: Any) -> list[Any]:
+    """The DataLoaders in what ``trainer.train_dataloader`` / ``val_dataloaders`` return."""
+    if loaders is None:
+        return []
+    if isinstance(loaders, Mapping):
+        return [x for value in loaders.values() for x in _flatten(value)]
+    if isinstance(loaders, (list, tuple)):
+        return [x for value in loaders for x in _flatten(value)]
+    return [loaders]
+
+
+def _problems(trainer: pl.Trainer, loaders: Mapping[str, list[Any]],
+              saved: Mapping[str, Any], mid_epoch: bool) -> Iterable[str]:
+    """Why the run resumed by ``trainer`` cannot continue exactly, one sentence per reason."""
+    epoch_loop = trainer.fit_loop.epoch_loop
+    last_batch = mid_epoch and epoch_loop.restarted_on_train_batch_end \
+        and epoch_loop.batch_progress.is_last_batch
+    for stage, current in loaders.items():
+        records = saved.get(stage)
+        records = records if isinstance(records, list) else []
+        for i, loader in enumerate(current):
+            name = f"the {stage} loader" + (f" {i}" if len(current) > 1 else "")
+            now = describe(loader)
+            if i < len(records) and isinstance(records[i], Mapping):
+                yield from differences(name, records[i], now)
+                sample_rng = bool(records[i].get("sample_rng"))
+            else:
+                sample_rng = False
+            if stage == "training":
+                yield from _training_problems(name, now, loader, mid_epoch, last_batch,
+                                              sample_rng, trainer)
+            else:
+                yield from _validation_problems(name, now)
+
+
+def _training_problems(name: str, now: Mapping[str, Any], loader: Any, mid_epoch: bool,
+                       last_batch: bool, sample_rng: bool, trainer: pl.Trainer) -> Iterable[str]:
+    batches = int(trainer.num_training_batches)
+    avoid = ("save at the ends of epochs (ModelCheckpoint's default) or every_n_train_steps "
+             f"that does not divide the {batches} batches of an epoch")
+    if last_batch and now["stateful"]:
+        yield (f"the checkpoint was written after the last batch of an epoch, and Lightning "
+               f"{pl.__version__} resumes it in the next epoch with {name}'s position at the "
+               "end of the finished one, so that epoch yields no batches and the run ends "
+               f"{batches} steps early (Lightning's behaviour, with or without devrng); {avoid}")
+    elif last_batch and _flatten(trainer.val_dataloaders):
+        yield (f"the checkpoint was written after the last batch of an epoch, before its "
+               f"validation, and Lightning {pl.__version__} resumes it in the next epoch "
+               "without that validation, whose random draws the uninterrupted run made "
+               f"(Lightning's behaviour, with or without devrng); {avoid}")
+    elif mid_epoch and not last_batch and not now["stateful"]:
+        done = trainer.fit_loop.epoch_loop.batch_progress.current.processed
+        yield position_problem(name, now["kind"], f"after batch {done} of {batches}",
+                               "Lightning starts the epoch's loader again")
+    if now["private_shuffle"] and not mid_epoch:
+        yield private_shuffle_problem(name, "Lightning builds it again when the run resumes "
+                                            "and restores its position only in the middle of an "
+                                            "epoch")
+    if now["persistent_workers"] and not (mid_epoch and now["stateful"]):
+        if now["stateful"]:
+            yield persistent_workers_problem(
+                name, "set persistent_workers=False, or use a torch DataLoader built with "
+                      "**callback.rng.dataloader_kwargs() (the callback gives its workers "
+                      "each epoch's seed)")
+        elif _epoch_reseeded(loader) is None or not sample_rng:
+            yield persistent_workers_problem(
+                name, "build it with **callback.rng.dataloader_kwargs() (made before fit) and "
+                      "draw each sample's randomness inside devrng.sample_rng(index), and the "
+                      "callback gives its workers each epoch's seed; or set "
+                      "persistent_workers=False")
+
+
+def _validation_problems(name: str, now: Mapping[str, Any]) -> Iterable[str]:
+    if now["private_shuffle"]:
+        yield private_shuffle_problem(name, "Lightning builds it again when the run resumes and "
+                                            "never restores a validation loader's position")
+    if now["persistent_workers"]:
+        yield persistent_workers_problem(
+            name, "set persistent_workers=False on validation loaders (without a generator, "
+                  "the new iterator also draws its base seed from torch's global generator, "
+                  "which shifts the training steps after the first validation)")

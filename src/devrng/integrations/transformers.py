@@ -1,4 +1,5 @@
-"""HF transformers: activation checkpointing on XLA, and devrng's seeding for ``Trainer``.
+"""HF transformers: activation checkpointing on XLA, devrng's seeding for ``Trainer``, and exact
+resumes in the middle of an epoch.
 
 ``model.gradient_checkpointing_enable()`` runs ``torch.utils.checkpoint``, which
 looks up ``torch.xla`` to save and restore the device's RNG state; torch has no
@@ -8,15 +9,35 @@ and torch_xla 2.9). ``devrng.patch_torch`` gives torch that module,
 and the checkpointed gradients equal the plain ones bitwise. ``DevRNGTrainerCallback``
 does that for ``Trainer`` users, and seeds what the Trainer's ``set_seed`` does not
 reach (torchax's key).
+
+A Trainer resumed in the middle of an epoch builds the epoch's loader iterator -- its
+shuffle and worker seeds, drawn from torch's generator -- before it restores its
+``rng_state.pth``, which holds the generators of the checkpoint, not of the epoch's
+start (transformers 5.23, ``Trainer._run_epoch``). The callback keeps torch's state at
+the start of each epoch in the Trainer's own checkpoint state and puts it back when
+the resumed epoch begins, so the iterator draws what the uninterrupted run drew; what
+it cannot make exact it names in a ``DevRNGWarning``.
 """
 
 from __future__ import annotations
 
+import base64
+from collections.abc import Iterable, Mapping
 from typing import Any
 
+import torch
 import transformers
+from transformers.trainer_callback import ExportableState
 
+from devrng._errors import check_flags
 from devrng._fork import fork_rng
+from devrng._loaders import (
+    describe,
+    differences,
+    persistent_workers_problem,
+    warn_on_resume,
+    world_size_problem,
+)
 from devrng._patch import patch_torch
 from devrng._registry import available_backends
 from devrng._seeding import manual_seed
@@ -24,20 +45,47 @@ from devrng._seeding import manual_seed
 __all__ = ["DevRNGTrainerCallback"]
 
 
-class DevRNGTrainerCallback(transformers.TrainerCallback):
-    """Make a ``transformers.Trainer`` device-correct: ``patch_torch()`` and full seeding.
+class DevRNGTrainerCallback(transformers.TrainerCallback, ExportableState):
+    """Make a ``transformers.Trainer`` device-correct, and its resumes exact or explained.
 
     When the Trainer is built it calls ``devrng.patch_torch``, so
     ``gradient_checkpointing=True`` works on XLA and torchax and recomputes the
     same dropout masks. When training begins it seeds every device type
     available (XLA and torchax included) with ``args.seed``, as the Trainer's
-    ``set_seed`` seeds the CPU, CUDA, Python and NumPy.
+    ``set_seed`` seeds the CPU, CUDA, Python and NumPy. Each checkpoint's
+    ``trainer_state.json`` holds torch's generator state at the start of the
+    epoch; a run resumed in the middle of an epoch gets it back when that epoch
+    begins, so the epoch is shuffled and its workers seeded as in the
+    uninterrupted run. ``sample_rng=True`` says that every training sample draws
+    its randomness inside ``devrng.sample_rng``, which makes
+    such a resume exact with ``dataloader_num_workers > 0``; otherwise, and for
+    what no state can fix, the resumed run warns (``DevRNGWarning``).
 
     Examples:
         >>> from devrng.integrations.transformers import DevRNGTrainerCallback
         >>> callback = DevRNGTrainerCallback()   # Trainer(..., callbacks=[callback])
+        >>> sorted(callback.state()["attributes"])
+        ['epoch_start', 'loader', 'saved', 'world_size']
     """
 
+    def __init__(self, sample_rng: bool = False) -> None:
+        check_flags(sample_rng=sample_rng)
+        self.sample_rng = sample_rng
+        self.epoch_start: str | None = None  # torch's CPU state when the epoch began (base64)
+        self.loader: dict[str, Any] | None = None  # the training loader, described
+        self.world_size: int | None = None
+        self._resumed_epoch_start: str | None = None  # to put back when the resumed epoch begins
+
+    # -- what the Trainer writes in trainer_state.json with each checkpoint ---------------------
+    def state(self) -> dict[str, Any]:
+        return {"args": {"sample_rng": self.sample_rng},
+                "attributes": {"epoch_start": self.epoch_start, "loader": self.loader,
+                               "world_size": self.world_size,
+                               # torch's state when the Trainer saves (after its rng_state.pth):
+                               # the start of the next epoch, for a checkpoint at an epoch's end
+                               "saved": _encode(torch.get_rng_state())}}
+
+    # -- hooks --------------------------------------------------------------------------------
     def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         patch_torch()
 
@@ -47,3 +95,85 @@ class DevRNGTrainerCallback(transformers.TrainerCallback):
         if devices and state.global_step == 0:  # a resumed run keeps the Trainer's restored state
             with fork_rng(devices=[]):  # the Trainer seeded the CPU itself: leave it as it is
                 manual_seed(int(args.seed), device_type=devices, python=False, numpy=False)
+        loader: Any = kwargs.get("train_dataloader")
+        now = None if loader is None else describe(loader)
+        saved = _saved(state)
+        self.loader, self.world_size = now, int(args.world_size)
+        self._resumed_epoch_start = None
+        if state.global_step == 0 or now is None:
+            return
+        per_epoch = _updates_per_epoch(len(loader), args.gradient_accumulation_steps)
+        inside = state.global_step % per_epoch != 0 and not args.ignore_data_skip
+        if saved is not None:
+            self._resumed_epoch_start = _valid(saved.get("epoch_start" if inside else "saved"))
+        warn_on_resume(self._problems(args, saved, now, inside), stacklevel=2)
+
+    def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        resumed, self._resumed_epoch_start = self._resumed_epoch_start, None
+        if resumed is not None:
+            # The state the uninterrupted run's iterator drew this epoch from. (At an epoch's
+            # end the Trainer loads the same state itself, after this hook.)
+            torch.set_rng_state(_decode(resumed))
+        self.epoch_start = _encode(torch.get_rng_state())
+
+    def _problems(self, args: Any, saved: Mapping[str, Any] | None, now: Mapping[str, Any],
+                  inside: bool) -> Iterable[str]:
+        if saved is None or (inside and self._resumed_epoch_start is None):
+            yield ("the checkpoint holds no readable state of DevRNGTrainerCallback (written "
+                   "without it, or its trainer_state.json was changed), so devrng cannot put "
+                   "back the generator the resumed epoch started from; resume from a "
+                   "checkpoint written with the callback")
+            if saved is None:
+                return
+        record = saved.get("loader")
+        if isinstance(record, Mapping):
+            yield from differences("the training loader", record, now)
+        if isinstance(saved.get("world_size"), int) and saved["world_size"] != args.world_size:
+            yield world_size_problem(saved["world_size"], args.world_size)
+        if now["persistent_workers"]:
+            yield persistent_workers_problem(
+                "the training loader", "set dataloader_persistent_workers=False")
+        if inside and not now["num_workers"]:
+            batches = args.gradient_accumulation_steps
+            yield (f"the checkpoint was written inside an epoch, and transformers "
+                   f"{transformers.__version__} loads the first {batches} resumed batch(es) "
+                   "before it restores its generators, so with dataloader_num_workers=0 their "
+                   "augmentation (drawn in the main process) differs; use "
+                   "dataloader_num_workers > 0 with devrng.sample_rng, or save at epoch ends")
+        elif inside and not self.sample_rng:
+            yield ("the checkpoint was written inside an epoch, and the Trainer skips the "
+                   "epoch's first batches without loading them, so the workers draw each "
+                   "later sample's augmentation from another point of their streams; draw "
+                   "each sample's randomness inside devrng.sample_rng(index) and pass "
+                   "DevRNGTrainerCallback(sample_rng=True), or save at epoch ends")
+
+
+def _saved(state: Any) -> Mapping[str, Any] | None:
+    """The attributes this callback saved in the checkpoint the Trainer resumed from."""
+    data = (getattr(state, "stateful_callbacks", None) or {}).get(DevRNGTrainerCallback.__name__)
+    if isinstance(data, list):  # one entry per callback of this type: the first is ours
+        data = data[0] if data else None
+    attributes = data.get("attributes") if isinstance(data, Mapping) else None
+    return attributes if isinstance(attributes, Mapping) else None
+
+
+def _updates_per_epoch(batches: int, accumulation: int) -> int:
+    """Optimizer steps per epoch, as ``Trainer.set_initial_training_values`` counts them."""
+    return max(batches // accumulation + int(batches % accumulation > 0), 1)
+
+
+def _valid(text: Any) -> str | None:
+    """``text`` if it decodes to a state of torch's CPU generator, else None."""
+    try:
+        torch.Generator().set_state(_decode(text))
+    except (TypeError, ValueError, RuntimeError):
+        return None
+    return str(text)
+
+
+def _encode(state: torch.Tensor) -> str:
+    return base64.b64encode(state.numpy().tobytes()).decode("ascii")
+
+
+def _decode(text: str) -> torch.Tensor:
+    return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8)

@@ -1,0 +1,142 @@
+"""What a resume needs to know about a run's data loaders, and what devrng says when it cannot be exact.
+
+A loader decides which samples each step sees and, through its workers, their
+augmentation. A run resumed with another batch size, number of workers or loader
+kind, on another number of processes, or from a position its loader cannot restore,
+sees other samples or other augmentation than the uninterrupted run, whatever the
+generators hold. devrng records each loader it knows of when a checkpoint is saved
+(``describe``), compares the record with the loader of the resumed run, and names
+every difference -- with the way to make the run exact -- in one ``DevRNGWarning``
+when the run resumes. The sentences live here, so the trainer
+integrations and ``TrainingRNG`` say the same thing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from devrng._errors import warn_and_log
+from devrng._workers import WorkerSeeding
+
+__all__ = ["describe", "differences", "is_stateful", "persistent_workers_problem", "position_problem",
+           "private_shuffle_problem", "warn_on_resume", "world_size_problem"]
+
+_PREFIX = "The resumed run will not be bitwise the same as the uninterrupted one: "
+
+
+def is_stateful(obj: Any) -> bool:
+    """Whether ``obj`` saves and restores its state (a StatefulDataLoader's: its position).
+
+    accelerate's prepared loaders have both methods whatever they wrap; they work only
+    when it wraps a StatefulDataLoader (``use_stateful_dataloader``).
+    """
+    return (callable(getattr(obj, "state_dict", None))
+            and callable(getattr(obj, "load_state_dict", None))
+            and getattr(obj, "use_stateful_dataloader", True) is not False)
+
+
+def describe(loader: Any) -> dict[str, Any]:
+    """A DataLoader (torch's, torchdata's or a trainer's subclass) as plain data.
+
+    Examples:
+        >>> from devrng._loaders import describe
+        >>> info = describe(torch.utils.data.DataLoader(range(8), batch_size=4))
+        >>> info["kind"], info["batch_size"], info["num_workers"]
+        ('DataLoader', 4, 0)
+    """
+    init = getattr(loader, "worker_init_fn", None)
+    seeding = init if isinstance(init, WorkerSeeding) else None
+    generator = getattr(loader, "generator", None)
+    sampler = getattr(loader, "sampler", None)
+    batch_size = getattr(loader, "batch_size", None)
+    if batch_size is None:  # a batch_sampler of its own (accelerate wraps the loader's so)
+        batch_size = getattr(getattr(loader, "batch_sampler", None), "batch_size", None)
+    own = getattr(sampler, "generator", None)
+    return {
+        "kind": type(loader).__name__,
+        "stateful": is_stateful(loader),
+        "num_workers": int(getattr(loader, "num_workers", 0) or 0),
+        "batch_size": batch_size if isinstance(batch_size, int) else None,
+        "persistent_workers": bool(getattr(loader, "persistent_workers", False))
+        and int(getattr(loader, "num_workers", 0) or 0) > 0,
+        "sampler": type(sampler).__name__,
+        # A sampler with a generator of its own that is not the loader's: torchdata's
+        # RandomSampler makes one, seeded from torch's global generator, when the loader
+        # is built without a generator.
+        "private_shuffle": own is not None and own is not generator,
+        "devrng_seeded": seeding is not None and generator is not None
+        and seeding.generator is generator,
+        "sample_rng": seeding is not None and seeding.sample_rng_used(),
+    }
+
+
+def differences(name: str, saved: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
+    """What changed in loader ``name`` since it was saved that changes the run, as sentences."""
+    problems = []
+    if saved.get("kind") != now["kind"]:
+        problems.append(f"{name} was a {saved.get('kind')} and is now a {now['kind']}, which "
+                        "resumes its position and shuffle differently; resume with a "
+                        f"{saved.get('kind')}")
+    if saved.get("batch_size") != now["batch_size"]:
+        problems.append(f"{name} had batch size {saved.get('batch_size')} and has "
+                        f"{now['batch_size']}, so every resumed step sees other samples; resume "
+                        f"with batch_size={saved.get('batch_size')}")
+    before, after = saved.get("num_workers"), now["num_workers"]
+    if before != after and not (before and after and saved.get("sample_rng")
+                                and saved.get("devrng_seeded") and now["devrng_seeded"]):
+        if not before or not after:
+            why = ("with num_workers=0 the samples draw from the main process's generators, "
+                   "with workers from each worker's own")
+            fix = f"resume with num_workers={before}"
+        else:
+            why = "each worker draws its samples' augmentation from a stream of its own"
+            fix = (f"resume with num_workers={before}, or build the loader with "
+                   "rng.dataloader_kwargs() and draw each sample's randomness inside "
+                   "devrng.sample_rng(index), which makes it independent of the workers")
+        problems.append(f"{name} had num_workers={before} and has {after}: {why}; {fix}")
+    return problems
+
+
+def position_problem(name: str, kind: str, where: str,
+                     restart: str = "the resumed epoch starts a new pass") -> str:
+    """A checkpoint written inside an epoch, resumed with a loader that cannot restore its place.
+
+    ``where``: where in the epoch, e.g. "after batch 5 of 12"; ``restart``: what the
+    trainer does instead.
+    """
+    return (f"the checkpoint was written inside an epoch ({where}), and {name} is a {kind}, "
+            f"which cannot restore its place in an epoch: {restart}, with a new shuffle and "
+            "new worker seeds; use torchdata's StatefulDataLoader where the trainer supports "
+            "it, or checkpoint at the ends of epochs")
+
+
+def private_shuffle_problem(name: str, how: str) -> str:
+    """torchdata's sampler shuffling from a generator of its own, seeded when the loader is built."""
+    return (f"{name} is a StatefulDataLoader without a generator, whose sampler shuffles with a "
+            "generator of its own seeded from torch's global generator when the loader is "
+            f"built; {how}, so it shuffles differently; build it with "
+            "**rng.dataloader_kwargs(), whose generator devrng saves and restores")
+
+
+def persistent_workers_problem(name: str, fix: str) -> str:
+    """Workers that outlive an epoch in the uninterrupted run and start afresh in the resumed one."""
+    return (f"{name} keeps its workers from epoch to epoch (persistent_workers=True): in the "
+            "uninterrupted run they go on with the seeds of the epoch that started them, "
+            "while the resumed run starts new workers with a new base seed, so the samples' "
+            f"augmentation differs; {fix}")
+
+
+def world_size_problem(saved: int, now: int) -> str:
+    """Another number of processes: other data per rank, other streams."""
+    return (f"the checkpoint was written by a run of {saved} process(es) and this run has "
+            f"{now}: the data is split among the processes differently (a DistributedSampler "
+            "shards it by their number), so each process sees other samples; resume on "
+            f"{saved} process(es)")
+
+
+def warn_on_resume(problems: Iterable[str], *, stacklevel: int = 1) -> None:
+    """One ``DevRNGWarning`` (also logged on ``"devrng"``) naming every problem; none if empty."""
+    found = list(dict.fromkeys(problems))  # the same sentence once, in order
+    if found:
+        warn_and_log(_PREFIX + "; ".join(found) + ".", stacklevel=stacklevel + 1)

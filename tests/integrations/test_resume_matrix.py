@@ -1,0 +1,196 @@
+"""The resume matrix (API.md §10, "never silent"): every configuration resumes bitwise, or warns.
+
+Each cell resumes, in a new process, from a checkpoint of the uninterrupted run A of its
+configuration (run B), and either every resumed step's loss, every later validation loss,
+the step count and the final weights equal A's bitwise and nothing warned (**exact**), or
+B warned with a ``DevRNGWarning`` -- also logged on the ``"devrng"`` logger -- whose text
+names the cause, and indeed differs (**warned**). Each exact cell has a control: the same
+program with the trainer's own seeding and without devrng, which does not resume exactly
+(**differs**), or, where the trainer alone already does, says so (**exact alone**).
+
+Every run is a process of its own, forked from one that has only imported the trainer
+(tests/integrations/_runs.py); per trainer, one program runs the A runs, one the
+resumes. docs/resume.md's table is this one.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.integrations._runs import Result, run, target
+
+pytestmark = pytest.mark.slow
+HAS_XLA = importlib.util.find_spec("torch_xla") is not None
+PROGRAMS = {"lightning": "tests.integrations._lightning_run",
+            "accelerate": "tests.integrations._accelerate_run",
+            "transformers": "tests.integrations._transformers_run"}
+
+
+@dataclass(frozen=True)
+class Cell:
+    trainer: str
+    name: str  # the configuration, in the program's CONFIGS
+    checkpoint: str  # under the configuration's ck/, or "first.ckpt" (a first part's)
+    expect: str  # "exact", "differs", "exact alone" or "warned"
+    match: str = ""  # what the warning says (a regular expression)
+    changes: dict[str, int] = field(default_factory=dict)  # at resume
+    lost: int = 0  # steps the trainer drops on resume (Lightning's, on an epoch's last batch)
+
+    @property
+    def tag(self) -> str:
+        return "B-" + self.checkpoint + "".join(f"-{k}{v}" for k, v in self.changes.items())
+
+    def __str__(self) -> str:
+        return f"{self.trainer}-{self.name}-{self.tag[2:]}-{self.expect.replace(' ', '-')}"
+
+
+L, A, H = "lightning", "accelerate", "transformers"
+CELLS = [
+    # -- Lightning 2.6.6 (48 samples, batch 4, 2 workers, 2 epochs of 12 steps; see
+    # _lightning_run). "stateful": StatefulDataLoader for training and validation with
+    # callback.rng.dataloader_kwargs(), samples in sample_rng; "*-plain": seed_everything.
+    Cell(L, "stateful", "epoch=0.ckpt", "exact"),  # ModelCheckpoint's default cadence
+    Cell(L, "stateful-plain", "epoch=0.ckpt", "differs"),
+    Cell(L, "stateful", "step=6.ckpt", "exact"),  # the middle of epoch 0
+    Cell(L, "stateful-plain", "step=6.ckpt", "differs"),
+    Cell(L, "stateful", "first.ckpt", "exact"),  # trainer.save_checkpoint after fit
+    Cell(L, "stateful-plain", "first.ckpt", "differs"),
+    Cell(L, "stateful", "epoch=0.ckpt", "exact", changes={"workers": 3}),  # sample_rng
+    Cell(L, "stateful", "epoch=0.ckpt", "warned", r"the training loader had batch size 4 and "
+         r"has 6", changes={"batch": 6}),
+    # every_n_train_steps=6 lands on epoch 0's last batch: Lightning resumes in epoch 1 at
+    # the loader's end-of-epoch position and drops 12 steps, devrng or not (the control)
+    Cell(L, "stateful", "step=12.ckpt", "warned", r"the run ends 12 steps early \(Lightning's "
+         r"behaviour", lost=12),
+    Cell(L, "stateful-plain", "step=12.ckpt", "differs", lost=12),
+    # the issue's failure: torchdata's loaders without devrng's generator
+    Cell(L, "stateful-nokwargs", "epoch=0.ckpt", "warned", r"the training loader is a "
+         r"StatefulDataLoader without a generator.*the validation loader is a StatefulDataLoader"),
+    # a torch DataLoader without devrng's kwargs (Lightning seeds its workers)
+    Cell(L, "dataloader", "epoch=0.ckpt", "exact"),
+    Cell(L, "dataloader-plain", "epoch=0.ckpt", "differs"),
+    Cell(L, "dataloader", "step=6.ckpt", "warned", r"inside an epoch \(after batch 6 of 12\), "
+         r"and the training loader is a DataLoader, which cannot restore its place"),
+    Cell(L, "dataloader", "step=12.ckpt", "warned", r"after the last batch of an epoch, before "
+         r"its validation"),
+    Cell(L, "dataloader", "epoch=0.ckpt", "warned", r"the training loader had num_workers=2 and "
+         r"has 3", changes={"workers": 3}),
+    # persistent_workers=True: the callback gives kept workers each epoch's seed
+    Cell(L, "persistent", "epoch=0.ckpt", "exact"),
+    Cell(L, "persistent-plain", "epoch=0.ckpt", "differs"),
+    Cell(L, "persistent-nosample", "epoch=0.ckpt", "warned", r"keeps its workers from epoch to "
+         r"epoch.*draw each sample's randomness inside devrng.sample_rng"),
+    Cell(L, "persistent-stateful", "epoch=0.ckpt", "warned", r"keeps its workers from epoch to "
+         r"epoch.*set persistent_workers=False, or use a torch DataLoader"),
+    # accumulate_grad_batches=2, num_workers=0 (6 optimizer steps an epoch)
+    Cell(L, "accumulate", "epoch=0.ckpt", "exact"),
+    Cell(L, "accumulate-plain", "epoch=0.ckpt", "differs"),
+    # -- accelerate 1.15 (the accelerate page's loop; see _accelerate_run)
+    Cell(A, "devrng", "epoch1", "exact"),  # saved after epoch 0's loop
+    # accelerate's own state, not register(): the loader's own generator is not saved
+    Cell(A, "unregistered", "epoch1", "differs"),
+    Cell(A, "devrng", "epoch1", "exact", changes={"workers": 3}),  # sample_rng
+    Cell(A, "devrng", "epoch1", "warned", r"the loader 'loader' had batch size 4 and has 6",
+         changes={"batch": 6}),
+    Cell(A, "devrng", "step6", "warned", r"inside an epoch \(in its loop over the loader\).*"
+         r"skip_first_batches starts the epoch again"),
+    Cell(A, "stateful", "epoch1", "warned", r"use_stateful_dataloader=True, which in accelerate"),
+    Cell(A, "persistent", "epoch1", "warned", r"the loader 'loader' keeps its workers from "
+         r"epoch to epoch"),
+    # -- HF Trainer, transformers 5.23 (save_steps=6; see _transformers_run)
+    Cell(H, "devrng", "checkpoint-18", "exact"),  # the middle of epoch 1
+    Cell(H, "plain", "checkpoint-18", "differs"),
+    Cell(H, "devrng", "checkpoint-12", "exact"),  # the end of epoch 0
+    Cell(H, "plain", "checkpoint-12", "exact alone"),  # rng_state.pth suffices there
+    Cell(H, "workers0", "checkpoint-18", "warned", r"with dataloader_num_workers=0 their "
+         r"augmentation"),
+    Cell(H, "nosample", "checkpoint-18", "warned", r"skips the epoch's first batches without "
+         r"loading them"),
+    Cell(H, "persistent", "checkpoint-12", "warned", r"keeps its workers from epoch to epoch"),
+]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """trainer -> its output folder, every cell's run done (made once per trainer, on use)."""
+    done: dict[str, Path] = {}
+
+    def get(trainer: str) -> Path:
+        if trainer not in done:
+            done[trainer] = _run_trainer(trainer, tmp_path_factory.mktemp(trainer))
+        return done[trainer]
+
+    return get
+
+
+def _run_trainer(trainer: str, out: Path) -> Path:
+    required = {L: ("lightning", "torchdata"), A: ("accelerate",), H: ("transformers",)}[trainer]
+    for package in required:
+        pytest.importorskip(package)
+    if HAS_XLA and trainer != L:  # accelerate moves to XLA even with cpu=True, and fails there
+        pytest.skip(f"{trainer} picks XLA where torch_xla is installed (integrations env runs "
+                    "these)")
+    cells = [c for c in CELLS if c.trainer == trainer]
+    names = list(dict.fromkeys(c.name for c in cells))
+    firsts = list(dict.fromkeys(c.name for c in cells if c.checkpoint == "first.ckpt"))
+    run(PROGRAMS[trainer], out, [{"mode": "A", "name": n} for n in names]
+        + [{"mode": "first", "name": n} for n in firsts])
+    run(PROGRAMS[trainer], out, [
+        {"mode": "B", "name": c.name, "tag": c.tag, "changes": c.changes,
+         "checkpoint": str(out / c.name / (c.checkpoint if c.checkpoint == "first.ckpt"
+                                           else Path("ck") / c.checkpoint))}
+        for c in cells])
+    return out
+
+
+def is_exact(whole: Result, resumed: Result) -> bool:
+    n, v = len(resumed.losses), len(resumed.val)
+    return (resumed.losses == whole.losses[len(whole.losses) - n:]
+            and resumed.val == whole.val[len(whole.val) - v:]
+            and resumed.steps == whole.steps and resumed.weights == whole.weights)
+
+
+@pytest.mark.parametrize("cell", CELLS, ids=str)
+def test_cell(runs: Any, cell: Cell) -> None:
+    out = runs(cell.trainer)
+    whole = Result.read(out / cell.name / "A.json")
+    resumed = Result.read(target(out, {"mode": "B", "name": cell.name, "tag": cell.tag}))
+    if cell.lost:  # the trainer's own drop (here: all that was left of a 2-epoch run)
+        assert resumed.steps == whole.steps - cell.lost
+    else:
+        assert resumed.losses, "the resumed run trained no step"
+    if cell.expect in ("exact", "exact alone"):
+        assert is_exact(whole, resumed), (whole, resumed)
+        assert resumed.warnings == [] and resumed.logged == []
+    elif cell.expect == "differs":  # a control: the same resume without devrng
+        assert not is_exact(whole, resumed)
+    else:  # warned when it resumed, on the logger too, and rightly
+        assert any(re.search(cell.match, w) for w in resumed.warnings), resumed.warnings
+        assert any(re.search(cell.match, m) for m in resumed.logged), resumed.logged
+        assert not is_exact(whole, resumed), "warned, but the resumed run is exact"
+
+
+@pytest.mark.parametrize("name", ["stateful", "stateful-plain"])
+def test_lightning_first_parts_equal_the_whole_runs_first_epoch(runs: Any, name: str) -> None:
+    """The first part (one epoch, trainer.save_checkpoint; a process of its own) equals A's
+    first epoch from the first step: seeding through the callback alone -- or through
+    seed_everything -- happens before the model is built."""
+    out = runs(L)
+    first, whole = Result.read(out / name / "first.json"), Result.read(out / name / "A.json")
+    assert len(first.losses) == 12 and first.losses == whole.losses[:12]
+
+
+def test_the_matrix_covers_each_trainer_both_ways() -> None:
+    """Every trainer has exact cells with controls, and warned cells."""
+    for trainer in (L, A, H):
+        expects = {c.expect for c in CELLS if c.trainer == trainer}
+        assert {"exact", "differs", "warned"} <= expects, trainer
+    exact = {(c.trainer, c.checkpoint) for c in CELLS if c.expect == "exact" and not c.changes}
+    controlled = {(c.trainer, c.checkpoint) for c in CELLS if c.expect in ("differs",
+                                                                            "exact alone")}
+    assert exact <= controlled  # each exact cell's resume point has a control
