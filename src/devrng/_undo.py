@@ -83,8 +83,12 @@ class Undo:
         """An undo stack holding the CPU generator, every device of ``plan`` and, when asked
         for, Python's and NumPy's generators, as they are now (what a fork saves)."""
         undo = cls(what)
-        undo.save_host(python=python, numpy=numpy)
         steps = undo._steps
+        steps.append(("cpu", _host.set_cpu_state, (_host.get_cpu_state(),)))
+        if python:
+            undo.save_python()
+        if numpy:
+            undo.save_numpy()
         for backend, indices in plan:
             setter, getter = backend.set_rng_state, backend.get_rng_state
             for index in indices:
@@ -131,14 +135,15 @@ class Undo:
         for what, setter, args in reversed(self._steps):
             try:
                 setter(*args)
-            except Exception as err:  # the others are put back all the same
+            except BaseException as err:  # the others are put back all the same
+                if not isinstance(err, Exception):  # an interrupt: this entry once more
+                    interrupt = interrupt or err
+                    try:
+                        setter(*args)
+                        continue
+                    except BaseException as again:
+                        err = again
                 failed.append((_label(what, args), err))
-            except BaseException as err:  # an interrupt: this entry again, then the others
-                interrupt = interrupt or err
-                try:
-                    setter(*args)
-                except BaseException as again:
-                    failed.append((_label(what, args), again))
         return failed, interrupt
 
     def run(self, pending: BaseException | None = None) -> None:
