@@ -63,3 +63,45 @@ def devrng_warning() -> type[Warning]:
     import devrng
 
     return devrng.DevRNGWarning
+
+
+@pytest.mark.parametrize("empty", [{}, None])
+def test_an_empty_entry_is_refused_unless_lenient(empty: object) -> None:
+    with pytest.raises(devrng_error(), match=rf"DevRNGCallback: the checkpoint the run resumes "
+                                             rf"from holds no devrng RNG state \(its "
+                                             rf"DevRNGCallback entry is {empty!r}\)"):
+        DevRNGCallback(5).load_state_dict(empty)  # type: ignore[arg-type]
+    with pytest.warns(devrng_warning(), match="holds no devrng RNG state"):
+        DevRNGCallback(5, strict=False).load_state_dict(empty)  # type: ignore[arg-type]
+
+
+class _Tiny(pl.LightningModule):  # type: ignore[misc]
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 1)
+
+    def training_step(self, batch: torch.Tensor, _index: int) -> torch.Tensor:
+        return self.layer(batch).pow(2).mean()
+
+    def train_dataloader(self) -> torch.utils.data.DataLoader:
+        return torch.utils.data.DataLoader(torch.randn(8, 2), batch_size=4)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_resuming_from_a_checkpoint_saved_without_the_callback_is_not_silent(tmp_path) -> None:
+    def trainer(epochs: int, *callbacks: object) -> pl.Trainer:
+        return pl.Trainer(max_epochs=epochs, callbacks=list(callbacks), logger=False,
+                          enable_checkpointing=False, enable_progress_bar=False,
+                          enable_model_summary=False, default_root_dir=tmp_path)
+
+    first = trainer(1)
+    first.fit(_Tiny())
+    path = tmp_path / "plain.ckpt"
+    first.save_checkpoint(path)
+    with pytest.raises(devrng_error(), match=r"holds no devrng RNG state \(it has no "
+                                             r"DevRNGCallback entry\)"):
+        trainer(2, DevRNGCallback(5)).fit(_Tiny(), ckpt_path=path)
+    with pytest.warns(devrng_warning(), match=r"it has no DevRNGCallback entry"):
+        trainer(2, DevRNGCallback(5, strict=False)).fit(_Tiny(), ckpt_path=path)

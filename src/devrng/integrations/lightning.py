@@ -24,7 +24,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
-from devrng._errors import check_flags
+from devrng._errors import DevRNGError, check_flags
 from devrng._loaders import (
     describe,
     differences,
@@ -117,7 +117,8 @@ class DevRNGCallback(pl.Callback):
         self._ended = self.state_dict()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        if not state_dict:  # saved before the callback had a state: nothing to put back
+        if not state_dict:
+            self._no_state(f"its DevRNGCallback entry is {state_dict!r}")
             return
         self._per_rank().load_state_dict(state_dict)
         self._ended = None
@@ -128,6 +129,17 @@ class DevRNGCallback(pl.Callback):
 
     def _per_rank(self) -> PerRankState:
         return PerRankState(self.rng, strict=self.strict, owner="DevRNGCallback")
+
+    def _no_state(self, why: str) -> None:
+        """The run resumes from a checkpoint that holds no devrng state: refuse (strict), or
+        say that it will not be exact."""
+        problem = (f"DevRNGCallback: the checkpoint the run resumes from holds no devrng RNG "
+                   f"state ({why}); it was saved without DevRNGCallback, so the resumed run "
+                   "cannot draw what the uninterrupted one drew")
+        if self.strict:
+            raise DevRNGError(problem + ". Resume from a checkpoint saved with the callback, "
+                              "or pass DevRNGCallback(strict=False) to go on with a warning.")
+        warn_on_resume([problem], stacklevel=3)
 
     def _loaders(self) -> dict[str, list[Any]]:
         trainer = self._trainer
@@ -146,6 +158,8 @@ class DevRNGCallback(pl.Callback):
         # restart in the middle of an epoch has no on_train_epoch_start for it.
         self._iterated = {id(loader) for loader in loaders["training"]} if mid_epoch else set()
         if resumed is None:
+            if getattr(trainer, "ckpt_path", None):  # resumed, and Lightning had nothing for us
+                self._no_state("it has no DevRNGCallback entry")
             return
         stateful = bool(loaders["training"]) and all(describe(loader)["stateful"]
                                                      for loader in loaders["training"])
