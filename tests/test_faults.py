@@ -707,14 +707,18 @@ def test_streams_refuse_a_zero_cpu_state_and_junk_device_states(faulty: FaultyBa
         assert target.names == ()
 
 
-def test_training_rng_refuses_names_and_states_that_would_go_wrong_later() -> None:
+def test_training_rng_refuses_names_kept_for_its_own_generators() -> None:
     rng = devrng.TrainingRNG(seed=3)
     with pytest.raises(ValueError, match=r"the name 'dataloader1' is kept for the generators "
                                          r"dataloader_kwargs\(\) makes"):
         rng.track("dataloader1", torch.Generator())
-    from torchdata.stateful_dataloader import StatefulDataLoader
 
-    loader = rng.track("loader", StatefulDataLoader(range(8), batch_size=2, shuffle=True))
+
+def test_training_rng_refuses_an_empty_loader_state_that_would_start_the_epoch_over() -> None:
+    stateful = pytest.importorskip("torchdata.stateful_dataloader")  # in the core environment
+    rng = devrng.TrainingRNG(seed=3)
+    loader = rng.track("loader", stateful.StatefulDataLoader(range(8), batch_size=2,
+                                                             shuffle=True))
     next(iter(loader))
     saved = rng.state_dict()
     for empty in ({}, None):

@@ -284,7 +284,7 @@ def test_an_empty_device_type_list_means_no_device_type(simulate_device: Any) ->
     """device_type=[] names no device type: only the CPU is covered, not the accelerator."""
     cuda = simulate_device("cuda", count=1, accelerator=True)
     assert devrng.get_rng_state(device_type=[]).devices == {}
-    assert set(devrng.get_rng_state().devices) == {"cuda"}  # the default: the accelerator
+    assert "cuda" in devrng.get_rng_state().devices  # the default covers the accelerator
     before = cuda.generators[0].get_state()
     with fork_rng(device_type=[]):
         cuda.draw(0)

@@ -74,7 +74,7 @@ def test_xpu_is_reported_unavailable_without_a_device() -> None:
 
 
 def test_naming_an_xpu_device_is_a_clear_error_not_an_ipex_assertion() -> None:
-    with pytest.raises(ValueError, match="xpu:0 does not exist: this process has no xpu device"):
+    with pytest.raises(ValueError, match="does not exist: this process has no xpu device"):
         devrng.get_rng_state(devices=["xpu:0"])
     with pytest.raises(ValueError, match="no xpu device"), devrng.fork_rng(devices=["xpu:0"]):
         pass

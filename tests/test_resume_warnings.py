@@ -166,6 +166,24 @@ def test_track_takes_a_plain_dataloader_and_refuses_other_objects() -> None:
         rng.track("other", [1, 2])
 
 
+@pytest.mark.xla
+def test_an_xla_device_loader_is_tracked_by_the_loader_it_feeds_from(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """torch_xla's MpDeviceLoader (accelerate's prepare returns one on XLA) has no state of its
+    own: track() returns it and records its DataLoader, so a changed batch size still warns."""
+    pytest.importorskip("torch_xla")
+    from torch_xla.distributed.parallel_loader import MpDeviceLoader
+
+    rng = devrng.TrainingRNG(seed=0)
+    inner = DataLoader(range(8), batch_size=4, shuffle=True, **rng.dataloader_kwargs())
+    device_loader = MpDeviceLoader(inner, "xla:0")
+    assert rng.track("loader", device_loader) is device_loader
+    assert rng.state_dict()["loaders"]["loader"]["batch_size"] == 4
+    [message] = resumed(device_loader, MpDeviceLoader(DataLoader(range(8), batch_size=2),
+                                                      "xla:0"), caplog)
+    assert "the loader 'loader' had batch size 4 and has 2" in message
+
+
 def test_a_stateful_loader_without_a_generator_has_a_private_shuffle() -> None:
     stateful = pytest.importorskip("torchdata.stateful_dataloader")
     own = stateful.StatefulDataLoader(range(8), shuffle=True)

@@ -13,16 +13,31 @@ integrations and ``TrainingRNG`` say the same thing.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from devrng._errors import warn_and_log
 from devrng._workers import WorkerSeeding
 
-__all__ = ["describe", "differences", "is_stateful", "persistent_workers_problem", "position_problem",
+__all__ = ["describe", "differences", "feeding_loader", "is_stateful", "persistent_workers_problem", "position_problem",
            "private_shuffle_problem", "warn_on_resume", "world_size_problem"]
 
 _PREFIX = "The resumed run will not be bitwise the same as the uninterrupted one: "
+
+
+def feeding_loader(obj: Any) -> Any:
+    """The DataLoader a device loader feeds from (``obj`` itself for anything else).
+
+    torch_xla's ``MpDeviceLoader`` -- and accelerate's wrapper of it, which
+    ``Accelerator.prepare`` returns on XLA -- moves the batches of a DataLoader it
+    keeps to the device; the samples, workers and position are that DataLoader's.
+    """
+    module = sys.modules.get("torch_xla.distributed.parallel_loader")
+    device_loader = getattr(module, "MpDeviceLoader", None)
+    if device_loader is not None and isinstance(obj, device_loader):
+        return obj._loader
+    return obj
 
 
 def is_stateful(obj: Any) -> bool:

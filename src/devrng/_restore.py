@@ -16,7 +16,7 @@ from devrng._errors import DevRNGError
 from devrng._plain import describe, signature
 from devrng._registry import device_count, get_backend
 from devrng._seeds import MASK64
-from devrng._state import RNGState
+from devrng._state import RNGState, check_host
 from devrng._undo import DeviceState, Undo
 
 __all__ = ["Restore", "prepare_restore", "set_rng_state"]
@@ -87,7 +87,7 @@ def prepare_restore(state: RNGState) -> Restore:
     Callers that restore more than one thing (``TrainingRNG``) check every
     part before applying any.
     """
-    _check_host(state)
+    check_host(state)
     targets: list[DeviceState] = []
     for name, per in state.devices.items():
         try:
@@ -126,22 +126,3 @@ def _check_device_state(name: str, index: int, saved: Any, read: Any, whose: str
         )
     if type(saved) is int and not 0 <= saved <= MASK64:
         raise DevRNGError(f"The {whose}'s {name}:{index} state is {saved}, outside [0, 2**64).")
-
-
-def _check_host(state: RNGState) -> None:
-    """The CPU, Python and NumPy parts of a snapshot, checked as fully as from_dict checks them."""
-    try:
-        _host.check_cpu_state(state.cpu)
-    except ValueError as err:
-        raise DevRNGError(f"The snapshot's {str(err).removeprefix('its ')}.") from None
-    checks = (("Python", "random.setstate accepts", _host.check_python_state, state.python),
-              ("NumPy", "NumPy's global generator can take", _host.check_numpy_state,
-               state.numpy))
-    for label, accepts, check, part in checks:
-        if part is not None:
-            try:
-                check(part)
-            except ValueError as err:
-                raise DevRNGError(
-                    f"The snapshot's {label} state is not one that {accepts}: {err}."
-                ) from None

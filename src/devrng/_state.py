@@ -20,7 +20,7 @@ from devrng._plain import check_loaded, check_plain, describe, feed
 from devrng._plan import make_plan
 from devrng._undo import DeviceState, read_devices
 
-__all__ = ["RNGState", "get_rng_state", "parse_state", "snapshot"]
+__all__ = ["RNGState", "check_host", "get_rng_state", "parse_state", "snapshot", "with_devices"]
 
 _FORMAT = "devrng.RNGState"
 _VERSION = 1
@@ -48,7 +48,7 @@ class RNGState:
         True
     """
 
-    __slots__ = ("_cpu", "_devices", "_numpy", "_python")
+    __slots__ = ("_cpu", "_devices", "_host_checked", "_numpy", "_python")
     _cpu: torch.Tensor
     _devices: Mapping[str, Mapping[int, Any]]
     _python: Any
@@ -62,6 +62,7 @@ class RNGState:
             {t: MappingProxyType(dict(per)) for t, per in devices.items()}) if devices else _NO_DEVICES
         self._python = python
         self._numpy = numpy
+        self._host_checked = False  # set by whatever made it from live or checked states
 
     @property
     def cpu(self) -> torch.Tensor:
@@ -289,12 +290,14 @@ def snapshot(devices: Iterable[DeviceState], *, python: bool, numpy: bool) -> RN
     per_type: dict[str, dict[int, Any]] = {}
     for backend, index, state in devices:
         per_type.setdefault(backend.name, {})[index] = state
-    return RNGState(
+    snap = RNGState(
         _host.get_cpu_state(),
         per_type,
         _host.get_python_state() if python else None,
         _host.get_numpy_state() if numpy else None,
     )
+    snap._host_checked = True  # this process's own generators: nothing to check
+    return snap
 
 
 def parse_state(cpu: Any, devices: Any, python: Any = None, numpy: Any = None) -> RNGState:
@@ -318,8 +321,43 @@ def parse_state(cpu: Any, devices: Any, python: Any = None, numpy: Any = None) -
                 raise ValueError(f"it names the {name} device index {short_repr(index)}")
             check_loaded(state, f"its {name}:{index} state")
             parsed[name][index] = state
-    return RNGState(cpu, parsed, None if python is None else _python_from_plain(python),
-                    None if numpy is None else _numpy_from_plain(numpy))
+    state = RNGState(cpu, parsed, None if python is None else _python_from_plain(python),
+                     None if numpy is None else _numpy_from_plain(numpy))
+    state._host_checked = True  # each part was checked above
+    return state
+
+
+def with_devices(state: RNGState, devices: Mapping[str, Mapping[int, Any]], *,
+                 python: bool = True, numpy: bool = True) -> RNGState:
+    """``state`` with other device states (and without Python's or NumPy's when False);
+    what was checked of its host parts stays checked."""
+    new = RNGState(state.cpu, devices, state.python if python else None,
+                   state.numpy if numpy else None)
+    new._host_checked = state._host_checked
+    return new
+
+
+def check_host(state: RNGState) -> None:
+    """Raise ``DevRNGError`` unless the CPU, Python and NumPy parts of ``state`` would install
+    working generators (checked as fully as ``from_dict`` checks them; once per snapshot)."""
+    if state._host_checked:
+        return
+    try:
+        _host.check_cpu_state(state.cpu)
+    except ValueError as err:
+        raise DevRNGError(f"The snapshot's {str(err).removeprefix('its ')}.") from None
+    checks = (("Python", "random.setstate accepts", _host.check_python_state, state.python),
+              ("NumPy", "NumPy's global generator can take", _host.check_numpy_state,
+               state.numpy))
+    for label, accepts, check, part in checks:
+        if part is not None:
+            try:
+                check(part)
+            except ValueError as err:
+                raise DevRNGError(
+                    f"The snapshot's {label} state is not one that {accepts}: {err}."
+                ) from None
+    state._host_checked = True
 
 
 def _not_torch_save(f: Any) -> str | None:

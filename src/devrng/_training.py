@@ -27,6 +27,7 @@ from devrng._errors import DevRNGError, check_flags, short_repr, warn_and_log
 from devrng._loaders import (
     describe,
     differences,
+    feeding_loader,
     is_stateful,
     persistent_workers_problem,
     warn_on_resume,
@@ -38,7 +39,7 @@ from devrng._registry import available_backends, device_count, get_backend, star
 from devrng._restore import Restore, prepare_restore
 from devrng._seeding import manual_seed
 from devrng._seeds import check_seed, nth_seed
-from devrng._state import RNGState, get_rng_state
+from devrng._state import RNGState, get_rng_state, with_devices
 from devrng._undo import Undo, read_devices, read_started
 from devrng._workers import dataloader_kwargs
 
@@ -178,7 +179,9 @@ class TrainingRNG:
                 resumed run must track the same names.
             obj: A ``torch.Generator``, a ``DataLoader``, or anything with
                 ``state_dict()`` and ``load_state_dict()``: a ``SeededFunction``,
-                ``RNGStreams``, torchdata's ``StatefulDataLoader``, ...
+                ``RNGStreams``, torchdata's ``StatefulDataLoader``, ... A
+                torch_xla ``MpDeviceLoader`` (what accelerate's ``prepare``
+                returns on XLA) is tracked by the DataLoader it feeds from.
 
         Returns:
             ``obj``, so that ``step = rng.track("step", seeded_jit(...))`` reads
@@ -205,13 +208,14 @@ class TrainingRNG:
         if name in self._tracked or name in self._generators or name in self._loaders:
             raise ValueError(f"TrainingRNG already tracks an object named {name!r}; choose "
                              "another name.")
+        given, obj = obj, feeding_loader(obj)
         plain_generator = isinstance(obj, torch.Generator)
         loader = isinstance(obj, torch.utils.data.DataLoader)
         stateful = is_stateful(obj)
         if not plain_generator and not loader and not stateful:
             raise TypeError(
-                f"TrainingRNG.track({name!r}, ...) got {short_repr(obj)} (of type "
-                f"{type(obj).__name__}), which has no state_dict() and load_state_dict(); pass a "
+                f"TrainingRNG.track({name!r}, ...) got {short_repr(given)} (of type "
+                f"{type(given).__name__}), which has no state_dict() and load_state_dict(); pass a "
                 "torch.Generator, a DataLoader, a SeededFunction, an RNGStreams or another "
                 "object with both methods."
             )
@@ -221,7 +225,7 @@ class TrainingRNG:
             self._tracked[name] = obj
         if loader:
             self._loaders[name] = obj
-        return obj
+        return given
 
     # -- state ------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -459,7 +463,7 @@ class _Loading:
                 raise self.fail(f"this process uses {name} devices, and the state holds none")
             self.reseed_types.append(name)
             self.skipped.append(f"{name} devices (none saved: seeded from the seed and this rank)")
-        return RNGState(state.cpu, kept, state.python, state.numpy)
+        return with_devices(state, kept)
 
     # -- apply ----------------------------------------------------------------------
     def apply(self, undo: Undo) -> None:
@@ -478,23 +482,29 @@ class _Loading:
             if name in data["generators"]:
                 undo.push(f"the generator {name!r}", g.set_state, g.get_state())
                 g.set_state(data["generators"][name])
-        rank = process_rank()
-        if self.restore is None:
-            # Another rank's streams must not be shared: derive this rank's own.
-            undo.save_devices(read_started())
-            undo.save_host(python=True, numpy=True)
-            manual_seed(nth_seed(self.seed, rank))
-        else:
-            if self.reseed_types:
-                backends = [get_backend(t) for t in self.reseed_types]
-                undo.save_devices(read_devices((b, range(device_count(b))) for b in backends))
-                manual_seed(nth_seed(self.seed, (1 << 33) + rank),
-                            device_type=self.reseed_types, python=False, numpy=False)
+        if self.restore is None or self.reseed_types:
+            self._reseed(undo)
+        if self.restore is not None:
             self.restore.apply(undo)
         undo.push("the seed", setattr, rng, "_seed", rng._seed)
         rng._seed = self.seed
         _push_env(undo, "DEVRNG_SEED")
         os.environ["DEVRNG_SEED"] = str(self.seed)
+
+    def _reseed(self, undo: Undo) -> None:
+        """Seed what the state cannot restore from the run's seed and this rank: everything
+        for another rank's state (ranks must never share a stream), else the devices it
+        lacks."""
+        rank = process_rank()
+        if self.restore is None:
+            undo.save_devices(read_started())
+            undo.save_host(python=True, numpy=True)
+            manual_seed(nth_seed(self.seed, rank))
+            return
+        backends = [get_backend(t) for t in self.reseed_types]
+        undo.save_devices(read_devices((b, range(device_count(b))) for b in backends))
+        manual_seed(nth_seed(self.seed, (1 << 33) + rank), device_type=self.reseed_types,
+                    python=False, numpy=False)
 
     def warn(self) -> None:
         if self.skipped:

@@ -34,7 +34,7 @@ from devrng._registry import current_index, get_backend
 from devrng._restore import set_rng_state
 from devrng._seeding import manual_seed
 from devrng._seeds import check_seed, nth_seed
-from devrng._state import RNGState, snapshot
+from devrng._state import RNGState, snapshot, with_devices
 from devrng._undo import read_devices
 
 if TYPE_CHECKING:
@@ -326,8 +326,7 @@ def broadcast_rng_state(src: int = 0, *, group: ProcessGroup | None = None, devi
     state = RNGState.from_dict(received, source=f"the RNG state broadcast by rank {src}")
     # Positions back to this rank's own device indices.
     local = {b.name: {idx[pos]: s for pos, s in state.devices[b.name].items()} for b, idx in plan}
-    set_rng_state(RNGState(state.cpu, local, state.python if python else None,
-                           state.numpy if numpy else None))
+    set_rng_state(with_devices(state, local, python=python, numpy=numpy))
 
 
 # -- check -----------------------------------------------------------------------
