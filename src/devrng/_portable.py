@@ -218,9 +218,11 @@ class PortableRNG(TorchFunctionMode):
         if refused is not None and refused.draws(args, kwargs):
             self._refuse(refused.name, refused.why)
             return func(*args, **kwargs)
-        if _redispatch is not None and inspect.isfunction(func):
-            # A Python-level torch function (nn.init's, F.*, Tensor.backward): run its
-            # body with this mode on, so random ops inside it are answered too.
+        if _redispatch is not None and inspect.isfunction(func) \
+                and not torch.compiler.is_compiling():
+            # A Python-level torch function (F.*, Tensor.backward, a library's own): run
+            # its body with this mode on, so random ops inside it are answered too. (Dynamo
+            # cannot trace this yet: compiled code relies on the tables.)
             with self:
                 return _redispatch(func, types, args, kwargs)
         return func(*args, **kwargs)
@@ -314,6 +316,8 @@ def _size(args: Args, kwargs: Kwargs, start: int = 0) -> tuple[int, ...]:
 
 def _device(value: Any) -> torch.device:
     if value is None:
+        if torch.compiler.is_compiling():  # dynamo cannot call get_default_device
+            return torch.empty(()).device
         return torch.get_default_device()
     return value if isinstance(value, torch.device) else torch.device(value)
 
@@ -942,6 +946,8 @@ def _sdpa_dropout(args: Args, kwargs: Kwargs) -> bool:
 
 
 def _mha_dropout(args: Args, kwargs: Kwargs) -> bool:
+    if _redispatch is not None and not torch.compiler.is_compiling():
+        return False  # its body runs inside portable, which answers its dropout
     return (float(_arg(args, kwargs, 10, "dropout_p", 0.0)) > 0.0
             and bool(_arg(args, kwargs, 13, "training", True)))
 
@@ -960,9 +966,7 @@ for _name in ("lstm", "gru", "rnn_relu", "rnn_tanh"):
 _UNCOVERED[F.scaled_dot_product_attention] = _Uncovered(
     "F.scaled_dot_product_attention with dropout_p > 0", _sdpa_dropout,
     " (its attention dropout runs inside the fused kernel)")
-if _redispatch is None:
-    # Older torch runs this function's body outside every mode (see _redispatch).
-    _UNCOVERED[F.multi_head_attention_forward] = _Uncovered(
-        "F.multi_head_attention_forward (nn.MultiheadAttention) with dropout", _mha_dropout,
-        f" on torch {torch.__version__.split('+')[0]} (torch >= 2.12 lets portable see the "
-        "dropout inside it)")
+# Its body runs outside every mode on older torch and in compiled code (see _redispatch).
+_UNCOVERED[F.multi_head_attention_forward] = _Uncovered(
+    "F.multi_head_attention_forward (nn.MultiheadAttention) with dropout", _mha_dropout,
+    " in compiled code or on torch < 2.12 (eager code on torch >= 2.12 is covered)")

@@ -40,6 +40,7 @@ __all__ = [
     "fold_in",
     "fold_in_tensor",
     "key_tensor",
+    "log32",
     "multinomial",
     "next_key",
     "normal",
@@ -326,9 +327,10 @@ def affine(x: torch.Tensor, scale: float | torch.Tensor, shift: float | torch.Te
     rounding), torch's eager kernels round twice: 1 ulp apart on a third of
     the values. A float32 product is exact in float64, so computing there
     and rounding once to ``dtype`` gives the fused result on every device
-    that has float64 (MPS has not: it keeps ``dtype``).
+    that has float64. MPS has none, and JAX (torchax) only with x64; XLA
+    fuses them anyway, so torchax keeps ``dtype``, as does MPS.
     """
-    if dtype == torch.float64 or x.device.type == "mps":
+    if dtype == torch.float64 or x.device.type in ("mps", "jax"):
         return x * scale + shift
     return (x.to(torch.float64) * scale + shift).to(dtype)
 
@@ -360,12 +362,37 @@ def _horner(coefficients: Sequence[float], w: torch.Tensor) -> torch.Tensor:
     return p
 
 
+_LN2 = 0.6931471805599453
+_SQRT_HALF = 0.7071067690849304  # sqrt(1/2) rounded to float32
+
+
+def log32(t: torch.Tensor) -> torch.Tensor:
+    """Natural log of positive, normal float32 values from +, -, *, / only.
+
+    ``torch.log`` is each device's own library (MKL on the CPU in eager
+    code, Sleef in inductor's, XLA's own): their last bits differ, so eager
+    and compiled draws would too. Here ``t = m * 2**e`` is split exactly by
+    ``frexp``, m moved into [sqrt(1/2), sqrt(2)), and ``log(m) = 2 atanh(s)`` with
+    ``s = (m - 1) / (m + 1)`` is a short odd series: every step is an IEEE
+    operation with one correctly rounded result. About 1 ulp from the true log.
+    """
+    m, exponent = torch.frexp(t)  # exact: t = m * 2**exponent, m in [0.5, 1)
+    small = m < _SQRT_HALF
+    m = torch.where(small, m * 2.0, m)
+    exponent = exponent - small.to(exponent.dtype)
+    s = (m - 1.0) / (m + 1.0)
+    z = s * s
+    series = _horner((2.0 / 9, 2.0 / 7, 2.0 / 5, 2.0 / 3, 2.0), z)
+    return s * series + exponent.to(torch.float32) * _LN2
+
+
 def erfinv32(x: torch.Tensor) -> torch.Tensor:
     """erfinv in float32 from one log, one sqrt and two polynomials (Giles' single-precision
-    method), the same formula on every device: only ``log`` and ``sqrt``, and a compiler's
-    fused multiply-adds, can move the last bits. (``torch.erfinv`` is a different method
-    on each device: 87 ulp apart from XLA's near zero.)"""
-    w = -torch.log((1.0 - x) * (1.0 + x))
+    method), the same formula on every device: with ``log32`` and the correctly rounded
+    ``sqrt``, only a compiler's fused multiply-adds (XLA, Triton) move the last bits.
+    (``torch.erfinv`` is a different method on each device: 87 ulp apart from XLA's near
+    zero.)"""
+    w = -log32((1.0 - x) * (1.0 + x))
     central = _horner(_ERFINV_CENTRAL, w - 2.5)
     tail = _horner(_ERFINV_TAIL, torch.sqrt(w) - 3.0)
     return torch.where(w < 5.0, central, tail) * x
@@ -388,10 +415,15 @@ def normal(source: Source, shape: Sequence[int], dtype: torch.dtype) -> torch.Te
 
 def exponential(source: Source, shape: Sequence[int], dtype: torch.dtype,
                 lambd: float = 1.0) -> torch.Tensor:
-    """``jax.random.exponential`` (``-log1p(-u)``), divided by ``lambd``; ``log1p`` is the
-    device's own."""
-    e = -torch.log1p(-source.uniform(shape, dtype))
-    return e if lambd == 1.0 else e / lambd
+    """``jax.random.exponential``'s ``-log1p(-u)``, divided by ``lambd``: as ``-log32(1 - u)``
+    (``1 - u`` is exact for these u) in float32 math for float32 and narrower, the device's
+    ``torch.log1p`` for float64."""
+    if dtype == torch.float64:
+        e = -torch.log1p(-source.uniform(shape, dtype))
+    else:
+        e = -log32(1.0 - source.uniform(shape, torch.float32))
+    e = e if lambd == 1.0 else e / lambd
+    return e.to(dtype)
 
 
 def bernoulli_mask(source: Source, shape: Sequence[int], p: float | torch.Tensor
