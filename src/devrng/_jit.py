@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any, Generic, TypeVar, overload
 
@@ -48,6 +49,12 @@ def stream_seed(base_seed: int, counter: int) -> int:
         True
     """
     return nth_seed(base_seed, counter)
+
+
+def _active_portable() -> Any:
+    """The active ``devrng.portable`` stream, if portable is in use at all in this process."""
+    module = sys.modules.get("devrng._portable")
+    return None if module is None else module.active()
 
 
 def _load_runner_factory(backend: str) -> MakeRunner:
@@ -195,8 +202,12 @@ class SeededFunction(Generic[R]):
             self._backend = _auto_backend(args, kwargs)
             runner = self._runner = _load_runner_factory(self._backend)(
                 self._fn, self._compile_kwargs)
+        stream = _active_portable()
         try:
-            out: R = runner(value, args, kwargs)
+            if stream is None:
+                out: R = runner(value, args, kwargs)
+            else:  # the call draws from the portable stream of its seed
+                out = runner(value, args, kwargs, portable=stream.strict)
         except TypeError as err:
             _explain_positional_seed(self._signature, args, kwargs, err)
             raise

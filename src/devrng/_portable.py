@@ -38,7 +38,7 @@ from devrng._errors import DevRNGError, check_flags, short_repr
 from devrng._lazy import load
 from devrng._seeds import MASK64, check_seed
 
-__all__ = ["PortableRNG", "active", "portable"]
+__all__ = ["PortableRNG", "TracedStream", "active", "call_stream", "portable"]
 
 C = TypeVar("C", bound=Callable[..., Any])
 Args = tuple[Any, ...]
@@ -182,6 +182,10 @@ class PortableRNG(TorchFunctionMode):
             return f"PortableRNG(traced, strict={self.strict})"
         return f"PortableRNG(seed={seed}, counter={counter}, strict={self.strict})"
 
+    def __enter__(self) -> PortableRNG:
+        _teach_dynamo()
+        return super().__enter__()  # type: ignore[no-any-return]
+
     # -- use as a decorator --------------------------------------------------------------
     def __call__(self, fn: C) -> C:
         """``@devrng.portable(seed)``: every call of ``fn`` runs inside this stream."""
@@ -209,6 +213,8 @@ class PortableRNG(TorchFunctionMode):
     def __torch_function__(self, func: Callable[..., Any], types: Any, args: Args = (),
                            kwargs: Kwargs | None = None) -> Any:
         kwargs = kwargs or {}
+        if not _dynamo_taught[0] and not torch.compiler.is_compiling():
+            _teach_dynamo()  # torch.compile may have been called inside the block
         op = _OPS.get(func)
         if op is not None:
             if op.explicit_generator(args, kwargs):
@@ -283,6 +289,39 @@ def portable(seed: int | None = None, *, strict: bool = True) -> PortableRNG:
     else:
         seed = check_seed(seed, "portable's seed")
     return PortableRNG(seed & MASK64, strict)
+
+
+_dynamo_taught = [False]
+
+
+def _teach_dynamo() -> None:
+    """Have dynamo hand every function portable covers to torch function modes.
+
+    Dynamo sends a call to the modes only for functions on its own list of
+    overridable functions, which lacks ``torch.rand_like`` and ``torch.normal``
+    (and, before torch 2.10, every tensor factory): inside ``torch.compile``
+    those would draw from the native generator without a word. The list is a
+    cached set in dynamo; portable adds its functions to it once dynamo is
+    imported (never importing dynamo itself: that takes seconds).
+    """
+    module = sys.modules.get("torch._dynamo.variables.torch")
+    overridable = getattr(module, "get_overridable_functions", None)
+    if overridable is None:
+        return
+    overridable().update(_OPS)
+    _dynamo_taught[0] = True
+
+
+def call_stream(seed: int, strict: bool, key_device: torch.device | None = None
+                ) -> PortableRNG:
+    """A fresh stream for one call of a seeded_jit function: the draws of
+    ``with portable(seed): fn(...)``. With ``key_device`` the base key is a tensor there
+    (runtime data of an XLA graph built by dynamo), else host state."""
+    _teach_dynamo()
+    if key_device is None:
+        return PortableRNG(seed, strict)
+    stream = TracedStream(tf.key_tensor(tf.seed_key(seed), key_device))
+    return PortableRNG(seed, strict, stream=stream)
 
 
 def active() -> PortableRNG | None:

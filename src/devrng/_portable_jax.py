@@ -20,9 +20,10 @@ import torch
 from torchax import interop
 
 from devrng._errors import DevRNGError
+from devrng._portable import PortableRNG
 from devrng._threefry import HostKey, Source
 
-__all__ = ["JaxSource", "key_data"]
+__all__ = ["JaxSource", "JaxStream", "key_data", "traced_stream"]
 
 _JNP = {torch.float32: jnp.float32, torch.float16: jnp.float16, torch.bfloat16: jnp.bfloat16,
         torch.float64: jnp.float64}
@@ -82,3 +83,31 @@ class JaxSource(Source):
         # torchax lowers searchsorted for 1-D sequences only; count the sums at or below
         # each target instead (the same index: the sums never decrease).
         return (scan.unsqueeze(1) <= target.unsqueeze(-1)).sum(-1)
+
+
+class JaxStream:
+    """A stream inside one jitted call: the base key is the call's key data (a traced
+    argument), the counter a Python int the trace fixes (each call draws from 0)."""
+
+    def __init__(self, base_key_data: Any) -> None:
+        self.base = jax.random.wrap_key_data(base_key_data)
+        self.counter = 0
+
+    def get(self) -> tuple[int, int]:
+        raise DevRNGError("A traced portable stream has no host seed to read.")
+
+    def set(self, seed: int, counter: int) -> None:
+        raise DevRNGError("A traced portable stream cannot be loaded.")
+
+    def next_key(self, device: torch.device) -> Any:
+        if device.type != "jax":
+            raise DevRNGError(f"Inside seeded_jit(backend='torchax') portable draws on torchax "
+                              f"tensors; this op draws on {device}.")
+        key = jax.random.fold_in(self.base, self.counter)
+        self.counter += 1
+        return jax.random.key_data(key)
+
+
+def traced_stream(key_data: Any, strict: bool) -> PortableRNG:
+    """The portable stream of one jitted torchax call, from the call's key data."""
+    return PortableRNG(0, strict, stream=JaxStream(key_data))

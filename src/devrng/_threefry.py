@@ -23,6 +23,7 @@ adds in the same order).
 from __future__ import annotations
 
 import math
+import struct
 from collections.abc import Callable, Sequence
 
 import torch
@@ -257,7 +258,7 @@ class Source:
             out = _kernel_fill(self.key, tuple(shape), UNIFORM, self.counters)
             if out is not None:
                 return out
-        return _unit_from_bits32(self.bits(shape), 9, 0x3F800000, torch.float32)
+        return _scaled(shr(self.bits(shape), 9), 23, torch.float32)
 
     # The distributions, as methods so that JAX's own (devrng._portable_jax) can stand in.
     def uniform(self, shape: Sequence[int], dtype: torch.dtype, low: float = 0.0,
@@ -286,14 +287,16 @@ class Source:
 
 
 # -- distributions ----------------------------------------------------------------------
-# dtype -> (random bits kept, shift, the bits of 1.0): JAX draws at least 8 bits, so
-# bfloat16 (7 mantissa bits) keeps 8 and drops one.
-_UNIT16 = {torch.float16: (0xFFFF, 6, 0x3C00), torch.bfloat16: (0xFF, 1, 0x3F80)}
+# JAX sets the mantissa of 1.0 to the top random bits and subtracts 1: the result is
+# k * 2**-mantissa_bits for the integer k those bits make. That is computed here as an
+# exact integer-to-float conversion and scaling (no bit casts: torchax has none, and
+# XLA's dynamo bridge mishandles them). dtype -> (random bits kept, shift, mantissa bits):
+# JAX draws at least 8 bits, so bfloat16 (7 mantissa bits) keeps 8 and drops one.
+_UNIT16 = {torch.float16: (0xFFFF, 6, 10), torch.bfloat16: (0xFF, 1, 7)}
 
 
-def _unit_from_bits32(bits: torch.Tensor, shift: int, one: int, dtype: torch.dtype
-                      ) -> torch.Tensor:
-    return (shr(bits, shift) | one).view(dtype) - 1.0
+def _scaled(k: torch.Tensor, mantissa_bits: int, dtype: torch.dtype) -> torch.Tensor:
+    return k.to(dtype) * 2.0 ** -mantissa_bits
 
 
 def unit(source: Source, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
@@ -303,19 +306,30 @@ def unit(source: Source, shape: Sequence[int], dtype: torch.dtype) -> torch.Tens
     if dtype == torch.float64:
         hi, lo = source.words(shape)
         wide = (hi.to(torch.int64) << 32) | unsigned(lo)
-        return (shr(wide, 12) | 0x3FF0000000000000).view(torch.float64) - 1.0
+        return _scaled(shr(wide, 12), 52, dtype)
     if dtype in _UNIT16:
-        keep, shift, one = _UNIT16[dtype]
+        keep, shift, mantissa_bits = _UNIT16[dtype]
         low = source.bits(shape) & keep  # JAX keeps the low bits of x0 ^ x1
-        mantissa = (low >> shift) | one
-        return mantissa.to(torch.int16).view(dtype) - 1.0
+        return _scaled(low >> shift, mantissa_bits, dtype)
     raise TypeError(f"devrng.portable draws floats of float16, bfloat16, float32 or float64, "
                     f"not {dtype}.")
 
 
 def _scalar(value: float, dtype: torch.dtype) -> float:
-    """``value`` rounded to ``dtype`` (as JAX converts its bounds before any arithmetic)."""
-    return float(torch.tensor(value, dtype=dtype))
+    """``value`` rounded to ``dtype`` (as JAX converts its bounds before any arithmetic).
+
+    Plain Python, not a tensor op: dynamo traces it without a graph break.
+    """
+    if dtype == torch.float64:
+        return float(value)
+    if dtype == torch.bfloat16:  # the top half of float32, rounded to nearest even
+        bits = struct.unpack("<I", struct.pack("<f", value))[0]
+        bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
+        return float(struct.unpack("<f", struct.pack("<I", bits & M32))[0])
+    return float(struct.unpack(_PACK[dtype], struct.pack(_PACK[dtype], value))[0])
+
+
+_PACK = {torch.float32: "<f", torch.float16: "<e"}
 
 
 def affine(x: torch.Tensor, scale: float | torch.Tensor, shift: float | torch.Tensor,
@@ -342,7 +356,7 @@ def uniform(source: Source, shape: Sequence[int], dtype: torch.dtype, low: float
     if low == 0.0 and high == 1.0:
         return u  # u * 1 + 0, exactly
     lo = _scalar(low, dtype)
-    span = float(torch.tensor(high, dtype=dtype) - torch.tensor(lo, dtype=dtype))
+    span = _scalar(_scalar(high, dtype) - lo, dtype)  # exact in float64, then rounded
     return torch.clamp_min(affine(u, span, lo, dtype), lo)
 
 
@@ -407,7 +421,7 @@ def normal(source: Source, shape: Sequence[int], dtype: torch.dtype) -> torch.Te
         both = normal(source, (2, *shape), real) * _scalar(math.sqrt(0.5), real)
         return torch.complex(both[0], both[1])
     work = torch.float64 if dtype == torch.float64 else torch.float32
-    lo = float(torch.nextafter(torch.tensor(-1.0, dtype=work), torch.tensor(0.0, dtype=work)))
+    lo = -1.0 + torch.finfo(work).eps / 2  # nextafter(-1, 0): the next float towards 0
     u = source.uniform(shape, work, lo, 1.0)
     z = torch.erfinv(u) if work == torch.float64 else erfinv32(u)
     return (z * _scalar(math.sqrt(2.0), work)).to(dtype)
