@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from devrng._infer import infer_device_types
     from devrng._jit import SeededFunction, seeded_jit
     from devrng._patch import patch_torch, unpatch_torch
+    from devrng._portable import PortableRNG, portable
     from devrng._registry import Backend, available_backends, get_backend, register_backend
     from devrng._state import RNGState, get_rng_state, manual_seed, set_rng_state
     from devrng._streams import RNGStreams
@@ -38,6 +39,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "Backend": ("devrng._registry", "Backend"),
     "DeterministicHandle": ("devrng._determinism", "DeterministicHandle"),
     "DevRNGError": ("devrng._errors", "DevRNGError"),
+    "PortableRNG": ("devrng._portable", "PortableRNG"),
     "RNGState": ("devrng._state", "RNGState"),
     "RNGStreams": ("devrng._streams", "RNGStreams"),
     "SeededFunction": ("devrng._jit", "SeededFunction"),
@@ -51,6 +53,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "infer_device_types": ("devrng._infer", "infer_device_types"),
     "manual_seed": ("devrng._state", "manual_seed"),
     "patch_torch": ("devrng._patch", "patch_torch"),
+    "portable": ("devrng._portable", "portable"),
     "register_backend": ("devrng._registry", "register_backend"),
     "sample_rng": ("devrng._workers", "sample_rng"),
     "seed_worker": ("devrng._workers", "seed_worker"),
@@ -64,6 +67,7 @@ __all__ = [
     "Backend",
     "DeterministicHandle",
     "DevRNGError",
+    "PortableRNG",
     "RNGState",
     "RNGStreams",
     "SeededFunction",
@@ -77,6 +81,7 @@ __all__ = [
     "infer_device_types",
     "manual_seed",
     "patch_torch",
+    "portable",
     "register_backend",
     "sample_rng",
     "seed_worker",

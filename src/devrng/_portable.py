@@ -23,6 +23,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import inspect
+import itertools
 import math
 import sys
 import warnings
@@ -61,8 +62,10 @@ class _HostStream:
     """
 
     def __init__(self, seed: int, counter: int = 0) -> None:
-        self.state = torch.tensor([seed >> 32, seed & tf.M32, counter], dtype=torch.int64)
-        # The tensor is only ever changed in place, so its memory stays where it is.
+        # A real CPU tensor even inside FakeTensorMode or another dispatch mode: its memory
+        # is read below. It is only ever changed in place, so that memory stays put.
+        with torch._C._DisableTorchDispatch():
+            self.state = torch.tensor([seed >> 32, seed & tf.M32, counter], dtype=torch.int64)
         self._words = (ctypes.c_int64 * 3).from_address(self.state.data_ptr())
 
     def get(self) -> tuple[int, int]:
@@ -184,7 +187,7 @@ class PortableRNG(TorchFunctionMode):
 
     def __enter__(self) -> PortableRNG:
         _teach_dynamo()
-        return super().__enter__()  # type: ignore[no-any-return]
+        return super().__enter__()  # type: ignore[no-any-return,no-untyped-call]
 
     # -- use as a decorator --------------------------------------------------------------
     def __call__(self, fn: C) -> C:
@@ -279,7 +282,7 @@ def portable(seed: int | None = None, *, strict: bool = True) -> PortableRNG:
         True
         >>> with devrng.portable(seed=1):
         ...     torch.rand(3)   # jax.random.uniform(jax.random.fold_in(jax.random.key(1), 0), (3,))
-        tensor([0.9653, 0.3156, 0.6075])
+        tensor([0.7026, 0.2348, 0.8179])
     """
     check_flags(strict=strict)
     if seed is None:
@@ -579,9 +582,15 @@ def _normal_values(source: Any, shape: tuple[int, ...], dtype: torch.dtype, mean
     return tf.affine(z, std, mean, dtype)  # torch's z * std + mean, rounded once
 
 
+def _readable(t: torch.Tensor) -> bool:
+    """Whether checking ``t``'s values is free: on the CPU, and not inside a trace (where
+    a value check would be a graph break); other devices would have to wait for them."""
+    return t.device.type == "cpu" and not torch.compiler.is_compiling()
+
+
 def _check_std(std: Any) -> None:
     if isinstance(std, torch.Tensor):
-        if std.device.type == "cpu" and bool((std < 0).any()):
+        if _readable(std) and bool((std < 0).any()):
             raise DevRNGError("normal needs std >= 0 everywhere; the std tensor has negative "
                               "values.")
     elif not std >= 0.0:
@@ -611,8 +620,9 @@ def _normal(rng: PortableRNG, func: Any, args: Args, kwargs: Kwargs) -> torch.Te
         device = _device(kwargs.get("device") if out is None else out.device)
         values = _normal_values(rng.source(device), shape, dtype, float(mean), float(std))
         return _finish_factory(values, kwargs)
-    shape = torch.broadcast_shapes(*(t.shape for t in tensors))
-    dtype = _float_dtype(torch.result_type(mean, std), "normal")
+    shape = torch.broadcast_shapes(*(t.shape for t in tensors))  # type: ignore[no-untyped-call]
+    dtype = tensors[0].dtype if len(tensors) == 1 else torch.promote_types(mean.dtype, std.dtype)
+    dtype = _float_dtype(dtype, "normal")
     device = tensors[0].device
     values = _normal_values(rng.source(device), tuple(shape), dtype, mean, std)
     return _finish_factory(values, {"out": kwargs.get("out")})
@@ -627,9 +637,12 @@ def _exponential_(rng: PortableRNG, func: Any, args: Args, kwargs: Kwargs) -> to
     return _fill(rng, self, lambda s, shape: s.exponential(shape, dtype, lambd))
 
 
+_MANTISSA_BITS = {torch.float16: 11, torch.bfloat16: 8, torch.float32: 24, torch.float64: 53}
+
+
 def _random_(rng: PortableRNG, func: Any, args: Args, kwargs: Kwargs) -> torch.Tensor:
     self = args[0]
-    rest = [a for a in args[1:]]
+    rest = list(args[1:])
     low = kwargs.get("from", 0)
     high = kwargs.get("to")
     if len(rest) == 1:
@@ -638,7 +651,7 @@ def _random_(rng: PortableRNG, func: Any, args: Args, kwargs: Kwargs) -> torch.T
         low, high = rest
     if high is None:  # the dtype's whole range: torch's random_() without bounds
         if self.dtype.is_floating_point:
-            high = (1 << (torch.finfo(self.dtype).nmant + 1)) + 1
+            high = (1 << _MANTISSA_BITS[self.dtype]) + 1  # every integer the dtype holds exactly
         elif self.dtype == torch.bool:
             high = 2
         else:
@@ -655,7 +668,7 @@ def _bernoulli_values(source: Any, shape: tuple[int, ...], p: Any, dtype: torch.
 
 def _check_p(p: Any, name: str) -> None:
     if isinstance(p, torch.Tensor):
-        if p.device.type == "cpu" and p.numel() and bool(((p < 0) | (p > 1)).any()):
+        if _readable(p) and p.numel() and bool(((p < 0) | (p > 1)).any()):
             raise DevRNGError(f"{name} needs probabilities in [0, 1]; the tensor has values "
                               "outside.")
     elif not 0.0 <= p <= 1.0:
@@ -705,8 +718,7 @@ def _multinomial(rng: PortableRNG, func: Any, args: Args, kwargs: Kwargs) -> tor
     if num_samples <= 0 or (not replacement and num_samples > categories):
         raise DevRNGError(f"multinomial cannot draw num_samples={num_samples} from "
                           f"{categories} categories{' without replacement' * (not replacement)}.")
-    if weights.device.type == "cpu" and not torch.compiler.is_compiling():
-        # What torch checks on the CPU; other devices would have to wait for the values.
+    if _readable(weights):  # what torch checks on the CPU
         if not bool(torch.isfinite(weights).all()) or bool((weights < 0).any()):
             raise DevRNGError("multinomial needs finite, non-negative weights.")
         rows = weights.reshape(-1, categories)
@@ -867,7 +879,7 @@ def _init_kaiming_uniform_(rng: PortableRNG, func: Any, args: Args, kwargs: Kwar
 
 
 def _gumbel_softmax(rng: PortableRNG, func: Any, args: Args, kwargs: Kwargs) -> torch.Tensor:
-    logits = args[0] if args else kwargs["logits"]
+    logits: torch.Tensor = args[0] if args else kwargs["logits"]
     tau = float(_arg(args, kwargs, 1, "tau", 1.0))
     hard = bool(_arg(args, kwargs, 2, "hard", False))
     dim = int(_arg(args, kwargs, 4, "dim", -1))
@@ -977,7 +989,7 @@ class _Uncovered:
 
 def _rnn_dropout(args: Args, kwargs: Kwargs) -> bool:
     # lstm / gru / rnn_*: (..., dropout: float, train: bool, ...), positions differ by overload.
-    return any(type(a) is float and a > 0 and b is True for a, b in zip(args, args[1:]))
+    return any(type(a) is float and a > 0 and b is True for a, b in itertools.pairwise(args))
 
 
 def _sdpa_dropout(args: Args, kwargs: Kwargs) -> bool:

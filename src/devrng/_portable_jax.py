@@ -70,7 +70,7 @@ class JaxSource(Source):
 
     def randint(self, shape: Sequence[int], low: int, high: int,
                 dtype: torch.dtype) -> torch.Tensor:
-        if not (-(1 << 31) <= low and high <= (1 << 31) - 1):
+        if not (low >= -(1 << 31) and high <= (1 << 31) - 1):
             raise DevRNGError(f"On torchax devrng.portable draws integers within int32; "
                               f"[{low}, {high}) is wider.")
         values = jax.random.randint(self.jax_key, tuple(shape), low, high, jnp.int32)

@@ -113,7 +113,8 @@ def _signed(word: int) -> int:
 
 def key_tensor(key: HostKey, device: torch.device | str | None = None) -> torch.Tensor:
     """A key as an int32 tensor of two words on ``device`` (runtime data, not a constant)."""
-    return torch.tensor([_signed(key[0]), _signed(key[1])], dtype=torch.int32, device=device)
+    words = torch.tensor([_signed(key[0]), _signed(key[1])], dtype=torch.int32)
+    return words if device is None or torch.device(device).type == "cpu" else words.to(device)
 
 
 def unsigned(words: torch.Tensor) -> torch.Tensor:
@@ -459,7 +460,7 @@ def randint(source: Source, shape: Sequence[int], low: int, high: int,
     modulo the span (bias below span / 2**63).
     """
     span = high - low
-    if -(1 << 31) <= low and high <= 1 << 31 and span < 1 << 32:
+    if low >= -(1 << 31) and high <= 1 << 31 and span < 1 << 32:
         higher = unsigned(source.split(0).bits(shape))
         lower = unsigned(source.split(1).bits(shape))
         multiplier = ((1 << 16) % span) ** 2 % span

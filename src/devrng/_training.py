@@ -21,6 +21,7 @@ import torch
 
 from devrng._determinism import DeterministicHandle, deterministic
 from devrng._errors import DevRNGError, add_note, check_flags, short_repr
+from devrng._lazy import load
 from devrng._plain import check_plain
 from devrng._rank import process_rank, world_size
 from devrng._registry import available_backends, device_count, get_backend, is_initialized
@@ -35,6 +36,7 @@ _VERSION = 1
 _KEYS = frozenset({"format", "version", "seed", "rank", "world_size", "rng", "generators",
                    "tracked"})
 _SEED_VARIABLES = ("DEVRNG_SEED", "PL_GLOBAL_SEED")  # read in this order; DEVRNG_SEED is written
+_PORTABLE_STREAM = 1 << 34  # nth_seed index of the run's portable stream (loaders use 2**32 + i)
 _logger = logging.getLogger("devrng")
 _scratch = torch.Generator()  # generator states are tried here before any is set
 
@@ -138,6 +140,27 @@ class TrainingRNG:
         else:
             self._tracked[name] = obj
         return obj
+
+    def portable(self, *, strict: bool = True) -> Any:
+        """A [`portable`][devrng.portable] stream for the run, tracked as ``"portable"``.
+
+        Its seed comes from the run's seed (the same on every rank, as a
+        DTensor's shards need), and its counter is part of this object's
+        state: a resumed run continues the stream exactly, also on another
+        world size (``load_state_dict(..., strict=False)`` restores tracked
+        objects from any rank's state; every rank's stream is the same).
+
+        Examples:
+            >>> rng = devrng.TrainingRNG(seed=0)
+            >>> stream = rng.portable()
+            >>> with stream:
+            ...     mask = torch.nn.functional.dropout(torch.ones(4), 0.5)
+            >>> rng.state_dict()["tracked"]["portable"]["counter"]
+            1
+        """
+        make = load("devrng._portable:portable", what="TrainingRNG.portable")
+        return self.track("portable", make(nth_seed(self._seed, _PORTABLE_STREAM),
+                                           strict=strict))
 
     # -- state ------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
