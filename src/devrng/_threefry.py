@@ -456,14 +456,16 @@ def randint(source: Source, shape: Sequence[int], low: int, high: int,
 
     For bounds within int32 this is ``jax.random.randint(key, shape, low,
     high, int32)``: two 32-bit draws (keys ``split(key)``) combined modulo
-    the span, which keeps the bias below 2**-32. Wider spans take 63 bits
-    modulo the span (bias below span / 2**63).
+    the span (for spans above 2**16 JAX's uint32 arithmetic keeps only the
+    second: bias below span / 2**32). Wider spans take 63 bits modulo the
+    span (bias below span / 2**63).
     """
     span = high - low
     if low >= -(1 << 31) and high <= 1 << 31 and span < 1 << 32:
         higher = unsigned(source.split(0).bits(shape))
         lower = unsigned(source.split(1).bits(shape))
-        multiplier = ((1 << 16) % span) ** 2 % span
+        # JAX squares 2**16 % span in uint32: for spans above 2**16 that wraps to 0.
+        multiplier = ((((1 << 16) % span) ** 2) & M32) % span
         # (higher % span) * multiplier mod 2**32, split so that no product leaves int64.
         a = higher % span
         product = (a * (multiplier & 0xFFFF) + (((a * (multiplier >> 16)) & 0xFFFF) << 16)) & M32
