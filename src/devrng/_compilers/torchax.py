@@ -3,9 +3,10 @@
 torchax's own ``interop.jax_jit`` (0.0.13) reads the environment's key while
 tracing, so the key becomes a constant of the compiled program and every call
 draws the same numbers. Here the key data is an argument of the jitted
-function: inside the trace the environment's key is overridden with it, and
-the advanced key is returned next to the output. The caller's key is never
-touched, and a new seed is new data, not a new program.
+function: inside the trace the environment's key is overridden with it. The
+caller's key is never touched, and a new seed is new data, not a new program.
+Nothing else leaves the program: a returned key (the advanced one) is one
+more output to allocate and hand back on every call, for nobody.
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ class TorchaxRunner:
         self._compiles = 0
 
     def _traced(self, key_data: Any, *args: Any, _portable: bool | None = None,
-                **kwargs: Any) -> tuple[Any, Any]:
+                **kwargs: Any) -> Any:
         env = self._env
         key = jax.random.wrap_key_data(key_data)
         t_args, t_kwargs = interop.torch_view((args, kwargs))
@@ -99,10 +100,9 @@ class TorchaxRunner:
                                   what="devrng.portable on torchax")(key_data, _portable)
                     with stream:
                         out = self._fn(*t_args, **t_kwargs)
-            advanced = env.param.prng
         finally:
             del stack[depth:]
-        return interop.jax_view(out), jax.random.key_data(advanced)
+        return interop.jax_view(out)
 
     def _jitted_for(self, portable: bool | None) -> Any:
         if portable is None:
@@ -129,7 +129,7 @@ class TorchaxRunner:
             cpu = _cpu.get_state()
             before = _compiles
             try:
-                out, _advanced = self._jitted_for(portable)(key_data, *j_args, **j_kwargs)
+                out = self._jitted_for(portable)(key_data, *j_args, **j_kwargs)
             finally:
                 self._compiles += _compiles - before
                 _cpu.set_state(cpu)  # tracing runs torch code, which may draw on the CPU
