@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from devrng._lazy import load
 from devrng._threefry_cpu import BITS, UNIFORM, WORDS, kernel
 
 __all__ = [
@@ -178,7 +179,11 @@ def _counter_words(numel: int, device: torch.device, counters: torch.Tensor | No
 def _chain(key: torch.Tensor, shape: tuple[int, ...], words: int,
            counters: torch.Tensor | None = None) -> torch.Tensor:
     """The generator as tensor ops on ``key``'s device: ``x0 ^ x1`` (words=1) or both
-    words stacked (words=2)."""
+    words stacked (words=2). On XLA, one prebuilt XLA computation instead."""
+    if key.device.type == "xla" and counters is None:
+        xla_bits = load("devrng._threefry_xla:xla_bits", what="devrng.portable on XLA",
+                        extra="xla")
+        return xla_bits(key, shape, words)  # type: ignore[no-any-return]
     x0, x1 = threefry2x32(key, *_counter_words(math.prod(shape), key.device, counters))
     if words == 1:
         return (x0 ^ x1).reshape(shape)
