@@ -6,7 +6,7 @@ These run in the xla environment (PJRT_DEVICE=CPU); the core environment skips t
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -21,7 +21,6 @@ jax = pytest.importorskip("jax")
 torchax = pytest.importorskip("torchax")
 import jax.numpy as jnp  # noqa: E402
 import torch_xla.debug.metrics as met  # noqa: E402
-from torchax import interop  # noqa: E402
 
 pytestmark = [pytest.mark.xla, pytest.mark.torchax]
 torch_xla.device()  # start the runtime before any backward pass (see test_jit_xla)
@@ -303,15 +302,6 @@ def test_plain_openxla_compile_keeps_the_draws_right_outside_the_graph() -> None
     with pytest.raises(Exception, match=r"seeded_jit\(fn, backend='openxla'\)"):
         with devrng.portable(0):
             strict(x)
-
-
-def test_draws_under_plain_jax_jit_in_torchax_are_fixed_by_trace_without_seeded_jit() -> None:
-    # torchax's own jax_jit bakes what the trace drew: use seeded_jit for a new key per call.
-    call: Callable[[Any], Any] = interop.jax_jit(lambda x: torch.rand(x.shape, device=x.device))
-    x = _inputs("torchax")
-    with ENV, devrng.portable(0):
-        a, b = np_of(call(x)), np_of(call(x))
-    assert np.array_equal(a, b)
 
 
 @pytest.mark.parametrize("shape", [(0,), (5,), (3, 7), (4096,)])

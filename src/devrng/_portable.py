@@ -14,8 +14,8 @@ CPU tensor that the graph reads and advances at run time (one compilation for
 every seed and step), and the generator itself is one opaque op
 (``devrng::bits``) so that inductor never compiles 130 rounds of integer ops.
 
-What each op does is a table of small objects (``_OPS``); random ops it does
-not cover are a second table (``_UNCOVERED``), refused under ``strict=True``.
+What each op does is a table of small objects (``_ENTRIES``): ``_Op`` for the
+covered ones, ``_Uncovered`` for the random ops it refuses under ``strict=True``.
 """
 
 from __future__ import annotations
@@ -216,25 +216,27 @@ class PortableRNG(TorchFunctionMode):
     def __torch_function__(self, func: Callable[..., Any], types: Any, args: Args = (),
                            kwargs: Kwargs | None = None) -> Any:
         kwargs = kwargs or {}
-        if not _dynamo_taught[0] and not torch.compiler.is_compiling():
-            _teach_dynamo()  # torch.compile may have been called inside the block
-        op = _OPS.get(func)
-        if op is not None:
-            if op.explicit_generator(args, kwargs):
-                return func(*args, **kwargs)  # the caller's own generator, untouched
-            return op.run(self, func, args, kwargs)
-        refused = _UNCOVERED.get(func)
-        if refused is not None and refused.draws(args, kwargs):
-            self._refuse(refused.name, refused.why)
-            return func(*args, **kwargs)
-        if _redispatch is not None and inspect.isfunction(func) \
-                and not torch.compiler.is_compiling():
-            # A Python-level torch function (F.*, Tensor.backward, a library's own): run
-            # its body with this mode on, so random ops inside it are answered too. (Dynamo
-            # cannot trace this yet: compiled code relies on the tables.)
-            with self:
-                return _redispatch(func, types, args, kwargs)
-        return func(*args, **kwargs)
+        if torch.compiler.is_compiling():
+            # Dynamo inlines this for every torch call of the compiled region: reading the
+            # tables there would rebuild (and guard) each of their ~80 keys every time.
+            name = _entry_name(func)
+            if not name:
+                return func(*args, **kwargs)
+            entry = getattr(_THIS_MODULE, name)
+        else:
+            if not _dynamo_taught[0]:
+                _teach_dynamo()  # torch.compile may have been called inside the block
+            entry = _ENTRIES.get(func)
+            if entry is None:
+                if _redispatch is not None and inspect.isfunction(func):
+                    # A Python-level torch function (F.*, Tensor.backward, a library's
+                    # own): run its body with this mode on, so random ops inside it are
+                    # answered too. (Dynamo cannot trace this yet: compiled code relies
+                    # on the tables.)
+                    with self:
+                        return _redispatch(func, types, args, kwargs)
+                return func(*args, **kwargs)
+        return entry.handle(self, func, args, kwargs)
 
     def _refuse(self, name: str, why: str = "") -> None:
         if self.strict:
@@ -311,7 +313,19 @@ def _teach_dynamo() -> None:
     overridable = getattr(module, "get_overridable_functions", None)
     if overridable is None:
         return
-    overridable().update(_OPS)
+    overridable().update(f for f, e in _ENTRIES.items() if isinstance(e, _Op))
+    # Marked here rather than by a decorator, which would import dynamo with devrng.
+    torch.compiler.assume_constant_result(_entry_name)  # type: ignore[no-untyped-call]
+    # When a compiled function breaks its graph (at loss.backward(), say), dynamo keeps
+    # watching the frames that run eagerly, and would compile this handler as a function
+    # of its own, once per argument type. It is only ever meant to be inlined into the
+    # caller's graph: run it (and what it calls) as plain Python when it is a frame.
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    types = sys.modules.get("torch._dynamo.types")
+    strategy = getattr(eval_frame, "set_code_exec_strategy", None)
+    if strategy is not None and types is not None:
+        skip = types.FrameExecStrategy(types.FrameAction.SKIP, types.FrameAction.SKIP)
+        strategy(PortableRNG.__torch_function__.__code__, skip)
     _dynamo_taught[0] = True
 
 
@@ -431,6 +445,11 @@ class _Op:
                  generator_at: int | None = None) -> None:
         self.run = run
         self.generator_at = generator_at
+
+    def handle(self, rng: PortableRNG, func: Any, args: Args, kwargs: Kwargs) -> Any:
+        if self.explicit_generator(args, kwargs):
+            return func(*args, **kwargs)  # the caller's own generator, untouched
+        return self.run(rng, func, args, kwargs)
 
     def explicit_generator(self, args: Args, kwargs: Kwargs) -> bool:
         if kwargs.get("generator") is not None:
@@ -923,14 +942,30 @@ def _fractional_max_pool(dims: int) -> Callable[[PortableRNG, Any, Args, Kwargs]
     return run
 
 
-_OPS: dict[Any, _Op] = {}
+# torch function -> its entry (an _Op or an _Uncovered); each entry is also a module
+# attribute, named in _NAMES, which is how compiled code reaches it (see __torch_function__).
+_ENTRIES: dict[Any, Any] = {}
+_NAMES: dict[Any, str] = {}
+_THIS_MODULE = sys.modules[__name__]
+
+
+def _register(funcs: Sequence[Any], entry: Any) -> None:
+    name = f"_entry_{len(set(_ENTRIES.values()))}"
+    globals()[name] = entry
+    for func in funcs:
+        _ENTRIES[func] = entry
+        _NAMES[func] = name
+
+
+def _entry_name(func: Any) -> str:
+    """The module attribute holding ``func``'s entry, or "" (dynamo runs it while tracing
+    and takes the answer as a constant: see _teach_dynamo)."""
+    return _NAMES.get(func, "")
 
 
 def _cover(funcs: Sequence[Any], run: Callable[[PortableRNG, Any, Args, Kwargs], Any],
            generator_at: int | None = None) -> None:
-    op = _Op(run, generator_at)
-    for func in funcs:
-        _OPS[func] = op
+    _register(funcs, _Op(run, generator_at))
 
 
 T = torch.Tensor
@@ -986,6 +1021,11 @@ class _Uncovered:
         self.draws = draws or (lambda args, kwargs: True)
         self.why = why
 
+    def handle(self, rng: PortableRNG, func: Any, args: Args, kwargs: Kwargs) -> Any:
+        if self.draws(args, kwargs):
+            rng._refuse(self.name, self.why)
+        return func(*args, **kwargs)
+
 
 def _rnn_dropout(args: Args, kwargs: Kwargs) -> bool:
     # lstm / gru / rnn_*: (..., dropout: float, train: bool, ...), positions differ by overload.
@@ -1003,21 +1043,20 @@ def _mha_dropout(args: Args, kwargs: Kwargs) -> bool:
             and bool(_arg(args, kwargs, 13, "training", True)))
 
 
-_UNCOVERED: dict[Any, _Uncovered] = {}
 for _owner, _prefix, _names in (
         (torch, "torch.", ("poisson", "binomial", "_standard_gamma", "_sample_dirichlet",
                            "_fused_dropout")),
         (T, "Tensor.", ("cauchy_", "geometric_", "log_normal_"))):
     for _name in _names:
-        _UNCOVERED[getattr(_owner, _name)] = _Uncovered(_prefix + _name)
+        _register([getattr(_owner, _name)], _Uncovered(_prefix + _name))
 for _name in ("lstm", "gru", "rnn_relu", "rnn_tanh"):
-    _UNCOVERED[getattr(torch, _name)] = _Uncovered(
+    _register([getattr(torch, _name)], _Uncovered(
         f"torch.{_name} (a recurrent layer with dropout)", _rnn_dropout,
-        " (the dropout between its layers runs inside one C++ kernel)")
-_UNCOVERED[F.scaled_dot_product_attention] = _Uncovered(
+        " (the dropout between its layers runs inside one C++ kernel)"))
+_register([F.scaled_dot_product_attention], _Uncovered(
     "F.scaled_dot_product_attention with dropout_p > 0", _sdpa_dropout,
-    " (its attention dropout runs inside the fused kernel)")
+    " (its attention dropout runs inside the fused kernel)"))
 # Its body runs outside every mode on older torch and in compiled code (see _redispatch).
-_UNCOVERED[F.multi_head_attention_forward] = _Uncovered(
+_register([F.multi_head_attention_forward], _Uncovered(
     "F.multi_head_attention_forward (nn.MultiheadAttention) with dropout", _mha_dropout,
-    " in compiled code or on torch < 2.12 (eager code on torch >= 2.12 is covered)")
+    " in compiled code or on torch < 2.12 (eager code on torch >= 2.12 is covered)"))
