@@ -105,8 +105,8 @@ def bench_jax_anchor(number: int, rounds: int) -> list[Row]:
     finally:
         torch.set_num_threads(threads)
     return [_row(case, 1.5, m["ours"], peer, m["peer"],
-                 note="XLA's CPU backend runs the same Threefry arithmetic as one fused loop, "
-                      "on every core; devrng's CPU kernel is one C loop on one thread")]
+                 note="the same Threefry arithmetic: XLA's CPU code against devrng's C loop "
+                      "(one thread)")]
 
 
 def _mlp() -> torch.nn.Module:

@@ -45,7 +45,8 @@ C = TypeVar("C", bound=Callable[..., Any])
 Args = tuple[Any, ...]
 Kwargs = dict[str, Any]
 
-# torch >= 2.12 can run a Python-level torch function's body with a mode still active
+# A torch with torch.overrides.redispatch_function (2.13 here; not 2.8 or 2.9) can run a
+# Python-level torch function's body with a mode still active
 # (its has_torch_function check skipped once): then random ops nested in any such
 # function are covered. Older torch runs those bodies outside every mode, so the
 # functions with random ops inside are in the tables below by name.
@@ -200,13 +201,14 @@ class PortableRNG(TorchFunctionMode):
         return inside  # type: ignore[return-value]
 
     # -- the ops -------------------------------------------------------------------------
+    # The plumbing the op handlers (and the DTensor module) draw through; not documented
+    # for users, so without docstrings (the API reference shows documented members only).
     def next_key(self, device: torch.device) -> tf.HostKey | torch.Tensor:
-        """The key of the next random op, for a draw on ``device``."""
+        # The key of the next random op, for a draw on ``device``.
         return self._stream.next_key(device)  # type: ignore[no-any-return]
 
     def source(self, device: torch.device, counters: torch.Tensor | None = None) -> Any:
-        """The next op's numbers on ``device``: a ``devrng._threefry.Source`` (or JAX's for
-        torchax tensors)."""
+        # The next op's numbers on ``device``: a Source (JAX's for torchax tensors).
         key = self.next_key(device)
         if device.type == "jax":
             return load("devrng._portable_jax:JaxSource", what="devrng.portable on torchax",
@@ -1059,4 +1061,5 @@ _register([F.scaled_dot_product_attention], _Uncovered(
 # Its body runs outside every mode on older torch and in compiled code (see _redispatch).
 _register([F.multi_head_attention_forward], _Uncovered(
     "F.multi_head_attention_forward (nn.MultiheadAttention) with dropout", _mha_dropout,
-    " in compiled code or on torch < 2.12 (eager code on torch >= 2.12 is covered)"))
+    " in compiled code, or on a torch without torch.overrides.redispatch_function (eager "
+    "code on torch 2.13 is covered)"))
