@@ -832,3 +832,52 @@ def test_warnings_are_not_raised_by_covered_ops() -> None:
         with devrng.portable(0):
             F.dropout(torch.ones(4), 0.5)
             torch.nn.Linear(4, 4)
+
+
+def test_multihead_attention_dropout_is_covered_or_refused() -> None:
+    mha = torch.nn.MultiheadAttention(8, 2, dropout=0.5).train()
+    q = torch.randn(3, 1, 8)
+    if getattr(torch.overrides, "redispatch_function", None) is None:
+        with pytest.raises(devrng.DevRNGError, match="multi_head_attention_forward"):
+            with devrng.portable(0):
+                mha(q, q, q)
+        return
+
+    def attend(seed: int) -> torch.Tensor:
+        with devrng.portable(seed) as rng:
+            out = mha(q, q, q)[1]  # the attention weights, after their dropout
+        assert rng.counter >= 1
+        return out
+
+    assert torch.equal(attend(1), attend(1)) and not torch.equal(attend(1), attend(2))
+
+
+def test_checkpointed_dropout_needs_its_own_stream_to_recompute_the_same_mask() -> None:
+    # torch.utils.checkpoint recomputes the forward in the backward pass outside the
+    # portable block (and restores only device generators): the recomputed dropout draws
+    # from torch's generator. A stream entered inside the checkpointed function, with a
+    # seed taken before, makes the recomputation draw what the forward drew.
+    from torch.utils.checkpoint import checkpoint
+
+    def grads(use_checkpoint: bool, own_stream: bool) -> torch.Tensor:
+        x = torch.ones(64, requires_grad=True)
+        with devrng.portable(0):
+            if not use_checkpoint:
+                y = F.dropout(x, 0.5)
+            elif own_stream:
+                seed = int(torch.randint(0, 2**62, ()))  # one op of the outer stream
+
+                def block(t: torch.Tensor) -> torch.Tensor:
+                    with devrng.portable(seed):
+                        return F.dropout(t, 0.5)
+
+                y = checkpoint(block, x, use_reentrant=False)
+            else:
+                y = checkpoint(lambda t: F.dropout(t, 0.5), x, use_reentrant=False)
+        (y * y.detach()).sum().backward()
+        assert x.grad is not None
+        return (x.grad != 0) == (y.detach() != 0)  # the gradient's mask is the forward's
+
+    assert bool(grads(False, False).all())
+    assert not bool(grads(True, False).all())  # the recomputed mask differs
+    assert bool(grads(True, True).all())

@@ -187,7 +187,8 @@ class PortableRNG(TorchFunctionMode):
         return f"PortableRNG(seed={seed}, counter={counter}, strict={self.strict})"
 
     def __enter__(self) -> PortableRNG:
-        _teach_dynamo()
+        if not _dynamo_taught[0] and _DYNAMO_TABLE in sys.modules:
+            _teach_dynamo()
         return super().__enter__()  # type: ignore[no-any-return,no-untyped-call]
 
     # -- use as a decorator --------------------------------------------------------------
@@ -224,21 +225,20 @@ class PortableRNG(TorchFunctionMode):
             name = _entry_name(func)
             if not name:
                 return func(*args, **kwargs)
-            entry = getattr(_THIS_MODULE, name)
-        else:
-            if not _dynamo_taught[0]:
-                _teach_dynamo()  # torch.compile may have been called inside the block
-            entry = _ENTRIES.get(func)
-            if entry is None:
-                if _redispatch is not None and inspect.isfunction(func):
-                    # A Python-level torch function (F.*, Tensor.backward, a library's
-                    # own): run its body with this mode on, so random ops inside it are
-                    # answered too. (Dynamo cannot trace this yet: compiled code relies
-                    # on the tables.)
-                    with self:
-                        return _redispatch(func, types, args, kwargs)
-                return func(*args, **kwargs)
-        return entry.handle(self, func, args, kwargs)
+            return getattr(_THIS_MODULE, name).handle(self, func, types, args, kwargs)
+        if not _dynamo_taught[0] and _DYNAMO_TABLE in sys.modules:
+            _teach_dynamo()  # torch.compile may have been called inside the block
+        entry = _ENTRIES.get(func)
+        if entry is not None:
+            return entry.handle(self, func, types, args, kwargs)
+        if _redispatch is not None and inspect.isfunction(func) \
+                and not func.__module__.startswith("torch."):
+            # A Python-level torch function of another library: run its body with this
+            # mode on, so random ops inside it are answered too. torch's own such functions
+            # that draw are in the tables; the others are called directly (faster).
+            with self:
+                return _redispatch(func, types, args, kwargs)
+        return func(*args, **kwargs)
 
     def _refuse(self, name: str, why: str = "") -> None:
         if self.strict:
@@ -299,6 +299,7 @@ def portable(seed: int | None = None, *, strict: bool = True) -> PortableRNG:
 
 
 _dynamo_taught = [False]
+_DYNAMO_TABLE = "torch._dynamo.variables.torch"  # imported with dynamo; holds its list
 
 
 def _teach_dynamo() -> None:
@@ -311,7 +312,7 @@ def _teach_dynamo() -> None:
     cached set in dynamo; portable adds its functions to it once dynamo is
     imported (never importing dynamo itself: that takes seconds).
     """
-    module = sys.modules.get("torch._dynamo.variables.torch")
+    module = sys.modules.get(_DYNAMO_TABLE)
     overridable = getattr(module, "get_overridable_functions", None)
     if overridable is None:
         return
@@ -448,7 +449,8 @@ class _Op:
         self.run = run
         self.generator_at = generator_at
 
-    def handle(self, rng: PortableRNG, func: Any, args: Args, kwargs: Kwargs) -> Any:
+    def handle(self, rng: PortableRNG, func: Any, types: Any, args: Args, kwargs: Kwargs
+               ) -> Any:
         if self.explicit_generator(args, kwargs):
             return func(*args, **kwargs)  # the caller's own generator, untouched
         return self.run(rng, func, args, kwargs)
@@ -1023,10 +1025,23 @@ class _Uncovered:
         self.draws = draws or (lambda args, kwargs: True)
         self.why = why
 
-    def handle(self, rng: PortableRNG, func: Any, args: Args, kwargs: Kwargs) -> Any:
+    def handle(self, rng: PortableRNG, func: Any, types: Any, args: Args, kwargs: Kwargs
+               ) -> Any:
         if self.draws(args, kwargs):
             rng._refuse(self.name, self.why)
         return func(*args, **kwargs)
+
+
+class _Composite(_Uncovered):
+    """A Python-level torch function with random ops in its body: run inside the mode where
+    torch can (redispatch, eager code), refused where it cannot and this call draws."""
+
+    def handle(self, rng: PortableRNG, func: Any, types: Any, args: Args, kwargs: Kwargs
+               ) -> Any:
+        if _redispatch is not None and not torch.compiler.is_compiling():
+            with rng:
+                return _redispatch(func, types, args, kwargs)
+        return super().handle(rng, func, types, args, kwargs)
 
 
 def _rnn_dropout(args: Args, kwargs: Kwargs) -> bool:
@@ -1039,8 +1054,6 @@ def _sdpa_dropout(args: Args, kwargs: Kwargs) -> bool:
 
 
 def _mha_dropout(args: Args, kwargs: Kwargs) -> bool:
-    if _redispatch is not None and not torch.compiler.is_compiling():
-        return False  # its body runs inside portable, which answers its dropout
     return (float(_arg(args, kwargs, 10, "dropout_p", 0.0)) > 0.0
             and bool(_arg(args, kwargs, 13, "training", True)))
 
@@ -1059,7 +1072,7 @@ _register([F.scaled_dot_product_attention], _Uncovered(
     "F.scaled_dot_product_attention with dropout_p > 0", _sdpa_dropout,
     " (its attention dropout runs inside the fused kernel)"))
 # Its body runs outside every mode on older torch and in compiled code (see _redispatch).
-_register([F.multi_head_attention_forward], _Uncovered(
+_register([F.multi_head_attention_forward], _Composite(
     "F.multi_head_attention_forward (nn.MultiheadAttention) with dropout", _mha_dropout,
     " in compiled code, or on a torch without torch.overrides.redispatch_function (eager "
     "code on torch 2.13 is covered)"))
