@@ -77,6 +77,33 @@ def bench_eager_cpu(number: int, rounds: int) -> list[Row]:
                  "F.dropout (torch's generator)", d["peer"])]
 
 
+def bench_eager_step(number: int, rounds: int) -> list[Row]:
+    """An eager training step of a small MLP with dropout: inside portable every torch call
+    of the step passes through the stream's Python handler (informational: no target)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(),
+                                torch.nn.Dropout(0.1), torch.nn.Linear(64, 64))
+    step = _step_fn(model)
+    x, y = torch.randn(64, 64), torch.randn(64, 64)
+    rng = devrng.portable(0)
+
+    def ours() -> object:
+        with rng:
+            return step(x, y)
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        m = interleaved({"ours": ours, "peer": lambda: step(x, y)}, number=number * 20,
+                        rounds=rounds)
+    finally:
+        torch.set_num_threads(threads)
+    return [_row("eager training step, 64x64 MLP with dropout, CPU", None, m["ours"],
+                 "the same step with torch's dropout", m["peer"],
+                 note="informational: every torch call inside portable passes through its "
+                      "Python handler (a few microseconds each); small eager steps feel it")]
+
+
 def bench_jax_anchor(number: int, rounds: int) -> list[Row]:
     case = "portable torch.rand(2**20) vs JAX, CPU"
     peer = "jax.jit(jax.random.uniform)(key, (2**20,))"
@@ -234,6 +261,7 @@ def run(quick: bool = False) -> list[Row]:
 
         torch_xla.device()  # before the first backward pass (see bench_jit)
     rows += bench_eager_cpu(number, rounds)
+    rows += bench_eager_step(number, rounds)
     rows += bench_jax_anchor(number, rounds)
     if quick:
         rows.append(_skipped("MLP training step with dropout, torch.compile (inductor), CPU",
