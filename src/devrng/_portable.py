@@ -319,6 +319,8 @@ def _teach_dynamo() -> None:
     overridable().update(f for f, e in _ENTRIES.items() if isinstance(e, _Op))
     # Marked here rather than by a decorator, which would import dynamo with devrng.
     torch.compiler.assume_constant_result(_entry_name)  # type: ignore[no-untyped-call]
+    # Rounds Python numbers with struct, which older dynamo (torch 2.8) cannot trace.
+    torch.compiler.assume_constant_result(tf.round_to)  # type: ignore[no-untyped-call]
     # When a compiled function breaks its graph (at loss.backward(), say), dynamo keeps
     # watching the frames that run eagerly, and would compile this handler as a function
     # of its own, once per argument type. It is only ever meant to be inlined into the

@@ -321,10 +321,11 @@ def unit(source: Source, shape: Sequence[int], dtype: torch.dtype) -> torch.Tens
                     f"not {dtype}.")
 
 
-def _scalar(value: float, dtype: torch.dtype) -> float:
+def round_to(value: float, dtype: torch.dtype) -> float:
     """``value`` rounded to ``dtype`` (as JAX converts its bounds before any arithmetic).
 
-    Plain Python, not a tensor op: dynamo traces it without a graph break.
+    Plain Python, not a tensor op (dynamo takes its result as a constant of the graph:
+    see ``devrng._portable``).
     """
     if dtype == torch.float64:
         return float(value)
@@ -361,8 +362,8 @@ def uniform(source: Source, shape: Sequence[int], dtype: torch.dtype, low: float
     u = unit(source, shape, dtype)
     if low == 0.0 and high == 1.0:
         return u  # u * 1 + 0, exactly
-    lo = _scalar(low, dtype)
-    span = _scalar(_scalar(high, dtype) - lo, dtype)  # exact in float64, then rounded
+    lo = round_to(low, dtype)
+    span = round_to(round_to(high, dtype) - lo, dtype)  # exact in float64, then rounded
     return torch.clamp_min(affine(u, span, lo, dtype), lo)
 
 
@@ -424,13 +425,13 @@ def normal(source: Source, shape: Sequence[int], dtype: torch.dtype) -> torch.Te
     ``torch.erfinv``)."""
     if dtype.is_complex:
         real = torch.float32 if dtype == torch.complex64 else torch.float64
-        both = normal(source, (2, *shape), real) * _scalar(math.sqrt(0.5), real)
+        both = normal(source, (2, *shape), real) * round_to(math.sqrt(0.5), real)
         return torch.complex(both[0], both[1])
     work = torch.float64 if dtype == torch.float64 else torch.float32
     lo = -1.0 + torch.finfo(work).eps / 2  # nextafter(-1, 0): the next float towards 0
     u = source.uniform(shape, work, lo, 1.0)
     z = torch.erfinv(u) if work == torch.float64 else erfinv32(u)
-    return (z * _scalar(math.sqrt(2.0), work)).to(dtype)
+    return (z * round_to(math.sqrt(2.0), work)).to(dtype)
 
 
 def exponential(source: Source, shape: Sequence[int], dtype: torch.dtype,
