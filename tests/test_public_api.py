@@ -33,6 +33,8 @@ def test_import_and_cpu_fork_load_nothing_heavy() -> None:
         "    pass\n"
         "devrng.manual_seed(1); devrng.get_rng_state(); devrng.available_backends()\n"
         "devrng.infer_device_types(['xla:0', 'cuda:1'])\n"
+        "with devrng.portable(0):\n"
+        "    torch.rand(2); torch.nn.functional.dropout(torch.ones(4), 0.5)\n"
         f"print([m for m in {HEAVY!r} if m in sys.modules])\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
