@@ -406,11 +406,12 @@ def _finish_factory(values: torch.Tensor, kwargs: Kwargs) -> torch.Tensor:
 
 
 def _is_dtensor(t: Any) -> bool:
-    # Nothing can be a DTensor unless torch.distributed.tensor was imported.
-    if "torch.distributed.tensor" not in sys.modules:
+    # The class name first: cheap, and dynamo reads it as a constant. Nothing can be a
+    # DTensor unless torch.distributed.tensor was imported.
+    if type(t).__name__ != "DTensor":
         return False
-    return type(t).__name__ == "DTensor" and isinstance(
-        t, sys.modules["torch.distributed.tensor"].DTensor)
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(t, module.DTensor)
 
 
 def _dtensor() -> Any:
