@@ -1,24 +1,32 @@
-"""Render benchmark results (JSON files from benchmarks.run) into docs/benchmarks.md and a chart.
+"""Render benchmark results (JSON files from benchmarks.run) into docs/benchmarks.md and charts.
 
-    python -m benchmarks.report results-bench.json results-xla.json
+    python -m benchmarks.report results-bench.json results-xla.json   # new results
+    python -m benchmarks.report                                       # again, from the saved ones
+
+New results are kept in benchmarks/results/ (one file per environment), so the page and
+its charts can be rendered again, after a change to this module, without running the
+benchmarks. Each environment gets its table and its chart (docs/benchmarks-<env>.png).
 """
 
 from __future__ import annotations
 
 import json
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
 Row = dict[str, Any]
-DOCS = Path(__file__).resolve().parent.parent / "docs"
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+SAVED = Path(__file__).resolve().parent / "results"
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 
 
 def format_table(rows: list[Row], footnote_prefix: str = "") -> str:
     """Rows that ran as a markdown table; notes become footnotes and the cases this
     environment cannot run are named once below it instead of as empty rows."""
-    lines = ["| case | devrng | peer | ratio | target | met |", "|---|---|---|---|---|---|"]
+    lines = ["| case | devrng | compared with | ratio | target |", "|---|---|---|---|---|"]
     notes: list[str] = []
     skipped: list[str] = []
 
@@ -28,22 +36,23 @@ def format_table(rows: list[Row], footnote_prefix: str = "") -> str:
 
     for r in rows:
         if r.get("ms") is not None:
-            met = "yes" if r["ms"] <= r["target_ms"] else "no"
-            lines.append(f"| {r['case']} | {r['ms']:.1f} ms | - | - | ≤ 30 ms | {met} |")
+            target = _met(r["ms"] <= r["target_ms"], f"≤ {r['target_ms']:g} ms")
+            lines.append(f"| {r['case']} | {r['ms']:.1f} ms | - | - | {target} |")
             continue
         if r["ratio"] is None:
             skipped.append(f"{r['case']} ({r['note'].removeprefix('skipped: ')})")
             continue
-        met = "-" if r["target"] is None else ("yes" if r["ratio"] <= r["target"] else "no")
+        target = "-" if r["target"] is None else _met(r["ratio"] <= r["target"], _target(r["target"]))
         mark = note(r["note"]) if r.get("note") else ""
         lines.append(f"| {r['case']}{mark} | {_time(r['devrng_us'])} | {r['peer']}: "
-                     f"{_time(r['peer_us'])} | {r['ratio']:.2f}× | {_target(r['target'])} | {met} |")
+                     f"{_time(r['peer_us'])} | {r['ratio']:.2f}× | {target} |")
         if r.get("compiles") is not None and r["target"] is not None:  # seeded_jit: 50 seeds
-            ok = "yes" if r["compiles"] <= r.get("target_compiles", 1) else "no"
             first = r.get("compiles_after_first_call")  # the count once the first call returned
             later = "" if first is None else f" ({r['compiles'] - first} after the first seed)"
+            want = r.get("target_compiles", 1)
             lines.append(f"| {r['case']}: compilations for 50 distinct seeds | "
-                         f"{r['compiles']}{later} | - | - | {r.get('target_compiles', 1)} | {ok} |")
+                         f"{r['compiles']}{later} | - | - | "
+                         f"{_met(r['compiles'] <= want, str(want))} |")
     if skipped:
         lines.append("")
         lines.append("Not run in this environment: " + "; ".join(skipped) + ".")
@@ -51,6 +60,10 @@ def format_table(rows: list[Row], footnote_prefix: str = "") -> str:
         lines.append("")
         lines += [f"[^{footnote_prefix}{i}]: {text}" for i, text in enumerate(notes, start=1)]
     return "\n".join(lines)
+
+
+def _met(ok: bool, target: str) -> str:
+    return f"{target}: met" if ok else f"{target}: **missed**"
 
 
 def _time(us: float) -> str:
@@ -61,40 +74,63 @@ def _target(t: float | None) -> str:
     return "-" if t is None else f"≤ {t}×"
 
 
-def chart(results: list[tuple[str, dict[str, Any]]], path: Path) -> None:
+def chart_rows(result: dict[str, Any]) -> list[tuple[str, float, float]]:
+    """(label, ratio, target) for each row with a target; a label names the case and what it
+    is compared with, and no two are the same."""
+    out = [(f"{r['case']}\nvs {r['peer']}", r["ratio"], r["target"])
+           for r in result["rows"] if r["ratio"] is not None and r["target"] is not None]
+    labels = [label for label, _, _ in out]
+    twice = sorted({label for label in labels if labels.count(label) > 1})
+    if twice:
+        raise ValueError(f"two chart bars would be labelled alike: {twice}; give the rows "
+                         "distinct cases or peers.")
+    return out
+
+
+_PLAIN = {"facecolor": "white", "edgecolor": "none", "pad": 0.6}
+
+
+def chart(env: str, result: dict[str, Any], path: Path) -> None:
+    """One bar per row with a target: devrng's time over the peer's, the target beside it.
+
+    Sized for the docs column (7.5 in wide, labels above their bars rather than beside
+    them), so that it is read at its own size rather than shrunk.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch
 
-    labels, ratios, targets = [], [], []
-    for env, result in results:
-        for r in result["rows"]:
-            if r["ratio"] is not None and r["target"] is not None:
-                labels.append(f"{r['case']} [{env}]")
-                ratios.append(r["ratio"])
-                targets.append(r["target"])
-    fig, ax = plt.subplots(figsize=(12, 0.42 * len(labels) + 1.6))
-    y = list(range(len(labels)))
-    met = [v <= t for v, t in zip(ratios, targets, strict=True)]
-    ax.barh(y, ratios, color=["tab:green" if ok else "tab:red" for ok in met], height=0.6)
-    ax.scatter(targets, y, marker="|", s=300, color="black", zorder=3)
-    ax.axvline(1.0, color="grey", linewidth=1, linestyle="--")
-    ax.text(1.0, -0.9, " 1.0× = the peer's time", color="grey", fontsize=8, va="bottom")
-    ax.set_yticks(y, labels, fontsize=8)
-    ax.invert_yaxis()
-    ax.set_xlim(0, max([*ratios, *targets, 1.0]) * 1.15)
-    ax.set_ylim(len(labels) - 0.4, -1.2)
-    ax.set_xlabel("devrng time / peer time (lower is better)")
-    ax.set_title("devrng against its peers, same process, interleaved rounds (median ratio)")
-    ax.legend(handles=[Patch(color="tab:green", label="target met"),
-                       Patch(color="tab:red", label="target missed"),
-                       plt.Line2D([], [], color="black", marker="|", linestyle="none",
-                                  markersize=12, label="target")],
-              loc="lower right", fontsize=8)
+    rows = chart_rows(result)
+    top = max([1.0, *(max(v, t) for _, v, t in rows)])
+    fig, ax = plt.subplots(figsize=(7.5, 0.85 * len(rows) + 1.0))
+    for y, (label, ratio, target) in enumerate(rows):
+        met = ratio <= target
+        case, peer = label.split("\n", 1)
+        ax.barh(y, ratio, height=0.32, color="#2e7d32" if met else "#c62828")
+        ax.plot([target, target], [y - 0.24, y + 0.24], color="black", linewidth=2)
+        # Above the bar, full width: what is measured, then what it is compared with
+        # (on white, so that the 1.0 line does not run through the words).
+        ax.text(0, y - 0.4, textwrap.shorten(case, 88), fontsize=9.5, va="bottom",
+                fontweight="bold", bbox=_PLAIN)
+        ax.text(0, y - 0.2, textwrap.shorten(peer, 96), fontsize=9, va="bottom",
+                color="#555555", bbox=_PLAIN)
+        verdict = "met" if met else "MISSED"
+        ax.text(max(ratio, target) + top * 0.015, y, f"{ratio:.2f}×  (target ≤ {target:g}×, "
+                f"{verdict})", fontsize=9, va="center")
+    ax.axvline(1.0, color="grey", linewidth=1, linestyle="--", zorder=0)
+    ax.text(1.0, -0.75, " 1.0×: as fast as the compared tool", color="grey", fontsize=8)
+    ax.set_xlim(0, top * 1.45)
+    ax.set_ylim(len(rows) - 0.6, -1.05)
+    ax.set_yticks([])
+    ax.set_xlabel("devrng's time / the compared tool's time (below 1.0: devrng is faster; "
+                  "| marks the target)", fontsize=8.5)
+    ax.set_title(f"{env} environment: devrng against the tools it replaces", fontsize=10)
+    for side in ("top", "right", "left"):
+        ax.spines[side].set_visible(False)
     fig.tight_layout()
-    fig.savefig(path, dpi=130)
+    fig.savefig(path, dpi=200)
+    plt.close(fig)
 
 
 def render(results: list[tuple[str, dict[str, Any]]]) -> str:
@@ -102,24 +138,37 @@ def render(results: list[tuple[str, dict[str, Any]]]) -> str:
     for env, result in results:
         m = result["machine"]
         versions = ", ".join(f"{k} {v}" for k, v in m["versions"].items())
+        image = f"benchmarks-{env}.png"
+        # The div lets the site's stylesheet keep ratios and targets whole on a phone.
         parts.append(f"### {env} environment\n\nPython {m['python']}, {m['cores']} cores "
-                     f"({m['cpu']}); {versions}.\n\n{format_table(result['rows'], f'{env}-')}\n")
-    parts.append("![devrng / peer time ratio per case](benchmarks.png)\n")
+                     f"({m['cpu']}); {versions}.\n\n<div class=\"bench-results\" markdown>\n\n"
+                     f"{format_table(result['rows'], f'{env}-')}\n\n</div>\n\n"
+                     f"[![{env} environment: devrng time / the compared tool's time, per case]"
+                     f"({image})]({image})\n")
     return "\n".join(parts)
 
 
 def main(argv: list[str]) -> int:
+    files = [Path(name) for name in argv] or sorted(SAVED.glob("results-*.json"))
+    if not files:
+        print(f"no results given and none saved in {SAVED}; run scripts/bench.sh", file=sys.stderr)
+        return 1
     results = []
-    for name in argv:
-        env = Path(name).stem.removeprefix("results-")
-        results.append((env, json.loads(Path(name).read_text())))
+    for path in files:
+        env = path.stem.removeprefix("results-")
+        data = json.loads(path.read_text())
+        results.append((env, data))
+        if argv:  # keep new results, so that the page can be rendered again without a run
+            SAVED.mkdir(exist_ok=True)
+            (SAVED / path.name).write_text(json.dumps(data, indent=1) + "\n")
     page = DOCS / "benchmarks.md"
     text = page.read_text()
     head, _, rest = text.partition(BEGIN)
     _, _, tail = rest.partition(END)
     page.write_text(f"{head}{BEGIN}\n{render(results)}\n{END}{tail}")
-    chart(results, DOCS / "benchmarks.png")
-    print(f"wrote {page} and {DOCS / 'benchmarks.png'}")
+    for env, result in results:
+        chart(env, result, DOCS / f"benchmarks-{env}.png")
+    print(f"wrote {page} and its charts")
     return 0
 
 

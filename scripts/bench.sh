@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Run the benchmarks in the bench environment (torch 2.13 + Lightning) and the xla
-# environment, then render docs/benchmarks.md and docs/benchmarks.png from the results.
+# environment, then render docs/benchmarks.md and its charts (docs/benchmarks-<env>.png) from
+# the results, which benchmarks/results/ keeps (python -m benchmarks.report renders them again).
 source "$(dirname "$0")/_venv.sh"
 cd "$DEVRNG_ROOT"
 out=$(mktemp -d)

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import math
+import struct
+from typing import Any
 
+import pytest
+from benchmarks import report
 from benchmarks.report import format_table
 from benchmarks.run import run
 
@@ -30,3 +35,52 @@ def test_runner_produces_a_row_per_case_with_numbers_or_a_reason() -> None:
         assert f"{r['case']}: compilations for 50 distinct seeds | {r['compiles']}" in table
     noted = [r for r in rows if r["ratio"] is not None and r.get("note")]
     assert table.count("[^") == 2 * len(noted)  # each note is a footnote, referenced once
+
+
+# -- the report: tables and charts from saved results -----------------------------------
+SAVED = sorted(report.SAVED.glob("results-*.json"))
+
+
+def _saved() -> list[tuple[str, dict[str, Any]]]:
+    return [(p.stem.removeprefix("results-"), json.loads(p.read_text())) for p in SAVED]
+
+
+def test_the_page_shows_the_saved_results() -> None:
+    """docs/benchmarks.md is what the report renders from benchmarks/results/ (so the
+    page and its charts can be rendered again, and never drift from the data)."""
+    assert {env for env, _ in _saved()} >= {"bench", "xla"}
+    page = (report.DOCS / "benchmarks.md").read_text()
+    shown = page.split(report.BEGIN + "\n", 1)[1].split("\n" + report.END, 1)[0]
+    assert shown == report.render(_saved())
+    for env, _ in _saved():
+        assert (report.DOCS / f"benchmarks-{env}.png").is_file()
+
+
+def test_chart_labels_say_what_each_bar_compares_and_never_repeat() -> None:
+    for _, result in _saved():
+        labels = [label for label, _, _ in report.chart_rows(result)]
+        assert labels and all("\nvs " in label for label in labels)
+    twice = {"rows": [{"case": "fork", "peer": "torch", "ratio": 0.5, "target": 0.8}] * 2}
+    with pytest.raises(ValueError, match="labelled alike"):
+        report.chart_rows(twice)
+
+
+def test_charts_are_drawn_for_the_docs_column() -> None:
+    """The committed charts (drawn by the bench environment, which has matplotlib) are as
+    wide as the column at 200 dpi and tall enough for two label lines per bar."""
+    for env, result in _saved():
+        png = (report.DOCS / f"benchmarks-{env}.png").read_bytes()
+        assert png[:8] == b"\x89PNG\r\n\x1a\n"
+        width, height = struct.unpack(">II", png[16:24])  # the IHDR chunk
+        assert width == 1500  # 7.5 in at 200 dpi
+        assert height > 150 * len(report.chart_rows(result))
+
+
+def test_table_marks_each_target_met_or_missed() -> None:
+    rows = [{"case": "a", "devrng_us": 1.0, "peer": "p", "peer_us": 2.0, "ratio": 0.5,
+             "target": 0.8, "note": ""},
+            {"case": "b", "devrng_us": 3.0, "peer": "p", "peer_us": 2.0, "ratio": 1.5,
+             "target": 1.2, "note": ""}]
+    table = report.format_table(rows)
+    assert "| a | 1.00 µs | p: 2.00 µs | 0.50× | ≤ 0.8×: met |" in table
+    assert "| b | 3.00 µs | p: 2.00 µs | 1.50× | ≤ 1.2×: **missed** |" in table

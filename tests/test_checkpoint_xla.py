@@ -19,6 +19,7 @@ import torch
 import torch.utils.checkpoint as tcp
 
 import devrng
+from devrng._device_modules import DeviceRNGModule
 
 torch_xla = pytest.importorskip("torch_xla")
 xm = pytest.importorskip("torch_xla.core.xla_model")
@@ -181,7 +182,7 @@ def test_fork_rng_device_type_xla_restores(setup: Any, fork_name: str, devices: 
 
 def test_unpatch_brings_the_crash_back(setup: Any) -> None:
     devrng.patch_torch()
-    assert isinstance(torch.xla, devrng._device_modules.DeviceRNGModule)  # type: ignore[attr-defined]
+    assert isinstance(torch.xla, DeviceRNGModule)  # type: ignore[attr-defined]
     devrng.unpatch_torch()
     assert not hasattr(torch, "xla")
     assert "torch.xla" not in sys.modules

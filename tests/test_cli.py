@@ -4,19 +4,25 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import warnings
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from tests._fakes import MinimalBackend, registered
+from tests._helpers import run_env, run_python
 
+import devrng
 from devrng.__main__ import main
-from devrng._cli import known_problems
+from devrng._cli import environment_problems, known_problems
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
-def cli(*args: str) -> subprocess.CompletedProcess[str]:  # as a user runs it
-    return subprocess.run([sys.executable, "-m", "devrng", *args], capture_output=True, text=True,
-                          env={"PJRT_DEVICE": "CPU", "PATH": "/usr/bin:/bin"})
+def cli(*args: str, env: dict[str, str | None] | None = None
+        ) -> subprocess.CompletedProcess[str]:  # as a user runs it
+    return run_python("devrng", module=True, args=args, env=env)
 
 
 def test_selftest_passes_and_prints_a_table() -> None:
@@ -86,7 +92,8 @@ def test_version_and_help_do_not_import_torch() -> None:
             "    except SystemExit as exit:\n"
             "        assert exit.code == 0, exit.code\n"
             "print('torch imported:', 'torch' in sys.modules)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    out = run_python(code)
+    assert out.returncode == 0, out.stderr
     assert "devrng 0.1.0" in out.stdout
     assert out.stdout.strip().endswith("torch imported: False")
 
@@ -102,9 +109,7 @@ def test_doctor_into_a_closed_pipe_exits_quietly() -> None:
 
 def test_doctor_onto_a_full_disk_says_so_in_one_line() -> None:
     with open("/dev/full", "w") as full:
-        proc = subprocess.run([sys.executable, "-m", "devrng", "doctor"], stdout=full,
-                              stderr=subprocess.PIPE, text=True,
-                              env={"PATH": "/usr/bin:/bin", "PJRT_DEVICE": "CPU"})
+        proc = run_python("devrng", module=True, args=["doctor"], stdout=full)
     assert proc.returncode == 1
     lines = [line for line in proc.stderr.splitlines() if line.startswith("devrng")]
     assert lines == ["devrng doctor: could not write the report (No space left on device)."]
@@ -139,8 +144,7 @@ def test_doctor_load_checks_xla_and_warns_about_pjrt_device() -> None:
     assert loaded.returncode == 0, loaded.stdout + loaded.stderr
     row = next(line for line in loaded.stdout.splitlines() if line.split()[:1] == ["xla"])
     assert "works (" in row and "a draw and a state round trip" in row
-    unset = subprocess.run([sys.executable, "-m", "devrng", "doctor"], capture_output=True,
-                           text=True, env={"PATH": "/usr/bin:/bin"})
+    unset = cli("doctor", env={"PJRT_DEVICE": None})
     assert "PJRT_DEVICE is not set" in unset.stdout
     row = next(line for line in unset.stdout.splitlines() if line.split()[:1] == ["xla"])
     assert "not loaded" in row and "--load" in row
@@ -149,10 +153,72 @@ def test_doctor_load_checks_xla_and_warns_about_pjrt_device() -> None:
 @pytest.mark.xla
 def test_selftest_turns_a_failing_backend_into_a_fail_row() -> None:
     pytest.importorskip("torch_xla")
-    out = subprocess.run([sys.executable, "-m", "devrng", "selftest"], capture_output=True,
-                         text=True, env={"PATH": "/usr/bin:/bin", "PJRT_DEVICE": "NOPE"})
+    out = cli("selftest", env={"PJRT_DEVICE": "NOPE"})
     assert out.returncode == 1
     assert "Traceback" not in out.stderr
     xla_rows = [line for line in out.stdout.splitlines() if line.startswith("xla ")]
     assert xla_rows and all("FAIL" in line for line in xla_rows)
     assert any(line.split()[:3] == ["cpu", "seed", "pass"] for line in out.stdout.splitlines())
+
+
+# -- the environment's settings ------------------------------------------------------------
+def test_doctor_reports_a_seed_variable_that_is_no_seed_with_the_fix() -> None:
+    out = cli("doctor", env={"DEVRNG_SEED": "abc"})
+    assert out.returncode == 1, out.stdout + out.stderr
+    problems = out.stdout.split("Problems in this environment:")[1]
+    assert ("ERROR: The DEVRNG_SEED environment variable is 'abc', which is not a seed; set it "
+            "to an int in [0, 2**64) or unset it.") in problems
+    assert "TrainingRNG()" in problems
+    fine = cli("doctor", env={"DEVRNG_SEED": "1234", "PL_GLOBAL_SEED": str(2**64)})
+    assert fine.returncode == 1 and "PL_GLOBAL_SEED environment variable is" in fine.stdout
+    assert "DEVRNG_SEED environment variable" not in fine.stdout
+    clean = cli("doctor", env={"DEVRNG_SEED": "1234"})
+    assert clean.returncode == 0 and "Problems in this environment" not in clean.stdout
+
+
+@pytest.mark.parametrize("value", [":4096:8", ":16:8", ":0:0", ":8192:2", "4096:8"])
+def test_doctor_and_deterministic_agree_on_cublas_workspace_config(
+        value: str, simulate_device: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """doctor warns about exactly the values that deterministic() refuses once CUDA runs
+    (SIMULATED CUDA: already initialised)."""
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", value)
+    errors, warned = environment_problems({})
+    flagged = any(line.startswith(f"CUBLAS_WORKSPACE_CONFIG is {value!r}") for line in warned)
+    assert not errors
+    simulate_device("cuda", initialized=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # ':16:8' is accepted with a warning
+        try:
+            with devrng.deterministic():
+                refused = False
+        except devrng.DevRNGError:
+            refused = True
+    assert flagged == refused
+    assert refused == (value not in (":4096:8", ":16:8"))
+
+
+def test_doctor_load_prints_what_packages_print_after_its_table(tmp_path: Path) -> None:
+    """A backend package that warns while loading (Python warnings, or C++ writing to
+    file descriptor 2) does not break into the table: its text comes after, marked."""
+    dist = tmp_path / "devrng_noisy-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: devrng-noisy\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[devrng.backends]\nnoisydev = noisy_mod:backend\n")
+    (tmp_path / "noisy_mod.py").write_text(
+        "import os, warnings\n"
+        "warnings.warn('noisy_mod is deprecated, says the package')\n"
+        "os.write(2, b'noisy C++ runtime: starting\\n')\n"
+        "from tests._fakes import MinimalBackend\n"
+        "backend = MinimalBackend()\nbackend.name = 'noisydev'\n")
+    out = subprocess.run([sys.executable, "-m", "devrng", "doctor", "--load"], text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,  # as a terminal shows
+                         env=run_env({"PYTHONPATH": f"{tmp_path}:{ROOT / 'src'}:{ROOT}"}))
+    lines = out.stdout.splitlines()
+    table_end = max(i for i, line in enumerate(lines) if line.split()[:1] == ["noisydev"])
+    assert "works (" in lines[table_end]
+    noise = [i for i, line in enumerate(lines) if "noisy_mod is deprecated" in line
+             or "noisy C++ runtime: starting" in line]
+    assert len(noise) >= 2 and min(noise) > table_end, out.stdout  # the warning quotes its line
+    heading = lines.index("Printed while loading the backends (by the packages themselves):")
+    assert table_end < heading < min(noise)
+    assert all(lines[i].startswith("  | ") for i in noise)

@@ -14,12 +14,20 @@ import numpy as np
 import pytest
 import torch
 from tests._fakes import registered
+from tests._helpers import generator_states, set_environ
 
 import devrng
 from devrng import _determinism
 
 CUBLAS = "CUBLAS_WORKSPACE_CONFIG"
 INDUCTOR_ENV = "TORCHINDUCTOR_DETERMINISTIC"
+INDUCTOR_MODULE = "torch._inductor.config"  # torch's module that holds the switch
+
+
+def _inductor_switch_exists() -> bool:
+    """Whether this torch has inductor's deterministic switch, as devrng's report says."""
+    return bool(_determinism.current_settings()["torch._inductor.config.deterministic"]
+                ["available"])
 
 
 def flags() -> dict[str, Any]:
@@ -31,19 +39,12 @@ def flags() -> dict[str, Any]:
         "warn_only": torch.is_deterministic_algorithms_warn_only_enabled(),
         "fill": torch.utils.deterministic.fill_uninitialized_memory,
         "mkldnn": torch.backends.mkldnn.deterministic,
-        "inductor": getattr(sys.modules.get(_determinism._INDUCTOR_MODULE), "deterministic", None),
+        "inductor": getattr(sys.modules.get(INDUCTOR_MODULE), "deterministic", None),
         **{k: os.environ.get(k) for k in (CUBLAS, INDUCTOR_ENV, "XLA_FLAGS")},
     }
 
 
-def rng() -> tuple[torch.Tensor, Any, Any]:
-    return torch.get_rng_state(), random.getstate(), np.random.get_state(legacy=False)
-
-
-def same_rng(a: tuple[torch.Tensor, Any, Any], b: tuple[torch.Tensor, Any, Any]) -> bool:
-    return (torch.equal(a[0], b[0]) and a[1] == b[1]
-            and np.array_equal(a[2]["state"]["key"], b[2]["state"]["key"])
-            and a[2]["state"]["pos"] == b[2]["state"]["pos"])
+rng = generator_states
 
 
 @pytest.fixture(autouse=True)
@@ -63,11 +64,7 @@ def _clean_switches() -> Iterator[None]:
     torch._C._set_deterministic_algorithms(saved[2], warn_only=saved[3])
     torch.utils.deterministic.fill_uninitialized_memory = saved[4]
     torch.backends.mkldnn.deterministic = saved[5]
-    for var, value in env.items():
-        if value is None:
-            os.environ.pop(var, None)
-        else:
-            os.environ[var] = value
+    set_environ(env)
     assert flags()["algorithms"] == before["algorithms"]
 
 
@@ -92,7 +89,7 @@ def test_bare_call_applies_every_switch() -> None:
         assert now["fill"] is True
         assert now["mkldnn"] is True
         assert now[CUBLAS] == ":4096:8"
-        if _determinism._inductor_has_deterministic():  # torch 2.13, not 2.9
+        if _inductor_switch_exists():  # torch 2.13, not 2.9
             assert now[INDUCTOR_ENV] == "1" or now["inductor"] is True
         else:
             assert now[INDUCTOR_ENV] is None
@@ -131,7 +128,7 @@ def test_seed_seeds_torch_python_and_numpy() -> None:
 def test_without_seed_rng_is_untouched() -> None:
     before = rng()
     with devrng.deterministic():
-        assert same_rng(before, rng())
+        assert before == rng()
 
 
 # ------------------------------------------------------------------ restoring
@@ -143,7 +140,7 @@ def test_with_block_restores_flags_env_and_rng() -> None:
         torch.rand(5), random.random(), np.random.rand()
         assert isinstance(handle, _determinism.DeterministicHandle)
     assert flags() == before_flags
-    assert same_rng(before_rng, rng())
+    assert before_rng == rng()
 
 
 def test_restores_after_exception_inside() -> None:
@@ -157,7 +154,7 @@ def test_restores_after_exception_inside() -> None:
     with pytest.raises(KeyError, match="boom"):
         body()
     assert flags() == before_flags
-    assert same_rng(before_rng, rng())
+    assert before_rng == rng()
 
 
 def test_restores_unset_variables_to_unset() -> None:
@@ -175,7 +172,7 @@ def test_nested_blocks_restore_the_outer_settings() -> None:
             assert os.environ[CUBLAS] == ":4096:8"
             assert not torch.is_deterministic_algorithms_warn_only_enabled()
         assert flags() == outer[0]
-        assert same_rng(outer[1], rng())
+        assert outer[1] == rng()
 
 
 def test_handle_can_be_restored_and_entered_again() -> None:
@@ -222,7 +219,7 @@ def test_simulated_initialised_cuda_without_variable_raises(
             r"train.py`.*warn_only=True")):
         devrng.deterministic(seed=1)
     assert flags() == before[0]  # nothing was changed
-    assert same_rng(before[1], rng())
+    assert before[1] == rng()
 
 
 def test_simulated_initialised_cuda_with_wrong_value_warns_with_warn_only(
@@ -300,7 +297,7 @@ def test_current_settings_reads_without_changing() -> None:
     before = flags(), rng()
     settings = _determinism.current_settings()
     assert flags() == before[0]
-    assert same_rng(before[1], rng())
+    assert before[1] == rng()
     assert settings["torch.backends.cudnn.deterministic"]["value"] is False
     assert settings["torch.backends.cudnn.deterministic"]["target"] is True
     with devrng.deterministic() as handle:
@@ -436,16 +433,16 @@ def test_xla_flag_is_set_and_restored_exactly(monkeypatch: pytest.MonkeyPatch) -
 
 # ------------------------------------------------------------------ inductor
 def test_inductor_switch_follows_its_import_state(monkeypatch: pytest.MonkeyPatch) -> None:
-    if not _determinism._inductor_has_deterministic():
+    if not _inductor_switch_exists():
         pytest.skip(f"torch {torch.__version__} has no torch._inductor.config.deterministic")
-    if _determinism._INDUCTOR_MODULE in sys.modules:
+    if INDUCTOR_MODULE in sys.modules:
         pytest.skip("inductor is already imported in this process")
     # Not imported: the variable it reads at import is set, and put back.
     with devrng.deterministic():
         assert os.environ[INDUCTOR_ENV] == "1"
         # SIMULATED import of inductor inside the block (the real one takes seconds)
         fake = types.SimpleNamespace(deterministic=True)
-        monkeypatch.setitem(sys.modules, _determinism._INDUCTOR_MODULE, fake)
+        monkeypatch.setitem(sys.modules, INDUCTOR_MODULE, fake)
     assert INDUCTOR_ENV not in os.environ
     assert fake.deterministic is False
     # Imported: the attribute itself is switched and put back.

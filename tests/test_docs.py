@@ -1,9 +1,11 @@
-"""The built documentation site, read as a user's browser gets it.
+"""The documentation as a user meets it: the built site, and the install story.
 
 Builds the site with mkdocs (the core environment has it) and inspects the HTML of
 the API reference and the guides for what once went wrong: Sphinx roles shown
 literally, examples rendered as nested blockquotes, torch's private parameters in
 signatures, overloads repeated, and the objects users get back left undocumented.
+The install commands are read from the Markdown sources: the README and every docs
+page give the same ones, and those work as written.
 """
 
 from __future__ import annotations
@@ -11,17 +13,19 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-pytest.importorskip("mkdocs")
-pytest.importorskip("mkdocstrings")
+DOCS = ROOT / "docs"
 
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pytest.importorskip("mkdocs")
+    pytest.importorskip("mkdocstrings")
     out = tmp_path_factory.mktemp("site")
     build = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet",
                             "--site-dir", str(out)], cwd=ROOT, capture_output=True, text=True,
@@ -73,3 +77,110 @@ def test_docstrings_do_not_send_users_to_private_modules(site: Path) -> None:
     text = re.sub(r"<[^>]+>", "", api)
     private = re.findall(r".{0,30}devrng\._[a-z]\w*.{0,10}", text)  # devrng.__all__ is public
     assert not private, private[:5]
+
+
+def test_plain_code_spans_in_docstrings_link_to_what_they_name(site: Path) -> None:
+    """Docstrings write ``fork_rng`` (clean in help()); the site turns it into a link."""
+    api = (site / "api" / "index.html").read_text()
+    section = api[api.find('id="devrng.get_rng_state"'):api.find('id="devrng.set_rng_state"')]
+    assert re.search(r'<a class="autorefs autorefs-internal"[^>]*href="#devrng.fork_rng"', section)
+    section = api[api.find('id="devrng.RNGState.load"'):api.find('id="devrng.RNGState.fingerprint"')]
+    assert 'href="#devrng.RNGState.save"' in section
+    text = re.sub(r"<[^>]+>", "", api)
+    assert "][" not in text  # no link syntax left unresolved
+
+
+def test_api_page_shows_fork_rng_by_use_and_each_module_heading_once(site: Path) -> None:
+    api = (site / "api" / "index.html").read_text()
+    heading = api[api.find('id="devrng.fork_rng"'):api.find("</h3>", api.find('id="devrng.fork_rng"'))]
+    assert "doc-symbol-class" not in heading
+    assert "doc-label-context" in heading and "doc-label-decorator" in heading
+    headings = [" ".join(re.sub(r"<[^>]+>|&para;", " ", h).split())
+                for _, h in re.findall(r"<h([2-6])[^>]*>(.*?)</h\1>", api, flags=re.S)]
+    for module in ("devrng.testing", "devrng.distributed"):
+        shown = [h for h in headings if h.removeprefix("module ") == module]
+        assert len(shown) == 1, shown
+
+
+def test_signatures_are_formatted_to_the_column(site: Path) -> None:
+    """mkdocstrings formats signatures with ruff (the docs extra brings it): one per line."""
+    api = (site / "api" / "index.html").read_text()
+    start = api.find('id="devrng.deterministic"')
+    signature = api[api.find("doc-signature", start):api.find("</code>", api.find("doc-signature", start))]
+    lines = re.sub(r"<[^>]+>", "", signature).splitlines()
+    assert len(lines) > 3 and max(len(line) for line in lines) <= 80, lines
+
+
+def test_the_site_wraps_long_code_lines_instead_of_cutting_them(site: Path) -> None:
+    css = (site / "stylesheets" / "extra.css").read_text()
+    assert re.search(r"pre > code \{[^}]*white-space: pre-wrap", css)
+    assert 'href="../stylesheets/extra.css"' in (site / "api" / "index.html").read_text()
+
+
+# -- install commands ----------------------------------------------------------------------
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+_FENCED = re.compile(r"^[ \t]*```(?:bash|shell|console|sh)?\n(.*?)^[ \t]*```", flags=re.M | re.S)
+_COMMAND = re.compile(r"^\s*(pip (?:install|wheel)\b[^#\n]*?)\s*(?:#.*)?$", flags=re.M)
+_INLINE = re.compile(r"(?<!`)`(pip (?:install|wheel)\b[^`]*)`(?!`)")
+
+
+def install_commands(markdown: str) -> list[str]:
+    """Every pip command in fenced blocks and inline code, comments dropped, in order."""
+    found = [c for block in _FENCED.findall(markdown) for c in _COMMAND.findall(block)]
+    outside = _FENCED.sub("", markdown)
+    return found + [c.strip() for c in _INLINE.findall(outside)]
+
+
+def install_section(markdown: str) -> list[str]:
+    section = markdown.split("\n## Install\n", 1)[1].split("\n## ", 1)[0]
+    return install_commands(section)
+
+
+CANONICAL = install_section((DOCS / "index.md").read_text(encoding="utf-8"))
+SOURCES = [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]
+
+
+def test_install_commands_are_found() -> None:
+    sample = ('```bash\npip install .      # devrng\n  pip install ".[xla]"\n```\n'
+              'Or `pip install devrng`, not ``code``.')
+    assert install_commands(sample) == ["pip install .", 'pip install ".[xla]"',
+                                        "pip install devrng"]
+    assert "pip install ." in CANONICAL and len(CANONICAL) >= 5
+
+
+def test_readme_and_site_show_the_same_install_commands() -> None:
+    readme = install_section((ROOT / "README.md").read_text(encoding="utf-8"))
+    assert readme == CANONICAL
+
+
+@pytest.mark.parametrize("page", SOURCES, ids=[str(p.relative_to(ROOT)) for p in SOURCES])
+def test_every_install_command_is_one_of_the_install_section(page: Path) -> None:
+    """One install story: no page tells users to install devrng any other way."""
+    stray = [c for c in install_commands(page.read_text(encoding="utf-8")) if c not in CANONICAL]
+    assert not stray, f"{page.name}: {stray} (the Install section of docs/index.md has {CANONICAL})"
+
+
+def test_install_commands_work_as_written() -> None:
+    """devrng is not on a package index: every command installs from the source tree (``.``,
+    an extra of it, or the wheel built from it), and names only extras and files that exist."""
+    extras = set(PYPROJECT["project"]["optional-dependencies"])
+    wheel = f"dist/{PYPROJECT['project']['name']}-{PYPROJECT['project']['version']}-py3-none-any.whl"
+    for command in CANONICAL:
+        target = command.split()[-1].strip("\"'")
+        if command.startswith("pip wheel"):
+            assert command == "pip wheel --no-deps -w dist .", command
+        elif target.startswith(".["):
+            assert target[2:-1] in extras, f"{command}: pyproject.toml has no such extra"
+        else:
+            assert target in (".", wheel), f"{command}: installs {target!r}, not the source tree"
+    assert f"pip install {wheel}" in CANONICAL  # the wheel the build command makes
+
+
+def test_a_returns_section_renders_as_one_description(site: Path) -> None:
+    """A Returns: description that takes two lines is one item, not two return values."""
+    api = (site / "api" / "index.html").read_text()
+    for ident in ("devrng.fork_rng", "devrng.deterministic", "devrng.get_backend"):
+        start = api.find(f'id="{ident}"')
+        section = api[api.find("Returns:", start):]
+        items = section[:section.find("</ul>")].count("<li")
+        assert items == 1, (ident, items)

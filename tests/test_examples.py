@@ -21,6 +21,7 @@ PJRT_DEVICE defaults to CPU, so XLA examples run on machines without a TPU.
 
 from __future__ import annotations
 
+import doctest
 import importlib.util
 import os
 import re
@@ -29,6 +30,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -164,26 +166,137 @@ def test_readme_commands_are_what_ci_runs() -> None:
 
 
 # -- the docs' code blocks ------------------------------------------------------------
-_DOC_BLOCKS = [
-    pytest.param(code, id=f"{page.relative_to(EXAMPLES.parent)}#{i}")
-    for page in sorted((EXAMPLES.parent / "docs").rglob("*.md"))
-    for i, code in enumerate(re.findall(r"```python\n(.*?)```", page.read_text(encoding="utf-8"),
-                                        flags=re.S))
+# A fenced block, also indented under a list item.
+_FENCE = re.compile(r"^(?P<indent>[ \t]*)```(?P<lang>\w*)[^\n]*\n(?P<body>.*?)^(?P=indent)```[ \t]*$",
+                    flags=re.M | re.S)
+HEAVY = ("torch_xla", "torchax", "jax", "intel_extension_for_pytorch")
+
+
+class Block(NamedTuple):
+    """A python block of a docs page, and the text block right after it (its output)."""
+
+    where: str
+    code: str
+    output: str | None
+
+
+def _dedent(match: re.Match[str]) -> str:
+    indent = match["indent"]
+    return "".join(line[len(indent):] if line.startswith(indent) else line
+                   for line in match["body"].splitlines(keepends=True))
+
+
+def python_blocks(page: Path) -> list[Block]:
+    text = page.read_text(encoding="utf-8")
+    fences = list(_FENCE.finditer(text))
+    found: list[Block] = []
+    for i, fence in enumerate(fences):
+        if fence["lang"] != "python":
+            continue
+        after = fences[i + 1] if i + 1 < len(fences) else None
+        shown = (after is not None and after["lang"] == "text"
+                 and not text[fence.end():after.start()].strip())
+        where = f"{page.relative_to(EXAMPLES.parent)}#{len(found)}"
+        found.append(Block(where, _dedent(fence), _dedent(after) if shown and after else None))
+    return found
+
+
+def whole_program(code: str) -> bool:
     # A whole program starts with its imports; fragments (names from the text around
     # them, `...` for the rest) start with a comment saying where their names come from.
-    if code.lstrip().startswith(("import ", "from ")) and "..." not in code
-]
+    return code.lstrip().startswith(("import ", "from ")) and "..." not in code
+
+
+DOC_PAGES = sorted((EXAMPLES.parent / "docs").rglob("*.md"))
+_DOC_BLOCKS = [block for page in DOC_PAGES for block in python_blocks(page)]
+_PROGRAMS = [pytest.param(b, id=b.where) for b in _DOC_BLOCKS if whole_program(b.code)]
+_CONSOLE = [pytest.param(b, id=b.where) for b in _DOC_BLOCKS if b.code.lstrip().startswith(">>>")]
+
+
+def _missing(code: str) -> list[str]:
+    imported = re.findall(r"^\s*(?:>>> )?(?:import|from)\s+([\w.]+)", code, flags=re.M)
+    return sorted({m.split(".")[0] for m in imported if not available(m.split(".")[0])})
 
 
 def test_there_are_whole_programs_in_the_docs() -> None:
-    assert len(_DOC_BLOCKS) >= 5
+    assert len(_PROGRAMS) >= 5 and len(_CONSOLE) >= 3
+    assert sum(b.output is not None for b in _DOC_BLOCKS) >= 2
 
 
-@pytest.mark.parametrize("code", _DOC_BLOCKS)
-def test_docs_code_block_runs(code: str, tmp_path: Path) -> None:
-    imported = re.findall(r"^\s*(?:import|from)\s+([\w.]+)", code, flags=re.M)
-    missing = sorted({m.split(".")[0] for m in imported if not available(m.split(".")[0])})
+@pytest.mark.parametrize("block", _PROGRAMS)
+def test_docs_code_block_runs(block: Block, tmp_path: Path) -> None:
+    """Each whole program runs; where a text block follows it, that is what it prints."""
+    missing = _missing(block.code)
     if missing:
         pytest.skip(f"needs {', '.join(missing)}, not installed here")
-    proc = _run_snippet(code, tmp_path)
+    proc = _run_snippet(block.code, tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    if block.output is not None:
+        assert_shown(block.output, proc.stdout)
+
+
+def assert_shown(shown: str, printed: str) -> None:
+    """``printed`` is what the page shows (trailing spaces aside; ``...`` stands for anything)."""
+    def tidy(text: str) -> str:
+        return "\n".join(line.rstrip() for line in text.strip("\n").splitlines()) + "\n"
+
+    checker = doctest.OutputChecker()
+    assert checker.check_output(tidy(shown), tidy(printed), doctest.ELLIPSIS), (
+        f"the page shows:\n{shown}\nthe program prints:\n{printed}")
+
+
+def test_shown_output_comes_after_a_whole_program() -> None:
+    """A fragment cannot run, so output shown after one could not be checked."""
+    unchecked = [b.where for b in _DOC_BLOCKS if b.output is not None and not whole_program(b.code)]
+    assert not unchecked, f"output shown after a fragment: {unchecked}"
+
+
+def test_the_output_check_fails_on_a_difference() -> None:
+    assert_shown("1 / 2 mismatched ...\n  a\n", "1 / 2 mismatched (50.0%)\n  a  \n")
+    with pytest.raises(AssertionError, match="the program prints"):
+        assert_shown("6 / 7 mismatched\n", "MISMATCH: output\n")
+
+
+_CONSOLE_RUNNER = """
+import doctest, sys
+import torch, devrng
+test = doctest.DocTestParser().get_doctest(sys.stdin.read(), {"torch": torch, "devrng": devrng},
+                                           "docs", None, 0)
+runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+sys.exit(1 if runner.run(test).failed else 0)
+"""
+
+
+@pytest.mark.parametrize("block", _CONSOLE)
+def test_docs_console_block_shows_what_it_prints(block: Block, tmp_path: Path) -> None:
+    """``>>>`` blocks run as doctests, each in a fresh process, with torch and devrng imported."""
+    missing = _missing(block.code)
+    if missing:
+        pytest.skip(f"needs {', '.join(missing)}, not installed here")
+    env = dict(os.environ)
+    env.setdefault("PJRT_DEVICE", "CPU")
+    proc = subprocess.run([sys.executable, "-c", _CONSOLE_RUNNER], input=block.code, cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+# -- the home page ----------------------------------------------------------------------
+_NO_DEVICE_PACKAGES = """
+import importlib.abc, sys
+class _Absent(importlib.abc.MetaPathFinder):   # a CPU-only install: none of these exist
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {heavy!r}:
+            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+sys.meta_path.insert(0, _Absent())
+"""
+
+
+def test_home_page_starts_with_a_program_for_a_cpu_only_install(tmp_path: Path) -> None:
+    first = python_blocks(EXAMPLES.parent / "docs" / "index.md")[0]
+    assert whole_program(first.code), "the home page's first example must run as it is"
+    assert not [m for m in HEAVY if m in first.code], "the first example must need only torch"
+    blocker = _NO_DEVICE_PACKAGES.format(heavy=set(HEAVY))
+    proc = _run_snippet(blocker + first.code, tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    broken = _run_snippet(blocker + "import torch_xla", tmp_path)  # the blocker itself works
+    assert broken.returncode != 0 and "No module named 'torch_xla'" in broken.stderr

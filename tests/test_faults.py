@@ -2,16 +2,20 @@
 
 Faults come from real registered backends that raise (``tests._fakes.FaultyBackend``,
 generators underneath), from real interrupts, from a real file-size limit and from
-hostile files loaded in a subprocess. One section per numbered item of the hardening
-issue; the property test at the end mixes them.
+hostile files loaded in a subprocess. One section per feature; the property test at the
+end mixes them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
+import functools
 import itertools
 import os
 import random
+import signal
+import stat
 import subprocess
 import sys
 import textwrap
@@ -26,11 +30,18 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tests._fakes import FaultyBackend, MinimalBackend, registered
+from tests._helpers import (
+    ROOT,
+    generator_states,
+    generators_of,
+    run_env,
+    run_python,
+    set_environ,
+)
+from tests._interrupts import after_every_apply, at_every_line
 
 import devrng
 from devrng import DevRNGError, fork_rng
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -47,26 +58,6 @@ def other() -> Iterator[FaultyBackend]:
         yield backend
 
 
-def everything(*backends: FaultyBackend) -> tuple[Any, ...]:
-    """Every generator a test can touch, read without devrng."""
-    np_state = np.random.get_state(legacy=False)
-    return (torch.get_rng_state(), random.getstate(), np_state["state"]["key"].copy(),
-            np_state["state"]["pos"], np_state["has_gauss"], np_state["gauss"],
-            [b.states() for b in backends])
-
-
-def same(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
-    return (torch.equal(a[0], b[0]) and a[1] == b[1] and np.array_equal(a[2], b[2])
-            and a[3:6] == b[3:6]
-            and all(torch.equal(x, y) for xs, ys in zip(a[6], b[6], strict=True)
-                    for x, y in zip(xs, ys, strict=True)))
-
-
-def host_and_other(state: tuple[Any, ...]) -> tuple[Any, ...]:
-    """``everything(faulty, other)`` without the faulty backend's generators."""
-    return (*state[:6], [state[6][1]])
-
-
 def move_everything(*backends: FaultyBackend) -> None:
     torch.rand(1)
     random.random()
@@ -76,25 +67,17 @@ def move_everything(*backends: FaultyBackend) -> None:
             torch.rand(1, generator=g)
 
 
-def run_python(code: str, *, env: dict[str, str] | None = None, timeout: int = 300
-               ) -> subprocess.CompletedProcess[str]:
-    full_env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{ROOT}:{ROOT / 'src'}",
-                "PJRT_DEVICE": "CPU", **(env or {})}
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
-                          text=True, env=full_env, timeout=timeout, cwd=ROOT)
-
-
-# ----------------------------------------------------------------------------- 1. set_rng_state
+# ----------------------------------------------------------------------------- set_rng_state
 def test_invalid_cpu_bytes_of_the_right_size_change_nothing() -> None:
     snap = devrng.get_rng_state(devices=[])
     cpu = snap.cpu.clone()
     cpu[8:12] = 255  # MT19937's `left` counter out of range: torch refuses it on set_state
     bad = devrng.RNGState(cpu, {}, snap.python, snap.numpy)
     move_everything()
-    before = everything()
+    before = generator_states()
     with pytest.raises(DevRNGError, match="CPU state is not a valid MT19937 state"):
         devrng.set_rng_state(bad)
-    assert same(before, everything())  # Python and NumPy were not applied first
+    assert before == generator_states()  # Python and NumPy were not applied first
 
 
 @pytest.mark.parametrize("fault", [RuntimeError("device lost"), KeyboardInterrupt()],
@@ -103,18 +86,18 @@ def test_a_failing_device_set_rolls_back_every_generator(
         faulty: FaultyBackend, other: FaultyBackend, fault: BaseException) -> None:
     snap = devrng.get_rng_state(devices=["other:0", "other:1", "faulty:0", "faulty:1"])
     move_everything(faulty, other)
-    before = everything(faulty, other)
+    before = generator_states(faulty, other)
     faulty.faults["set"] = fault
     faulty.after["set"] = 1  # faulty:0 is set, faulty:1 fails; the rollback of faulty:0 fails too
     expected = DevRNGError if isinstance(fault, Exception) else type(fault)
     with pytest.raises(expected):
         devrng.set_rng_state(snap)
     faulty.faults.clear()
-    after = everything(faulty, other)
-    assert same(host_and_other(before), host_and_other(after))  # host + other
+    after = generator_states(faulty, other)
+    assert before.without_devices(0) == after.without_devices(0)  # host + other
     # faulty:0 was set and its rollback raised: the error says so (checked below); faulty:1
     # failed before setting and kept its state.
-    assert torch.equal(before[6][0][1], after[6][0][1])
+    assert before.devices[0][1] == after.devices[0][1]
 
 
 def test_rollback_failure_is_reported_with_the_first_error(faulty: FaultyBackend) -> None:
@@ -126,7 +109,7 @@ def test_rollback_failure_is_reported_with_the_first_error(faulty: FaultyBackend
         devrng.set_rng_state(snap)
 
 
-# ----------------------------------------------------------------------------- 2. hostile snapshots
+# ----------------------------------------------------------------------------- hostile snapshots
 HOSTILE_NUMPY = {
     "large position": ("pos", 10**6, "position is 1000000; it must be an int from 0 to 624"),
     "negative position": ("pos", -5, "position is -5"),
@@ -246,29 +229,27 @@ print("refused", checked[0])
 
 
 def test_fuzzed_hostile_snapshots_never_crash_or_half_apply() -> None:
-    out = subprocess.run([sys.executable, "-c", FUZZ, "400"], capture_output=True, text=True,
-                         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT / "src")},
-                         timeout=600, cwd=ROOT)
+    out = run_python(FUZZ, args=["400"], timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr  # a segfault is -11 here
     assert int(out.stdout.split()[-1]) > 100  # most fuzzed inputs are refused, not accepted
 
 
-# ----------------------------------------------------------------------------- 3. atomic saves
+# ----------------------------------------------------------------------------- saving files
 def test_a_save_that_hits_the_file_size_limit_keeps_the_previous_file(tmp_path: Path) -> None:
     path = tmp_path / "state.rng"
     devrng.get_rng_state(devices=[]).save(path)
     good = path.read_bytes()
     out = run_python(f"""
         import resource, signal, torch, devrng
+        torch.manual_seed(1)
+        snap = devrng.get_rng_state(devices=[])  # devrng's modules load before the limit
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit raises instead
         resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
-        torch.manual_seed(1)
-        snap = devrng.get_rng_state(devices=[])
         try:
             snap.save({str(path)!r})
         except OSError as err:
             print("failed:", type(err).__name__)
-    """)
+    """, env={"PYTHONDONTWRITEBYTECODE": "1"})  # Python would write cut-off .pyc files
     assert out.returncode == 0, out.stderr
     assert "failed: OSError" in out.stdout or "failed: " in out.stdout
     assert path.read_bytes() == good
@@ -314,7 +295,100 @@ def test_saved_files_get_the_usual_permissions(tmp_path: Path) -> None:
     assert path.stat().st_mode & 0o777 == 0o666 & ~umask
 
 
-# ----------------------------------------------------------------------------- 4. interrupts
+def test_a_symlink_is_written_through_and_stays_a_link(tmp_path: Path) -> None:
+    (tmp_path / "real").mkdir()
+    target = tmp_path / "real" / "state.rng"
+    devrng.get_rng_state(devices=[]).save(target)
+    link = tmp_path / "latest.rng"
+    link.symlink_to(target)
+    torch.manual_seed(3)
+    snap = devrng.get_rng_state(devices=[])
+    snap.save(link)
+    assert link.is_symlink() and link.resolve() == target
+    assert devrng.RNGState.load(target) == snap
+    assert sorted(p.name for p in (tmp_path / "real").iterdir()) == ["state.rng"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest.rng", "real"]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "directory", "link to a fifo"])
+def test_special_files_are_never_replaced(kind: str, tmp_path: Path) -> None:
+    path = tmp_path / "special"
+    if kind in ("fifo", "link to a fifo"):
+        os.mkfifo(tmp_path / "fifo")
+        if kind == "fifo":
+            path = tmp_path / "fifo"
+        else:
+            path.symlink_to(tmp_path / "fifo")
+    elif kind == "device":  # a copy of /dev/null, made where the test may make one
+        null = os.stat("/dev/null")
+        os.mknod(path, 0o666 | stat.S_IFCHR, null.st_rdev)
+    else:
+        path.mkdir()
+    before = os.lstat(path)
+    word = {"fifo": "a FIFO", "device": "a device", "directory": "a directory",
+            "link to a fifo": "a FIFO"}[kind]
+    with pytest.raises(ValueError, match=f"is {word}; devrng saves to regular files only"):
+        devrng.get_rng_state(devices=[]).save(path)
+    after = os.lstat(path)
+    assert (before.st_mode, before.st_ino) == (after.st_mode, after.st_ino)
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".devrng-tmp")]
+
+
+def test_a_long_file_name_saves(tmp_path: Path) -> None:
+    path = tmp_path / ("s" * 246 + ".rng")  # 250 characters: the most most file systems allow
+    snap = devrng.get_rng_state(devices=[])
+    snap.save(path)
+    assert devrng.RNGState.load(path) == snap
+
+
+def test_a_save_killed_by_sigterm_leaves_nothing_the_next_save_keeps(tmp_path: Path) -> None:
+    path = tmp_path / "state.rng"
+    devrng.get_rng_state(devices=[]).save(path)
+    good = path.read_bytes()
+    code = f"""
+        import sys, time, torch, devrng
+        real_save = torch.save
+        def slow(obj, f, *args, **kwargs):
+            f.write(b"partial"); f.flush()
+            print("writing", flush=True)
+            time.sleep(60)
+        torch.save = slow
+        devrng.get_rng_state(devices=[]).save({str(path)!r})
+    """
+    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], text=True,
+                            stdout=subprocess.PIPE, env=run_env())
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "writing"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == -signal.SIGTERM
+    left = [p.name for p in tmp_path.iterdir() if p.name.endswith(".devrng-tmp")]
+    assert len(left) == 1  # the killed writer's temporary file
+    assert path.read_bytes() == good
+    devrng.get_rng_state(devices=[]).save(path)  # a later save to the path removes it
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["state.rng"]
+
+
+def test_a_stride_zero_memory_bomb_is_refused_at_load(tmp_path: Path) -> None:
+    data = devrng.get_rng_state(devices=[]).to_dict()
+    data["devices"] = {"cpu2": {0: torch.zeros(1, dtype=torch.uint8).expand(10**12)}}
+    path = tmp_path / "bomb.rng"
+    torch.save(data, path)
+    assert path.stat().st_size < 64_000
+    out = run_python(f"""
+        import resource
+        import devrng
+        devrng.RNGState  # torch and devrng's modules load before the limit
+        resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30))  # the bomb would need 1 TB
+        try:
+            devrng.RNGState.load({str(path)!r})
+        except devrng.DevRNGError as err:
+            print("refused:", err)
+    """)
+    assert out.returncode == 0, out.stderr
+    assert "refused:" in out.stdout and "(1000000000000 bytes); generator states are compact" \
+        in out.stdout, out.stdout
+
+
+# ----------------------------------------------------------------------------- interrupts
 @pytest.mark.parametrize("interrupt", [KeyboardInterrupt, SystemExit])
 def test_an_interrupt_in_the_body_propagates_even_when_a_restore_fails(
         faulty: FaultyBackend, interrupt: type[BaseException]) -> None:
@@ -335,7 +409,7 @@ def test_an_interrupt_in_the_body_propagates_even_when_a_restore_fails(
 
 def test_an_interrupt_while_restoring_one_generator_restores_the_others(
         faulty: FaultyBackend, other: FaultyBackend) -> None:
-    before = everything(faulty, other)
+    before = generator_states(faulty, other)
 
     def body() -> None:
         with fork_rng(devices=["other:0", "faulty:0", "other:1"], python=True, numpy=True):
@@ -345,52 +419,52 @@ def test_an_interrupt_while_restoring_one_generator_restores_the_others(
     with pytest.raises(KeyboardInterrupt):
         body()
     faulty.faults.clear()
-    after = everything(faulty, other)
-    assert same(host_and_other(before), host_and_other(after))
+    after = generator_states(faulty, other)
+    assert before.without_devices(0) == after.without_devices(0)
 
 
 def test_an_interrupt_in_the_fast_restore_path_still_restores_all(
         faulty: FaultyBackend, other: FaultyBackend) -> None:
-    before = everything(faulty, other)
+    before = generator_states(faulty, other)
     faulty.faults["set"] = KeyboardInterrupt()
     faulty.after["set"] = 0
     with pytest.raises(KeyboardInterrupt):
         with fork_rng(devices=["faulty:0", "other:0"]):  # no host states: the fast path
             move_everything(faulty, other)
     faulty.faults.clear()
-    after = everything(faulty, other)
-    assert torch.equal(before[0], after[0])
-    assert torch.equal(before[6][1][0], after[6][1][0])
+    after = generator_states(faulty, other)
+    assert before.cpu == after.cpu
+    assert before.devices[1][0] == after.devices[1][0]
 
 
-# ----------------------------------------------------------------------------- 5. seeding
+# ----------------------------------------------------------------------------- seeding
 @pytest.mark.parametrize("fault", [RuntimeError("seed failed"), KeyboardInterrupt()],
                          ids=["exception", "keyboard-interrupt"])
 def test_manual_seed_is_all_or_nothing(faulty: FaultyBackend, other: FaultyBackend,
                                        fault: BaseException) -> None:
     move_everything(faulty, other)
-    before = everything(faulty, other)
+    before = generator_states(faulty, other)
     faulty.faults["seed"] = fault
     with pytest.raises(DevRNGError if isinstance(fault, Exception) else type(fault)):
         devrng.manual_seed(5)
     faulty.faults.clear()
-    assert same(before, everything(faulty, other))
+    assert before == generator_states(faulty, other)
 
 
 def test_deterministic_with_a_failing_seed_changes_nothing(faulty: FaultyBackend) -> None:
     flags = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic,
              os.environ.get("CUBLAS_WORKSPACE_CONFIG"))
-    before = everything(faulty)
+    before = generator_states(faulty)
     faulty.faults["seed"] = RuntimeError("seed failed")
     with pytest.raises(DevRNGError, match=r"manual_seed\(3\) failed"):
         devrng.deterministic(seed=3)
     faulty.faults.clear()
-    assert same(before, everything(faulty))
+    assert before == generator_states(faulty)
     assert flags == (torch.are_deterministic_algorithms_enabled(),
                      torch.backends.cudnn.deterministic, os.environ.get("CUBLAS_WORKSPACE_CONFIG"))
 
 
-# ----------------------------------------------------------------------------- 6. handles
+# ----------------------------------------------------------------------------- deterministic() handles
 def _settings_now() -> tuple[Any, ...]:
     return (torch.are_deterministic_algorithms_enabled(),
             torch.is_deterministic_algorithms_warn_only_enabled(),
@@ -408,11 +482,7 @@ def clean_env() -> Iterator[None]:
     saved = {k: os.environ.pop(k, None) for k in ("CUBLAS_WORKSPACE_CONFIG",
                                                   "TORCHINDUCTOR_DETERMINISTIC")}
     yield
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+    set_environ(saved)
 
 
 @pytest.mark.parametrize("count", [2, 3])
@@ -454,13 +524,24 @@ def test_restoring_an_outer_handle_restores_the_inner_one_first(clean_env: None)
     assert _same_settings(start, _settings_now())
 
 
-# ----------------------------------------------------------------------------- 7. plugins
+# ----------------------------------------------------------------------------- plugins
 PLUGIN_CASES = {
     "raises on import": ("plugdev = broken_mod:backend",
                          "raise RuntimeError('plugin exploded')\n", "plugin exploded"),
     "names no attribute": ("plugdev = plain_mod", "x = 1\n", "does not satisfy devrng.Backend"),
     "not a backend": ("plugdev = odd_mod:backend", "backend = object()\n",
                       "does not satisfy devrng.Backend"),
+    "exits on import": ("plugdev = exiting_mod:backend", "import sys\nsys.exit(3)\n",
+                        "SystemExit: 3"),
+    "cannot count its devices": (
+        "plugdev = counting_mod:backend",
+        "from tests._fakes import MinimalBackend\n"
+        "class Backend(MinimalBackend):\n"
+        "    name = 'plugdev'\n"
+        "    def device_count(self):\n"
+        "        raise RuntimeError('the driver is gone')\n"
+        "backend = Backend()\n",
+        "failed to count its devices (RuntimeError: the driver is gone)"),
 }
 
 
@@ -473,7 +554,7 @@ def test_a_broken_plugin_breaks_nothing_that_does_not_name_it(case: str, tmp_pat
     (dist / "entry_points.txt").write_text(f"[devrng.backends]\n{entry}\n")
     module = entry.split("=")[1].strip().split(":")[0]
     (tmp_path / f"{module}.py").write_text(module_source)
-    env = {"PYTHONPATH": f"{tmp_path}:{ROOT / 'src'}"}
+    env = {"PYTHONPATH": f"{tmp_path}:{ROOT}:{ROOT / 'src'}"}
     out = run_python("""
         import warnings, devrng
         with warnings.catch_warnings(record=True) as seen:
@@ -484,7 +565,7 @@ def test_a_broken_plugin_breaks_nothing_that_does_not_name_it(case: str, tmp_pat
                 pass
         print("warned", [str(w.message) for w in seen])
         try:
-            devrng.get_backend("plugdev")
+            devrng.get_rng_state(devices=["plugdev:0"])
         except Exception as err:
             print("named:", type(err).__name__, err)
     """, env=env)
@@ -495,8 +576,7 @@ def test_a_broken_plugin_breaks_nothing_that_does_not_name_it(case: str, tmp_pat
     named = out.stdout.split("named:", 1)[1]
     assert reason in named and "devrng-badplugin" in named
     for command in ("doctor", "selftest"):
-        cli = subprocess.run([sys.executable, "-m", "devrng", command], capture_output=True,
-                             text=True, env={"PATH": "/usr/bin:/bin", **env}, cwd=ROOT)
+        cli = run_python("devrng", module=True, args=[command], env=env)
         assert cli.returncode == 0, cli.stdout + cli.stderr
         assert "Traceback" not in cli.stderr
 
@@ -515,7 +595,7 @@ def test_a_backend_that_lies_about_its_device_count_is_named(count: Any) -> None
             devrng.get_rng_state(devices=["liar:0"])
 
 
-# ----------------------------------------------------------------------------- 8. threads
+# ----------------------------------------------------------------------------- threads
 def test_seeded_calls_from_threads_equal_the_same_calls_made_serially() -> None:
     step = devrng.seeded_jit(lambda x: torch.nn.functional.dropout(x, 0.5), backend="eager",
                              seed=0)
@@ -558,7 +638,7 @@ def test_fork_rng_refuses_generator_functions() -> None:
         fork_rng()(gen)
 
 
-# ----------------------------------------------------------------------------- 9. input validation
+# ----------------------------------------------------------------------------- input validation
 @pytest.mark.parametrize(("call", "error", "message"), [
     (lambda: fork_rng(device_type="cuda:5"), ValueError,
      r"device_type='cuda:5' names a device, not a device type; pass device_type='cuda'"),
@@ -599,7 +679,175 @@ def test_a_rank_beyond_64_bits_is_an_error(monkeypatch: pytest.MonkeyPatch) -> N
         devrng.distributed.rank_seed(1)
 
 
-# ----------------------------------------------------------------------------- 10. seeded_jit
+# ----------------------------------------------------------------------------- bad state is refused
+def test_streams_refuse_a_zero_cpu_state_and_junk_device_states(faulty: FaultyBackend) -> None:
+    streams = devrng.RNGStreams()
+    streams.add("a", 1)
+    with streams.fork("a", devices=["faulty:0"]):
+        pass
+    good = streams.state_dict()
+    cases = [
+        (lambda sd: sd["streams"]["a"].update(cpu=torch.zeros(5056, dtype=torch.uint8)),
+         ValueError, r"Stream 'a''s CPU state is not a valid MT19937 state"),
+        (lambda sd: sd["streams"]["a"]["devices"]["faulty"].update({0: torch.zeros(3)}),
+         DevRNGError, r"The snapshot's faulty:0 state is a torch.float32 tensor of shape \(3,\)"),
+        (lambda sd: sd["streams"]["a"]["devices"]["faulty"].update({7: faulty.states()[0]}),
+         DevRNGError, r"holds a state for faulty:7, but this process has 2 faulty device"),
+        (lambda sd: sd["streams"]["a"]["devices"].update(nodev={0: torch.zeros(1)}),
+         DevRNGError, r"holds nodev states, but this process cannot reach nodev devices"),
+        (lambda sd: sd["streams"]["a"]["devices"]["faulty"].update({"0": faulty.states()[0]}),
+         ValueError, r"names the faulty device index '0'"),
+    ]
+    for change, error, message in cases:
+        sd = copy.deepcopy(good)
+        change(sd)
+        target = devrng.RNGStreams()
+        with pytest.raises(error, match=message):
+            target.load_state_dict(sd)
+        assert target.names == ()
+
+
+def test_training_rng_refuses_names_and_states_that_would_go_wrong_later() -> None:
+    rng = devrng.TrainingRNG(seed=3)
+    with pytest.raises(ValueError, match=r"the name 'dataloader1' is kept for the generators "
+                                         r"dataloader_kwargs\(\) makes"):
+        rng.track("dataloader1", torch.Generator())
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    loader = rng.track("loader", StatefulDataLoader(range(8), batch_size=2, shuffle=True))
+    next(iter(loader))
+    saved = rng.state_dict()
+    for empty in ({}, None):
+        saved["tracked"]["loader"] = empty
+        with pytest.raises(DevRNGError, match=rf"the saved state of the tracked object 'loader' "
+                                              rf"is {empty!r}, which would start it afresh"):
+            rng.load_state_dict(saved)
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (lambda sd: sd.update({1: 2, "x": 3}), r"the state has unknown keys 'x', 1"),
+    (lambda sd: sd.update(version=torch.tensor(1)), r"the state is version tensor\(1\)"),
+    (lambda sd: sd.update(rank="0"), r"the saved rank is '0', not an int of 0 or more"),
+    (lambda sd: sd.update(world_size=torch.tensor(1)), r"the saved world size is tensor\(1\)"),
+    (lambda sd: sd["tracked"].update({5: {}}), r"the checkpoint holds tracked objects 5, which "
+                                              r"nothing here tracks"),
+])
+def test_training_rng_states_of_odd_types_get_sentences(change: Any, message: str) -> None:
+    rng = devrng.TrainingRNG(seed=3)
+    saved = rng.state_dict()
+    change(saved)
+    with pytest.raises(DevRNGError, match=message):
+        rng.load_state_dict(saved)
+
+
+def test_per_rank_state_of_the_wrong_shape_gets_a_sentence() -> None:
+    from devrng.integrations._per_rank import PerRankState
+
+    state = PerRankState(devrng.TrainingRNG(seed=1), owner="DevRNGCallback")
+    for bad, shown in [({"ranks": {0: {}}}, "the keys 'ranks'"), ({1: 0, "a": 1}, "the keys 'a', 1"),
+                       (None, "a NoneType"), ({}, "the keys ")]:
+        with pytest.raises(DevRNGError, match=f"DevRNGCallback: the checkpoint holds no devrng RNG "
+                                              f"state \\(its entry is .*{shown}"):
+            state.load_state_dict(bad)  # type: ignore[arg-type]
+
+
+def test_sample_rng_takes_numpy_ints_and_refuses_indices_that_would_wrap() -> None:
+    with devrng.sample_rng(np.int64(3)):
+        pass
+    with pytest.raises(ValueError, match=r"sample_rng got the index 18446744073709551616; a "
+                                         r"sample's index must be from 0 to 2\*\*64 - 1"):
+        with devrng.sample_rng(2**64):
+            pass
+    with pytest.raises(TypeError, match=r"sample_rng takes the sample's index"):
+        with devrng.sample_rng(1.0):  # type: ignore[arg-type]
+            pass
+
+
+@pytest.mark.parametrize("call", [
+    lambda: fork_rng(devices="cuda"),
+    lambda: fork_rng(devices=[torch.device("cuda")]),
+    lambda: devrng.manual_seed(1, devices=["cuda"]),
+    lambda: devrng.get_rng_state(devices=["mps"]),
+    lambda: fork_rng(devices=["xpu"]),
+], ids=["cuda string", "cuda device", "manual_seed", "mps", "xpu"])
+def test_absent_devices_named_without_an_index_get_a_sentence(call: Callable[[], Any]) -> None:
+    with pytest.raises(ValueError, match=r"Device '(cuda|mps|xpu)' does not exist: this process "
+                                         r"has no \1 device\. Name only devices this process has"):
+        with call():  # type: ignore[attr-defined]
+            pass
+
+
+def test_cpu_indices_with_device_type_cpu_are_the_cpu() -> None:
+    before = torch.get_rng_state()
+    with fork_rng(devices=[0], device_type="cpu"):
+        torch.rand(2)
+    assert torch.equal(before, torch.get_rng_state())
+
+
+def test_training_rng_whose_seeding_fails_leaves_nothing_on(faulty: FaultyBackend,
+                                                            clean_env: None) -> None:
+    os.environ.pop("DEVRNG_SEED", None)
+    before = (generator_states(faulty), _settings_now()[:-1])
+    faulty.faults["seed"] = RuntimeError("seed failed")
+    with pytest.raises(DevRNGError, match=r"manual_seed\(7\) failed"):
+        devrng.TrainingRNG(seed=7, deterministic=True)
+    faulty.faults.clear()
+    assert (generator_states(faulty), _settings_now()[:-1]) == before
+    assert "DEVRNG_SEED" not in os.environ
+
+
+def test_doctor_with_standard_output_closed_says_so() -> None:
+    out = run_python("""
+        import os, subprocess, sys
+        proc = subprocess.run([sys.executable, "-m", "devrng", "doctor"], stdout=None,
+                              stderr=subprocess.PIPE, text=True, close_fds=True,
+                              preexec_fn=lambda: os.close(1))
+        print(proc.returncode, proc.stderr.strip())
+    """)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("1 devrng: standard output is closed"), out.stdout
+    assert "Traceback" not in out.stdout
+
+
+# ----------------------------------------------------------------------------- locks and os.fork
+def test_a_process_forked_while_a_thread_is_inside_a_seeded_call_does_not_hang() -> None:
+    out = run_python("""
+        import os, threading, time, torch, devrng
+        inside, leave = threading.Event(), threading.Event()
+
+        def slow(x):
+            inside.set()
+            leave.wait()
+            return x
+
+        held = devrng.seeded_jit(slow, backend="eager", seed=0)
+        step = devrng.seeded_jit(lambda x: x + torch.rand(1), backend="eager", seed=0)
+        thread = threading.Thread(target=held, args=(torch.zeros(1),))
+        thread.start()
+        inside.wait()
+        pid = os.fork()  # as a DataLoader worker is started, while the thread holds the lock
+        if pid == 0:
+            step(torch.zeros(1), seed=1)
+            devrng.manual_seed(2)
+            os._exit(0)
+        for _ in range(600):
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            time.sleep(0.05)
+        else:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            status = "hung"
+        leave.set()
+        thread.join()
+        print("child", status)
+    """, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "child 0"
+
+
+# ----------------------------------------------------------------------------- seeded_jit
 def test_a_function_with_its_own_seed_parameter_is_refused_at_wrap_time() -> None:
     def step(x: torch.Tensor, seed: int) -> torch.Tensor:
         return x * seed
@@ -624,7 +872,7 @@ def test_a_positional_seed_says_seed_is_keyword_only() -> None:
         step(torch.ones(1), 7)
 
 
-# ----------------------------------------------------------------------------- 11. opaque states
+# ----------------------------------------------------------------------------- opaque states
 def test_opaque_states_cannot_be_fingerprinted() -> None:
     class Opaque(MinimalBackend):
         name = "opaque"
@@ -639,7 +887,7 @@ def test_opaque_states_cannot_be_fingerprinted() -> None:
         assert "not plain data" in repr(snap)
 
 
-# ----------------------------------------------------------------------------- 12. fork reads on entry
+# ----------------------------------------------------------------------------- fork reads devices on entry
 def test_a_devices_list_filled_after_construction_is_honoured(faulty: FaultyBackend) -> None:
     devices: list[Any] = []
     fork = fork_rng(devices=devices)
@@ -654,7 +902,7 @@ def test_a_devices_list_filled_after_construction_is_honoured(faulty: FaultyBack
     assert not torch.equal(faulty.states()[1], before[1])
 
 
-# ----------------------------------------------------------------------------- 14. reports
+# ----------------------------------------------------------------------------- reports
 def test_a_shape_mismatch_headlines_as_a_mismatch() -> None:
     report = devrng.testing.compare(torch.ones(3), torch.ones(4))
     assert str(report).startswith("MISMATCH: output: shape (3,) vs (4,) in the reference")
@@ -685,7 +933,7 @@ def test_random_nestings_with_random_faults_end_where_they_started(
                                                 "TORCHINDUCTOR_DETERMINISTIC")}
     with registered("faulty", FaultyBackend("faulty")) as faulty, \
             registered("other", FaultyBackend("other")) as other:
-        start = everything(faulty, other)
+        start = generator_states(faulty, other)
         settings_start = _settings_now()[:-1]
         if fault is not None:
             faulty.faults[fault[0]] = fault[1]("injected")  # type: ignore[call-arg]
@@ -697,13 +945,13 @@ def test_random_nestings_with_random_faults_end_where_they_started(
         except BaseException as err:
             raised = err
         faulty.faults.clear()
-        end = everything(faulty, other)
+        end = generator_states(faulty, other)
         text = "" if raised is None else str(raised) + "".join(getattr(raised, "__notes__", []))
         # A restore that the backend refused is reported, never silent; what it could not
         # put back is its own test's subject (above). Without one, all is as it started.
         if not any(word in text for word in ("could not restore", "Restoring the snapshot",
                                              "putting the generators back failed")):
-            assert same(start, end) or any(same(pre, end) for pre in failed_restores), (
+            assert start == end or any((pre == end) for pre in failed_restores), (
                 ops, fault, when, raised)
         assert _settings_now()[:-1] == settings_start
         if raised is not None:
@@ -712,11 +960,7 @@ def test_random_nestings_with_random_faults_end_where_they_started(
                 assert type(raised) is fault[1]  # interrupts propagate as themselves
             else:  # a failed restore or seeding is a DevRNGError; a failed read is the backend's
                 assert isinstance(raised, (DevRNGError, fault[1])), repr(raised)
-    for k, v in saved_env.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+    set_environ(saved_env)
 
 
 def _nest(ops: list[str], faulty: FaultyBackend, other: FaultyBackend,
@@ -733,7 +977,7 @@ def _nest(ops: list[str], faulty: FaultyBackend, other: FaultyBackend,
         _nest(rest, faulty, other, failed_restores, covered)
 
     def restore(snap: devrng.RNGState) -> None:
-        before = everything(faulty, other)
+        before = generator_states(faulty, other)
         try:
             devrng.set_rng_state(snap)
         except BaseException:
@@ -771,3 +1015,303 @@ def _draw(faulty: FaultyBackend, other: FaultyBackend, host: bool) -> None:
     if host:
         random.random()
         np.random.random()
+
+
+# ----------------------------------------------------------------------------- interrupts anywhere
+# A KeyboardInterrupt injected before every line devrng runs (tests/_interrupts.py), and right
+# after every setter applied its change: each call must end all done or all undone, with the
+# interrupt going on as itself.
+_ENV = ("CUBLAS_WORKSPACE_CONFIG", "TORCHINDUCTOR_DETERMINISTIC", "DEVRNG_SEED")
+
+
+class _World:
+    """Every generator and setting a call could change, to read and to put back by hand."""
+
+    def __init__(self, *holders: Any) -> None:
+        self.holders = holders
+        self.saved = (torch.get_rng_state(), random.getstate(), np.random.get_state(),
+                      [[g.get_state() for g in generators_of(h)] for h in holders], _settings_now()[:-1],
+                      {k: os.environ.get(k) for k in _ENV})
+        self.start = self.now()
+
+    def now(self) -> tuple[Any, ...]:
+        return (generator_states(*self.holders), _settings_now()[:-1],
+                tuple(os.environ.get(k) for k in _ENV))
+
+    def reset(self) -> None:
+        cpu, py, np_state, devices, flags, env = self.saved
+        torch.set_rng_state(cpu)
+        random.setstate(py)
+        np.random.set_state(np_state)
+        for holder, states in zip(self.holders, devices, strict=True):
+            for g, state in zip(generators_of(holder), states, strict=True):
+                g.set_state(state)
+        torch.use_deterministic_algorithms(flags[0], warn_only=flags[1])
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = flags[2:4]
+        torch.utils.deterministic.fill_uninitialized_memory = flags[4]
+        set_environ(env)
+
+    def result_of(self, op: Callable[[], Any]) -> tuple[Any, ...]:
+        """The world after ``op`` runs untouched from the start."""
+        self.reset()
+        op()
+        return self.now()
+
+
+def _trials(inject: str, op: Callable[[], Any], reset: Callable[[], Any],
+            *backends: FaultyBackend) -> Iterator[Any]:
+    if inject == "every line":
+        return at_every_line(op, reset)
+    from devrng import _fork, _host
+
+    setters: list[tuple[Any, str]] = [(_host, "set_cpu_state"), (_fork, "set_cpu_state"),
+                                      (_host, "seed_cpu"),
+                                      (_host, "set_python_state"), (_host, "seed_numpy"),
+                                      (np.random, "set_state"), (random, "seed")]
+    for backend in backends:
+        setters += [(backend, "set_rng_state"), (backend, "manual_seed")]
+    return after_every_apply(op, reset, setters)
+
+
+def _all_or_nothing(trials: Iterator[Any], world: _World, new: tuple[Any, ...], what: str, *,
+                    undone_only: bool = False) -> int:
+    """Every trial ends at the start or at ``new`` (only at the start when ``undone_only``:
+    the caller never received what would undo it), the interrupt raised as itself.
+    Returns how many trials were interrupted."""
+    interrupted = 0
+    for trial in trials:
+        end = world.now()
+        if trial.injected is None:
+            assert trial.raised is None, f"{what}: {trial.raised!r} without an interrupt"
+            assert end == new, f"{what}: the uninterrupted run differs"
+            continue
+        interrupted += 1
+        assert trial.raised is trial.injected, (
+            f"{what}: interrupted {trial.where}, it raised {trial.raised!r}")
+        allowed = (world.start,) if undone_only else (world.start, new)
+        assert end in allowed, f"{what}: not all or nothing after an interrupt {trial.where}"
+    return interrupted
+
+
+def _restoring(handles: list[Any], world: _World) -> Callable[[], None]:
+    """A reset that restores every handle the last trial made, then the world."""
+    def reset() -> None:
+        while handles:
+            handles.pop().restore()
+        world.reset()
+
+    return reset
+
+
+@pytest.fixture
+def world(faulty: FaultyBackend, other: FaultyBackend, clean_env: None) -> Iterator[_World]:
+    move_everything(faulty, other)
+    w = _World(faulty, other)
+    yield w
+    w.reset()
+
+
+INJECT = pytest.mark.parametrize("inject", ["every line", "after every setter"])
+_ENOUGH = {"every line": 20, "after every setter": 2}  # trials below this injected nothing real
+
+
+@INJECT
+def test_interrupted_set_rng_state_is_all_or_nothing(world: _World, inject: str) -> None:
+    devrng.manual_seed(77)
+    snap = devrng.get_rng_state(devices=["faulty:0", "faulty:1", "other:1"])
+    op = functools.partial(devrng.set_rng_state, snap)
+    new = world.result_of(op)
+    assert new != world.start
+    assert _all_or_nothing(_trials(inject, op, world.reset, *world.holders), world, new,
+                           "set_rng_state") > _ENOUGH[inject]
+
+
+@INJECT
+def test_interrupted_manual_seed_is_all_or_nothing(world: _World, inject: str) -> None:
+    op = functools.partial(devrng.manual_seed, 5)
+    new = world.result_of(op)
+    assert _all_or_nothing(_trials(inject, op, world.reset, *world.holders), world, new,
+                           "manual_seed") > _ENOUGH[inject]
+
+
+def _fork_fast() -> None:
+    with fork_rng(devices=[]):
+        torch.rand(1)
+
+
+def _fork_devices() -> None:
+    with fork_rng(devices=["faulty:0", "other:1"]):
+        torch.rand(1)
+        random.random()
+
+
+@fork_rng(devices=["faulty:0"], python=True, numpy=True)
+def _forked_function() -> None:
+    torch.rand(1)
+    random.random()
+    np.random.random()
+
+
+def _fork_host() -> None:
+    with fork_rng(devices=["faulty:1"], python=True, numpy=True):
+        _forked_function()  # a fork inside a fork
+
+
+@INJECT
+@pytest.mark.parametrize("op", [_fork_fast, _fork_devices, _fork_host, _forked_function],
+                         ids=["fast path", "devices", "python and numpy", "decorator"])
+def test_an_interrupted_fork_restores_everything(world: _World, inject: str,
+                                                 op: Callable[[], None]) -> None:
+    new = world.result_of(op)
+    if op is not _fork_devices:  # which leaves Python's generator out of the fork
+        assert new == world.start
+    interrupted = _all_or_nothing(_trials(inject, op, world.reset, *world.holders), world, new,
+                                  op.__name__)
+    assert interrupted > (0 if op is _fork_fast else _ENOUGH[inject])
+
+
+@INJECT
+def test_interrupted_deterministic_leaves_nothing_without_a_handle(world: _World,
+                                                                   inject: str) -> None:
+    handles: list[Any] = []
+    reset = _restoring(handles, world)
+
+    def op() -> None:
+        handles.append(devrng.deterministic(seed=3))
+
+    new = world.result_of(op)
+    reset()
+    assert new != world.start
+    assert _all_or_nothing(_trials(inject, op, reset, *world.holders), world, new,
+                           "deterministic()", undone_only=True) > _ENOUGH[inject]
+    reset()
+
+
+@INJECT
+def test_interrupted_restore_of_a_handle_is_all_or_nothing(world: _World, inject: str) -> None:
+    handles: list[Any] = []
+    restoring = _restoring(handles, world)
+
+    def reset() -> None:
+        restoring()
+        handles.append(devrng.deterministic(seed=3))
+
+    reset()
+    applied = world.now()
+    interrupted = 0
+    for trial in _trials(inject, lambda: handles[-1].restore(), reset, *world.holders):
+        end = world.now()
+        if trial.injected is None:
+            assert trial.raised is None and end == world.start
+            continue
+        interrupted += 1
+        assert trial.raised is trial.injected, (trial.where, trial.raised)
+        assert end in (applied, world.start), trial.where
+        # Left applied: the handle says so, and restoring it again finishes the job.
+        assert handles[-1].active == (end == applied), trial.where
+    assert interrupted > _ENOUGH[inject]
+    while handles:
+        handles.pop().restore()
+
+
+@INJECT
+def test_an_interrupted_with_deterministic_leaves_nothing_applied(world: _World,
+                                                                  inject: str) -> None:
+    def op() -> None:
+        with devrng.deterministic(seed=3):
+            move_everything()
+
+    assert _all_or_nothing(_trials(inject, op, world.reset, *world.holders), world, world.start,
+                           "with deterministic()") > _ENOUGH[inject]
+
+
+@INJECT
+def test_an_interrupted_training_rng_changes_nothing(world: _World, inject: str) -> None:
+    made: list[Any] = []
+
+    def op() -> None:
+        made.append(devrng.TrainingRNG(seed=5, deterministic=True))
+
+    def reset() -> None:
+        while made:
+            rng = made.pop()
+            if rng.determinism is not None:
+                rng.determinism.restore()
+        world.reset()
+
+    new = world.result_of(op)
+    reset()
+    assert new != world.start
+    assert _all_or_nothing(_trials(inject, op, reset, *world.holders), world, new,
+                           "TrainingRNG(...)", undone_only=True) > _ENOUGH[inject]
+    reset()
+
+
+class _Noise(torch.nn.Module):
+    """A tracked module: its state_dict() holds its live parameters."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.ones(3))
+
+
+@INJECT
+def test_an_interrupted_training_rng_load_is_all_or_nothing(world: _World, inject: str) -> None:
+    rng = devrng.TrainingRNG(seed=11)
+    loader = torch.utils.data.DataLoader(range(8), shuffle=True, **rng.dataloader_kwargs())
+    step = rng.track("step", devrng.seeded_jit(lambda x: x + torch.rand(1), backend="eager"))
+    noise = rng.track("noise", _Noise())
+    list(loader)
+    step(torch.zeros(1))
+    saved = rng.state_dict()
+    list(loader)
+    step(torch.zeros(1))
+    with torch.no_grad():
+        noise.scale.add_(1)
+    world.holders = (*world.holders, loader.generator)
+    world.saved = (*world.saved[:3], [*world.saved[3], [loader.generator.get_state()]],
+                   *world.saved[4:])
+    mine = (step.state_dict(), noise.scale.detach().clone(), rng.seed)
+
+    def reset() -> None:
+        world.reset()
+        step.load_state_dict(mine[0])
+        with torch.no_grad():
+            noise.scale.copy_(mine[1])
+
+    def now() -> tuple[Any, ...]:
+        return (*world.now(), step.state_dict(), noise.scale.tolist())
+
+    reset()
+    start = now()
+    op = functools.partial(rng.load_state_dict, saved)
+    op()
+    new = now()
+    assert new != start
+    interrupted = 0
+    for trial in _trials(inject, op, reset, *world.holders[:2]):
+        end = now()
+        if trial.injected is None:
+            assert trial.raised is None and end == new
+            continue
+        interrupted += 1
+        assert trial.raised is trial.injected, (trial.where, trial.raised)
+        assert end in (start, new), f"half loaded after an interrupt {trial.where}"
+    assert interrupted > _ENOUGH[inject]
+
+
+@INJECT
+def test_an_interrupted_stream_fork_or_seeded_call_gives_the_caller_its_state_back(
+        world: _World, inject: str) -> None:
+    streams = devrng.RNGStreams()
+    streams.add("a", 1)
+    step = devrng.seeded_jit(lambda x: x + torch.rand(1), backend="eager", seed=0)
+
+    def op() -> None:
+        with streams.fork("a", devices=["faulty:0", "other:1"]):
+            torch.rand(1)
+        step(torch.zeros(1), seed=4)
+
+    assert world.result_of(op) == world.start
+    assert _all_or_nothing(_trials(inject, op, world.reset, *world.holders), world, world.start,
+                           "streams.fork / seeded_jit") > _ENOUGH[inject]

@@ -10,8 +10,9 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from tests._fakes import fake_tensor
+from tests._fakes import MinimalBackend, fake_tensor, registered
 
+import devrng
 from devrng import DevRNGError, fork_rng
 
 
@@ -202,19 +203,17 @@ def test_index_out_of_range_is_an_error(simulate_device: Any) -> None:
         pass
 
 
-def test_many_devices_warning_has_torch_text(simulate_device: Any, monkeypatch: Any) -> None:
-    simulate_device("xpu", count=2)
-    from devrng import _plan
-
-    monkeypatch.setattr(_plan, "_warned", set())
-    with pytest.warns(UserWarning, match=r"^XPU reports that you have 2 available devices, and you "
-                      r"have used fork_rng without explicitly specifying"), \
-            fork_rng(device_type="xpu"):
-        pass
-    with warnings.catch_warnings():  # once per device type, as torch warns once
-        warnings.simplefilter("error")
-        with fork_rng(device_type="xpu"):
+def test_many_devices_warning_has_torch_text() -> None:
+    # A device type of this test's own, so that no earlier test has used up its one warning.
+    with registered("manydev", MinimalBackend(count=2, name="manydev")):
+        with pytest.warns(UserWarning, match=r"^MANYDEV reports that you have 2 available "
+                          r"devices, and you have used fork_rng without explicitly specifying"), \
+                fork_rng(device_type="manydev"):
             pass
+        with warnings.catch_warnings():  # once per device type, as torch warns once
+            warnings.simplefilter("error")
+            with fork_rng(device_type="manydev"):
+                pass
 
 
 def test_bare_fork_does_not_initialise_an_unused_accelerator(simulate_device: Any) -> None:
@@ -279,3 +278,14 @@ def test_bad_device_type_is_a_clear_error() -> None:
 def test_unknown_object_in_devices_is_a_type_error() -> None:
     with pytest.raises(TypeError, match=r"object of type builtins.float"):
         fork_rng(devices=[1.5]).__enter__()
+
+
+def test_an_empty_device_type_list_means_no_device_type(simulate_device: Any) -> None:
+    """device_type=[] names no device type: only the CPU is covered, not the accelerator."""
+    cuda = simulate_device("cuda", count=1, accelerator=True)
+    assert devrng.get_rng_state(device_type=[]).devices == {}
+    assert set(devrng.get_rng_state().devices) == {"cuda"}  # the default: the accelerator
+    before = cuda.generators[0].get_state()
+    with fork_rng(device_type=[]):
+        cuda.draw(0)
+    assert not torch.equal(cuda.generators[0].get_state(), before)  # not forked

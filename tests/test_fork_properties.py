@@ -13,6 +13,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tests._helpers import generator_states
 
 import devrng
 
@@ -69,38 +70,21 @@ def run(program: list[Any], fakes: dict[str, Any]) -> None:
         covered = {"all": {"cpu", "python", "numpy", "xpu", "cuda"}, "xpu": {"cpu", "xpu"},
                    "cpu-only": {"cpu"}, "host": {"cpu", "python", "numpy"}}[flags]
         for key in covered:
-            assert equal(before[key], after[key]), f"{key} not restored by fork({flags})"
+            assert before[key] == after[key], f"{key} not restored by fork({flags})"
 
 
 def snapshot(fakes: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "cpu": torch.get_rng_state(),
-        "python": random.getstate(),
-        "numpy": np.random.get_state(legacy=False),
-        "xpu": [g.get_state() for g in fakes["xpu"].generators],
-        "cuda": [g.get_state() for g in fakes["cuda"].generators],
-    }
-
-
-def equal(a: Any, b: Any) -> bool:
-    if isinstance(a, torch.Tensor):
-        return bool(torch.equal(a, b))
-    if isinstance(a, list):
-        return all(equal(x, y) for x, y in zip(a, b, strict=True))
-    if isinstance(a, dict):
-        return (a["state"]["pos"] == b["state"]["pos"] and a["has_gauss"] == b["has_gauss"]
-                and np.array_equal(a["state"]["key"], b["state"]["key"]))
-    return bool(a == b)
+    states = generator_states(fakes["xpu"], fakes["cuda"])
+    return {"cpu": states.cpu, "python": states.python, "numpy": states.numpy,
+            "xpu": states.devices[0], "cuda": states.devices[1]}
 
 
 @pytest.fixture
-def fakes(simulate_device: Any, monkeypatch: Any) -> dict[str, Any]:
-    from devrng import _plan
-
-    monkeypatch.setattr(_plan, "_warned", {"xpu", "cuda"})  # the many-devices warning is tested elsewhere
+def fakes(simulate_device: Any) -> dict[str, Any]:
     return {"xpu": simulate_device("xpu", count=2), "cuda": simulate_device("cuda", count=1)}
 
 
+@pytest.mark.filterwarnings("ignore:.* reports that you have:UserWarning")  # tested in test_fork
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(program=programs)
 def test_random_nested_forks_restore_everything(program: list[Any], fakes: dict[str, Any]) -> None:

@@ -15,7 +15,8 @@ import pytest
 import torch
 
 import devrng
-from devrng._jit import _auto_backend, stream_seed
+from devrng._jit import auto_compiler
+from devrng._seeds import nth_seed
 
 SEEDS = (11, 12, 11, 13, 12)
 BACKENDS = ("eager", "inductor")
@@ -151,7 +152,7 @@ def test_seed_none_follows_the_stream_and_state_dict_resumes_it(case: Any) -> No
     a1, a2 = case.run(), case.run()
     assert step.state_dict() == {"base_seed": 77, "counter": 2}
     assert not torch.equal(a1[0], a2[0])
-    assert _same(a2, case.run(stream_seed(77, 1)))  # explicit seeds do not move the stream
+    assert _same(a2, case.run(nth_seed(77, 1)))  # explicit seeds do not move the stream
     step.load_state_dict(sd)
     assert _same(case.run(), a1)
     assert _same(case.run(), a2)
@@ -178,11 +179,11 @@ def test_base_seed_is_drawn_from_torchs_default_generator() -> None:
 
 
 def test_stream_seeds_of_neighbouring_bases_are_distinct() -> None:
-    seeds = {stream_seed(base, n) for base in range(200) for n in range(50)}
+    seeds = {nth_seed(base, n) for base in range(200) for n in range(50)}
     assert len(seeds) == 200 * 50
     assert all(0 <= s < 2**64 for s in seeds)
     # well mixed: about half of the bits flip between neighbouring bases
-    flips = [bin(stream_seed(b, 0) ^ stream_seed(b + 1, 0)).count("1") for b in range(200)]
+    flips = [bin(nth_seed(b, 0) ^ nth_seed(b + 1, 0)).count("1") for b in range(200)]
     assert 24 < sum(flips) / len(flips) < 40
 
 
@@ -205,8 +206,8 @@ def test_decorator_forms() -> None:
 
 
 def test_auto_chooses_inductor_for_cpu_inputs() -> None:
-    assert _auto_backend((torch.ones(2),), {}) == "inductor"
-    assert _auto_backend((), {"m": torch.nn.Linear(2, 2), "n": 3}) == "inductor"
+    assert auto_compiler((torch.ones(2),), {}) == "inductor"
+    assert auto_compiler((), {"m": torch.nn.Linear(2, 2), "n": 3}) == "inductor"
 
 
 def test_callers_state_is_restored_when_fn_raises() -> None:
@@ -275,12 +276,15 @@ def test_compile_options_reach_torch_compile() -> None:
 
 def test_bad_state_dict_is_refused() -> None:
     step = devrng.seeded_jit(_dropout, backend="eager", seed=1)
-    with pytest.raises(ValueError, match=r"exactly the keys 'base_seed' and 'counter'.*\['base_seed'\]"):
+    with pytest.raises(ValueError, match=r"exactly the keys 'base_seed' and 'counter'.*not a "
+                       r"mapping with the keys 'base_seed'\."):
         step.load_state_dict({"base_seed": 1})
     with pytest.raises(ValueError, match=r"state_dict\['counter'\] must be a non-negative int, not -1"):
         step.load_state_dict({"base_seed": 1, "counter": -1})
     with pytest.raises(TypeError, match=r"state_dict\['base_seed'\] must be an int"):
         step.load_state_dict({"base_seed": "x", "counter": 0})
+    with pytest.raises(ValueError, match=r"not a mapping with the keys 'base_seed', 1\."):
+        step.load_state_dict({1: 0, "base_seed": 0})  # keys of mixed types
     assert step.state_dict() == {"base_seed": 1, "counter": 0}
 
 
@@ -293,5 +297,6 @@ def test_missing_package_gives_the_install_hint(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setitem(sys.modules, package, None)  # makes `import package` fail
     for mod in ("torch_xla", "openxla", "torchax"):
         monkeypatch.delitem(sys.modules, f"devrng._compilers.{mod}", raising=False)
-    with pytest.raises(ImportError, match=rf"backend='{backend}'\) needs .*pip install 'devrng\[{extra}\]'"):
+    with pytest.raises(ImportError, match=rf"backend='{backend}'\) needs .*devrng's '{extra}' extra\) "
+                                          rf"with: pip install {package}"):
         devrng.seeded_jit(_dropout, backend=backend)

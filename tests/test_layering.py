@@ -67,7 +67,11 @@ def private_names_used(source: str) -> list[str]:
     bad: list[str] = []
     module_aliases: set[str] = set()
     for node, _ in _imports(tree):
-        if not isinstance(node, ast.ImportFrom) or not _devrng_modules(node):
+        if isinstance(node, ast.Import):
+            module_aliases |= {a.asname or a.name for a in node.names
+                               if a.name.split(".")[0] == "devrng" and "." not in (a.asname or a.name)}
+            continue
+        if not _devrng_modules(node):
             continue
         for alias in node.names:
             if f"{node.module}.{alias.name}" in MODULES:
@@ -139,12 +143,36 @@ def test_top_level_imports_form_no_cycle() -> None:
 def test_the_checks_see_violations() -> None:
     bad = ("from devrng._registry import _resolved, get_backend\n"
            "from devrng import _registry\n"
+           "import devrng\n"
            "x = _registry._entries\n"
+           "y = devrng._LAZY\n"
            "def f():\n"
            "    from devrng._plan import make_plan\n")
     assert [v.split(": ")[1] for v in private_names_used(bad)] == [
-        "from devrng._registry import _resolved", "_registry._entries"]
-    assert nested_sibling_imports(bad) == ["line 5: devrng._plan"]
+        "from devrng._registry import _resolved", "_registry._entries", "devrng._LAZY"]
+    assert nested_sibling_imports(bad) == ["line 7: devrng._plan"]
     graph = import_graph({"devrng._a": "from devrng import _b\n",
                           "devrng._b": "import devrng._a\n", **MODULES})
     assert find_cycle(graph) == ["devrng._a", "devrng._b", "devrng._a"]
+
+
+TESTS = {p.relative_to(SRC.parent.parent): p.read_text()
+         for p in (SRC.parent.parent / "tests").rglob("*.py")}
+
+
+@pytest.mark.parametrize("path", sorted(TESTS, key=str), ids=str)
+def test_tests_reach_no_private_name_of_devrng(path: Path) -> None:
+    """Tests go through public names (of devrng, or of its modules), so that the code stays
+    free to change inside."""
+    bad = private_names_used(TESTS[path])
+    assert not bad, f"{path} uses devrng's private names: {bad}"
+
+
+def test_every_lock_is_fork_safe() -> None:
+    """A plain threading lock held by another thread at os.fork() (DataLoader workers) stays
+    held in the child forever; devrng's locks are devrng._locks.ForkSafeLock."""
+    made_here = [name for name, source in MODULES.items() if name != "devrng._locks"
+                 for node in ast.walk(ast.parse(source))
+                 if isinstance(node, ast.Call) and ast.unparse(node.func) in (
+                     "threading.Lock", "threading.RLock", "Lock", "RLock")]
+    assert not made_here, f"plain threading locks in {made_here}; use ForkSafeLock"

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import random
-import subprocess
-import sys
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
+from tests._helpers import run_python
 
 import devrng
 from devrng import DevRNGError, RNGState
@@ -164,7 +163,8 @@ def test_fingerprint_is_stable_across_processes(tmp_path: Any) -> None:
     here = devrng.get_rng_state(devices=[]).fingerprint()
     code = ("import devrng; devrng.manual_seed(99); "
             "print(devrng.get_rng_state(devices=[]).fingerprint())")
-    there = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    there = run_python(code)
+    assert there.returncode == 0, there.stderr
     assert there.stdout.strip() == here
     assert len(here) == 16
     devrng.manual_seed(100)

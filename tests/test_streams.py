@@ -258,7 +258,8 @@ def test_forking_a_stream_inside_itself_is_refused() -> None:
 @pytest.mark.parametrize(("mutate", "match"), [
     (lambda sd: sd.update(format="other"), r"takes the dict that RNGStreams.state_dict\(\) returns"),
     (lambda sd: sd.update(version=99), r"version 99; this devrng reads version 1"),
-    (lambda sd: sd["streams"]["a"].update(cpu=torch.zeros(3)), r"'a''s CPU state must be a uint8"),
+    (lambda sd: sd["streams"]["a"].update(cpu=torch.zeros(3)), r"Stream 'a''s CPU state is a torch.float32 tensor of shape \(3,\); this torch needs a uint8 "
+     r"CPU tensor"),
     (lambda sd: sd["streams"]["a"].pop("seed"), r"Stream 'a' in the RNGStreams state dict is malformed"),
     (lambda sd: sd["streams"]["a"].update(seed=-5), r"seed=-5 is out of range"),
 ])

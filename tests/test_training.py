@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 from tests._fakes import FaultyBackend, MinimalBackend, registered
+from tests._helpers import generator_states
 
 import devrng
 from devrng import DevRNGError, TrainingRNG
@@ -120,7 +121,7 @@ def test_track_takes_state_objects_and_refuses_others() -> None:
     assert torch.equal(state["generators"]["noise"], gen.get_state())
     with pytest.raises(ValueError, match="already tracks an object named 'step'"):
         rng.track("step", step)
-    with pytest.raises(TypeError, match=r"got a int, which has no state_dict\(\)"):
+    with pytest.raises(TypeError, match=r"got 5 \(of type int\), which has no state_dict\(\)"):
         rng.track("number", 5)
     with pytest.raises(TypeError, match="non-empty string name"):
         rng.track("", step)
@@ -163,13 +164,8 @@ def setup() -> tuple[TrainingRNG, Any, Any, dict[str, Any]]:
     return rng, loader, step, rng.state_dict()
 
 
-def _snapshot(rng: TrainingRNG, step: Any) -> tuple[Any, ...]:
-    return (devrng.get_rng_state(devices=[]), step.state_dict(),
-            rng._generators["dataloader0"].get_state())
-
-
-def _same(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
-    return a[0] == b[0] and a[1] == b[1] and torch.equal(a[2], b[2])
+def _snapshot(loader: Any, step: Any) -> tuple[Any, ...]:
+    return generator_states(loader.generator), step.state_dict()
 
 
 def test_load_puts_everything_back(setup: Any) -> None:
@@ -182,13 +178,16 @@ def test_load_puts_everything_back(setup: Any) -> None:
 
 
 @pytest.mark.parametrize(("change", "message"), [
-    (lambda sd: sd.update(extra=1), r"the state has unknown keys \['extra'\]"),
+    (lambda sd: sd.update(extra=1), r"the state has unknown keys 'extra'\."),
     (lambda sd: sd.pop("generators"), r"the state lacks \['generators'\]"),
-    (lambda sd: sd.update(format="x"), "takes what TrainingRNG.state_dict"),
+    (lambda sd: sd.update(format="x"), r"takes the dict that TrainingRNG.state_dict\(\) returns, "
+                                        r"whose 'format' is 'devrng.TrainingRNG'; it got a dict "
+                                        r"whose 'format' is 'x'\."),
     (lambda sd: sd.update(version=9), "the state is version 9"),
-    (lambda sd: sd["tracked"].pop("step"), r"nothing was saved for the tracked \['step'\]"),
-    (lambda sd: sd["tracked"].update(other={}), r"the saved tracked \['other'\] are not "
-                                                r"tracked here"),
+    (lambda sd: sd["tracked"].pop("step"), r"nothing was saved for the tracked objects 'step', "
+                                            r"which are tracked here"),
+    (lambda sd: sd["tracked"].update(other={}), r"the checkpoint holds tracked objects 'other', "
+                                                r"which nothing here tracks"),
     (lambda sd: sd["generators"].update(dataloader0=torch.zeros(3, dtype=torch.uint8)),
      "generator 'dataloader0' is not a CPU generator state"),
     (lambda sd: sd.update(rank=3), "saved by rank 3 of 1, and this is rank 0 of 1"),
@@ -200,24 +199,32 @@ def test_a_bad_state_changes_nothing(setup: Any, change: Any, message: str) -> N
     list(loader)
     step(torch.zeros(1))
     torch.rand(1)
-    before = _snapshot(rng, step)
+    before = _snapshot(loader, step)
     change(saved)
     with pytest.raises(DevRNGError, match=message):
         rng.load_state_dict(saved)
-    assert _same(before, _snapshot(rng, step))
+    assert before == _snapshot(loader, step)
+
+
+@pytest.mark.parametrize(("state", "got"), [(None, r"it got None\."),
+                                           (3, r"it got 3 \(of type int\)\.")])
+def test_something_that_is_not_a_state_is_named_in_the_error(state: Any, got: str) -> None:
+    with pytest.raises(DevRNGError, match=r"takes the dict that TrainingRNG.state_dict\(\) "
+                                          r"returns, whose 'format' is 'devrng.TrainingRNG'; " + got):
+        TrainingRNG(1).load_state_dict(state)
 
 
 def test_a_failure_while_applying_puts_tracked_objects_back(setup: Any) -> None:
-    rng, _loader, step, saved = setup
+    rng, loader, step, saved = setup
     with registered("faulty", FaultyBackend("faulty")) as faulty:
         saved = rng.state_dict()  # now with the faulty backend's two devices
         step(torch.zeros(1))
-        before = _snapshot(rng, step)
+        before = _snapshot(loader, step)
         faulty.faults["set"] = RuntimeError("device lost")
         with pytest.raises(DevRNGError, match="device lost"):
             rng.load_state_dict(saved)
         faulty.faults.clear()
-        assert _same(before, _snapshot(rng, step))  # the step counter was loaded, then put back
+        assert before == _snapshot(loader, step)  # the step counter was loaded, then put back
 
 
 def test_fewer_devices_strict_refuses_and_lenient_resumes_with_a_warning() -> None:
@@ -262,7 +269,7 @@ def test_more_devices_lenient_seeds_the_new_ones_from_the_seed() -> None:
 
 def test_another_ranks_state_restores_data_position_not_its_streams(
         setup: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    rng, _loader, step, saved = setup
+    rng, loader, step, saved = setup
     saved["rank"], saved["world_size"] = 1, 2
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(DevRNGError, match="saved by rank 1 of 2, and this is rank 0 of 2"):
@@ -270,8 +277,7 @@ def test_another_ranks_state_restores_data_position_not_its_streams(
     with pytest.warns(UserWarning, match="the global generators of rank 1"):
         rng.load_state_dict(saved, strict=False)
     assert step.state_dict() == saved["tracked"]["step"]
-    assert torch.equal(rng._generators["dataloader0"].get_state(),
-                       saved["generators"]["dataloader0"])
+    assert torch.equal(loader.generator.get_state(), saved["generators"]["dataloader0"])
     # This rank's own stream, not rank 1's: derived from the seed and rank 0.
     assert devrng.get_rng_state(devices=[]) != devrng.RNGState.from_dict(saved["rng"])
     ours = torch.rand(2)

@@ -19,20 +19,44 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-if TYPE_CHECKING:
-    from devrng import distributed, testing
-    from devrng._determinism import DeterministicHandle, deterministic
-    from devrng._errors import DevRNGError
-    from devrng._fork import fork_rng
-    from devrng._infer import infer_device_types
-    from devrng._jit import SeededFunction, seeded_jit
-    from devrng._patch import patch_torch, unpatch_torch
-    from devrng._portable import PortableRNG, portable
-    from devrng._registry import Backend, available_backends, get_backend, register_backend
-    from devrng._state import RNGState, get_rng_state, manual_seed, set_rng_state
-    from devrng._streams import RNGStreams
-    from devrng._training import TrainingRNG
-    from devrng._workers import sample_rng, seed_worker
+if TYPE_CHECKING:  # the public names, for type checkers (``X as X``: re-exported)
+    from devrng import distributed as distributed
+    from devrng import testing as testing
+    from devrng._determinism import (
+        DeterministicHandle as DeterministicHandle,
+    )
+    from devrng._determinism import (
+        deterministic as deterministic,
+    )
+    from devrng._errors import DevRNGError as DevRNGError
+    from devrng._fork import fork_rng as fork_rng
+    from devrng._infer import infer_device_types as infer_device_types
+    from devrng._jit import SeededFunction as SeededFunction
+    from devrng._jit import seeded_jit as seeded_jit
+    from devrng._patch import patch_torch as patch_torch
+    from devrng._patch import unpatch_torch as unpatch_torch
+    from devrng._portable import PortableRNG as PortableRNG
+    from devrng._portable import portable as portable
+    from devrng._registry import (
+        Backend as Backend,
+    )
+    from devrng._registry import (
+        available_backends as available_backends,
+    )
+    from devrng._registry import (
+        get_backend as get_backend,
+    )
+    from devrng._registry import (
+        register_backend as register_backend,
+    )
+    from devrng._restore import set_rng_state as set_rng_state
+    from devrng._seeding import manual_seed as manual_seed
+    from devrng._state import RNGState as RNGState
+    from devrng._state import get_rng_state as get_rng_state
+    from devrng._streams import RNGStreams as RNGStreams
+    from devrng._training import TrainingRNG as TrainingRNG
+    from devrng._workers import sample_rng as sample_rng
+    from devrng._workers import seed_worker as seed_worker
 
 # name -> (module, attribute; None for the module itself)
 _LAZY: dict[str, tuple[str, str | None]] = {
@@ -51,45 +75,19 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "get_backend": ("devrng._registry", "get_backend"),
     "get_rng_state": ("devrng._state", "get_rng_state"),
     "infer_device_types": ("devrng._infer", "infer_device_types"),
-    "manual_seed": ("devrng._state", "manual_seed"),
+    "manual_seed": ("devrng._seeding", "manual_seed"),
     "patch_torch": ("devrng._patch", "patch_torch"),
     "portable": ("devrng._portable", "portable"),
     "register_backend": ("devrng._registry", "register_backend"),
     "sample_rng": ("devrng._workers", "sample_rng"),
     "seed_worker": ("devrng._workers", "seed_worker"),
     "seeded_jit": ("devrng._jit", "seeded_jit"),
-    "set_rng_state": ("devrng._state", "set_rng_state"),
+    "set_rng_state": ("devrng._restore", "set_rng_state"),
     "testing": ("devrng.testing", None),
     "unpatch_torch": ("devrng._patch", "unpatch_torch"),
 }
 
-__all__ = [
-    "Backend",
-    "DeterministicHandle",
-    "DevRNGError",
-    "PortableRNG",
-    "RNGState",
-    "RNGStreams",
-    "SeededFunction",
-    "TrainingRNG",
-    "available_backends",
-    "deterministic",
-    "distributed",
-    "fork_rng",
-    "get_backend",
-    "get_rng_state",
-    "infer_device_types",
-    "manual_seed",
-    "patch_torch",
-    "portable",
-    "register_backend",
-    "sample_rng",
-    "seed_worker",
-    "seeded_jit",
-    "set_rng_state",
-    "testing",
-    "unpatch_torch",
-]
+__all__ = sorted(_LAZY)
 
 
 def __getattr__(name: str) -> Any:

@@ -41,6 +41,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if sys.stdout is None:  # started with standard output closed: `devrng doctor >&-`
+        print("devrng: standard output is closed, so there is nowhere to write the report; "
+              "run it with standard output open (a terminal, a pipe or a file).", file=sys.stderr)
+        return 1
     parser = _parser()
     args = parser.parse_args(argv)
     if args.command is None:

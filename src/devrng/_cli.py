@@ -6,12 +6,14 @@ broken plugin, an unset ``PJRT_DEVICE``) as rows and lines, never tracebacks.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.metadata
 import os
 import platform
 import sys
-from collections.abc import Callable, Sequence
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -29,6 +31,7 @@ from devrng._registry import (
     package_installed,
     requirement,
 )
+from devrng._seeds import SEED_VARIABLES, seed_from_environment
 
 __all__ = ["doctor", "known_problems", "selftest"]
 
@@ -39,6 +42,10 @@ _ENV_VARS = ("CUBLAS_WORKSPACE_CONFIG", "PYTHONHASHSEED", "CUDA_VISIBLE_DEVICES"
              "RANK", "WORLD_SIZE", "LOCAL_RANK", "DEVRNG_SEED", "PL_GLOBAL_SEED")
 # Device packages that back a backend and are imported only when a program uses them.
 _DEVICE_PACKAGES = {"xla": "torch_xla", "jax": "torchax"}
+# The two values with which cuBLAS sums in one fixed order; torch's deterministic mode
+# accepts exactly these. (deterministic() holds them too; tests/test_cli.py checks that
+# doctor and deterministic() agree on every value.)
+_CUBLAS_DETERMINISTIC = (":4096:8", ":16:8")
 
 
 def _out(line: str = "") -> None:
@@ -203,13 +210,52 @@ def _setting_text(value: Any, available: bool) -> str:
     return "(unset)" if value is None else str(value)
 
 
-def environment_warnings(versions: dict[str, str | None]) -> list[str]:
-    """Problems of this environment's settings (not of package versions), one sentence each."""
-    out = []
+def environment_problems(versions: dict[str, str | None]) -> tuple[list[str], list[str]]:
+    """Problems of this environment's settings (not of package versions), each with its fix.
+
+    Returns (errors, warnings): an error makes a devrng call fail (``TrainingRNG()`` on
+    a seed variable that holds no seed); a warning makes results differ between runs
+    or devices.
+    """
+    errors, warnings = [], []
+    for variable in SEED_VARIABLES:
+        raw = os.environ.get(variable, "")
+        if raw.strip():
+            try:
+                seed_from_environment(variable, raw)
+            except ValueError as err:
+                errors.append(f"{err} TrainingRNG() and the trainer callbacks read it when "
+                              "given no seed, and raise on it.")
+    cublas = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
+    if cublas is not None and cublas not in _CUBLAS_DETERMINISTIC:
+        warnings.append(
+            f"CUBLAS_WORKSPACE_CONFIG is {cublas!r}, with which cuBLAS may sum in another order "
+            "on every run (and torch's deterministic mode refuses cuBLAS ops); unset it "
+            "(devrng.deterministic() sets ':4096:8' when it runs before CUDA starts) or set "
+            "CUBLAS_WORKSPACE_CONFIG=:4096:8.")
     if versions.get("torch_xla") and not os.environ.get("PJRT_DEVICE"):
-        out.append("torch_xla is installed but PJRT_DEVICE is not set: torch_xla then picks a "
-                   "device itself (it may look for a TPU); set PJRT_DEVICE=CPU, TPU or CUDA.")
-    return out
+        warnings.append("torch_xla is installed but PJRT_DEVICE is not set: torch_xla then picks "
+                        "a device itself (it may look for a TPU); set PJRT_DEVICE=CPU, TPU or "
+                        "CUDA.")
+    return errors, warnings
+
+
+@contextlib.contextmanager
+def _stderr_held(held: list[str]) -> Iterator[None]:
+    """Keep what the block writes to stderr (Python warnings, loggers, C++ libraries
+    writing to file descriptor 2) out of the report's tables; ``held`` gets it afterwards."""
+    sys.stderr.flush()
+    with tempfile.TemporaryFile(mode="w+b") as buffer:
+        saved = os.dup(2)
+        os.dup2(buffer.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            buffer.seek(0)
+            held.append(buffer.read().decode("utf-8", errors="replace"))
 
 
 def doctor(*, load: bool = False, everything: bool = False) -> int:
@@ -222,10 +268,18 @@ def doctor(*, load: bool = False, everything: bool = False) -> int:
         _out(f"  {name:30} {v or '-'}")
     _out("\nBackends:" if load else "\nBackends (installed device packages are not imported; "
          "`devrng doctor --load` imports and checks them):")
-    rows, hidden = _backend_rows(load, everything)
+    held: list[str] = []
+    # Loading torch_xla or a plugin may print warnings of its own: after the table, not in it.
+    with _stderr_held(held) if load else contextlib.nullcontext():
+        rows, hidden = _backend_rows(load, everything)
     _table(rows, ("backend", "package", "status", "notes"))
     if hidden:
         _out(f"  (not listed: {'; '.join(hidden)}; `devrng doctor --all` lists them)")
+    printed = "".join(held).strip()
+    if printed:
+        _out("\nPrinted while loading the backends (by the packages themselves):")
+        for line in printed.splitlines():
+            _out(f"  | {line}")
     _out("\nDeterminism settings:")
     # A backend's own switch that this process does not have is noise, not a setting.
     settings = [(key, _setting_text(s["value"], s["available"]),
@@ -236,16 +290,18 @@ def doctor(*, load: bool = False, everything: bool = False) -> int:
     _out("\nEnvironment variables:")
     for var in _ENV_VARS:
         _out(f"  {var:25} {os.environ.get(var, '(unset)')}")
-    warnings = environment_warnings(versions)
-    if warnings:
-        _out("\nWarnings:")
+    errors, warnings = environment_problems(versions)
+    if errors or warnings:
+        _out("\nProblems in this environment:")
+        for line in errors:
+            _out(f"  - ERROR: {line}")
         for line in warnings:
             _out(f"  - {line}")
     _out("\nKnown problems of the installed versions:")
     for line in known_problems(versions) or ["none known"]:
         _out(f"  - {line}")
     failed = any(row[2] == "FAIL" for row in rows)
-    return 1 if load and failed else 0
+    return 1 if (load and failed) or errors else 0
 
 
 # -- selftest ----------------------------------------------------------------------

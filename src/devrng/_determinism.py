@@ -2,8 +2,8 @@
 
 Each setting is a small object that knows its name, what it does, whether this
 torch has it, how to read it, what ``deterministic()`` wants it to be, and how
-to set it (returning how to undo that). Applying, restoring and reporting are
-three loops over ``settings``. Device backends add their own switch through
+to set it (pushing how to undo that onto an ``Undo`` stack first). Applying,
+restoring and reporting are three loops over ``settings``. Device backends add their own switch through
 the optional ``DeterminismSwitch`` members (see ``devrng._registry``).
 
 Handles nest as a stack: restoring a handle first restores every handle
@@ -26,11 +26,14 @@ from types import TracebackType
 from typing import Any, NamedTuple
 
 import torch
+import torch.utils.deterministic
 
-from devrng._errors import DevRNGError, add_note
-from devrng._registry import available_backends, backend_names, is_initialized, loaded_backend
+from devrng._errors import DevRNGError, check_flags
+from devrng._locks import ForkSafeLock
+from devrng._registry import backend_names, loaded_backend
+from devrng._seeding import manual_seed
 from devrng._seeds import check_seed
-from devrng._state import RNGState, get_rng_state, manual_seed, set_rng_state
+from devrng._undo import Undo, read_started
 from devrng._workers import dataloader_kwargs
 
 __all__ = ["DeterministicHandle", "Setting", "current_settings", "deterministic", "settings"]
@@ -43,19 +46,12 @@ _CUBLAS_FORMAT = re.compile(r"(:\d+:\d+)+")
 _INDUCTOR_ENV = "TORCHINDUCTOR_DETERMINISTIC"
 _INDUCTOR_MODULE = "torch._inductor.config"
 
-Undo = Callable[[], None]
-
-
 class Options(NamedTuple):
     """The arguments of ``deterministic()`` that decide the settings' targets."""
 
     warn_only: bool
     fill_uninitialized_memory: bool
     cublas_workspace_config: str | None
-
-
-def _no_undo() -> None:
-    return None
 
 
 def _set_env(name: str, value: str | None) -> None:
@@ -71,6 +67,9 @@ class Setting:
 
     Subclasses override ``read``, ``target`` and ``put``, or
     ``apply`` when setting it is more than a write and its inverse.
+    ``apply`` pushes what puts the current value back onto the undo stack
+    before it changes anything, so that an interrupt right after the change
+    still finds it there.
     """
 
     name: str = ""
@@ -88,11 +87,10 @@ class Setting:
     def put(self, value: Any) -> None:
         raise NotImplementedError
 
-    def apply(self, value: Any) -> Undo:
-        """Set ``value``; return what puts the previous value back."""
-        previous = self.read()
+    def apply(self, value: Any, undo: Undo) -> None:
+        """Set ``value``, having pushed onto ``undo`` what puts the current value back."""
+        undo.push(self.name, self.put, self.read())
         self.put(value)
-        return functools.partial(self.put, previous)
 
     def entry(self, options: Options) -> dict[str, Any]:
         """This setting in a report: value now, availability, target, value before, note."""
@@ -130,22 +128,15 @@ class _Algorithms(Setting):
     note = ("(enabled, warn_only): ops with a deterministic variant use it; the others raise "
             "(or warn, with warn_only)")
 
-    def available(self) -> bool:
-        return hasattr(torch, "use_deterministic_algorithms")
-
     def read(self) -> tuple[bool, bool]:
-        warn = getattr(torch, "is_deterministic_algorithms_warn_only_enabled", lambda: False)
-        return bool(torch.are_deterministic_algorithms_enabled()), bool(warn())
+        return (bool(torch.are_deterministic_algorithms_enabled()),
+                bool(torch.is_deterministic_algorithms_warn_only_enabled()))
 
     def put(self, value: tuple[bool, bool]) -> None:
         # torch 2.13's use_deterministic_algorithms (not 2.9's) also imports inductor's
         # config (seconds, ~800 modules) to set its flag; devrng sets that flag through
-        # its own setting, so go to the underlying setter when it exists.
-        setter = getattr(torch._C, "_set_deterministic_algorithms", None)
-        if setter is not None:
-            setter(value[0], warn_only=value[1])
-        else:
-            torch.use_deterministic_algorithms(value[0], warn_only=value[1])
+        # its own setting, so it calls the setter underneath.
+        torch._C._set_deterministic_algorithms(value[0], warn_only=value[1])
 
     def target(self, options: Options) -> tuple[bool, bool]:
         return (True, options.warn_only)
@@ -170,24 +161,24 @@ class _Inductor(Setting):
     def target(self, options: Options) -> bool:
         return True
 
-    def apply(self, value: Any) -> Undo:
+    def apply(self, value: Any, undo: Undo) -> None:
         module = sys.modules.get(_INDUCTOR_MODULE)
         if module is not None:
-            previous = bool(getattr(module, "deterministic", False))
+            undo.push(self.name, setattr, module, "deterministic",
+                      bool(getattr(module, "deterministic", False)))
             setattr(module, "deterministic", bool(value))  # noqa: B010
-            return lambda: setattr(module, "deterministic", previous)
+            return
         # Not imported yet: inductor reads the variable when it is.
-        previous_env = os.environ.get(_INDUCTOR_ENV)
+        undo.push(self.name, _undo_inductor_env, os.environ.get(_INDUCTOR_ENV))
         os.environ[_INDUCTOR_ENV] = "1" if value else "0"
 
-        def undo() -> None:
-            _set_env(_INDUCTOR_ENV, previous_env)
-            loaded = sys.modules.get(_INDUCTOR_MODULE)
-            if loaded is not None and hasattr(loaded, "deterministic"):
-                # Imported inside the block, so it read our value: put its old one back.
-                setattr(loaded, "deterministic", previous_env == "1")  # noqa: B010
 
-        return undo
+def _undo_inductor_env(previous_env: str | None) -> None:
+    _set_env(_INDUCTOR_ENV, previous_env)
+    loaded = sys.modules.get(_INDUCTOR_MODULE)
+    if loaded is not None and hasattr(loaded, "deterministic"):
+        # Imported inside the block, so it read our value: put its old one back.
+        setattr(loaded, "deterministic", previous_env == "1")  # noqa: B010
 
 
 class _Cublas(Setting):
@@ -207,14 +198,14 @@ class _Cublas(Setting):
     def target(self, options: Options) -> str | None:
         return options.cublas_workspace_config
 
-    def apply(self, value: Any) -> Undo:
+    def apply(self, value: Any, undo: Undo) -> None:
         previous = os.environ.get(_CUBLAS)
         # Once CUDA runs, a new value would only silence torch's own check while
         # cuBLAS keeps the old one: leave it as it is (deterministic() warned).
         if value is None or _cuda_initialized() or previous == value:
-            return _no_undo
+            return
+        undo.push(self.name, _set_env, _CUBLAS, previous)
         os.environ[_CUBLAS] = value
-        return functools.partial(_set_env, _CUBLAS, previous)
 
 
 class _BackendSwitch(Setting):
@@ -237,20 +228,24 @@ class _BackendSwitch(Setting):
     def target(self, options: Options) -> bool:
         return True
 
-    def apply(self, value: Any) -> Undo:
+    def apply(self, value: Any, undo: Undo) -> None:
         env_before = dict(os.environ)
-        previous = self._backend.set_deterministic(bool(value))
-        if previous is None:  # no such switch in this process
-            return _no_undo
-        changed = {k: env_before.get(k) for k in set(env_before) | set(os.environ)
-                   if env_before.get(k) != os.environ.get(k)}
+        changed: list[list[str]] = []  # the variables the switch set, once it has returned
+        undo.push(self.name, self._undo, self.read(), env_before, changed)
+        self._backend.set_deterministic(bool(value))
+        changed.append([k for k in set(env_before) | set(os.environ)
+                        if env_before.get(k) != os.environ.get(k)])
 
-        def undo() -> None:
+    def _undo(self, previous: bool | None, env_before: dict[str, str],
+              changed: list[list[str]]) -> None:
+        if previous is not None:
             self._backend.set_deterministic(previous)
-            for key, old in changed.items():  # put variables back byte for byte
-                _set_env(key, old)
-
-        return undo
+        # Interrupted before the switch returned: compare every variable (no user code
+        # ran since, so every difference is the switch's).
+        keys = changed[0] if changed else set(env_before) | set(os.environ)
+        for key in keys:  # put variables back byte for byte
+            if env_before.get(key) != os.environ.get(key):
+                _set_env(key, env_before.get(key))
 
 
 def _cudnn() -> Any:
@@ -262,11 +257,7 @@ def _mkldnn() -> Any:
 
 
 def _fill_owner() -> Any:
-    try:
-        import torch.utils.deterministic as mod
-    except ImportError:  # torch < 2.1
-        return None
-    return mod
+    return torch.utils.deterministic
 
 
 _TORCH_SETTINGS: tuple[Setting, ...] = (
@@ -343,12 +334,13 @@ def current_settings() -> dict[str, dict[str, Any]]:
 
 
 # --------------------------------------------------------------------------- the handle
-_stack_lock = threading.RLock()
+_stack_lock = ForkSafeLock()
 _active: list[DeterministicHandle] = []  # applied and not yet restored, oldest first
+_made = threading.local()  # .handle: the last handle this thread activated
 
 
 class DeterministicHandle:
-    """What [`deterministic()`][devrng.deterministic] returns: the settings it applied and how to undo them.
+    """What ``deterministic()`` returns: the settings it applied and how to undo them.
 
     Used with ``with``, everything it changed is restored on exit, also when
     the body raises. ``restore()`` does the same by hand. Handles nest as a
@@ -367,7 +359,7 @@ class DeterministicHandle:
     def __init__(self, seed: int | None, options: Options) -> None:
         self.seed = seed
         self.options = options
-        self._undo: list[tuple[str, Undo]] = []
+        self._undo = Undo("deterministic()", kind="setting", wrap=False)
         self._previous: dict[str, Any] = {}
         self._depth = 0
         self._active = False
@@ -381,23 +373,27 @@ class DeterministicHandle:
     # -- applying ---------------------------------------------------------------
     def _apply(self) -> None:
         self._check_cublas()  # may raise: before anything changes
+        undo = self._undo
         with _stack_lock:
             try:
+                # Pushed first, so run last when undone: the handle leaves the stack of
+                # active handles only once all its settings are back.
+                undo.push("the handle", _deactivate, self)
                 for setting in settings():
                     if setting.available():
-                        previous = setting.read()
-                        undo = setting.apply(setting.target(self.options))
-                        self._previous[setting.name] = previous
-                        self._undo.append((setting.name, undo))
+                        self._previous[setting.name] = setting.read()
+                        setting.apply(setting.target(self.options), undo)
                 if self.seed is not None:
-                    self._apply_seed(self.seed)
+                    undo.save_devices(read_started())
+                    undo.save_host(python=True, numpy=True)
+                    manual_seed(self.seed)
+                _active.append(self)
+                self._active = True
+                _made.handle = self
             except BaseException as err:
-                failures = self._run_undo()
-                if failures:
-                    add_note(err, "deterministic() could not put back " + "; ".join(failures))
+                undo.roll_back(err)
+                self._previous.clear()
                 raise
-            self._active = True
-            _active.append(self)
 
     def _check_cublas(self) -> None:
         want = self.options.cublas_workspace_config
@@ -425,34 +421,7 @@ class DeterministicHandle:
             raise DevRNGError(message + " Or pass warn_only=True to go on with a warning.")
         warnings.warn(message, UserWarning, stacklevel=4)
 
-    def _apply_seed(self, seed: int) -> None:
-        # Only initialised devices are snapshotted: reading an uninitialised
-        # device's state would start it (pytorch/pytorch#41970).
-        types = [n for n in available_backends() if n != "cpu" and _initialized(n)]
-        snapshot: RNGState = get_rng_state(device_type=types)
-        self._undo.append(("rng state", lambda: set_rng_state(snapshot)))
-        manual_seed(seed)
-
     # -- restoring --------------------------------------------------------------
-    def _run_undo(self) -> list[str]:
-        """Undo everything, newest first; an interrupt waits until all is undone."""
-        failures: list[str] = []
-        interrupt: BaseException | None = None
-        while self._undo:
-            name, undo = self._undo.pop()
-            try:
-                undo()
-            except BaseException as err:  # restore the rest before reporting
-                failures.append(f"{name} ({type(err).__name__}: {err})")
-                if interrupt is None and not isinstance(err, Exception):
-                    interrupt = err
-        self._previous.clear()
-        if interrupt is not None:
-            add_note(interrupt, "deterministic() could not restore " + "; ".join(failures)
-                     + ". The other settings were restored.")
-            raise interrupt
-        return failures
-
     def restore(self) -> None:
         """Put back every flag, environment variable and RNG state this handle changed.
 
@@ -465,34 +434,52 @@ class DeterministicHandle:
             >>> handle.active
             False
         """
-        failures: list[str] = []
-        with _stack_lock:
-            if not self._active:
-                return
-            while _active:
-                handle = _active.pop()
-                handle._active = False
-                handle._depth = 0
-                failures += handle._run_undo()
-                if handle is self:
-                    break
+        try:
+            failures = self._restore()
+        except BaseException as err:  # interrupted: finish the job (idempotent), then go on
+            if isinstance(err, Exception):
+                raise
+            self._restore()
+            raise
         if failures:
             raise DevRNGError(
                 "deterministic() could not restore " + "; ".join(failures)
                 + ". The other settings were restored."
             )
 
+    def _restore(self) -> list[str]:
+        failures: list[str] = []
+        with _stack_lock:
+            while self._active and _active:
+                newest = _active[-1]
+                try:
+                    newest._undo.run()  # its last entry takes it off the stack
+                except DevRNGError as err:  # everything else of it was put back
+                    failures.append(str(err).removeprefix("deterministic() could not restore "))
+                _deactivate(newest)
+        return failures
+
     def __enter__(self) -> DeterministicHandle:
-        if not self._active:  # re-entering a handle that was restored
-            self._apply()
-        self._depth += 1
-        return self
+        try:
+            if not self._active:  # re-entering a handle that was restored
+                self._apply()
+            self._depth += 1
+            return self
+        except BaseException:
+            self.restore()  # the block is not entered: leave nothing applied
+            raise
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        self._depth -= 1
-        if self._depth <= 0:
+        try:
+            if self._depth > 1:
+                self._depth -= 1
+                return
             self.restore()
+        except BaseException as err:
+            if not isinstance(err, Exception):
+                self.restore()  # interrupted on the way out: leave nothing applied
+            raise
 
     # -- DataLoader and report -----------------------------------------------------
     def dataloader_kwargs(self) -> dict[str, Any]:
@@ -501,6 +488,10 @@ class DeterministicHandle:
         The generator is seeded with the handle's seed (or, without one, with a
         seed drawn from torch's CPU generator, so an earlier ``manual_seed``
         fixes it); it decides shuffling and each epoch's worker seeds.
+
+        Returns:
+            ``{"generator": ..., "worker_init_fn": ...}`` (the initialiser
+            calls ``seed_worker``): pass it as ``DataLoader(..., **kwargs)``.
 
         Examples:
             >>> with devrng.deterministic(seed=0) as handle:
@@ -514,6 +505,10 @@ class DeterministicHandle:
 
     def report(self) -> dict[str, dict[str, Any]]:
         """Every setting with its current value, availability, target and value before.
+
+        Returns:
+            Setting name -> ``{"value", "available", "target", "previous",
+            "note"}``; ``devrng doctor`` prints the same table.
 
         Examples:
             >>> with devrng.deterministic(seed=0) as handle:
@@ -534,9 +529,14 @@ class DeterministicHandle:
         return f"<devrng.deterministic seed={self.seed!r} warn_only={self.options.warn_only} {state}>"
 
 
-def _initialized(name: str) -> bool:
-    backend = loaded_backend(name)
-    return backend is not None and is_initialized(backend)
+def _deactivate(handle: DeterministicHandle) -> None:
+    """Take ``handle`` off the stack of active handles (nothing if it is not there)."""
+    with _stack_lock:
+        if handle in _active:
+            _active.remove(handle)
+        handle._active = False
+        handle._depth = 0
+        handle._previous.clear()
 
 
 def deterministic(seed: int | None = None, *, warn_only: bool = False,
@@ -551,6 +551,28 @@ def deterministic(seed: int | None = None, *, warn_only: bool = False,
     If CUDA already runs without a deterministic ``CUBLAS_WORKSPACE_CONFIG``, it raises
     ``DevRNGError`` (with ``warn_only=True``: warns) and changes nothing.
 
+    Args:
+        seed: Also call ``devrng.manual_seed(seed)`` (an int in ``[0, 2**64)``).
+        warn_only: Passed to ``torch.use_deterministic_algorithms``: an op
+            without a deterministic implementation warns instead of raising.
+        cublas_workspace_config: The value for ``CUBLAS_WORKSPACE_CONFIG``
+            (``":4096:8"`` or ``":16:8"`` are deterministic); ``None`` leaves
+            the variable alone.
+        fill_uninitialized_memory: Fill uninitialised memory (``torch.empty``)
+            with a known value, as torch's deterministic mode can.
+
+    Returns:
+        A ``DeterministicHandle``: a context manager that restores every
+        setting on exit, with ``dataloader_kwargs()`` and ``report()``.
+
+    Raises:
+        TypeError: ``seed`` is not an int (a bool is refused: it is not a
+            switch), or a flag is not ``True`` / ``False``.
+        ValueError: ``seed`` is out of range, or ``cublas_workspace_config``
+            is not a ``":SIZE:COUNT"`` string.
+        DevRNGError: CUDA already runs with another ``CUBLAS_WORKSPACE_CONFIG``
+            (and ``warn_only=False``); nothing was changed.
+
     Examples:
         >>> with devrng.deterministic(seed=0):     # for one block; or call it at program start
         ...     on = torch.are_deterministic_algorithms_enabled()
@@ -564,10 +586,7 @@ def deterministic(seed: int | None = None, *, warn_only: bool = False,
         )
     if seed is not None:
         seed = check_seed(seed)
-    for name, flag in (("warn_only", warn_only),
-                       ("fill_uninitialized_memory", fill_uninitialized_memory)):
-        if not isinstance(flag, bool):
-            raise TypeError(f"{name} must be True or False, not {flag!r}.")
+    check_flags(warn_only=warn_only, fill_uninitialized_memory=fill_uninitialized_memory)
     if cublas_workspace_config is not None and (
             not isinstance(cublas_workspace_config, str)
             or not _CUBLAS_FORMAT.fullmatch(cublas_workspace_config)):
@@ -576,5 +595,13 @@ def deterministic(seed: int | None = None, *, warn_only: bool = False,
             "setting; pass ':4096:8' or ':16:8' (the deterministic ones), another ':SIZE:COUNT' "
             "string (no spaces or newlines), or None to leave CUBLAS_WORKSPACE_CONFIG alone."
         )
-    return DeterministicHandle(
-        seed, Options(warn_only, fill_uninitialized_memory, cublas_workspace_config))
+    options = Options(warn_only, fill_uninitialized_memory, cublas_workspace_config)
+    _made.handle = None
+    try:
+        return DeterministicHandle(seed, options)
+    except BaseException:
+        # An interrupt after the handle was applied, before the caller got it: undo it.
+        handle = _made.handle
+        if handle is not None:
+            handle.restore()
+        raise

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from devrng._backends.torch_module import DeviceModuleBackend
+from devrng._locks import ForkSafeLock
 from devrng._plain import tensor_to_uint64, uint64_to_tensor
 from devrng._registry import (
     Backend,
@@ -49,7 +50,7 @@ from devrng._seeds import MASK64, check_seed
 
 __all__ = ["DeviceRNGModule", "register_all", "registered_types", "unregister_all"]
 
-_lock = threading.RLock()
+_lock = ForkSafeLock()
 # device type -> (our module, the module torch had before us or None)
 _installed: dict[str, tuple[DeviceRNGModule, types.ModuleType | None]] = {}
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["DevRNGError", "add_note", "check_flags", "short_repr"]
+__all__ = ["DevRNGError", "check_flags", "short_repr"]
 
 
 class DevRNGError(RuntimeError):
@@ -18,12 +18,9 @@ class DevRNGError(RuntimeError):
         The snapshot's CPU state is a torch.uint8 tensor of shape (3,); this torch needs a uint8 CPU tensor of ... elements.
     """
 
-
-def add_note(err: BaseException, note: str) -> None:
-    """``err.add_note(note)`` where Python has it (3.11+): a failure attached, not substituted."""
-    adder = getattr(err, "add_note", None)
-    if adder is not None:
-        adder(note)
+    # Tracebacks and help() name it where users import it from (pickling finds it
+    # there too, through the package's lazy attributes).
+    __module__ = "devrng"
 
 
 def short_repr(value: object, limit: int = 60) -> str:

@@ -4,17 +4,28 @@ Every write goes to a temporary file in the destination's directory, is
 flushed and fsynced, and replaces the destination with one rename; a failure
 at any point (full disk, file-size limit, an interrupt) leaves the destination
 as it was and removes the temporary file.
+
+Only regular files are ever replaced. A symlink is written through: the
+temporary file goes beside the file it points to, which the rename replaces,
+so the link stays a link. Anything else that exists at the path (a FIFO, a
+device, a directory) is refused. Temporary names are short (a 250-character
+file name still works) and carry the writer's process id, so that a save to
+the same path removes what a killed writer left behind.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
+import stat
 import tempfile
 from collections.abc import Callable
 from typing import IO, Any
 
 __all__ = ["atomic_write", "is_file_like"]
+
+_SUFFIX = ".devrng-tmp"
 
 
 def is_file_like(target: Any) -> bool:
@@ -28,16 +39,18 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], obje
     Examples:
         >>> atomic_write("notes.bin", lambda fh: fh.write(b"data"))
     """
-    path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+    target = _regular_target(os.fspath(path))
+    directory = os.path.dirname(target)
+    prefix = _temp_prefix(target)
+    _remove_abandoned(directory, prefix)
+    fd, tmp = tempfile.mkstemp(prefix=f"{prefix}{os.getpid()}.", suffix=_SUFFIX, dir=directory)
     try:
-        os.fchmod(fd, _mode_for(path))  # mkstemp makes 0600; give what open() would
+        os.fchmod(fd, _mode_for(target))  # mkstemp makes 0600; give what open() would
         with os.fdopen(fd, "wb") as fh:
             write(fh)
             fh.flush()
             os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        os.replace(tmp, target)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
@@ -48,6 +61,55 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], obje
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
+
+
+def _regular_target(path: str) -> str:
+    """The file a write to ``path`` must replace: ``path`` itself, or the file a symlink
+    points to; ``ValueError`` for anything that is not a regular file (or absent)."""
+    target = os.path.realpath(path) if os.path.islink(path) else os.path.abspath(path)
+    try:
+        mode = os.stat(target).st_mode
+    except FileNotFoundError:
+        return target  # a new file (also a dangling symlink's target)
+    if not stat.S_ISREG(mode):
+        kind = ("a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode)
+                else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+                else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
+        shown = path if target == os.path.abspath(path) else f"{path} (-> {target})"
+        raise ValueError(
+            f"{shown!r} is {kind}; devrng saves to regular files only, which it replaces "
+            "atomically. Pass the path of a file (new or existing)."
+        )
+    return target
+
+
+def _temp_prefix(target: str) -> str:
+    """Short and the same for every writer of ``target``, whatever its name's length."""
+    digest = hashlib.sha256(os.path.basename(target).encode(errors="surrogateescape"))
+    return f".{digest.hexdigest()[:10]}."
+
+
+def _remove_abandoned(directory: str, prefix: str) -> None:
+    """Remove temporary files of this target whose writer process is gone (killed mid-save)."""
+    try:
+        names = [n for n in os.listdir(directory) if n.startswith(prefix) and n.endswith(_SUFFIX)]
+    except OSError:
+        return
+    for name in names:
+        pid = name[len(prefix):].partition(".")[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(directory, name))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists, but is another user's
+        return True
+    return True
 
 
 def _mode_for(path: str) -> int:

@@ -1,9 +1,11 @@
-"""Python's ``random`` and NumPy's global generator: get, set, seed, and check a state.
+"""The host generators -- torch's CPU generator, Python's ``random``, NumPy's global
+generator: get, set, seed, and check a state.
 
 NumPy is imported only when a caller asks for its state, and only if present.
 The checks refuse every state these generators would accept and then break
 on: NumPy does not range-check its MT19937 position (a large one reads out of
-bounds on the next draw), and Python keeps any object as its Gaussian cache.
+bounds on the next draw), Python keeps any object as its Gaussian cache, and
+torch takes any uint8 tensor of the right size as a CPU state.
 """
 
 from __future__ import annotations
@@ -13,14 +15,24 @@ import random
 import sys
 from typing import Any
 
-__all__ = ["check_numpy_state", "check_python_state", "get_numpy_state", "get_python_state",
-           "numpy_or_none", "seed_numpy", "set_numpy_state", "set_python_state"]
+import torch
 
+from devrng._plain import describe
+
+__all__ = ["check_cpu_state", "check_numpy_state", "check_python_state", "cpu_state_numel",
+           "get_cpu_state", "get_numpy_state", "get_python_state", "numpy_or_none",
+           "seed_cpu", "seed_numpy", "set_cpu_state", "set_numpy_state", "set_python_state"]
+
+get_cpu_state = torch.default_generator.get_state
+set_cpu_state = torch.default_generator.set_state
+seed_cpu = torch.default_generator.manual_seed
 get_python_state = random.getstate
 set_python_state = random.setstate
 
 _MT_WORDS = 624
 _scratch = random.Random(0)  # states are tried here first, never on the global generator
+_scratch_cpu = torch.Generator()  # likewise for torch's CPU generator
+_cpu_numel: list[int] = []  # the size of this torch's CPU generator state, read once
 
 
 def numpy_or_none() -> Any:
@@ -105,3 +117,30 @@ def check_numpy_state(state: Any) -> None:
         raise ValueError(f"its has_gauss is {has_gauss!r}; it must be 0 or 1")
     if type(gauss) is not float or not math.isfinite(gauss):
         raise ValueError(f"its Gaussian cache is {gauss!r}; it must be a finite float")
+
+
+def cpu_state_numel() -> int:
+    """How many bytes this torch's CPU generator state has."""
+    if not _cpu_numel:
+        _cpu_numel.append(get_cpu_state().numel())
+    return _cpu_numel[0]
+
+
+def check_cpu_state(state: Any) -> None:
+    """Raise ``ValueError`` unless ``state`` is a CPU generator state this torch can take.
+
+    Used for the CPU state of snapshots, of streams and of DataLoader generators.
+
+    Examples:
+        >>> check_cpu_state(torch.get_rng_state())
+    """
+    if not isinstance(state, torch.Tensor) or state.dtype != torch.uint8 or state.dim() != 1 \
+            or state.numel() != cpu_state_numel() or state.device.type != "cpu":
+        raise ValueError(
+            f"its CPU state is {describe(state)}; this torch needs a uint8 CPU tensor of "
+            f"{cpu_state_numel()} elements"
+        )
+    try:
+        _scratch_cpu.set_state(state)  # checks the MT19937 position and key
+    except RuntimeError as err:
+        raise ValueError(f"its CPU state is not a valid MT19937 state ({err})") from None

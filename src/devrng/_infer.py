@@ -15,7 +15,7 @@ from torch.utils._pytree import tree_leaves
 from devrng._errors import short_repr
 from devrng._registry import registry
 
-__all__ = ["collect_devices", "infer_device_types", "parse_device"]
+__all__ = ["Devices", "arg_devices", "collect_devices", "infer_device_types", "parse_device"]
 
 # Device types that never have RNG state of their own to fork.
 _IGNORED = frozenset({"cpu", "meta"})
@@ -73,28 +73,34 @@ _MAX_DEPTH = 10_000  # deeper nestings are mistakes, not device lists
 _END = object()
 
 
-def collect_devices(obj: object, *, args: bool = False) -> Devices:
-    """Walk ``obj`` once and record every device it names.
+def arg_devices(args: object) -> Devices:
+    """The devices of the tensors and modules among a compiled function's arguments.
 
-    With ``args=True`` ``obj`` is the arguments of a compiled function: only
-    tensors and modules name devices (found through torch's pytree, so any
-    registered container counts), and strings, ints and other leaves are data.
+    Only tensors and modules name devices here (found through torch's pytree,
+    so any registered container counts); strings, ints and other leaves are data.
+
+    Examples:
+        >>> arg_devices((["xla:0", 1], {"x": torch.ones(1)})).indices
+        {}
+    """
+    out = Devices()
+    for leaf in tree_leaves(args):
+        if isinstance(leaf, torch.Tensor):
+            out.add(*_parse(leaf.device))
+        elif isinstance(leaf, torch.nn.Module):
+            _add_module(leaf, out.add)
+    return out
+
+
+def collect_devices(obj: object) -> Devices:
+    """Walk ``obj`` once and record every device it names.
 
     Examples:
         >>> collect_devices(["xla:0", 1]).indices
         {'xla': [0]}
-        >>> collect_devices((["xla:0", 1], {"x": torch.ones(1)}), args=True).indices
-        {}
     """
     out = Devices()
     add = out.add
-    if args:
-        for leaf in tree_leaves(obj):
-            if isinstance(leaf, torch.Tensor):
-                add(*_parse(leaf.device))
-            elif isinstance(leaf, torch.nn.Module):
-                _add_module(leaf, add)
-        return out
     ints = out.ints
     tensor_types: dict[type, bool] = {}
     # An explicit stack of iterators, not recursion: a deep nesting must get a clear
@@ -166,7 +172,20 @@ def _add_module(module: torch.nn.Module, add: Any) -> None:
 def infer_device_types(obj: object) -> tuple[str, ...]:
     """Device types found in ``obj``, in first-seen order, without duplicates.
 
-    ``"cpu"`` and ``"meta"`` are never reported.
+    ``"cpu"`` and ``"meta"`` are never reported: the CPU is always forked, and
+    meta tensors have no generator.
+
+    Args:
+        obj: An int (no type), a device string (``"xpu:1"``, ``"cuda"``), a
+            ``torch.device``, a tensor (torchax tensors are ``"jax"``), a
+            module (its parameters and buffers), a ``torch.Generator``, or any
+            nesting of lists, tuples, dicts and sets of these.
+
+    Returns:
+        The device type names, such as ``("xla",)`` or ``("cuda", "xpu")``.
+
+    Raises:
+        TypeError: Something in ``obj`` has no device; the message names its type.
 
     Examples:
         >>> devrng.infer_device_types([torch.ones(1, device="meta"), "xpu:1", {"a": "xla:0"}])

@@ -6,8 +6,6 @@ calls do not (openxla), or the caller must remember to seed and restore the
 right generators around every call. ``seeded_jit`` makes the seed an input
 of the call with every compiler; the glue for each lives in
 ``devrng._compilers.<name>``, imported only when that compiler is used.
-("backend" in ``seeded_jit(backend=...)`` follows ``torch.compile``'s word for
-a compiler; everywhere else in devrng a backend is a device type's RNG.)
 """
 
 from __future__ import annotations
@@ -24,7 +22,7 @@ from devrng._compilers.runner import MakeRunner, Runner, input_types
 from devrng._lazy import load
 from devrng._seeds import MASK64, check_seed, nth_seed
 
-__all__ = ["BACKENDS", "SeededFunction", "seeded_jit", "stream_seed"]
+__all__ = ["COMPILER_NAMES", "SeededFunction", "auto_compiler", "seeded_jit"]
 
 R = TypeVar("R")
 
@@ -36,19 +34,8 @@ _COMPILERS: dict[str, tuple[str, str | None]] = {
     "openxla": ("devrng._compilers.openxla", "xla"),
     "torchax": ("devrng._compilers.torchax", "torchax"),
 }
-BACKENDS = (*_COMPILERS, "auto")
-
-def stream_seed(base_seed: int, counter: int) -> int:
-    """Seed number ``counter`` of the stream of ``base_seed``.
-
-    The base is mixed first, so neighbouring base seeds start far apart, and
-    then SplitMix64 steps from there: ``counter`` picks one output.
-
-    Examples:
-        >>> stream_seed(0, 0) != stream_seed(0, 1) != stream_seed(1, 0)
-        True
-    """
-    return nth_seed(base_seed, counter)
+#: What ``seeded_jit(backend=...)`` accepts (torch.compile's word for a compiler).
+COMPILER_NAMES = (*_COMPILERS, "auto")
 
 
 def _active_portable() -> Any:
@@ -57,14 +44,21 @@ def _active_portable() -> Any:
     return None if module is None else module.active()
 
 
-def _load_runner_factory(backend: str) -> MakeRunner:
-    module_name, extra = _COMPILERS[backend]
+def _load_runner_factory(compiler: str) -> MakeRunner:
+    module_name, extra = _COMPILERS[compiler]
     factory: MakeRunner = load(f"{module_name}:make_runner",
-                               what=f"seeded_jit(backend={backend!r})", extra=extra)
+                               what=f"seeded_jit(backend={compiler!r})", extra=extra)
     return factory
 
 
-def _auto_backend(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+def auto_compiler(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    """The compiler ``backend="auto"`` picks from a call's arguments: XLA tensors -> torch_xla,
+    torchax tensors -> torchax, anything else -> inductor.
+
+    Examples:
+        >>> auto_compiler((torch.ones(2),), {})
+        'inductor'
+    """
     types = input_types((args, kwargs))
     if "xla" in types:
         return "torch_xla"
@@ -134,7 +128,12 @@ def _explain_positional_seed(sig: inspect.Signature | None, args: tuple[Any, ...
 
 
 class SeededFunction(Generic[R]):
-    """A compiled function called as ``f(*args, seed=None, **kwargs)``; see [`seeded_jit`][devrng.seeded_jit].
+    """What ``seeded_jit`` returns: call it as ``f(*args, seed=None, **kwargs)``.
+
+    ``seed`` is an int in ``[0, 2**64)`` or a 0-d integer tensor; without it
+    the call takes the next seed of the function's own stream. Equal seeds
+    give bitwise-equal outputs, the first (compiling) call included, and the
+    caller's RNG state is left as it was.
 
     Examples:
         >>> step = devrng.seeded_jit(lambda x: torch.nn.functional.dropout(x, 0.5),
@@ -149,10 +148,10 @@ class SeededFunction(Generic[R]):
                  compile_kwargs: dict[str, Any]) -> None:
         if not callable(fn):
             raise TypeError(f"seeded_jit needs a callable to compile, not {fn!r}.")
-        if backend not in BACKENDS:
+        if backend not in COMPILER_NAMES:
             raise ValueError(
                 f"seeded_jit got backend={backend!r}; accepted backends are "
-                f"{', '.join(repr(b) for b in BACKENDS)}."
+                f"{', '.join(repr(b) for b in COMPILER_NAMES)}."
             )
         if seed is not None:
             seed = check_seed(seed, "seeded_jit's seed")
@@ -191,7 +190,7 @@ class SeededFunction(Generic[R]):
 
     def __call__(self, *args: Any, seed: int | torch.Tensor | None = None, **kwargs: Any) -> R:
         if seed is None:
-            value: int | torch.Tensor = stream_seed(self._base_seed, self._counter)
+            value: int | torch.Tensor = nth_seed(self._base_seed, self._counter)
             self._counter += 1
         elif type(seed) is int and 0 <= seed <= MASK64:
             value = seed  # the common case, checked without a call
@@ -199,7 +198,7 @@ class SeededFunction(Generic[R]):
             value = _check_call_seed(seed)
         runner = self._runner
         if runner is None:
-            self._backend = _auto_backend(args, kwargs)
+            self._backend = auto_compiler(args, kwargs)
             runner = self._runner = _load_runner_factory(self._backend)(
                 self._fn, self._compile_kwargs)
         stream = _active_portable()
@@ -224,7 +223,15 @@ class SeededFunction(Generic[R]):
         return {"base_seed": self._base_seed, "counter": self._counter}
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Continue the seed stream saved by ``state_dict``.
+        """Continue the seed stream that ``SeededFunction.state_dict`` saved.
+
+        Args:
+            state_dict: ``{"base_seed": ..., "counter": ...}``.
+
+        Raises:
+            ValueError: The keys are not exactly those two, or a value is out
+                of range.
+            TypeError: The base seed is not an int.
 
         Examples:
             >>> step = devrng.seeded_jit(lambda x: x, backend="eager")
@@ -233,10 +240,11 @@ class SeededFunction(Generic[R]):
             {'base_seed': 3, 'counter': 1}
         """
         if not isinstance(state_dict, Mapping) or set(state_dict) != {"base_seed", "counter"}:
-            got = sorted(state_dict) if isinstance(state_dict, Mapping) else type(state_dict).__name__
+            got = (f"a mapping with the keys {', '.join(sorted(map(repr, state_dict)))}"
+                   if isinstance(state_dict, Mapping) else f"a {type(state_dict).__name__}")
             raise ValueError(
                 f"load_state_dict needs a mapping with exactly the keys 'base_seed' and 'counter' "
-                f"(from SeededFunction.state_dict()), not {got!r}."
+                f"(from SeededFunction.state_dict()), not {got}."
             )
         base = check_seed(state_dict["base_seed"], "state_dict['base_seed']")
         counter = state_dict["counter"]
@@ -268,15 +276,50 @@ def seeded_jit(fn: Callable[..., R] | None = None, *, backend: str = "auto",
                ) -> SeededFunction[R] | Callable[[Callable[..., R]], SeededFunction[R]]:
     """Compile ``fn`` so that its random draws depend only on its inputs and a seed.
 
-    ``backend`` is ``"torch_xla"``, ``"openxla"``, ``"torchax"``,
-    ``"inductor"``, ``"eager"`` or ``"auto"`` (chosen from the devices of the
-    first call's inputs: XLA -> torch_xla, torchax -> torchax, else inductor).
     Call the result as ``f(*args, seed=..., **kwargs)`` with an int in
-    ``[0, 2**64)`` or a 0-d integer tensor; without ``seed`` the next seed of
-    the function's own stream is used (base ``seed`` given here, or drawn from
-    torch's default generator now). ``compile_kwargs`` go to the compiler.
+    ``[0, 2**64)`` or a 0-d integer tensor. Without ``seed`` a call takes the
+    next seed of the function's own stream. A new seed never recompiles, and
+    the caller's RNG state is left as it was. Also a decorator:
+    ``@seeded_jit`` or ``@seeded_jit(backend=...)``.
+
+    Args:
+        fn: The function to compile (a training step, a forward pass, ...).
+        backend: ``"inductor"`` (``torch.compile``), ``"eager"`` (no
+            compilation), ``"torch_xla"`` (``torch_xla.compile``),
+            ``"openxla"`` (``torch.compile(backend="openxla")``), ``"torchax"``
+            (JAX jit), or ``"auto"``: chosen from the devices of the first
+            call's inputs (XLA: torch_xla, torchax: torchax, else inductor).
+        seed: The base of the function's own seed stream; ``None`` draws it
+            from torch's default generator now, so ``torch.manual_seed`` at
+            program start fixes it.
+        **compile_kwargs: Passed to the compiler (``mode``, ``fullgraph``,
+            ``full_graph``, ``static_argnums``, ...).
+
+    Returns:
+        A ``SeededFunction`` (with ``fn=None``, a decorator that makes one).
+
+    Raises:
+        TypeError: ``fn`` is not callable or has a parameter named ``seed``,
+            or ``seed`` is not an int.
+        ValueError: ``backend`` is not one of the above, or ``seed`` is
+            outside ``[0, 2**64)``.
+        ImportError: The backend needs a package that is not installed.
 
     Examples:
+        On the CPU (``"eager"`` runs ``fn`` as it is; ``"inductor"`` compiles
+        it the same way):
+
+        >>> @devrng.seeded_jit(backend="eager")
+        ... def noisy(x):
+        ...     return torch.nn.functional.dropout(x, 0.5)
+        >>> x = torch.ones(16)
+        >>> torch.equal(noisy(x, seed=1), noisy(x, seed=1))
+        True
+        >>> torch.equal(noisy(x, seed=1), noisy(x, seed=2))
+        False
+
+        On an XLA device (needs torch_xla):
+
         >>> import torch_xla
         >>> @devrng.seeded_jit(backend="torch_xla")
         ... def step(x):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import torch
@@ -10,10 +9,11 @@ import torch.random
 
 from devrng._device_modules import register_all, unregister_all
 from devrng._fork import fork_rng
+from devrng._locks import ForkSafeLock
 
 __all__ = ["patch_torch", "unpatch_torch"]
 
-_lock = threading.Lock()
+_lock = ForkSafeLock()
 _saved: dict[str, Any] = {}
 
 
@@ -24,8 +24,8 @@ def patch_torch() -> None:
     it hands over. Also registers a ``torch.<type>`` device module for every
     devrng backend torch has none for (XLA above all), so that
     ``torch.utils.checkpoint`` and torch's other RNG sites save and restore
-    that device's state ([Checkpointing on XLA](checkpointing-xla.md) says how). Idempotent; undo with
-    [`unpatch_torch`][devrng.unpatch_torch].
+    that device's state (the guide's "Checkpointing on XLA" page says how).
+    Idempotent; ``unpatch_torch`` undoes it.
 
     Examples:
         >>> devrng.patch_torch()
@@ -46,7 +46,7 @@ def patch_torch() -> None:
 
 
 def unpatch_torch() -> None:
-    """Undo [`patch_torch`][devrng.patch_torch]. Idempotent.
+    """Undo ``patch_torch``: torch's own ``fork_rng`` and device modules come back. Idempotent.
 
     Examples:
         >>> devrng.unpatch_torch()

@@ -14,12 +14,14 @@ from typing import Any
 import torch
 
 from devrng._errors import DevRNGError
-from devrng._host import numpy_or_none
 
-__all__ = ["check_plain", "describe", "feed", "signature", "tensor_bytes", "tensor_to_uint64",
+__all__ = ["MAX_STATE_BYTES", "check_loaded", "check_plain", "describe", "feed", "signature", "tensor_bytes", "tensor_to_uint64",
            "uint64_to_tensor"]
 
 _PLAIN_LEAVES = (torch.Tensor, bool, int, float, str, type(None))
+#: No generator state devrng knows is larger (the CPU's is 5 KB, a TPU's seed 8 bytes):
+#: a bigger tensor in a loaded file is a mistake or an attack, not a state.
+MAX_STATE_BYTES = 1 << 20
 
 
 def check_plain(state: Any, what: str) -> None:
@@ -40,6 +42,33 @@ def check_plain(state: Any, what: str) -> None:
     )
 
 
+def check_loaded(state: Any, what: str) -> None:
+    """``check_plain``, and every tensor a compact, plausibly sized state.
+
+    A file can hold a tensor that claims 10**12 elements over a few bytes of
+    storage (stride 0): comparing or hashing it later would allocate all of
+    them. Such tensors are refused when the file is read.
+    """
+    check_plain(state, what)
+    stack = [state]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, torch.Tensor):
+            size = item.numel() * item.element_size()
+            if size > MAX_STATE_BYTES or not item.is_contiguous():
+                raise DevRNGError(
+                    f"{what} holds a tensor of shape {tuple(item.shape)} "
+                    + ("that is not laid out contiguously" if size <= MAX_STATE_BYTES
+                       else f"({size} bytes)")
+                    + f"; generator states are compact tensors of at most {MAX_STATE_BYTES} "
+                    "bytes, so this file was not written by devrng."
+                )
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+
+
 def tensor_bytes(t: torch.Tensor) -> bytes:
     """The raw bytes of a tensor's elements (copied to the CPU, made contiguous)."""
     t = t.detach()
@@ -49,9 +78,10 @@ def tensor_bytes(t: torch.Tensor) -> bytes:
         t = t.contiguous()
     if t.dtype is not torch.uint8:
         t = t.reshape(-1).view(torch.uint8) if t.numel() else t.new_empty(0, dtype=torch.uint8)
-    if numpy_or_none() is not None:
+    try:
         return bytes(t.numpy().tobytes())
-    return bytes(t.reshape(-1).tolist())
+    except RuntimeError:  # torch without NumPy
+        return bytes(t.reshape(-1).tolist())
 
 
 def feed(h: Any, obj: Any) -> None:

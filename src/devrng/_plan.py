@@ -79,22 +79,15 @@ _accelerator: dict[Any, str | None] = {}
 
 def current_accelerator() -> str | None:
     """The accelerator's device type if one is usable here (CUDA, XPU, MPS, ...), else None."""
-    acc = getattr(torch, "accelerator", None)
-    if acc is not None and hasattr(acc, "current_accelerator"):
-        fn = acc.current_accelerator
-        if fn not in _accelerator:
-            dev = fn()
-            _accelerator.clear()
-            _accelerator[fn] = None if dev is None else str(dev.type)
-        name = _accelerator[fn]
-        # A CUDA build reports "cuda" on a machine without a GPU: not an accelerator here.
-        backend = loaded_backend(name) if name else None
-        return name if backend is not None and backend.is_available() else None
-    for name in ("cuda", "xpu", "mps"):  # torch < 2.6
-        backend = loaded_backend(name)
-        if backend is not None and backend.is_available():
-            return name
-    return None
+    fn = torch.accelerator.current_accelerator
+    if fn not in _accelerator:
+        dev = fn()
+        _accelerator.clear()
+        _accelerator[fn] = None if dev is None else str(dev.type)
+    name = _accelerator[fn]
+    # A CUDA build reports "cuda" on a machine without a GPU: not an accelerator here.
+    backend = loaded_backend(name) if name else None
+    return name if backend is not None and backend.is_available() else None
 
 
 def default_types() -> list[str]:
@@ -133,22 +126,25 @@ def _warn_many(name: str, count: int, caller: str, devices_kw: str) -> None:
 
 
 def _checked_indices(backend: Backend, indices: list[int | None]) -> tuple[int, ...]:
+    count = device_count(backend)
     resolved: list[int] = []
-    count: int | None = None
     for index in indices:
+        if not count:
+            shown = backend.name if index is None or index == -1 else f"{backend.name}:{index}"
+            raise ValueError(
+                f"Device {shown!r} does not exist: this process has no {backend.name} device. "
+                "Name only devices this process has (devrng.available_backends() lists the "
+                "device types), or leave the device out."
+            )
         # -1 is "the current device", as for torch.cuda.device(-1); Tensor.get_device() gives
         # it for torchax tensors, and torch.utils.checkpoint passes those ids to fork_rng.
         if index is None or index == -1:
             index = current_index(backend)
-        else:
-            if count is None:
-                count = device_count(backend)
-            if not 0 <= index < count:
-                raise ValueError(
-                    f"Device {backend.name}:{index} does not exist: this process has "
-                    + (f"{count} {backend.name} device(s), indices 0 to {count - 1}."
-                       if count else f"no {backend.name} device.")
-                )
+        elif not 0 <= index < count:
+            raise ValueError(
+                f"Device {backend.name}:{index} does not exist: this process has "
+                f"{count} {backend.name} device(s), indices 0 to {count - 1}."
+            )
         if index not in resolved:
             resolved.append(index)
     return tuple(resolved)
@@ -181,14 +177,18 @@ def make_plan(
             plan = None
         if plan is not None:
             return plan
-    named = [t for t in normalize_device_type(device_type) if t not in ("cpu", "meta")]
+    types = normalize_device_type(device_type)
+    named = [t for t in types if t not in ("cpu", "meta")]
     if devices is None:
-        return _plan_whole_types(named, caller, devices_kw, warn)
+        # device_type names the types to cover (an empty list: none); without it, the
+        # types in use.
+        return _plan_whole_types(named if device_type is not None else None, caller,
+                                 devices_kw, warn)
     found = collect_devices(devices)
     by_type: dict[str, list[int | None]] = {t: [] for t in named}
     for name, indices in found.indices.items():
         by_type.setdefault(name, []).extend(indices)
-    if found.ints:
+    if found.ints and (named or not types):  # device_type="cpu": the CPU is forked anyway
         owner = _owner_of_ints(named, list(found.indices), found.ints, devices_kw)
         by_type.setdefault(owner, []).extend(found.ints)
     return tuple((get_backend(name), _checked_indices(get_backend(name), indices))
@@ -196,14 +196,11 @@ def make_plan(
                  if indices)  # a type named by device_type alone, with devices=[...] for others
 
 
-def _plan_whole_types(named: list[str], caller: str, devices_kw: str, warn: bool) -> Plan:
-    """Every device of the named types, or, with none named, of the types in use."""
-    explicit = bool(named)
+def _plan_whole_types(named: list[str] | None, caller: str, devices_kw: str, warn: bool) -> Plan:
+    """Every device of the named types, or, with none named (None), of the types in use."""
     plan = []
-    for name in named if explicit else default_types():
+    for name in default_types() if named is None else named:
         backend = get_backend(name)
-        if not explicit and not is_initialized(backend):
-            continue
         count = device_count(backend)
         if count > 1 and warn:
             _warn_many(name, count, caller, devices_kw)

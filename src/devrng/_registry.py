@@ -2,7 +2,7 @@
 
 Built-in backends are stored as ``"module:attr"`` strings and imported on first
 use, so ``import devrng`` never imports torch_xla, JAX or IPEX. Third-party
-backends come from [`register_backend`][devrng.register_backend] or the ``devrng.backends`` entry
+backends come from ``devrng.register_backend`` or the ``devrng.backends`` entry
 point group; one that fails to load is skipped with a warning by everything
 that does not name it.
 
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-import threading
 import warnings
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
@@ -24,6 +23,7 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 import torch
 
 from devrng._lazy import install_hint, load
+from devrng._locks import ForkSafeLock
 
 __all__ = [
     "Backend",
@@ -47,6 +47,7 @@ __all__ = [
     "register_backend",
     "registry",
     "requirement",
+    "started_types",
     "unregister_backend",
 ]
 
@@ -56,14 +57,19 @@ __all__ = [
 class Backend(Protocol):
     """What devrng needs from a device type to fork, snapshot and seed it.
 
-    These six members are all a backend must have. It may also offer the
-    optional members of ``InitializedCheck``, ``CurrentDevice``, ``PerDeviceSeed``,
-    ``StateCodec`` and ``DeterminismSwitch`` (Protocols in this module), which devrng looks up
-    with ``getattr`` and does without when absent (see docs/devices.md).
+    These six members are all a backend must have. It may also offer optional
+    ones, which devrng looks up with ``getattr`` and does without when absent:
+    ``is_initialized()``, ``current_device()``, ``manual_seed_device(seed,
+    index)``, ``state_to_tensor(state)`` / ``tensor_to_state(tensor)`` and
+    ``get_deterministic()`` / ``set_deterministic(flag)`` (the Devices page of
+    the docs describes each).
+
+    Attributes:
+        name: The device type, as in ``torch.device`` (``"cuda"``, ``"xla"``).
 
     Examples:
-        >>> class MyBackend:  # two devices, each a torch.Generator here
-        ...     name = "mydev"
+        >>> class ToyBackend:  # two devices, each a torch.Generator here
+        ...     name = "toy"
         ...     def __init__(self): self.gens = [torch.Generator(), torch.Generator()]
         ...     def is_available(self): return True
         ...     def device_count(self): return len(self.gens)
@@ -71,9 +77,9 @@ class Backend(Protocol):
         ...     def set_rng_state(self, state, index): self.gens[index].set_state(state)
         ...     def manual_seed(self, seed):
         ...         for g in self.gens: g.manual_seed(seed)
-        >>> devrng.register_backend("mydev", MyBackend())
-        >>> devrng.infer_device_types(["mydev:1"])
-        ('mydev',)
+        >>> devrng.register_backend("toy", ToyBackend())
+        >>> devrng.infer_device_types(["toy:1"])
+        ('toy',)
     """
 
     name: str
@@ -146,8 +152,15 @@ _MAX_DEVICES = 1 << 16  # more devices of one type than any machine has: a lying
 
 
 def device_count(backend: Backend) -> int:
-    """``backend.device_count()``, checked: a backend that returns nonsense gets a clear error."""
-    count = backend.device_count()
+    """``backend.device_count()``, checked: a backend that fails or returns nonsense gets a
+    clear error that names it."""
+    try:
+        count = backend.device_count()
+    except Exception as err:
+        raise RuntimeError(
+            f"The devrng backend {_described(backend)} failed to count its devices "
+            f"({type(err).__name__}: {err}); fix or uninstall the package that provides it."
+        ) from err
     if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= _MAX_DEVICES:
         raise TypeError(
             f"The devrng backend {getattr(backend, 'name', backend)!r} reported "
@@ -155,6 +168,14 @@ def device_count(backend: Backend) -> int:
             f"int from 0 to {_MAX_DEVICES}."
         )
     return count
+
+
+def _described(backend: Backend) -> str:
+    """``'name'``, and where a plugin backend comes from."""
+    name = getattr(backend, "name", backend)
+    entry = _entries.get(name) if isinstance(name, str) else None
+    origin = entry.origin if isinstance(entry, _Lazy) else None
+    return f"{name!r}" + (f" ({origin})" if origin else "")
 
 
 def current_index(backend: Backend) -> int:
@@ -195,7 +216,7 @@ _BUILTIN: dict[str, _Lazy] = {
     "jax": _Lazy("devrng._backends.jax:backend", "torchax", "torchax"),
 }
 
-_lock = threading.RLock()
+_lock = ForkSafeLock()
 _entries: dict[str, Backend | _Lazy] = dict(_BUILTIN)
 _resolved: dict[str, Backend] = {}
 _broken: dict[str, str] = {}  # name -> why it could not be loaded (warned once)
@@ -208,8 +229,17 @@ registry: Mapping[str, object] = MappingProxyType(_entries)
 def register_backend(name: str, backend: Backend | str, *, clobber: bool = False) -> None:
     """Register ``backend`` for device type ``name``.
 
-    ``backend`` is an object satisfying [`devrng.Backend`][devrng.Backend], or a
-    ``"module:attr"`` string imported on first use.
+    Args:
+        name: The device type, as ``torch.device`` spells it (no ``":"``).
+        backend: An object satisfying ``devrng.Backend`` (its ``name`` must be
+            ``name``), or a ``"module:attr"`` string imported on first use.
+        clobber: Replace a backend already registered as ``name``.
+
+    Raises:
+        ValueError: ``name`` is not a device type, is taken (without
+            ``clobber``), or differs from the backend's ``name``; or the
+            string is not ``"module:attr"``.
+        TypeError: ``backend`` lacks members ``devrng.Backend`` requires.
 
     Examples:
         >>> devrng.register_backend("mydev", "my_package.rng:backend")  # imported on first use
@@ -307,7 +337,7 @@ def _resolve(name: str, entry: Backend | _Lazy) -> Backend:
         obj = load(entry.target, what=what, extra=entry.extra)
     except ImportError:
         raise
-    except Exception as err:  # a plugin module that raises on import
+    except (Exception, SystemExit) as err:  # a plugin module that raises (or exits) on import
         raise ImportError(
             f"{what} failed while importing {entry.target!r} ({type(err).__name__}: {err}); fix "
             "or uninstall the package that provides it."
@@ -325,7 +355,21 @@ def _resolve(name: str, entry: Backend | _Lazy) -> Backend:
 
 
 def get_backend(name: str) -> Backend:
-    """The backend for device type ``name`` (``"cuda"``, ``"xla"``, ...).
+    """The backend for device type ``name``, imported on first use.
+
+    Args:
+        name: A device type: ``"cpu"``, ``"cuda"``, ``"xpu"``, ``"mps"``,
+            ``"xla"``, ``"jax"`` (torchax), a PrivateUse1 device, or a
+            registered one.
+
+    Returns:
+        The object satisfying ``devrng.Backend`` that devrng uses for it.
+
+    Raises:
+        ValueError: No backend is registered for ``name`` (the message lists
+            those that are).
+        ImportError: Its package (torch_xla, torchax) is not installed; the
+            message says what to install.
 
     Examples:
         >>> devrng.get_backend("cpu").device_count()
@@ -387,14 +431,19 @@ def loaded_backend(name: str) -> Backend | None:
         entry = _entries.get(name)
         if isinstance(entry, _Lazy) and entry.requires is not None:
             return None  # a built-in backend whose package is missing: not a plugin problem
-        _broken[name] = f"{type(err).__name__}: {err}"
-        warnings.warn(
-            f"devrng skips the backend {name!r}, which could not be loaded: {err} Everything "
-            "that does not name it goes on without it.",
-            RuntimeWarning,
-            stacklevel=3,
-        )
+        _skip(name, f"could not be loaded: {err}")
         return None
+
+
+def _skip(name: str, why: str) -> None:
+    """Leave the broken backend ``name`` out of everything that does not name it; warn once."""
+    _broken[name] = why
+    warnings.warn(
+        f"devrng skips the backend {name!r}, which {why} Everything that does not name it goes "
+        "on without it.",
+        RuntimeWarning,
+        stacklevel=4,
+    )
 
 
 def broken_backends() -> dict[str, str]:
@@ -418,6 +467,9 @@ def available_backends() -> tuple[str, ...]:
     Backends whose package nobody has imported yet (torch_xla, torchax) are not
     imported to find out: they count once the program imports them.
 
+    Returns:
+        Device type names, ``"cpu"`` first.
+
     Examples:
         >>> "cpu" in devrng.available_backends()
         True
@@ -429,10 +481,21 @@ def available_backends() -> tuple[str, ...]:
             continue
         try:
             if backend.is_available():
+                device_count(backend)  # a backend that cannot count its devices is broken
                 out.append(name)
-        except Exception:  # a broken third-party backend must not break discovery
-            continue
+        except Exception as err:  # a broken third-party backend must not break discovery
+            _skip(name, f"failed when asked about its devices: {err}")
     return tuple(out)
+
+
+def started_types() -> list[str]:
+    """Device types (not the CPU) that are available and whose runtime has started here.
+
+    Their states exist and can be read without starting anything
+    (pytorch/pytorch#41970); devrng saves and reseeds exactly these.
+    """
+    return [name for name in available_backends()
+            if name != "cpu" and is_initialized(get_backend(name))]
 
 
 def requirement(name: str) -> str | None:

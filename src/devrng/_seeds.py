@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import numbers
 
-__all__ = ["GAMMA", "MASK64", "check_seed", "mix64", "nth_seed", "splitmix64"]
+__all__ = ["GAMMA", "MASK64", "SEED_VARIABLES", "check_seed", "mix64", "nth_seed",
+           "seed_from_environment", "splitmix64"]
 
 MASK64 = (1 << 64) - 1
 GAMMA = 0x9E3779B97F4A7C15  # SplitMix64's increment: odd, so i * GAMMA is injective mod 2**64
+#: Where a run without a seed of its own finds one, in this order (TrainingRNG exports the first).
+SEED_VARIABLES = ("DEVRNG_SEED", "PL_GLOBAL_SEED")
 
 
 def check_seed(seed: object, name: str = "seed") -> int:
@@ -30,6 +33,24 @@ def check_seed(seed: object, name: str = "seed") -> int:
     if not 0 <= value <= MASK64:
         raise ValueError(f"{name}={value} is out of range; it must be an int in [0, 2**64).")
     return value
+
+
+def seed_from_environment(variable: str, raw: str) -> int:
+    """The seed that environment variable ``variable`` holds as the text ``raw``.
+
+    Raises a ValueError that names the variable and its value and says how to fix it.
+
+    Examples:
+        >>> seed_from_environment("DEVRNG_SEED", " 1234 ")
+        1234
+    """
+    try:
+        return check_seed(int(raw.strip()), variable)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"The {variable} environment variable is {raw!r}, which is not a seed; set it to an "
+            "int in [0, 2**64) or unset it."
+        ) from None
 
 
 def mix64(z: int) -> int:

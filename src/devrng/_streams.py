@@ -2,7 +2,8 @@
 
 A device-aware take on Megatron-LM's CUDA RNG tracker: each stream keeps its
 own state for the CPU generator and for every device it has been forked on
-(CUDA, XPU, MPS, XLA, torchax, ...), swapped in while the stream is forked.
+(CUDA, XPU, MPS, XLA, torchax, ...) -- an ``RNGState`` without Python and
+NumPy -- swapped in while the stream is forked.
 """
 
 from __future__ import annotations
@@ -14,12 +15,15 @@ from typing import Any
 
 import torch
 
+from devrng import _host
 from devrng._errors import DevRNGError
-from devrng._fork import restore_all
 from devrng._plain import check_plain
 from devrng._plan import Plan, make_plan
-from devrng._registry import Backend, device_count, get_backend
+from devrng._registry import Backend, device_count
+from devrng._restore import prepare_restore
 from devrng._seeds import check_seed
+from devrng._state import RNGState, parse_state, snapshot
+from devrng._undo import Undo, read_devices
 
 __all__ = ["RNGStreams"]
 
@@ -36,21 +40,27 @@ def _stream_seed(name: str, seed: int) -> int:
 
 
 class _Stream:
-    __slots__ = ("cpu", "devices", "seed")
+    __slots__ = ("seed", "state")
 
-    def __init__(self, seed: int, cpu: torch.Tensor, devices: dict[str, dict[int, Any]]) -> None:
+    def __init__(self, seed: int, state: RNGState) -> None:
         self.seed = seed
-        self.cpu = cpu
-        self.devices = devices
+        self.state = state  # CPU and device states; replaced, never changed in place
+
+    def advance(self, state: RNGState) -> None:
+        """Keep ``state``'s CPU and device states, and this stream's other devices."""
+        devices = {t: dict(per) for t, per in self.state.devices.items()}
+        for name, per in state.devices.items():
+            devices.setdefault(name, {}).update(per)
+        self.state = RNGState(state.cpu, devices)
 
 
 class RNGStreams:
     """Named RNG streams, independent of each other and of the default stream.
 
     ``add(name, seed)`` creates a stream; ``with streams.fork(name):`` swaps
-    its state in for the CPU and every covered device type (as
-    [`fork_rng`][devrng.fork_rng] chooses them from ``devices`` / ``device_type``),
-    keeps the advanced state on exit and gives the caller back its own.
+    its state in for the CPU and every covered device type (as ``fork_rng``
+    chooses them from ``devices`` / ``device_type``), keeps the advanced state
+    on exit and gives the caller back its own.
     ``state_dict()`` / ``load_state_dict()`` carry every stream across a
     checkpoint in plain data that ``torch.load(weights_only=True)`` reads.
 
@@ -72,6 +82,16 @@ class RNGStreams:
     def add(self, name: str, seed: int) -> None:
         """Create stream ``name`` from ``seed``; a name can be added once.
 
+        Args:
+            name: A non-empty string.
+            seed: An int in ``[0, 2**64)``; the stream's generators are seeded
+                from it and ``name``, so it never replays the default stream
+                seeded with the same number.
+
+        Raises:
+            TypeError: ``name`` is not a non-empty string, or ``seed`` not an int.
+            ValueError: ``name`` was added before, or ``seed`` is out of range.
+
         Examples:
             >>> streams = devrng.RNGStreams()
             >>> streams.add("model-parallel", devrng.distributed.rank_seed(1234, rank=0))
@@ -87,7 +107,7 @@ class RNGStreams:
                 "choose another name, or load_state_dict() to replace every stream."
             )
         cpu = torch.Generator().manual_seed(_stream_seed(name, seed)).get_state()
-        self._streams[name] = _Stream(seed, cpu, {})
+        self._streams[name] = _Stream(seed, RNGState(cpu, {}))
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -122,20 +142,17 @@ class RNGStreams:
     def _materialise(self, name: str, stream: _Stream, plan: Plan) -> None:
         """Give the stream a state on each planned device it has never been forked on."""
         for backend, indices in plan:
-            have = stream.devices.setdefault(backend.name, {})
+            have = stream.state.devices.get(backend.name, {})
             missing = [i for i in indices if i not in have]
             if not missing:
                 continue
             # Backends seed all their devices at once; save and put back every one,
             # so that the caller's streams on other devices are left as they were.
-            every = range(device_count(backend))
-            before = [(backend, i, backend.get_rng_state(i)) for i in every]
-            try:
-                backend.manual_seed(_stream_seed(name, stream.seed))
-                for i in missing:
-                    have[i] = backend.get_rng_state(i)
-            finally:
-                restore_all(None, before, None, None, what="RNGStreams.fork")
+            undo = Undo(f"RNGStreams.fork({name!r})")
+            undo.save_devices(read_devices([(backend, range(device_count(backend)))]))
+            fresh = undo.around(_seed_and_read, backend, _stream_seed(name, stream.seed),
+                                missing)
+            stream.advance(RNGState(stream.state.cpu, {backend.name: dict(fresh)}))
 
     @contextmanager
     def fork(self, name: str, devices: Any = None, *, device_type: Any = None) -> Iterator[None]:
@@ -143,10 +160,30 @@ class RNGStreams:
 
         Covers the CPU and the device types of ``devices`` / ``device_type``
         (with neither, the accelerator and XLA / torchax when in use, as
-        [`fork_rng`][devrng.fork_rng]). The stream's advanced state is kept, so the
-        next ``fork(name)`` continues where this one stopped.
+        ``fork_rng``). The stream's advanced state is kept, so the next
+        ``fork(name)`` continues where this one stopped.
+
+        Args:
+            name: A stream added with ``RNGStreams.add``.
+            devices: The devices to cover, as in ``fork_rng``.
+            device_type: A device type or a sequence of them, as in ``fork_rng``.
+
+        Raises:
+            ValueError: No stream is named ``name``.
+            RuntimeError: The stream is already forked (inside itself).
 
         Examples:
+            >>> streams = devrng.RNGStreams()
+            >>> streams.add("dropout", 7)
+            >>> with streams.fork("dropout", devices=[]):   # the CPU only
+            ...     first = torch.rand(4)
+            >>> with streams.fork("dropout", devices=[]):   # continues the stream
+            ...     second = torch.rand(4)
+            >>> torch.equal(first, second)
+            False
+
+            On an XLA device (needs torch_xla):
+
             >>> import torch_xla
             >>> streams = devrng.RNGStreams()
             >>> streams.add("dropout", 7)
@@ -165,41 +202,30 @@ class RNGStreams:
             )
         plan = make_plan(devices, device_type, caller="RNGStreams.fork")
         self._materialise(name, stream, plan)
-        cpu_gen = torch.default_generator
-        caller_cpu = cpu_gen.get_state()
-        caller_dev = [(b, i, b.get_rng_state(i)) for b, idx in plan for i in idx]
-        self._swap_in(name, stream, caller_cpu, caller_dev)
-        self._active.add(name)
+        caller = Undo(f"RNGStreams.fork({name!r})", wrap=False)
+        caller.save_cpu()
+        caller.save_devices(read_devices(plan))
+        # The caller's states are put back on every way out, also when an interrupt
+        # lands here; the stream keeps what it drew unless its states never went in.
+        swapped = False
+        advanced: RNGState | None = None
         try:
+            self._active.add(name)
+            _swap_in(name, stream, plan)
+            swapped = True
             yield
-        finally:
+            advanced = snapshot(read_devices(plan), python=False, numpy=False)
+            caller.run()
             self._active.discard(name)
-            try:
-                stream.cpu = cpu_gen.get_state()
-                for backend, index, _ in caller_dev:
-                    stream.devices[backend.name][index] = backend.get_rng_state(index)
-            finally:
-                restore_all(caller_cpu, caller_dev, None, None, what="RNGStreams.fork")
-
-    @staticmethod
-    def _swap_in(name: str, stream: _Stream, caller_cpu: torch.Tensor,
-                 caller_dev: list[tuple[Backend, int, Any]]) -> None:
-        done: list[tuple[Backend, int, Any]] = []
-        label = "cpu"
-        try:
-            for backend, index, previous in caller_dev:
-                label = f"{backend.name}:{index}"
-                backend.set_rng_state(stream.devices[backend.name][index], index)
-                done.append((backend, index, previous))
-            label = "cpu"
-            torch.default_generator.set_state(stream.cpu)
-        except Exception as err:
-            restore_all(caller_cpu, done, None, None, what="RNGStreams.fork")
-            raise DevRNGError(
-                f"RNGStreams.fork({name!r}) could not put the stream's {label} state in place "
-                f"({type(err).__name__}: {err}); the state was probably loaded from a checkpoint "
-                "taken with another torch or device. Every generator was put back."
-            ) from err
+            stream.advance(advanced)
+        except BaseException as err:
+            if swapped and advanced is None:
+                advanced = snapshot(read_devices(plan), python=False, numpy=False)
+            caller.roll_back(err)  # the error goes on; what could not be put back is a note
+            self._active.discard(name)
+            if advanced is not None:
+                stream.advance(advanced)
+            raise
 
     # -- checkpoints ---------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -212,15 +238,24 @@ class RNGStreams:
         """
         streams = {}
         for name, s in self._streams.items():
-            devices = {t: dict(per) for t, per in s.devices.items() if per}
+            devices = {t: dict(per) for t, per in s.state.devices.items() if per}
             check_plain(devices, f"stream {name!r}'s device states")
-            streams[name] = {"seed": s.seed, "cpu": s.cpu.clone(), "devices": devices}
+            streams[name] = {"seed": s.seed, "cpu": s.state.cpu.clone(), "devices": devices}
         return {"format": _FORMAT, "version": _VERSION, "streams": streams}
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Replace every stream with those in ``state_dict`` (from ``state_dict``).
+        """Replace every stream with those ``RNGStreams.state_dict`` saved.
 
-        The whole dict is checked first; on any problem nothing changes.
+        The whole dict is checked first, each stream's states as fully as
+        ``set_rng_state`` checks a snapshot against this
+        process; on any problem nothing changes.
+
+        Args:
+            state_dict: What ``RNGStreams.state_dict`` returned.
+
+        Raises:
+            ValueError: ``state_dict`` is not such a dict, or a part is malformed.
+            RuntimeError: A stream is forked right now.
 
         Examples:
             >>> saved = devrng.RNGStreams()
@@ -246,32 +281,53 @@ class RNGStreams:
                 f"The RNGStreams state dict is version {state_dict.get('version')!r}; this devrng "
                 f"reads version {_VERSION}."
             )
-        cpu_numel = torch.default_generator.get_state().numel()
-        loaded: dict[str, _Stream] = {}
         raw = state_dict.get("streams")
         if not isinstance(raw, Mapping):
             raise ValueError("The RNGStreams state dict has no 'streams' mapping.")
+        loaded: dict[str, _Stream] = {}
         for name, entry in raw.items():
+            if not isinstance(name, str) or not name:
+                raise ValueError(f"The RNGStreams state dict names a stream {name!r}; stream "
+                                 "names are non-empty strings.")
             try:
                 seed = check_seed(entry["seed"], f"stream {name!r}'s seed")
-                cpu = entry["cpu"]
-                devices = entry["devices"]
+                cpu, devices = entry["cpu"], entry["devices"]
             except (KeyError, TypeError) as err:
                 raise ValueError(
                     f"Stream {name!r} in the RNGStreams state dict is malformed ({err}); it needs "
                     "'seed', 'cpu' and 'devices'."
                 ) from err
-            if not isinstance(cpu, torch.Tensor) or cpu.dtype != torch.uint8 \
-                    or tuple(cpu.shape) != (cpu_numel,):
+            try:
+                state = parse_state(cpu, devices)
+            except (ValueError, DevRNGError) as err:
                 raise ValueError(
-                    f"Stream {name!r}'s CPU state must be a uint8 tensor of {cpu_numel} elements "
-                    f"(this torch's generator state), not {cpu!r:.60}."
-                )
-            if not isinstance(devices, Mapping):
-                raise ValueError(f"Stream {name!r}'s 'devices' must be a dict, not {devices!r:.60}.")
-            per_type: dict[str, dict[int, Any]] = {}
-            for dtype, per in devices.items():
-                get_backend(str(dtype))  # an unknown device type fails here, before any change
-                per_type[str(dtype)] = {int(i): s for i, s in per.items()}
-            loaded[str(name)] = _Stream(seed, cpu.clone(), per_type)
+                    f"Stream {name!r}'s {str(err).removeprefix('its ')}; load what "
+                    "RNGStreams.state_dict() returned."
+                ) from None
+            prepare_restore(state)  # device types, counts and state layouts of this process
+            loaded[name] = _Stream(seed, RNGState(state.cpu.clone(), state.devices))
         self._streams = loaded
+
+
+def _seed_and_read(backend: Backend, seed: int, indices: list[int]) -> list[tuple[int, Any]]:
+    backend.manual_seed(seed)
+    return [(i, backend.get_rng_state(i)) for i in indices]
+
+
+def _swap_in(name: str, stream: _Stream, plan: Plan) -> None:
+    """Set the stream's states on the CPU and the planned devices (the caller puts its own
+    back if this fails)."""
+    label = "cpu"
+    try:
+        for backend, indices in plan:
+            for index in indices:
+                label = f"{backend.name}:{index}"
+                backend.set_rng_state(stream.state.devices[backend.name][index], index)
+        label = "cpu"
+        _host.set_cpu_state(stream.state.cpu)
+    except Exception as err:
+        raise DevRNGError(
+            f"RNGStreams.fork({name!r}) could not put the stream's {label} state in place "
+            f"({type(err).__name__}: {err}); the state was probably loaded from a checkpoint "
+            "taken with another torch or device. Every generator was put back."
+        ) from err

@@ -10,8 +10,10 @@ run resumed in a fresh process continues bitwise as the uninterrupted run.
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
+import re
 import secrets
 import warnings
 from collections.abc import Callable, Mapping
@@ -19,14 +21,19 @@ from typing import Any
 
 import torch
 
-from devrng._determinism import DeterministicHandle, deterministic
-from devrng._errors import DevRNGError, add_note, check_flags, short_repr
+from devrng import _host
+from devrng._determinism import DeterministicHandle
+from devrng._determinism import deterministic as turn_on_determinism
+from devrng._errors import DevRNGError, check_flags, short_repr
 from devrng._lazy import load
 from devrng._plain import check_plain
 from devrng._rank import process_rank, world_size
-from devrng._registry import available_backends, device_count, get_backend, is_initialized
+from devrng._registry import available_backends, device_count, get_backend, started_types
+from devrng._restore import Restore, prepare_restore
+from devrng._seeding import manual_seed
 from devrng._seeds import check_seed, nth_seed
-from devrng._state import RNGState, get_rng_state, manual_seed, prepare_restore, set_rng_state
+from devrng._state import RNGState, get_rng_state
+from devrng._undo import Undo, read_devices, read_started
 from devrng._workers import dataloader_kwargs
 
 __all__ = ["TrainingRNG"]
@@ -36,24 +43,36 @@ _VERSION = 1
 _KEYS = frozenset({"format", "version", "seed", "rank", "world_size", "rng", "generators",
                    "tracked"})
 _SEED_VARIABLES = ("DEVRNG_SEED", "PL_GLOBAL_SEED")  # read in this order; DEVRNG_SEED is written
+_LOADER_NAME = re.compile(r"dataloader\d+")  # the generators dataloader_kwargs() makes
 _PORTABLE_STREAM = 1 << 34  # nth_seed index of the run's portable stream (loaders use 2**32 + i)
 _logger = logging.getLogger("devrng")
-_scratch = torch.Generator()  # generator states are tried here before any is set
 
 
 class TrainingRNG:
     """The RNG of one training process: seeded at once, checkpointed as one plain dict.
 
     ``TrainingRNG(seed)`` seeds the CPU, every available device type (XLA and
-    torchax included), Python and NumPy. Without ``seed`` it takes
-    ``DEVRNG_SEED`` (or Lightning's ``PL_GLOBAL_SEED``) from the environment,
-    else draws one from OS entropy; it logs the seed on the ``"devrng"``
-    logger and exports it as ``DEVRNG_SEED`` for processes started later.
-    ``deterministic=True`` also applies [`deterministic()`][devrng.deterministic].
-    ``per_rank=True`` seeds each distributed rank with its own
-    ``devrng.distributed.rank_seed`` (by default every rank gets ``seed``, as
-    with Lightning's ``seed_everything``; DataLoader workers differ per rank
-    either way).
+    torchax included), Python and NumPy at once. It logs the seed on the
+    ``"devrng"`` logger and exports it as ``DEVRNG_SEED`` for processes
+    started later. Save ``state_dict()`` with each checkpoint and call
+    ``load_state_dict`` on resume: the resumed run draws bitwise what the
+    uninterrupted run drew.
+
+    Args:
+        seed: An int in ``[0, 2**64)``. ``None`` takes ``DEVRNG_SEED`` (or
+            Lightning's ``PL_GLOBAL_SEED``) from the environment, else draws
+            one from OS entropy.
+        deterministic: Also apply ``deterministic()`` (every determinism
+            switch; the handle is the ``determinism`` attribute).
+        per_rank: Seed each distributed rank with its own
+            ``devrng.distributed.rank_seed``. By default every rank gets
+            ``seed``, as with Lightning's ``seed_everything``; DataLoader
+            workers differ per rank either way.
+
+    Raises:
+        TypeError: ``seed`` is not an int, or a flag is not ``True`` / ``False``.
+        ValueError: ``seed`` (or the environment variable) is not a seed in
+            ``[0, 2**64)``.
 
     Examples:
         >>> rng = devrng.TrainingRNG(seed=1234)
@@ -75,11 +94,27 @@ class TrainingRNG:
         self._generators: dict[str, torch.Generator] = {}
         self._tracked: dict[str, Any] = {}
         self.determinism: DeterministicHandle | None = None
-        _logger.info("devrng.TrainingRNG: seed %d (%s)", seed, source)
-        os.environ["DEVRNG_SEED"] = str(seed)
-        if deterministic:
-            self.determinism = _apply_determinism()
-        manual_seed(self._process_seed(process_rank()))
+        # All or nothing: the exported seed, the determinism switches and the seeding. (No
+        # `with`: an interrupt after it, before the caller has this object, must undo too.)
+        undo = Undo("TrainingRNG")
+        try:
+            _push_env(undo, "DEVRNG_SEED")
+            os.environ["DEVRNG_SEED"] = str(seed)
+            if deterministic:
+                undo.push("deterministic()", self._drop_determinism)
+                self.determinism = turn_on_determinism()
+            undo.save_devices(read_started())
+            undo.save_host(python=True, numpy=True)
+            manual_seed(self._process_seed(process_rank()))
+            _logger.info("devrng.TrainingRNG: seed %d (%s)", seed, source)
+        except BaseException as err:
+            undo.roll_back(err)
+            raise
+
+    def _drop_determinism(self) -> None:
+        if self.determinism is not None:
+            self.determinism.restore()
+            self.determinism = None
 
     @property
     def seed(self) -> int:
@@ -101,7 +136,14 @@ class TrainingRNG:
         The generator decides shuffling and each epoch's worker seeds; it is
         part of this object's state. Each call makes a new one (the k-th is
         seeded from the run's seed and k). Workers are seeded by
-        [`seed_worker`][devrng.seed_worker], then ``worker_init_fn`` runs.
+        ``seed_worker``, then ``worker_init_fn`` runs.
+
+        Args:
+            worker_init_fn: Your own worker initialiser, run after devrng's.
+
+        Returns:
+            ``{"generator": ..., "worker_init_fn": ...}``: pass it as
+            ``DataLoader(..., **kwargs)``.
 
         Examples:
             >>> rng = devrng.TrainingRNG(seed=0)
@@ -115,8 +157,23 @@ class TrainingRNG:
         return kwargs
 
     def track(self, name: str, obj: Any) -> Any:
-        """Add ``obj`` (anything with ``state_dict()`` / ``load_state_dict()``, or a
-        ``torch.Generator``) to the state under ``name``; returns ``obj``.
+        """Add ``obj`` to the state under ``name``; returns ``obj``.
+
+        Args:
+            name: A non-empty string, unique in this ``TrainingRNG``; the
+                resumed run must track the same names.
+            obj: A ``torch.Generator``, or anything with ``state_dict()`` and
+                ``load_state_dict()``: a ``SeededFunction``, ``RNGStreams``,
+                torchdata's ``StatefulDataLoader``, ...
+
+        Returns:
+            ``obj``, so that ``step = rng.track("step", seeded_jit(...))`` reads
+            as one line.
+
+        Raises:
+            TypeError: ``name`` is not a non-empty string, or ``obj`` has no
+                state to save.
+            ValueError: ``name`` is tracked already.
 
         Examples:
             >>> rng = devrng.TrainingRNG(seed=0)
@@ -124,6 +181,11 @@ class TrainingRNG:
         """
         if not isinstance(name, str) or not name:
             raise TypeError(f"track needs a non-empty string name, not {short_repr(name)}.")
+        if _LOADER_NAME.fullmatch(name):
+            raise ValueError(
+                f"TrainingRNG.track: the name {name!r} is kept for the generators "
+                "dataloader_kwargs() makes ('dataloader0', 'dataloader1', ...); choose another."
+            )
         if name in self._tracked or name in self._generators:
             raise ValueError(f"TrainingRNG already tracks an object named {name!r}; choose "
                              "another name.")
@@ -131,9 +193,10 @@ class TrainingRNG:
         if not plain_generator and not (callable(getattr(obj, "state_dict", None))
                                         and callable(getattr(obj, "load_state_dict", None))):
             raise TypeError(
-                f"TrainingRNG.track({name!r}, ...) got a {type(obj).__name__}, which has no "
-                "state_dict() and load_state_dict(); pass a torch.Generator, a SeededFunction, "
-                "an RNGStreams, a StatefulDataLoader or another object with both methods."
+                f"TrainingRNG.track({name!r}, ...) got {short_repr(obj)} (of type "
+                f"{type(obj).__name__}), which has no state_dict() and load_state_dict(); pass a "
+                "torch.Generator, a SeededFunction, an RNGStreams, a StatefulDataLoader or "
+                "another object with both methods."
             )
         if plain_generator:
             self._generators[name] = obj
@@ -170,11 +233,13 @@ class TrainingRNG:
         every DataLoader generator and every tracked object's state. One per
         rank: save each rank's next to its model shard.
 
+        Returns:
+            A versioned dict of tensors, numbers, strings, lists and dicts.
+
         Examples:
             >>> sorted(devrng.TrainingRNG(seed=0).state_dict())
             ['format', 'generators', 'rank', 'rng', 'seed', 'tracked', 'version', 'world_size']
         """
-        rank, world = _rank_and_world()
         tracked = {}
         for name, obj in self._tracked.items():
             state = obj.state_dict()
@@ -184,9 +249,9 @@ class TrainingRNG:
             "format": _FORMAT,
             "version": _VERSION,
             "seed": self._seed,
-            "rank": rank,
-            "world_size": world,
-            "rng": get_rng_state(device_type=_started_types()).to_dict(),
+            "rank": process_rank(),
+            "world_size": world_size(),
+            "rng": get_rng_state(device_type=started_types()).to_dict(),
             "generators": {name: g.get_state() for name, g in self._generators.items()},
             "tracked": tracked,
         }
@@ -207,6 +272,18 @@ class TrainingRNG:
         the seed and this rank (two ranks must never share a stream). A warning
         lists everything that was not restored.
 
+        Args:
+            state_dict: What ``TrainingRNG.state_dict`` returned, for example
+                read back with ``torch.load(path, weights_only=True)``.
+            strict: ``False`` resumes with a warning where the run cannot
+                continue exactly (see above).
+
+        Raises:
+            DevRNGError: The state does not fit (another format or version,
+                missing or unknown keys, other devices, rank or tracked names
+                with ``strict=True``, a corrupt generator state). Nothing
+                changed.
+
         Examples:
             >>> rng = devrng.TrainingRNG(seed=5)
             >>> saved = rng.state_dict()
@@ -216,13 +293,16 @@ class TrainingRNG:
             True
         """
         check_flags(strict=strict)
-        plan = _Loading(self, state_dict, strict)
-        plan.check()
-        plan.apply()
+        loading = _Loading(self, state_dict, strict)
+        loading.check()
+        with Undo("TrainingRNG.load_state_dict") as undo:
+            loading.apply(undo)
+        loading.warn()
 
 
 class _Loading:
-    """One ``load_state_dict`` call: every check first, then every change, undone on failure."""
+    """One ``load_state_dict`` call, in small steps: ``check`` everything that needs no change,
+    ``apply`` every change (each pushed on an undo stack first), ``warn`` what was skipped."""
 
     def __init__(self, rng: TrainingRNG, data: Mapping[str, Any], strict: bool) -> None:
         self.rng = rng
@@ -230,56 +310,57 @@ class _Loading:
         self.strict = strict
         self.skipped: list[str] = []
         self.reseed_types: list[str] = []
+        self.restore: Restore | None = None  # None: another rank's state, seeded anew
 
     def fail(self, problem: str) -> DevRNGError:
         hint = "" if not self.strict else (
             " Pass strict=False to resume anyway with a warning listing what was not restored.")
         return DevRNGError(f"TrainingRNG.load_state_dict: {problem}.{hint}")
 
-    # -- checks -------------------------------------------------------------------
+    # -- check ----------------------------------------------------------------------
     def check(self) -> None:
         data = self.data
         if not isinstance(data, Mapping) or data.get("format") != _FORMAT:
-            tag = data.get("format") if isinstance(data, Mapping) else type(data).__name__
+            got = (f"a dict whose 'format' is {short_repr(data.get('format'))}"
+                   if isinstance(data, Mapping) else "None" if data is None
+                   else f"{short_repr(data)} (of type {type(data).__name__})")
             raise DevRNGError(
-                f"TrainingRNG.load_state_dict takes what TrainingRNG.state_dict() returns (format "
-                f"{_FORMAT!r}), not {short_repr(tag)}."
+                f"TrainingRNG.load_state_dict takes the dict that TrainingRNG.state_dict() "
+                f"returns, whose 'format' is {_FORMAT!r}; it got {got}."
             )
-        if data.get("version") != _VERSION:
+        version = data.get("version")
+        if type(version) is not int or version != _VERSION:
             raise DevRNGError(f"TrainingRNG.load_state_dict: the state is version "
-                              f"{short_repr(data.get('version'))}; this devrng reads {_VERSION}.")
+                              f"{short_repr(version)}; this devrng reads {_VERSION}.")
         keys = set(data)
         if keys != _KEYS:
-            extra, missing = sorted(keys - _KEYS, key=str), sorted(_KEYS - keys)
+            extra = sorted(map(short_repr, keys - _KEYS))
+            missing = sorted(_KEYS - keys)
             if missing:
                 raise DevRNGError(f"TrainingRNG.load_state_dict: the state lacks {missing}.")
             if self.strict:
-                raise self.fail(f"the state has unknown keys {extra}")
-            self.skipped.append(f"unknown keys {extra}")
+                raise self.fail(f"the state has unknown keys {', '.join(extra)}")
+            self.skipped.append(f"unknown keys {', '.join(extra)}")
         try:
             self.seed = check_seed(data["seed"], "the saved seed")
         except (TypeError, ValueError) as err:
             raise DevRNGError(f"TrainingRNG.load_state_dict: {err}") from None
         self._check_rank()
-        self.state = RNGState.from_dict(data["rng"], source="the saved global RNG state")
+        state = RNGState.from_dict(data["rng"], source="the saved global RNG state")
         self._check_names("generators", data["generators"], self.rng._generators)
-        self._check_names("tracked", data["tracked"], self.rng._tracked)
-        for name, saved in data["generators"].items():
-            if name in self.rng._generators:
-                try:
-                    _scratch.set_state(saved)
-                except (RuntimeError, TypeError) as err:
-                    raise DevRNGError(
-                        f"TrainingRNG.load_state_dict: the saved state of generator {name!r} is "
-                        f"not a CPU generator state ({err})."
-                    ) from None
+        self._check_names("tracked objects", data["tracked"], self.rng._tracked)
+        self._check_generators()
+        self._check_tracked()
         if self.same_rank:
-            self.state = self._devices_that_fit(self.state)
-            self.restore = prepare_restore(self.state)
+            self.restore = prepare_restore(self._devices_that_fit(state))
 
     def _check_rank(self) -> None:
-        rank, world = _rank_and_world()
         saved_rank, saved_world = self.data["rank"], self.data["world_size"]
+        for what, value in (("rank", saved_rank), ("world size", saved_world)):
+            if type(value) is not int or value < 0:
+                raise DevRNGError(f"TrainingRNG.load_state_dict: the saved {what} is "
+                                  f"{short_repr(value)}, not an int of 0 or more.")
+        rank, world = process_rank(), world_size()
         self.same_rank = saved_rank == rank
         if saved_rank == rank and saved_world == world:
             return
@@ -295,14 +376,39 @@ class _Loading:
         if not isinstance(saved, Mapping):
             raise DevRNGError(f"TrainingRNG.load_state_dict: the saved {what} are not a dict.")
         problems = []
-        missing, unknown = sorted(set(here) - set(saved)), sorted(set(saved) - set(here))
+        missing = sorted(set(here) - set(saved))
+        unknown = sorted(map(short_repr, set(saved) - set(here)))
         if missing:
-            problems.append(f"nothing was saved for the {what} {missing} tracked here")
+            problems.append(f"nothing was saved for the {what} {', '.join(map(repr, missing))}, "
+                            "which are tracked here")
         if unknown:
-            problems.append(f"the saved {what} {unknown} are not tracked here")
+            problems.append(f"the checkpoint holds {what} {', '.join(unknown)}, which nothing "
+                            "here tracks")
         if problems and self.strict:
             raise self.fail("; ".join(problems))
         self.skipped += problems
+
+    def _check_generators(self) -> None:
+        for name, saved in self.data["generators"].items():
+            if name in self.rng._generators:
+                try:
+                    _host.check_cpu_state(saved)
+                except ValueError as err:
+                    raise DevRNGError(
+                        f"TrainingRNG.load_state_dict: the saved state of generator {name!r} is "
+                        f"not a CPU generator state: {str(err).removeprefix('its CPU state ')}."
+                    ) from None
+
+    def _check_tracked(self) -> None:
+        for name, obj in self.rng._tracked.items():
+            saved = self.data["tracked"].get(name, ())
+            if saved is None or (saved == {} and isinstance(obj, torch.utils.data.DataLoader)):
+                # A StatefulDataLoader takes {} or None and silently starts the epoch over.
+                raise DevRNGError(
+                    f"TrainingRNG.load_state_dict: the saved state of the tracked object "
+                    f"{name!r} is {saved!r}, which would start it afresh; it was saved before "
+                    "the object had a state, or by another program."
+                )
 
     def _devices_that_fit(self, state: RNGState) -> RNGState:
         """``state`` without the devices this process lacks (strict=False only)."""
@@ -327,63 +433,49 @@ class _Loading:
                 self.reseed_types.append(name)
                 self.skipped.append(f"{name} devices {sorted(set(range(count)) - set(fits))} "
                                     "(none saved: seeded from the seed and this rank)")
-        for name in sorted(set(_started_types()) - set(state.devices)):
+        for name in sorted(set(started_types()) - set(state.devices)):
             if self.strict:
                 raise self.fail(f"this process uses {name} devices, and the state holds none")
             self.reseed_types.append(name)
             self.skipped.append(f"{name} devices (none saved: seeded from the seed and this rank)")
         return RNGState(state.cpu, kept, state.python, state.numpy)
 
-    # -- changes ----------------------------------------------------------------
-    def apply(self) -> None:
+    # -- apply ----------------------------------------------------------------------
+    def apply(self, undo: Undo) -> None:
+        """Every change, each one's current value pushed on ``undo`` before it is made."""
         rng, data = self.rng, self.data
-        old_tracked = {name: obj.state_dict() for name, obj in rng._tracked.items()}
-        old_generators = {name: g.get_state() for name, g in rng._generators.items()}
-        done: list[str] = []
-        try:
-            for name, obj in rng._tracked.items():
-                if name in data["tracked"]:
-                    obj.load_state_dict(data["tracked"][name])
-                    done.append(name)
-                    _materialise(obj)
-            # Generators after the tracked loaders: a resumed StatefulDataLoader sets its
-            # generator back to the start of the epoch when it makes its iterator.
-            for name, g in rng._generators.items():
-                if name in data["generators"]:
-                    g.set_state(data["generators"][name])
-            rank = process_rank()
-            if not self.same_rank:
-                # Another rank's streams must not be shared: derive this rank's own.
-                manual_seed(nth_seed(self.seed, rank))
-            else:
-                if self.reseed_types:
-                    before = get_rng_state(device_type=self.reseed_types, python=False,
-                                           numpy=False)
-                    manual_seed(nth_seed(self.seed, (1 << 33) + rank),
-                                device_type=self.reseed_types, python=False, numpy=False)
-                try:
-                    self.restore.apply()
-                except BaseException:
-                    if self.reseed_types:
-                        set_rng_state(before)
-                    raise
-        except BaseException as err:
-            for name in done:
-                try:
-                    rng._tracked[name].load_state_dict(old_tracked[name])
-                except Exception as undo_err:  # reported with the first error
-                    add_note(err, f"putting back the tracked object {name!r} failed too: "
-                                  f"{undo_err}")
-            for name, state in old_generators.items():
-                rng._generators[name].set_state(state)
-            if isinstance(err, Exception) and not isinstance(err, DevRNGError):
-                raise DevRNGError(
-                    f"TrainingRNG.load_state_dict failed ({type(err).__name__}: {err}); the "
-                    "tracked objects and generators were put back."
-                ) from err
-            raise
+        for name, obj in rng._tracked.items():
+            if name in data["tracked"]:
+                # A copy: an nn.Module's state_dict() holds its live parameters.
+                undo.push(f"the tracked object {name!r}", obj.load_state_dict,
+                          copy.deepcopy(obj.state_dict()))
+                obj.load_state_dict(data["tracked"][name])
+                _materialise(obj)
+        # Generators after the tracked loaders: a resumed StatefulDataLoader sets its
+        # generator back to the start of the epoch when it makes its iterator.
+        for name, g in rng._generators.items():
+            if name in data["generators"]:
+                undo.push(f"the generator {name!r}", g.set_state, g.get_state())
+                g.set_state(data["generators"][name])
+        rank = process_rank()
+        if self.restore is None:
+            # Another rank's streams must not be shared: derive this rank's own.
+            undo.save_devices(read_started())
+            undo.save_host(python=True, numpy=True)
+            manual_seed(nth_seed(self.seed, rank))
+        else:
+            if self.reseed_types:
+                backends = [get_backend(t) for t in self.reseed_types]
+                undo.save_devices(read_devices((b, range(device_count(b))) for b in backends))
+                manual_seed(nth_seed(self.seed, (1 << 33) + rank),
+                            device_type=self.reseed_types, python=False, numpy=False)
+            self.restore.apply(undo)
+        undo.push("the seed", setattr, rng, "_seed", rng._seed)
         rng._seed = self.seed
+        _push_env(undo, "DEVRNG_SEED")
         os.environ["DEVRNG_SEED"] = str(self.seed)
+
+    def warn(self) -> None:
         if self.skipped:
             warnings.warn("TrainingRNG.load_state_dict(strict=False) did not restore: "
                           + "; ".join(self.skipped) + ".", UserWarning, stacklevel=3)
@@ -394,6 +486,15 @@ def _materialise(obj: Any) -> None:
     ``state_dict()`` does that), so that it resets its generator before we set it."""
     if isinstance(obj, torch.utils.data.DataLoader) and hasattr(obj, "next_iter_state"):
         obj.state_dict()  # type: ignore[attr-defined]
+
+
+def _push_env(undo: Undo, name: str) -> None:
+    """Push what puts environment variable ``name`` back as it is now."""
+    previous = os.environ.get(name)
+    if previous is None:
+        undo.push(name, os.environ.pop, name, None)
+    else:
+        undo.push(name, os.environ.__setitem__, name, previous)
 
 
 def _resolve_seed(seed: int | None) -> tuple[int, str]:
@@ -410,17 +511,3 @@ def _resolve_seed(seed: int | None) -> tuple[int, str]:
                     "it to an int in [0, 2**64) or unset it."
                 ) from None
     return secrets.randbits(32), "drawn from OS entropy"
-
-
-def _rank_and_world() -> tuple[int, int]:
-    return process_rank(), world_size()
-
-
-def _started_types() -> list[str]:
-    """Device types whose state exists now (never start one to read it)."""
-    return [name for name in available_backends()
-            if name != "cpu" and is_initialized(get_backend(name))]
-
-
-def _apply_determinism() -> DeterministicHandle:
-    return deterministic()

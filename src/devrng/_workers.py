@@ -2,7 +2,7 @@
 
 A DataLoader draws a base seed from its ``generator`` each epoch and gives
 worker ``i`` the seed ``base + i``; torch seeds its own generator in the worker
-with it, but not Python's ``random`` or NumPy's. [`seed_worker`][devrng.seed_worker] derives
+with it, but not Python's ``random`` or NumPy's. ``seed_worker`` derives
 all three from that seed and the distributed rank, so augmentation drawn from
 any of them is reproducible from the generator's seed.
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import numbers
 import random
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -26,7 +27,7 @@ __all__ = ["dataloader_kwargs", "sample_rng", "seed_worker", "worker_seeds"]
 
 
 def worker_seeds(base_seed: int, worker_id: int, rank: int) -> tuple[int, int, list[int]]:
-    """The torch, Python and NumPy seeds [`seed_worker`][devrng.seed_worker] uses, from its inputs."""
+    """The torch, Python and NumPy seeds ``seed_worker`` uses, from its inputs."""
     h = splitmix64(base_seed & MASK64)
     h = splitmix64(h ^ splitmix64((rank & MASK64) ^ 0x5EED0000000000AB))
     h = splitmix64(h ^ (worker_id & MASK64))
@@ -45,7 +46,19 @@ def seed_worker(worker_id: int, *, rank: int | None = None) -> int:
     distributed rank (``rank``, else the default process group's, else
     ``RANK``, else 0). So they differ per worker, epoch and rank, and repeat
     exactly when the generator is seeded the same. ``torch.distributions``
-    samples draw from torch's generator and follow. Returns the torch seed.
+    samples draw from torch's generator and follow.
+
+    Args:
+        worker_id: The id the DataLoader passes to ``worker_init_fn``.
+        rank: The distributed rank to mix in; ``None`` reads it from the
+            default process group, else ``RANK``, else uses 0.
+
+    Returns:
+        The seed given to torch's generator.
+
+    Raises:
+        TypeError: ``worker_id`` is not an int of 0 or more, or ``rank`` is
+            not an int.
 
     Examples:
         >>> loader = torch.utils.data.DataLoader(
@@ -71,19 +84,18 @@ def seed_worker(worker_id: int, *, rank: int | None = None) -> int:
     return torch_seed
 
 
-def dataloader_kwargs(seed: int | None, worker_init_fn: Callable[[int], Any] | None = None,
-                      generator: torch.Generator | None = None) -> dict[str, Any]:
-    """``generator`` and ``worker_init_fn`` for a DataLoader whose workers [`seed_worker`][devrng.seed_worker] seeds.
+def dataloader_kwargs(seed: int | None, worker_init_fn: Callable[[int], Any] | None = None
+                      ) -> dict[str, Any]:
+    """``generator`` and ``worker_init_fn`` for a DataLoader whose workers ``seed_worker`` seeds.
 
-    The generator (``generator``, else a new CPU one) is seeded with ``seed``,
-    or with a seed drawn from torch's CPU generator when ``seed`` is None (so
-    an earlier ``manual_seed`` fixes it). A user's ``worker_init_fn`` runs
-    after devrng's seeding, with the same worker id.
+    The generator, a new CPU one, is seeded with ``seed``, or with a seed drawn
+    from torch's CPU generator when ``seed`` is None (so an earlier
+    ``manual_seed`` fixes it). A user's ``worker_init_fn`` runs after devrng's
+    seeding, with the same worker id.
     """
     if seed is None:
         seed = int(torch.randint(0, 2**62, (), dtype=torch.int64).item())
-    if generator is None:
-        generator = torch.Generator()
+    generator = torch.Generator()
     generator.manual_seed(seed)
     rank = process_rank(strict=False)
     # A worker finds the rank through torch.distributed (forked workers) or RANK;
@@ -129,6 +141,12 @@ def sample_rng(index: int) -> Iterator[None]:
     (``num_workers=0``) it changes nothing: there the global generators, which
     ``TrainingRNG`` saves, already resume exactly.
 
+    Args:
+        index: The sample's index, as ``Dataset.__getitem__`` receives it.
+
+    Raises:
+        TypeError: ``index`` is not an int of 0 or more.
+
     Examples:
         >>> class Noisy(torch.utils.data.Dataset):
         ...     def __len__(self): return 4
@@ -138,10 +156,16 @@ def sample_rng(index: int) -> Iterator[None]:
         >>> len(list(torch.utils.data.DataLoader(Noisy())))
         4
     """
-    if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+    if isinstance(index, bool) or not isinstance(index, numbers.Integral):
         raise TypeError(
-            f"sample_rng takes the sample's index (an int of 0 or more), not {index!r} "
+            f"sample_rng takes the sample's index (an int from 0 to 2**64 - 1), not {index!r} "
             f"(a {type(index).__name__})."
+        )
+    index = int(index)  # NumPy ints too: Subset and samplers hand them out
+    if not 0 <= index <= MASK64:
+        raise ValueError(
+            f"sample_rng got the index {index}; a sample's index must be from 0 to 2**64 - 1 "
+            "(larger ones would share the streams of smaller ones)."
         )
     info = torch.utils.data.get_worker_info()
     if info is None:

@@ -26,14 +26,16 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from devrng import _host
 from devrng._errors import DevRNGError
 from devrng._plain import feed, tensor_bytes
 from devrng._plan import Plan, default_types, make_plan
 from devrng._rank import dist_or_none, process_rank
 from devrng._registry import current_index, get_backend
+from devrng._restore import set_rng_state
+from devrng._seeding import manual_seed
 from devrng._seeds import check_seed, nth_seed
-from devrng._state import RNGState, manual_seed, set_rng_state
+from devrng._state import RNGState, snapshot
+from devrng._undo import read_devices
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -69,11 +71,23 @@ class RNGSyncError(DevRNGError):
 def rank_seed(seed: int, rank: int | None = None) -> int:
     """A well-mixed 64-bit seed for ``rank``, distinct for every rank.
 
-    ``rank=None`` takes the rank in the default process group if one is
-    initialised, else the ``RANK`` environment variable, else 0. The result is
-    the SplitMix64 output for stream position ``rank`` of a generator seeded
-    with ``seed``: for one ``seed`` two ranks below 2**64 never get the same
-    value, and the same ``(seed, rank)`` gives the same value on every machine.
+    The result is the SplitMix64 output for stream position ``rank`` of a
+    generator seeded with ``seed``: for one ``seed`` two ranks below 2**64
+    never get the same value, and the same ``(seed, rank)`` gives the same
+    value on every machine.
+
+    Args:
+        seed: The run's seed, an int in ``[0, 2**64)``.
+        rank: The rank; ``None`` takes the rank in the default process group
+            if one is initialised, else the ``RANK`` environment variable,
+            else 0.
+
+    Returns:
+        A seed in ``[0, 2**64)``.
+
+    Raises:
+        TypeError: ``seed`` or ``rank`` is not an int.
+        ValueError: ``seed`` or ``rank`` is out of range.
 
     Examples:
         >>> devrng.distributed.rank_seed(1234, rank=0) != devrng.distributed.rank_seed(1234, rank=1)
@@ -91,12 +105,22 @@ def rank_seed(seed: int, rank: int | None = None) -> int:
 
 
 def manual_seed_ranks(seed: int, *, group: ProcessGroup | None = None) -> int:
-    """Seed everything (``devrng.manual_seed``) with this rank's [`rank_seed`][devrng.distributed.rank_seed]; return it.
+    """Seed everything (``devrng.manual_seed``) with this rank's ``rank_seed``.
 
-    The rank is this process's rank in ``group`` (the default group when
-    ``None``; without any process group, ``RANK`` or 0). Seeding by the rank in
-    a data-parallel group gives the members of each tensor-parallel group one
-    shared stream.
+    Seeding by the rank in a data-parallel group gives the members of each
+    tensor-parallel group one shared stream.
+
+    Args:
+        seed: The run's seed, an int in ``[0, 2**64)``.
+        group: The process group whose rank counts; ``None`` is the default
+            group (without any process group, ``RANK`` or 0).
+
+    Returns:
+        The seed applied: ``rank_seed(seed, rank)``.
+
+    Raises:
+        TypeError: ``seed`` is not an int.
+        ValueError: ``seed`` is out of range, or this process is not in ``group``.
 
     Examples:
         >>> import os, torch.distributed as dist   # a one-process group, for the example
@@ -177,13 +201,9 @@ def _describe_coverage(cov: dict[str, int]) -> str:
 
 def _snapshot(plan: Plan, python: bool, numpy: bool) -> RNGState:
     """This rank's state with devices keyed by position, so ranks can be compared."""
-    per_type = {b.name: {pos: b.get_rng_state(i) for pos, i in enumerate(idx)} for b, idx in plan}
-    return RNGState(
-        torch.default_generator.get_state(),
-        per_type,
-        _host.get_python_state() if python else None,
-        _host.get_numpy_state() if numpy else None,
-    )
+    by_position = [(b, pos, s) for b, idx in plan
+                   for pos, (_, _, s) in enumerate(read_devices([(b, idx)]))]
+    return snapshot(by_position, python=python, numpy=numpy)
 
 
 def _part_fingerprints(state: RNGState) -> dict[str, str]:
@@ -250,6 +270,21 @@ def broadcast_rng_state(src: int = 0, *, group: ProcessGroup | None = None, devi
     tensor, so receiving it never unpickles arbitrary objects. Ranks outside
     ``group`` return at once, as torch's collectives do.
 
+    Args:
+        src: The global rank whose state every rank takes.
+        group: The process group; ``None`` is the default group.
+        devices: The devices each rank covers (the same number per type on
+            every rank); ``None`` covers the current device of each type in use.
+        python: Include Python's ``random``.
+        numpy: Include NumPy's global generator.
+
+    Raises:
+        RuntimeError: No process group is initialised.
+        TypeError: ``src`` is not an int.
+        ValueError: ``src`` is not in ``group``.
+        DevRNGError: The ranks cover different devices, or the received
+            state does not fit this rank; nothing was changed.
+
     Examples:
         >>> import os, torch.distributed as dist   # a one-process group, for the example
         >>> dist.init_process_group("gloo", init_method="file://" + os.path.abspath("store"),
@@ -303,10 +338,22 @@ def assert_rng_in_sync(*, group: ProcessGroup | None = None, devices: Any = None
     Each rank's ``RNGState.fingerprint()`` (of the CPU generator, its devices
     matched by type and position, and Python / NumPy unless switched off) is
     gathered with ``all_gather_object``. The reference is the fingerprint most
-    ranks share (a tie goes to the one held by the lowest rank); the
-    [`RNGSyncError`][devrng.distributed.RNGSyncError] (a ``DevRNGError``) raised on every rank names, by
-    global rank, exactly the ranks that differ from it and which generators
-    differ. Ranks outside ``group`` return at once.
+    ranks share (a tie goes to the one held by the lowest rank). Ranks outside
+    ``group`` return at once.
+
+    Args:
+        group: The process group; ``None`` is the default group.
+        devices: The devices each rank covers (the same number per type on
+            every rank); ``None`` covers the current device of each type in use.
+        python: Include Python's ``random``.
+        numpy: Include NumPy's global generator.
+
+    Raises:
+        RNGSyncError: On every rank, when some rank's state differs from the
+            reference; it names those ranks (global ranks) and which
+            generators differ.
+        RuntimeError: No process group is initialised.
+        DevRNGError: The ranks cover different devices.
 
     Examples:
         >>> import os, torch.distributed as dist   # a one-process group, for the example

@@ -1,6 +1,6 @@
 """Consistency checks: is a function reproducible, does a device agree with the CPU?
 
-Every check returns (or raises with) a [`Report`][devrng.testing.Report], whose text reads like
+Every check returns (or raises with) a ``Report``, whose text reads like
 ``9 / 7680 mismatched (0.1%), max abs 1.8e-04, max rel 2.7e-01, MAE 3.1e-06``
 with one line per tensor for nested outputs. Tolerances default to
 ``torch.testing.assert_close``'s per-dtype defaults.
@@ -24,13 +24,16 @@ from typing import Any
 import torch
 from torch.testing._comparison import default_tolerances
 
-from devrng._errors import check_flags
-from devrng._infer import collect_devices
+from devrng._errors import check_flags, short_repr
+from devrng._infer import arg_devices
 from devrng._lazy import load
+from devrng._plain import describe
 from devrng._plan import current_accelerator, default_types
 from devrng._registry import loaded_backend
+from devrng._restore import set_rng_state
+from devrng._seeding import manual_seed
 from devrng._seeds import check_seed
-from devrng._state import RNGState, get_rng_state, manual_seed, set_rng_state
+from devrng._state import RNGState, get_rng_state
 
 __all__ = [
     "LeafReport",
@@ -56,7 +59,7 @@ class LeafReport:
     """How one tensor of an output compares with its reference.
 
     ``max_rel`` is relative to the reference (the second argument of
-    [`compare`][devrng.testing.compare]); it is ``inf`` where the reference is 0 and the values differ.
+    ``compare``); it is ``inf`` where the reference is 0 and the values differ.
     """
 
     path: str
@@ -84,7 +87,7 @@ class LeafReport:
 
 @dataclass(frozen=True)
 class Report:
-    """The result of a comparison: one [`LeafReport`][devrng.testing.LeafReport] per tensor, plus problems.
+    """The result of a comparison: one ``LeafReport`` per tensor, plus problems.
 
     ``str(report)`` is a one-line summary (and a line per tensor for nested
     outputs); ``report.ok`` says whether everything is within tolerance;
@@ -247,8 +250,21 @@ def compare(a: Any, b: Any, *, rtol: float | None = None, atol: float | None = N
     dicts of them. Tensors are compared on the CPU; an element mismatches
     when ``|a - b| > atol + rtol * |b|``. Without ``rtol`` / ``atol`` the
     defaults of ``torch.testing.assert_close`` for the dtypes apply (float32:
-    rtol 1.3e-6, atol 1e-5; integers and bool: exact). NaNs in the same place
-    agree unless ``equal_nan=False``.
+    rtol 1.3e-6, atol 1e-5; integers and bool: exact).
+
+    Args:
+        a: The output to check.
+        b: The reference.
+        rtol: Relative tolerance; give both ``rtol`` and ``atol`` or neither.
+        atol: Absolute tolerance.
+        equal_nan: NaNs in the same place agree.
+        title: What is compared, shown in the report (``"xla:0 vs cpu"``).
+
+    Returns:
+        A ``Report``: ``report.ok``, the figures, and a line per tensor.
+
+    Raises:
+        ValueError: Only one of ``rtol`` / ``atol`` is given.
 
     Examples:
         >>> a = torch.tensor([1.0, 2.0]); b = torch.tensor([1.0, 2.1])
@@ -285,14 +301,14 @@ def _walk(a: Any, b: Any, path: str, leaves: list[LeafReport], problems: list[st
         for i, (x, y) in enumerate(zip(a, b, strict=False)):
             _walk(x, y, f"{path}[{i}]", leaves, problems, rtol, atol, equal_nan)
     elif ta is not None or tb is not None or type(a) is not type(b):
-        problems.append(f"{path}: {_kind(a)} vs {_kind(b)} in the reference")
+        problems.append(f"{path}: {describe(a)} vs {describe(b)} in the reference")
     else:
         try:
             same = bool(a == b)
         except Exception:
             same = a is b
         if not same:
-            problems.append(f"{path}: {_short(a)} vs {_short(b)} in the reference")
+            problems.append(f"{path}: {short_repr(a, 40)} vs {short_repr(b, 40)} in the reference")
 
 
 def _is_sequence(x: Any) -> bool:
@@ -308,17 +324,6 @@ def _as_tensor(x: Any) -> torch.Tensor | None:
     if type(x).__module__ == "numpy" and hasattr(x, "dtype") and x.dtype.kind in "biufc":
         return torch.as_tensor(x)
     return None
-
-
-def _kind(x: Any) -> str:
-    if isinstance(x, torch.Tensor):
-        return f"a {x.dtype} tensor of shape {tuple(x.shape)}"
-    return f"a {type(x).__name__}"
-
-
-def _short(x: Any) -> str:
-    text = repr(x)
-    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _compare_tensors(a: torch.Tensor, b: torch.Tensor, path: str, rtol: float | None,
@@ -371,13 +376,8 @@ def _bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
 # -- running functions ------------------------------------------------------
 def _types_of(*objs: Any) -> list[str]:
     """Device types of the tensors and modules in ``objs`` and of every device in use."""
-    found = list(collect_devices(objs, args=True).indices)
+    found = list(arg_devices(objs).indices)
     return found + [t for t in default_types() if t not in found]
-
-
-def _cover(types: list[str]) -> dict[str, Any]:
-    """Keyword arguments that make fork_rng / get_rng_state / manual_seed cover ``types``."""
-    return {"device_type": types} if types else {"devices": []}
 
 
 @contextlib.contextmanager
@@ -387,7 +387,7 @@ def _forked(types: list[str]) -> Iterator[RNGState]:
     Like fork_rng, without its warning about forking every device of a type:
     covering them all is the point here.
     """
-    state = get_rng_state(**_cover(types))
+    state = get_rng_state(device_type=types)
     try:
         yield state
     finally:
@@ -414,8 +414,20 @@ def assert_reproducible(fn: Callable[..., Any], *args: Any, seed: int = 0, runs:
     Before each run devrng seeds torch's CPU generator, the generators of
     every device type the arguments live on or that is in use, Python's
     ``random`` and NumPy's global generator. The caller's RNG state is
-    restored afterwards. On a difference the ``AssertionError`` carries the
-    [`Report`][devrng.testing.Report] of the first run that differs.
+    restored afterwards.
+
+    Args:
+        fn: The function to run.
+        *args: Its positional arguments (also where devices are looked for).
+        seed: The seed every run starts from.
+        runs: How many runs to compare, at least 2.
+        **kwargs: Its keyword arguments.
+
+    Raises:
+        AssertionError: A run differs from the first; the message holds the
+            ``Report`` of the first run that differs and a checklist of where
+            unseeded randomness comes from.
+        ValueError: ``runs`` is less than 2, or ``seed`` is out of range.
 
     Examples:
         >>> devrng.testing.assert_reproducible(torch.nn.functional.dropout, torch.ones(8))
@@ -437,7 +449,7 @@ def assert_reproducible(fn: Callable[..., Any], *args: Any, seed: int = 0, runs:
         for _ in range(4):
             outputs = []
             for _run in range(runs):
-                manual_seed(seed, **_cover(types))
+                manual_seed(seed, device_type=types)
                 outputs.append(_to_cpu(fn(*args, **kwargs)))
             new = [t for t in _types_of(outputs) if t not in types]
             if not new:
@@ -491,6 +503,24 @@ def compare_devices(fn: Callable[..., Any], inputs: Any,
     then each device runs inside ``devrng.portable(seed)``, and dropout,
     ``rand`` and the other covered ops draw the same numbers on every device.
 
+    Args:
+        fn: A function or an ``nn.Module``.
+        inputs: The argument, or a tuple of positional arguments.
+        devices: Devices to run on, the first being the reference;
+            ``None`` is the CPU and XLA (when in use) or the accelerator.
+        seed: The seed every device starts from.
+        rtol: Relative tolerance; give both or neither.
+        atol: Absolute tolerance.
+        portable: Run each device inside ``devrng.portable(seed)``.
+
+    Returns:
+        A ``Report`` of every other device against the first.
+
+    Raises:
+        ValueError: With ``devices=None``, there is no device to compare the
+            CPU with; an entry of ``devices`` is not a device; or only one of
+            ``rtol`` / ``atol`` is given.
+
     Examples:
         >>> model = torch.nn.Conv2d(3, 8, 3).eval()
         >>> print(compare_devices(model, torch.randn(2, 3, 16, 16), devices=("cpu", "cpu")))
@@ -534,12 +564,11 @@ def compare_devices(fn: Callable[..., Any], inputs: Any,
                 with stream:
                     out = f(*moved) if isinstance(moved, tuple) else f(moved)
             except Exception as err:
-                if hasattr(err, "add_note"):  # Python 3.11+
-                    err.add_note(
-                        f"devrng.testing.compare_devices: this failed on {device}. fn receives "
-                        "the inputs moved to each device; a module that fn uses must be moved "
-                        "too: pass it as fn or inside inputs, not through a closure."
-                    )
+                err.add_note(
+                    f"devrng.testing.compare_devices: this failed on {device}. fn receives "
+                    "the inputs moved to each device; a module that fn uses must be moved "
+                    "too: pass it as fn or inside inputs, not through a closure."
+                )
                 raise
             outputs.append(_to_cpu(out))
     if len(parsed) == 2:
@@ -584,6 +613,15 @@ def compare_grad_modes(module: Callable[..., Any], *inputs: Any, rtol: float | N
     A healthy backend agrees to rounding error. Buffers that the first run
     changes (BatchNorm statistics in training mode) are put back before the
     second run and afterwards, and the caller's RNG state is restored.
+
+    Args:
+        module: A module (or function) to run twice.
+        *inputs: Its arguments.
+        rtol: Relative tolerance; give both or neither.
+        atol: Absolute tolerance.
+
+    Returns:
+        A ``Report`` of the ``no_grad`` output against the autograd one.
 
     Examples:
         >>> net = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.BatchNorm1d(8)).train()

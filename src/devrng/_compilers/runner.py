@@ -8,18 +8,18 @@ the package is missing.
 
 from __future__ import annotations
 
-import sys
-import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
 
-from devrng._fork import restore_all
-from devrng._infer import collect_devices
+from devrng._host import seed_cpu
+from devrng._infer import arg_devices
 from devrng._lazy import load
+from devrng._locks import ForkSafeLock
 from devrng._registry import Backend, device_count, get_backend
 from devrng._seeds import MASK64
+from devrng._undo import Undo
 
 __all__ = ["HostSeeder", "MakeRunner", "Runner", "SeededRunner", "Seeder", "input_types",
            "seed_lock", "seed_to_int"]
@@ -27,9 +27,7 @@ __all__ = ["HostSeeder", "MakeRunner", "Runner", "SeededRunner", "Seeder", "inpu
 #: Held while a seeded call sets the global generators, runs and puts them back: those
 #: generators are process-wide, so two threads must not interleave there. Reentrant,
 #: so that a seeded function may call another.
-seed_lock = threading.RLock()
-
-_cpu = torch.default_generator
+seed_lock = ForkSafeLock()
 
 
 class Runner(Protocol):
@@ -59,7 +57,7 @@ def seed_to_int(seed: int | torch.Tensor) -> int:
 
 def input_types(args: Any) -> list[str]:
     """Device types of the tensors and modules in ``args``, first-seen order, without cpu and meta."""
-    return list(collect_devices(args, args=True).indices)
+    return list(arg_devices(args).indices)
 
 
 class Seeder(Protocol):
@@ -116,7 +114,6 @@ class SeededRunner:
                 # count backwards.
                 self._compiles += max(0, counter() - before)
 
-
     def _in_portable(self, fn: Callable[..., Any], seed: int, strict: bool, inputs: Any
                      ) -> Callable[..., Any]:
         """``fn`` called inside the portable stream of ``seed`` (entered outside the
@@ -150,15 +147,12 @@ class HostSeeder:
 
     def run(self, seed: int, fn: Callable[..., Any], args: tuple[Any, ...],
             kwargs: dict[str, Any]) -> Any:
-        cpu = _cpu.get_state()
-        devices = [(b, i, b.get_rng_state(i)) for b, indices in self._backends for i in indices]
-        try:
-            _cpu.manual_seed(seed)
-            for backend, _ in self._backends:
-                backend.manual_seed(seed)
-            return fn(*args, **kwargs)
-        finally:
-            if devices:
-                restore_all(cpu, devices, None, None, what="seeded_jit", pending=sys.exc_info()[1])
-            else:
-                _cpu.set_state(cpu)
+        undo = Undo.of_plan("seeded_jit", self._backends)
+        return undo.around(self._seeded, seed, fn, args, kwargs)
+
+    def _seeded(self, seed: int, fn: Callable[..., Any], args: tuple[Any, ...],
+                kwargs: dict[str, Any]) -> Any:
+        seed_cpu(seed)
+        for backend, _ in self._backends:
+            backend.manual_seed(seed)
+        return fn(*args, **kwargs)

@@ -18,7 +18,7 @@ import torch_xla.debug.metrics as met
 
 from devrng._backends.xla import get_seed, set_seed
 from devrng._compilers.runner import SeededRunner
-from devrng._infer import collect_devices
+from devrng._infer import arg_devices
 
 __all__ = ["XLASeeder", "make_runner", "xla_compiles", "xla_devices", "xla_runner"]
 
@@ -33,7 +33,7 @@ def xla_compiles() -> int:
 
 def xla_devices(args: Any) -> list[str]:
     """The XLA devices of the tensors in ``args``; the default XLA device if there are none."""
-    indices = collect_devices(args, args=True).indices.get("xla")
+    indices = arg_devices(args).indices.get("xla")
     if not indices:
         return [str(torch_xla.device())]
     return [f"xla:{index}" if index is not None else str(torch_xla.device())

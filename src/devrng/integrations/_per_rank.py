@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from devrng._errors import DevRNGError
+from devrng._errors import DevRNGError, short_repr
 from devrng._rank import dist_or_none, process_rank
 from devrng._training import TrainingRNG
 
@@ -44,11 +44,13 @@ class PerRankState:
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         ranks = state_dict.get("ranks") if isinstance(state_dict, dict) else None
-        if not ranks:
+        if not isinstance(ranks, list) or not ranks:
+            got = (f"a dict with the keys {', '.join(sorted(map(short_repr, state_dict)))}"
+                   if isinstance(state_dict, dict) else f"a {type(state_dict).__name__}")
             raise DevRNGError(
-                f"{self.owner}: the checkpoint holds no devrng RNG state (got "
-                f"{type(state_dict).__name__} {sorted(state_dict) if isinstance(state_dict, dict) else ''}); "
-                "it was saved without devrng, or by another program."
+                f"{self.owner}: the checkpoint holds no devrng RNG state (its entry is {got}, "
+                "not {'ranks': [one state per rank]}); it was saved without devrng, or by "
+                "another program."
             )
         rank = process_rank()
         if rank < len(ranks):

@@ -5,7 +5,7 @@ CPU generator, the CUDA/XPU/... and XLA generators; it does not keep torchax's k
 ``seeded_jit`` streams, ``RNGStreams``, or a DataLoader generator you created, and
 objects registered with ``register_for_checkpointing`` are written by the main
 process only. ``register`` registers one object that carries every process's
-[`TrainingRNG`][devrng.TrainingRNG] state; ``load_state`` restores it after
+``devrng.TrainingRNG`` state; ``load_state`` restores it after
 accelerate's own states, so devrng's is what the resumed run continues from.
 """
 
@@ -21,8 +21,18 @@ __all__ = ["register"]
 
 def register(accelerator: accelerate.Accelerator, rng: TrainingRNG | None = None, *,
              seed: int | None = None, strict: bool = True) -> TrainingRNG:
-    """Make ``accelerator.save_state`` / ``load_state`` carry ``rng`` (a new one from ``seed``
-    if none is given); returns it.
+    """Make ``accelerator.save_state`` / ``load_state`` carry every process's ``TrainingRNG``.
+
+    Args:
+        accelerator: The ``accelerate.Accelerator`` of the run.
+        rng: The ``devrng.TrainingRNG`` to carry; ``None`` makes one from ``seed``.
+        seed: The seed of a new ``TrainingRNG`` (``None``: ``DEVRNG_SEED``, else
+            drawn from OS entropy).
+        strict: ``False`` resumes on another device count or world size with a
+            warning (as ``TrainingRNG.load_state_dict(strict=False)``).
+
+    Returns:
+        The ``TrainingRNG``: use its ``dataloader_kwargs()`` and ``track()``.
 
     Examples:
         >>> import accelerate

@@ -3,7 +3,7 @@
 Lightning's checkpoints hold no random state (measured with Lightning 2.6.6: the
 resumed epoch after ``fit(ckpt_path=...)`` draws different shuffles, worker
 augmentations and dropout masks). ``DevRNGCallback`` keeps a
-[`TrainingRNG`][devrng.TrainingRNG] in the checkpoint, one state per rank, and
+``devrng.TrainingRNG`` in the checkpoint, one state per rank, and
 puts it back when the resumed run starts training.
 """
 
@@ -28,9 +28,17 @@ class DevRNGCallback(pl.Callback):
     (the same draws for the same seed; ``seed=None`` takes ``DEVRNG_SEED``, then
     ``PL_GLOBAL_SEED``), and every device type Lightning does not reach (XLA,
     torchax); DataLoader workers are seeded by Lightning's own worker seeding.
-    Each checkpoint holds every rank's [`TrainingRNG`][devrng.TrainingRNG] state;
+    Each checkpoint holds every rank's ``devrng.TrainingRNG`` state;
     ``fit(ckpt_path=...)`` puts this rank's back as Lightning restores the
     callbacks, before it builds the resumed epoch's DataLoader iterator.
+
+    Args:
+        seed: The run's seed; ``None`` takes ``DEVRNG_SEED``, then
+            ``PL_GLOBAL_SEED``, else draws one.
+        deterministic: Also apply ``devrng.deterministic()``.
+        per_rank: Seed each rank with its own ``devrng.distributed.rank_seed``.
+        strict: ``False`` resumes on another device count or world size with a
+            warning (as ``TrainingRNG.load_state_dict(strict=False)``).
 
     Examples:
         >>> from devrng.integrations.lightning import DevRNGCallback

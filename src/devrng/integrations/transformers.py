@@ -4,7 +4,7 @@
 looks up ``torch.xla`` to save and restore the device's RNG state; torch has no
 such module, so on XLA it fails with ``AttributeError: module 'torch' has no
 attribute 'xla'`` (both ``use_reentrant`` values, measured with transformers 5.23
-and torch_xla 2.9). [`patch_torch`][devrng.patch_torch] gives torch that module,
+and torch_xla 2.9). ``devrng.patch_torch`` gives torch that module,
 and the checkpointed gradients equal the plain ones bitwise. ``DevRNGTrainerCallback``
 does that for ``Trainer`` users, and seeds what the Trainer's ``set_seed`` does not
 reach (torchax's key).
@@ -19,7 +19,7 @@ import transformers
 from devrng._fork import fork_rng
 from devrng._patch import patch_torch
 from devrng._registry import available_backends
-from devrng._state import manual_seed
+from devrng._seeding import manual_seed
 
 __all__ = ["DevRNGTrainerCallback"]
 
@@ -27,7 +27,7 @@ __all__ = ["DevRNGTrainerCallback"]
 class DevRNGTrainerCallback(transformers.TrainerCallback):
     """Make a ``transformers.Trainer`` device-correct: ``patch_torch()`` and full seeding.
 
-    When the Trainer is built it calls [`patch_torch`][devrng.patch_torch], so
+    When the Trainer is built it calls ``devrng.patch_torch``, so
     ``gradient_checkpointing=True`` works on XLA and torchax and recomputes the
     same dropout masks. When training begins it seeds every device type
     available (XLA and torchax included) with ``args.seed``, as the Trainer's

@@ -1,0 +1,100 @@
+"""Helpers the whole suite shares: every generator's state in one comparable value, and one
+way to run Python in a fresh process.
+
+``generator_states`` reads torch's CPU generator, Python's ``random``, NumPy's global
+generator and the generators of any fake device (``tests._fakes``) without going through
+devrng, as plain bytes and tuples, so ``==`` compares them exactly.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+import textwrap
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class Generators(NamedTuple):
+    """Every generator's state at one moment; compare two with ``==``."""
+
+    cpu: bytes
+    python: Any
+    numpy: tuple[bytes, int, int, float]
+    devices: tuple[tuple[bytes, ...], ...]  # per fake device holder, per device
+
+    def without_devices(self, *drop: int) -> Generators:
+        """The same states, leaving out the holders at positions ``drop``."""
+        return self._replace(devices=tuple(d for i, d in enumerate(self.devices) if i not in drop))
+
+
+def _bytes(state: torch.Tensor) -> bytes:
+    return bytes(state.numpy().tobytes())
+
+
+def generators_of(holder: Any) -> list[torch.Generator]:
+    """The generators of a fake device holder, or the one generator it is."""
+    if isinstance(holder, torch.Generator):
+        return [holder]
+    return list(getattr(holder, "gens", None) or holder.generators)
+
+
+def generator_states(*holders: Any) -> Generators:
+    """Torch's CPU, Python's and NumPy's generators, and the generators of each holder (a
+    ``torch.Generator``, a ``FaultyBackend`` / ``MinimalBackend`` (``.gens``) or a
+    ``SimulatedDeviceModule`` (``.generators``)), read without devrng."""
+    np_state = np.random.get_state(legacy=False)
+    numpy = (bytes(np_state["state"]["key"].tobytes()), int(np_state["state"]["pos"]),
+             int(np_state["has_gauss"]), float(np_state["gauss"]))
+    devices = tuple(tuple(_bytes(g.get_state()) for g in generators_of(h)) for h in holders)
+    return Generators(_bytes(torch.get_rng_state()), random.getstate(), numpy, devices)
+
+
+def set_environ(values: Mapping[str, str | None]) -> None:
+    """Set environment variables, ``None`` meaning unset (to put saved values back)."""
+    for key, value in values.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+def run_env(env: Mapping[str, str | None] | None = None, *, inherit_env: bool = False
+            ) -> dict[str, str]:
+    """The environment ``run_python`` gives a child: minimal (PATH, PYTHONPATH with this
+    checkout first, PJRT_DEVICE=CPU) unless ``inherit_env``; ``env`` adds to it, and a
+    ``None`` value removes a variable."""
+    base = dict(os.environ) if inherit_env else {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    base["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), str(ROOT / "src"),
+                                                       base.get("PYTHONPATH")]))
+    base.setdefault("PJRT_DEVICE", "CPU")
+    base.update({k: v for k, v in (env or {}).items() if v is not None})
+    for key in [k for k, v in (env or {}).items() if v is None]:
+        base.pop(key, None)
+    return base
+
+
+def run_python(code: str, *, args: Sequence[str] = (),
+               env: Mapping[str, str | None] | None = None, inherit_env: bool = False,
+               timeout: float = 900, cwd: Path | str = ROOT, module: bool = False,
+               stdout: Any = None) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` (or, with ``module=True``, ``python -m code``) in a fresh interpreter with
+    this checkout first on the path; output captured as text (``stdout``: a file instead).
+
+    The environment is minimal (PATH, PYTHONPATH, PJRT_DEVICE=CPU) unless ``inherit_env``;
+    ``env`` adds to it, and a ``None`` value removes a variable.
+    """
+    base = run_env(env, inherit_env=inherit_env)
+    command = ["-m", code] if module else ["-c", textwrap.dedent(code)]
+    streams: dict[str, Any] = ({"capture_output": True} if stdout is None
+                               else {"stdout": stdout, "stderr": subprocess.PIPE})
+    return subprocess.run([sys.executable, *command, *args], text=True, env=base,
+                          timeout=timeout, cwd=cwd, **streams)
