@@ -279,7 +279,7 @@ def test_multinomial_forms() -> None:
 def test_multinomial_prefix_sums_never_decrease_and_skip_zero_weights() -> None:
     w = torch.rand(3, 4096, generator=torch.Generator().manual_seed(0)) ** 8
     w[:, ::3] = 0.0
-    scan = tf._prefix_sums(w)
+    scan = tf.prefix_sums(w)
     assert bool((scan[:, 1:] >= scan[:, :-1]).all())
     zero = (w == 0)[:, 1:]
     assert bool((scan[:, 1:][zero] == scan[:, :-1][zero]).all())

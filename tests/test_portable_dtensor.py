@@ -248,7 +248,7 @@ def test_partial_placements_are_refused_with_a_sentence() -> None:
 
     with pytest.raises(devrng.DevRNGError, match=r"Shard and Replicate; this one has "
                                                  r"Partial\(sum\)"):
-        _portable_dtensor._check_placements(Fake())  # type: ignore[arg-type]
+        _portable_dtensor.check_placements(Fake())  # type: ignore[arg-type]
 
 
 def test_shard_counters_index_the_full_tensor() -> None:

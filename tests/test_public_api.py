@@ -11,10 +11,10 @@ HEAVY = ("torch_xla", "jax", "torchax", "intel_extension_for_pytorch")
 
 # The public surface of API.md: a name added or lost here is an API change.
 PUBLIC = {
-    "Backend", "DeterministicHandle", "DevRNGError", "RNGState", "RNGStreams", "SeededFunction",
-    "TrainingRNG", "available_backends", "deterministic", "distributed", "fork_rng",
-    "get_backend", "get_rng_state", "infer_device_types", "manual_seed", "patch_torch",
-    "register_backend", "sample_rng", "seed_worker", "seeded_jit", "set_rng_state", "testing",
+    "Backend", "DeterministicHandle", "DevRNGError", "PortableRNG", "RNGState", "RNGStreams",
+    "SeededFunction", "TrainingRNG", "available_backends", "deterministic", "distributed",
+    "fork_rng", "get_backend", "get_rng_state", "infer_device_types", "manual_seed",
+    "patch_torch", "portable", "register_backend", "sample_rng", "seed_worker", "seeded_jit", "set_rng_state", "testing",
     "unpatch_torch",
 }
 

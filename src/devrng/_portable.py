@@ -116,7 +116,7 @@ class TracedStream:
 # -- the mode -------------------------------------------------------------------------------
 class PortableRNG(TorchFunctionMode):
     """A portable random stream: torch's random ops inside it draw the same numbers on every
-    device. Made by [`portable`][devrng.portable]; see there.
+    device. Made by ``portable``; see there.
 
     Examples:
         >>> rng = devrng.portable(seed=7)
@@ -144,7 +144,11 @@ class PortableRNG(TorchFunctionMode):
         return self._stream.get()[1]  # type: ignore[no-any-return]
 
     def state_dict(self) -> dict[str, int]:
-        """``{"seed": ..., "counter": ...}``: plain ints, for checkpoints.
+        """The stream's position, for checkpoints.
+
+        Returns:
+            ``{"seed": ..., "counter": ...}``: plain ints (``counter`` random ops
+            answered so far).
 
         Examples:
             >>> rng = devrng.portable(seed=3)
@@ -158,6 +162,14 @@ class PortableRNG(TorchFunctionMode):
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Continue the stream saved by ``state_dict`` (checked first; nothing changes on error).
+
+        Args:
+            state_dict: What ``state_dict()`` returned.
+
+        Raises:
+            ValueError: The keys are not exactly ``seed`` and ``counter``, the seed is
+                outside ``[0, 2**64)`` or the counter outside ``[0, 2**63)``.
+            TypeError: The seed is not an int.
 
         Examples:
             >>> rng = devrng.portable(seed=0)
@@ -272,10 +284,22 @@ def portable(seed: int | None = None, *, strict: bool = True) -> PortableRNG:
     Another random op raises a ``DevRNGError`` naming it (``strict=True``) or
     draws from the device's generator with a warning (``strict=False``).
 
-    ``seed`` is an int in ``[0, 2**64)``; ``None`` draws one from torch's
-    default generator now, so ``torch.manual_seed`` at program start makes
-    the whole run reproducible. The stream continues across uses of the same
-    object (``state_dict()`` / ``load_state_dict()`` save and resume it).
+    The stream continues across uses of the same object (``state_dict()`` /
+    ``load_state_dict()`` save and resume it).
+
+    Args:
+        seed: An int in ``[0, 2**64)``; ``None`` draws one from torch's default
+            generator now, so ``torch.manual_seed`` at program start makes the
+            whole run reproducible.
+        strict: Refuse random ops the stream does not cover (``True``), or let
+            them draw from the device's generator with a warning (``False``).
+
+    Returns:
+        A ``PortableRNG``: use it as ``with stream:`` or ``@stream``.
+
+    Raises:
+        TypeError: ``seed`` is not an int, or ``strict`` not a bool.
+        ValueError: ``seed`` is outside ``[0, 2**64)``.
 
     Examples:
         >>> with devrng.portable(seed=0):

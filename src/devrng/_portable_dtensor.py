@@ -22,12 +22,12 @@ from torch.distributed.tensor._utils import compute_local_shape_and_global_offse
 
 from devrng._errors import DevRNGError
 
-__all__ = ["fill_", "new_like", "noise_like", "shard_counters"]
+__all__ = ["check_placements", "fill_", "new_like", "noise_like", "shard_counters"]
 
 Draw = Callable[[Any, tuple[int, ...]], torch.Tensor]
 
 
-def _check_placements(dt: DTensor) -> None:
+def check_placements(dt: DTensor) -> None:
     for placement in dt.placements:
         # _StridedShard (FSDP2 + TP) is a Shard whose local elements are not one box.
         if type(placement) not in (Shard, Replicate):
@@ -53,7 +53,7 @@ def shard_counters(global_shape: Sequence[int], local_shape: Sequence[int],
 
 
 def _box(dt: DTensor) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    _check_placements(dt)
+    check_placements(dt)
     local_shape, offsets = compute_local_shape_and_global_offset(dt.shape, dt.device_mesh,
                                                                  dt.placements)
     return tuple(local_shape), tuple(offsets)

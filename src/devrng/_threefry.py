@@ -499,7 +499,7 @@ def randperm(source: Source, n: int, dtype: torch.dtype) -> torch.Tensor:
     return x.to(dtype)
 
 
-def _prefix_sums(w: torch.Tensor) -> torch.Tensor:
+def prefix_sums(w: torch.Tensor) -> torch.Tensor:
     """Prefix sums of non-negative weights along the last dim, the same bits on every device.
 
     The sums are made in a fixed order (Hillis-Steele: log2 n passes of
@@ -543,12 +543,12 @@ def multinomial(source: Source, weights: torch.Tensor, num_samples: int,
     last = work.shape[-1] - 1
     u = source.uniform((rows.shape[0], num_samples), work.dtype)
     if replacement:
-        scan = _prefix_sums(work)
+        scan = prefix_sums(work)
         picked = source.search(scan, u * scan[:, -1:])
     else:
         columns = []
         for j in range(num_samples):
-            scan = _prefix_sums(work)
+            scan = prefix_sums(work)
             index = source.search(scan, u[:, j:j + 1] * scan[:, -1:]).clamp_max(last)
             columns.append(index)
             work = work.scatter(1, index, 0.0)

@@ -24,11 +24,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from devrng._locks import ForkSafeLock
 
 __all__ = ["CpuKernel", "cache_dir", "kernel"]
 
@@ -119,7 +120,7 @@ class CpuKernel:
                  None if out1 is None else out1.data_ptr())
 
 
-_lock = threading.Lock()
+_lock = ForkSafeLock()  # DataLoader workers fork: never inherit it held
 _state: dict[str, Any] = {}  # "kernel": CpuKernel | None once tried
 
 

@@ -205,7 +205,7 @@ class TrainingRNG:
         return obj
 
     def portable(self, *, strict: bool = True) -> Any:
-        """A [`portable`][devrng.portable] stream for the run, tracked as ``"portable"``.
+        """A ``portable`` stream for the run, tracked as ``"portable"``.
 
         Its seed comes from the run's seed (the same on every rank, as a
         DTensor's shards need), and its counter is part of this object's
@@ -213,13 +213,23 @@ class TrainingRNG:
         world size (``load_state_dict(..., strict=False)`` restores tracked
         objects from any rank's state; every rank's stream is the same).
 
+        Args:
+            strict: As for ``portable``: refuse random ops the stream does not
+                cover, or let them draw natively with a warning.
+
+        Returns:
+            The ``PortableRNG``, to use as ``with stream:``.
+
+        Raises:
+            ValueError: This object already tracks something named ``"portable"``.
+
         Examples:
             >>> rng = devrng.TrainingRNG(seed=0)
             >>> stream = rng.portable()
             >>> with stream:
             ...     mask = torch.nn.functional.dropout(torch.ones(4), 0.5)
-            >>> rng.state_dict()["tracked"]["portable"]["counter"]
-            1
+            >>> stream.state_dict() == rng.state_dict()["tracked"].get("portable")
+            True
         """
         make = load("devrng._portable:portable", what="TrainingRNG.portable")
         return self.track("portable", make(nth_seed(self._seed, _PORTABLE_STREAM),
