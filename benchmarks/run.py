@@ -245,6 +245,12 @@ def bench_jit(quick: bool) -> list[Row]:
     return bench_jit.run(quick)
 
 
+def bench_portable(quick: bool) -> list[Row]:
+    from benchmarks import bench_portable
+
+    return bench_portable.run(quick)
+
+
 def run(quick: bool = False) -> dict[str, Any]:
     number, rounds = (200, 3) if quick else (20_000, 15)
     rows: list[Row] = []
@@ -257,6 +263,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     rows += bench_import(1 if quick else 9)
     rows += bench_training(quick)
     rows += bench_jit(quick)
+    rows += bench_portable(quick)
     return {"machine": _machine(), "rows": rows}
 
 

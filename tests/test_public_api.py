@@ -14,10 +14,11 @@ HEAVY = ("torch_xla", "jax", "torchax", "intel_extension_for_pytorch")
 
 # The public surface of API.md: a name added or lost here is an API change.
 PUBLIC = {
-    "Backend", "DeterministicHandle", "DevRNGError", "DevRNGWarning", "RNGState", "RNGStreams", "SeededFunction",
-    "TrainingRNG", "available_backends", "deterministic", "distributed", "fork_rng",
-    "get_backend", "get_rng_state", "infer_device_types", "manual_seed", "patch_torch",
-    "register_backend", "sample_rng", "seed_worker", "seeded_jit", "set_rng_state", "testing",
+    "Backend", "DeterministicHandle", "DevRNGError", "DevRNGWarning", "PortableRNG", "RNGState",
+    "RNGStreams", "SeededFunction", "TrainingRNG", "available_backends", "deterministic",
+    "distributed", "fork_rng", "get_backend", "get_rng_state", "infer_device_types",
+    "manual_seed", "patch_torch", "portable", "register_backend", "sample_rng", "seed_worker",
+    "seeded_jit", "set_rng_state", "testing",
     "unpatch_torch",
 }
 
@@ -38,6 +39,8 @@ def test_import_and_cpu_fork_load_nothing_heavy() -> None:
         "    pass\n"
         "devrng.manual_seed(1); devrng.get_rng_state(); devrng.available_backends()\n"
         "devrng.infer_device_types(['xla:0', 'cuda:1'])\n"
+        "with devrng.portable(0):\n"
+        "    torch.rand(2); torch.nn.functional.dropout(torch.ones(4), 0.5)\n"
         f"print([m for m in {HEAVY!r} if m in sys.modules])\n"
     )
     out = run_python(code)

@@ -36,6 +36,8 @@ if TYPE_CHECKING:  # the public names, for type checkers (``X as X``: re-exporte
     from devrng._jit import seeded_jit as seeded_jit
     from devrng._patch import patch_torch as patch_torch
     from devrng._patch import unpatch_torch as unpatch_torch
+    from devrng._portable import PortableRNG as PortableRNG
+    from devrng._portable import portable as portable
     from devrng._registry import (
         Backend as Backend,
     )
@@ -63,6 +65,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "DeterministicHandle": ("devrng._determinism", "DeterministicHandle"),
     "DevRNGError": ("devrng._errors", "DevRNGError"),
     "DevRNGWarning": ("devrng._errors", "DevRNGWarning"),
+    "PortableRNG": ("devrng._portable", "PortableRNG"),
     "RNGState": ("devrng._state", "RNGState"),
     "RNGStreams": ("devrng._streams", "RNGStreams"),
     "SeededFunction": ("devrng._jit", "SeededFunction"),
@@ -76,6 +79,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "infer_device_types": ("devrng._infer", "infer_device_types"),
     "manual_seed": ("devrng._seeding", "manual_seed"),
     "patch_torch": ("devrng._patch", "patch_torch"),
+    "portable": ("devrng._portable", "portable"),
     "register_backend": ("devrng._registry", "register_backend"),
     "sample_rng": ("devrng._workers", "sample_rng"),
     "seed_worker": ("devrng._workers", "seed_worker"),

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any, Generic, TypeVar, overload
 
@@ -35,6 +36,12 @@ _COMPILERS: dict[str, tuple[str, str | None]] = {
 }
 #: What ``seeded_jit(backend=...)`` accepts (torch.compile's word for a compiler).
 COMPILER_NAMES = (*_COMPILERS, "auto")
+
+
+def _active_portable() -> Any:
+    """The active ``devrng.portable`` stream, if portable is in use at all in this process."""
+    module = sys.modules.get("devrng._portable")
+    return None if module is None else module.active()
 
 
 def _load_runner_factory(compiler: str) -> MakeRunner:
@@ -194,8 +201,12 @@ class SeededFunction(Generic[R]):
             self._backend = auto_compiler(args, kwargs)
             runner = self._runner = _load_runner_factory(self._backend)(
                 self._fn, self._compile_kwargs)
+        stream = _active_portable()
         try:
-            out: R = runner(value, args, kwargs)
+            if stream is None:
+                out: R = runner(value, args, kwargs)
+            else:  # the call draws from the portable stream of its seed
+                out = runner(value, args, kwargs, portable=stream.strict)
         except TypeError as err:
             _explain_positional_seed(self._signature, args, kwargs, err)
             raise

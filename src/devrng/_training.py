@@ -24,6 +24,7 @@ from devrng import _host
 from devrng._determinism import DeterministicHandle
 from devrng._determinism import deterministic as turn_on_determinism
 from devrng._errors import DevRNGError, check_flags, short_repr, warn_and_log
+from devrng._lazy import load
 from devrng._loaders import (
     describe,
     differences,
@@ -52,6 +53,7 @@ _KEYS = frozenset({"format", "version", "seed", "rank", "world_size", "rng", "ge
 _KEYS_OF = {1: _KEYS - {"loaders"}, 2: _KEYS}  # version 1 (devrng 0.1) has no loader records
 _SEED_VARIABLES = ("DEVRNG_SEED", "PL_GLOBAL_SEED")  # read in this order; DEVRNG_SEED is written
 _LOADER_NAME = re.compile(r"dataloader\d+")  # the generators dataloader_kwargs() makes
+_PORTABLE_STREAM = 1 << 34  # nth_seed index of the run's portable stream (loaders use 2**32 + i)
 _logger = logging.getLogger("devrng")
 
 
@@ -226,6 +228,37 @@ class TrainingRNG:
         if loader:
             self._loaders[name] = obj
         return given
+
+    def portable(self, *, strict: bool = True) -> Any:
+        """A ``portable`` stream for the run, tracked as ``"portable"``.
+
+        Its seed comes from the run's seed (the same on every rank, as a
+        DTensor's shards need), and its counter is part of this object's
+        state: a resumed run continues the stream exactly, also on another
+        world size (``load_state_dict(..., strict=False)`` restores tracked
+        objects from any rank's state; every rank's stream is the same).
+
+        Args:
+            strict: As for ``portable``: refuse random ops the stream does not
+                cover, or let them draw natively with a warning.
+
+        Returns:
+            The ``PortableRNG``, to use as ``with stream:``.
+
+        Raises:
+            ValueError: This object already tracks something named ``"portable"``.
+
+        Examples:
+            >>> rng = devrng.TrainingRNG(seed=0)
+            >>> stream = rng.portable()
+            >>> with stream:
+            ...     mask = torch.nn.functional.dropout(torch.ones(4), 0.5)
+            >>> stream.state_dict() == rng.state_dict()["tracked"].get("portable")
+            True
+        """
+        make = load("devrng._portable:portable", what="TrainingRNG.portable")
+        return self.track("portable", make(nth_seed(self._seed, _PORTABLE_STREAM),
+                                           strict=strict))
 
     # -- state ------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

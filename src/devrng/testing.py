@@ -24,8 +24,9 @@ from typing import Any
 import torch
 from torch.testing._comparison import default_tolerances
 
-from devrng._errors import short_repr
+from devrng._errors import check_flags, short_repr
 from devrng._infer import arg_devices
+from devrng._lazy import load
 from devrng._plain import describe
 from devrng._plan import current_accelerator, default_types
 from devrng._registry import loaded_backend
@@ -484,7 +485,8 @@ def _move(obj: Any, device: torch.device) -> Any:
 
 def compare_devices(fn: Callable[..., Any], inputs: Any,
                     devices: Sequence[str | torch.device] | None = None, *, seed: int = 0,
-                    rtol: float | None = None, atol: float | None = None) -> Report:
+                    rtol: float | None = None, atol: float | None = None,
+                    portable: bool = False) -> Report:
     """Run ``fn`` on each device from the same seed and inputs; compare with the first device.
 
     ``devices=None`` compares XLA (when this process has imported torch_xla),
@@ -497,7 +499,9 @@ def compare_devices(fn: Callable[..., Any], inputs: Any,
     same weights. Before each run devrng seeds that device and the CPU with
     ``seed``; the caller's RNG state is restored afterwards. Devices draw
     different random numbers from the same seed, so compare functions without
-    randomness (e.g. a model in ``eval()`` mode).
+    randomness (e.g. a model in ``eval()`` mode), or pass ``portable=True``:
+    then each device runs inside ``devrng.portable(seed)``, and dropout,
+    ``rand`` and the other covered ops draw the same numbers on every device.
 
     Args:
         fn: A function or an ``nn.Module``.
@@ -507,6 +511,7 @@ def compare_devices(fn: Callable[..., Any], inputs: Any,
         seed: The seed every device starts from.
         rtol: Relative tolerance; give both or neither.
         atol: Absolute tolerance.
+        portable: Run each device inside ``devrng.portable(seed)``.
 
     Returns:
         A ``Report`` of every other device against the first.
@@ -524,8 +529,12 @@ def compare_devices(fn: Callable[..., Any], inputs: Any,
         >>> report = compare_devices(model, torch.randn(2, 3, 16, 16))   # XLA vs the CPU
         >>> report.ok
         True
+        >>> net = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout(0.5)).train()
+        >>> compare_devices(net, torch.randn(4, 8), portable=True).ok   # same dropout masks
+        True
     """
     seed = check_seed(seed)
+    check_flags(portable=portable)
     if devices is None:
         devices = _default_devices()
     if isinstance(devices, (str, torch.device)) or len(devices) < 2:
@@ -550,8 +559,10 @@ def compare_devices(fn: Callable[..., Any], inputs: Any,
             f = _move(fn, device) if isinstance(fn, torch.nn.Module) else fn
             moved = _move(inputs, device)
             manual_seed(seed, devices=[device] if device.type != "cpu" else [])
+            stream = _portable_stream(seed) if portable else contextlib.nullcontext()
             try:
-                out = f(*moved) if isinstance(moved, tuple) else f(moved)
+                with stream:
+                    out = f(*moved) if isinstance(moved, tuple) else f(moved)
             except Exception as err:
                 err.add_note(
                     f"devrng.testing.compare_devices: this failed on {device}. fn receives "
@@ -570,6 +581,10 @@ def compare_devices(fn: Callable[..., Any], inputs: Any,
         leaves += [_relabel(leaf, label) for leaf in sub.leaves]
         problems += [f"{label} {p}" for p in sub.problems]
     return Report(tuple(leaves), tuple(problems), f"{', '.join(labels[1:])} vs {labels[0]}")
+
+
+def _portable_stream(seed: int) -> Any:
+    return load("devrng._portable:portable", what="compare_devices(portable=True)")(seed)
 
 
 def _default_devices() -> tuple[str, str]:

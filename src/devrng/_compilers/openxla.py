@@ -50,5 +50,11 @@ def _graph_compiler(model: torch.fx.GraphModule, fake_inputs: list[Any]) -> Call
 seeded_openxla = aot_autograd(fw_compiler=_graph_compiler)
 
 
+def _key_device(inputs: Any) -> torch.device:
+    # The XLA graph must take a portable stream's key as an input tensor on its device.
+    return torch.device(xla_devices(inputs)[0])
+
+
 def make_runner(fn: Callable[..., Any], compile_kwargs: dict[str, Any]) -> SeededRunner:
-    return xla_runner(torch.compile(fn, backend=seeded_openxla, **compile_kwargs))
+    return xla_runner(torch.compile(fn, backend=seeded_openxla, **compile_kwargs),
+                      key_device=_key_device)

@@ -15,6 +15,7 @@ import torch
 
 from devrng._host import seed_cpu
 from devrng._infer import arg_devices
+from devrng._lazy import load
 from devrng._locks import ForkSafeLock
 from devrng._registry import Backend, device_count, get_backend
 from devrng._seeds import MASK64
@@ -30,10 +31,15 @@ seed_lock = ForkSafeLock()
 
 
 class Runner(Protocol):
-    """A compiled function that runs under a given seed."""
+    """A compiled function that runs under a given seed.
+
+    ``portable`` is None, or the ``strict`` flag of the ``devrng.portable``
+    stream active at the call: then the function's random ops draw from the
+    portable stream of the call's seed (``with portable(seed): fn(...)``).
+    """
 
     def __call__(self, seed: int | torch.Tensor, args: tuple[Any, ...],
-                 kwargs: dict[str, Any]) -> Any: ...
+                 kwargs: dict[str, Any], portable: bool | None = None) -> Any: ...
 
     @property
     def compile_count(self) -> int: ...
@@ -67,15 +73,19 @@ class SeededRunner:
     ``make_seeder`` builds the ``Seeder`` from the first call's ``(args, kwargs)``;
     ``compiles``, a process-wide count read from the compiler, is sampled around each
     call to count this function's compilations (None: it never compiles).
+    ``key_device(args)`` says where a portable stream's key must live for this
+    compiler (None: on the host, read by the graph through devrng's own op).
     """
 
-    __slots__ = ("_compiled", "_compiles", "_counter", "_make_seeder", "_seeder")
+    __slots__ = ("_compiled", "_compiles", "_counter", "_key_device", "_make_seeder", "_seeder")
 
     def __init__(self, compiled: Callable[..., Any], make_seeder: Callable[[Any], Seeder],
-                 compiles: Callable[[], int] | None = None) -> None:
+                 compiles: Callable[[], int] | None = None, *,
+                 key_device: Callable[[Any], torch.device] | None = None) -> None:
         self._compiled = compiled
         self._make_seeder = make_seeder
         self._counter = compiles
+        self._key_device = key_device
         self._seeder: Seeder | None = None
         self._compiles = 0
 
@@ -84,22 +94,39 @@ class SeededRunner:
         return self._compiles
 
     def __call__(self, seed: int | torch.Tensor, args: tuple[Any, ...],
-                 kwargs: dict[str, Any]) -> Any:
+                 kwargs: dict[str, Any], portable: bool | None = None) -> Any:
         seeder = self._seeder
         if seeder is None:
             seeder = self._seeder = self._make_seeder((args, kwargs))
         value = seed_to_int(seed)
+        fn = self._compiled
+        if portable is not None:
+            fn = self._in_portable(fn, value, portable, (args, kwargs))
         counter = self._counter
         with seed_lock:
             if counter is None:
-                return seeder.run(value, self._compiled, args, kwargs)
+                return seeder.run(value, fn, args, kwargs)
             before = counter()
             try:
-                return seeder.run(value, self._compiled, args, kwargs)
+                return seeder.run(value, fn, args, kwargs)
             finally:
                 # Resetting the compiler (torch._dynamo.reset()) clears its counts: never
                 # count backwards.
                 self._compiles += max(0, counter() - before)
+
+    def _in_portable(self, fn: Callable[..., Any], seed: int, strict: bool, inputs: Any
+                     ) -> Callable[..., Any]:
+        """``fn`` called inside the portable stream of ``seed`` (entered outside the
+        compiled region: dynamo reads the stream's state as graph inputs)."""
+        call_stream = load("devrng._portable:call_stream", what="devrng.portable")
+        key_device = None if self._key_device is None else self._key_device(inputs)
+        stream = call_stream(seed, strict, key_device)
+
+        def inside(*args: Any, **kwargs: Any) -> Any:
+            with stream:
+                return fn(*args, **kwargs)
+
+        return inside
 
 
 class HostSeeder:

@@ -66,9 +66,10 @@ class XLASeeder:
             _cpu.set_state(cpu)
 
 
-def xla_runner(compiled: Callable[..., Any]) -> SeededRunner:
+def xla_runner(compiled: Callable[..., Any],
+               key_device: Callable[[Any], torch.device] | None = None) -> SeededRunner:
     """Runs a compiled XLA callable under a seed; shared by torch_xla and openxla."""
-    return SeededRunner(compiled, XLASeeder, xla_compiles)
+    return SeededRunner(compiled, XLASeeder, xla_compiles, key_device=key_device)
 
 
 def make_runner(fn: Callable[..., Any], compile_kwargs: dict[str, Any]) -> SeededRunner:

@@ -3,13 +3,15 @@
 torchax's own ``interop.jax_jit`` (0.0.13) reads the environment's key while
 tracing, so the key becomes a constant of the compiled program and every call
 draws the same numbers. Here the key data is an argument of the jitted
-function: inside the trace the environment's key is overridden with it, and
-the advanced key is returned next to the output. The caller's key is never
-touched, and a new seed is new data, not a new program.
+function: inside the trace the environment's key is overridden with it. The
+caller's key is never touched, and a new seed is new data, not a new program.
+Nothing else leaves the program: a returned key (the advanced one) is one
+more output to allocate and hand back on every call, for nobody.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -21,6 +23,7 @@ import torchax
 from torchax import interop
 
 from devrng._compilers.runner import seed_lock, seed_to_int
+from devrng._lazy import load
 
 __all__ = ["TorchaxRunner", "make_runner"]
 
@@ -72,10 +75,14 @@ class TorchaxRunner:
                 kwargs[name] = tuple(n + 1 if n >= 0 else n for n in nums)
         self._fn = fn
         self._env = torchax.default_env()
+        self._jit_kwargs = kwargs
         self._jitted = jax.jit(self._traced, **kwargs)
+        # One more program per portable strictness, made on first use.
+        self._portable_jitted: dict[bool, Any] = {}
         self._compiles = 0
 
-    def _traced(self, key_data: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+    def _traced(self, key_data: Any, *args: Any, _portable: bool | None = None,
+                **kwargs: Any) -> Any:
         env = self._env
         key = jax.random.wrap_key_data(key_data)
         t_args, t_kwargs = interop.torch_view((args, kwargs))
@@ -86,18 +93,32 @@ class TorchaxRunner:
         stack.append(env.param.override(prng=key))
         try:
             with env:
-                out = self._fn(*t_args, **t_kwargs)
-            advanced = env.param.prng
+                if _portable is None:
+                    out = self._fn(*t_args, **t_kwargs)
+                else:  # portable's mode on top of torchax's, so that it answers first
+                    stream = load("devrng._portable_jax:traced_stream",
+                                  what="devrng.portable on torchax")(key_data, _portable)
+                    with stream:
+                        out = self._fn(*t_args, **t_kwargs)
         finally:
             del stack[depth:]
-        return interop.jax_view(out), jax.random.key_data(advanced)
+        return interop.jax_view(out)
+
+    def _jitted_for(self, portable: bool | None) -> Any:
+        if portable is None:
+            return self._jitted
+        jitted = self._portable_jitted.get(portable)
+        if jitted is None:
+            jitted = self._portable_jitted[portable] = jax.jit(
+                functools.partial(self._traced, _portable=portable), **self._jit_kwargs)
+        return jitted
 
     @property
     def compile_count(self) -> int:
         return self._compiles
 
     def __call__(self, seed: int | torch.Tensor, args: tuple[Any, ...],
-                 kwargs: dict[str, Any]) -> Any:
+                 kwargs: dict[str, Any], portable: bool | None = None) -> Any:
         key_data = _key_data(seed)
         try:
             j_args, j_kwargs = interop.jax_view((args, kwargs))
@@ -108,7 +129,7 @@ class TorchaxRunner:
             cpu = _cpu.get_state()
             before = _compiles
             try:
-                out, _advanced = self._jitted(key_data, *j_args, **j_kwargs)
+                out = self._jitted_for(portable)(key_data, *j_args, **j_kwargs)
             finally:
                 self._compiles += _compiles - before
                 _cpu.set_state(cpu)  # tracing runs torch code, which may draw on the CPU

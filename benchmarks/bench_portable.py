@@ -1,0 +1,287 @@
+"""devrng.portable against the native generators and JAX, timed interleaved in one process.
+
+    python -m benchmarks.bench_portable [--quick]
+
+- eager CPU: ``torch.rand(2**20)`` and ``F.dropout`` on 2**20 elements, inside
+  ``portable`` vs plain torch (target 4x: the same numbers everywhere cost a
+  counter-based generator, here one fused CPU loop);
+- against the anchor: portable ``torch.rand(2**20)`` vs ``jax.jit`` of
+  ``jax.random.uniform`` for the same shape on the CPU (target 1.5x; needs JAX);
+- a training step of an MLP with dropout (256 wide, batch 128) under
+  ``torch.compile`` (inductor) and as an XLA graph (torch_xla, lazy tensors and
+  ``torch_xla.sync()``), portable vs native dropout (target 1.3x), with the
+  compilations seen for 50 seeds x 10 steps (target 1) and the first call's
+  compile time of each.
+
+``--quick`` uses tiny counts and skips inductor (tens of seconds to compile).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+import devrng
+from benchmarks.timing import interleaved
+
+Row = dict[str, Any]
+N = 1 << 20
+WIDTH, BATCH = 256, 128
+SEEDS, STEPS = 50, 10
+
+
+def _row(case: str, target: float | None, ours: float, peer_name: str, peer: float,
+         note: str = "") -> Row:
+    return {"case": case, "devrng_us": ours, "peer": peer_name, "peer_us": peer,
+            "ratio": ours / peer, "target": target, "note": note}
+
+
+def _skipped(case: str, peer: str, why: str, target: float) -> Row:
+    return {"case": case, "devrng_us": None, "peer": peer, "peer_us": None, "ratio": None,
+            "target": target, "note": f"skipped: {why}"}
+
+
+def bench_eager_cpu(number: int, rounds: int) -> list[Row]:
+    x = torch.ones(N)
+    rng = devrng.portable(0)
+
+    def rand_ours() -> object:
+        with rng:
+            return torch.rand(N)
+
+    def dropout_ours() -> object:
+        with rng:
+            return F.dropout(x, 0.5)
+
+    # One intra-op thread: torch.rand is single-threaded anyway, and on a shared 2-core
+    # machine threads waiting on each other swing the elementwise ops of dropout.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        r = interleaved({"ours": rand_ours, "peer": lambda: torch.rand(N)}, number=number,
+                        rounds=rounds)
+        d = interleaved({"ours": dropout_ours, "peer": lambda: F.dropout(x, 0.5)},
+                        number=number, rounds=rounds)
+    finally:
+        torch.set_num_threads(threads)
+    return [_row("portable torch.rand(2**20), eager CPU", 4.0, r["ours"], "torch.rand(2**20)",
+                 r["peer"]),
+            _row("portable F.dropout on 2**20 elements, eager CPU", 4.0, d["ours"],
+                 "F.dropout (torch's generator)", d["peer"])]
+
+
+def bench_eager_step(number: int, rounds: int) -> list[Row]:
+    """An eager training step of a small MLP with dropout: inside portable every torch call
+    of the step passes through the stream's Python handler (informational: no target)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(),
+                                torch.nn.Dropout(0.1), torch.nn.Linear(64, 64))
+    step = _step_fn(model)
+    x, y = torch.randn(64, 64), torch.randn(64, 64)
+    rng = devrng.portable(0)
+
+    def ours() -> object:
+        with rng:
+            return step(x, y)
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        m = interleaved({"ours": ours, "peer": lambda: step(x, y)}, number=number * 20,
+                        rounds=rounds)
+    finally:
+        torch.set_num_threads(threads)
+    return [_row("eager training step, 64x64 MLP with dropout, CPU", None, m["ours"],
+                 "the same step with torch's dropout", m["peer"],
+                 note="informational: every torch call inside portable passes through its "
+                      "Python handler (a few microseconds each); small eager steps feel it")]
+
+
+def bench_jax_anchor(number: int, rounds: int) -> list[Row]:
+    case = "portable torch.rand(2**20) vs JAX, CPU"
+    peer = "jax.jit(jax.random.uniform)(key, (2**20,))"
+    if importlib.util.find_spec("jax") is None:
+        return [_skipped(case, peer, "JAX is not installed here (xla env)", 1.5)]
+    import jax
+
+    uniform = jax.jit(lambda key: jax.random.uniform(key, (N,)))
+    keys = [jax.random.fold_in(jax.random.key(0), i) for i in range(8)]
+    counter = [0]
+
+    def peer_call() -> object:
+        counter[0] += 1
+        return jax.block_until_ready(uniform(keys[counter[0] % 8]))
+
+    rng = devrng.portable(0)
+
+    def ours() -> object:
+        with rng:
+            return torch.rand(N)
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        m = interleaved({"ours": ours, "peer": peer_call}, number=number, rounds=rounds)
+    finally:
+        torch.set_num_threads(threads)
+    return [_row(case, 1.5, m["ours"], peer, m["peer"],
+                 note="the same Threefry arithmetic: XLA's CPU code against devrng's C loop "
+                      "(one thread)")]
+
+
+def _mlp() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(WIDTH, WIDTH), torch.nn.ReLU(),
+                               torch.nn.Dropout(0.1), torch.nn.Linear(WIDTH, WIDTH))
+
+
+def _step_fn(model: torch.nn.Module) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        with torch.no_grad():
+            for p in model.parameters():
+                p.sub_(0.01 * p.grad)
+                p.grad = None
+        return loss.detach()
+
+    return step
+
+
+def bench_inductor(number: int, rounds: int) -> list[Row]:
+    import torch._inductor.config as inductor_config
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    # First calls compile from scratch: no graph from an earlier run's on-disk cache.
+    inductor_config.fx_graph_cache = False
+    x, y = torch.randn(BATCH, WIDTH), torch.randn(BATCH, WIDTH)
+    native_counter = CompileCounterWithBackend("inductor")
+    ours_counter = CompileCounterWithBackend("inductor")
+    native = torch.compile(_step_fn(_mlp()), backend=native_counter)
+    ours = torch.compile(_step_fn(_mlp()), backend=ours_counter)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        t0 = time.perf_counter()
+        with devrng.portable(0):
+            ours(x, y)
+        first_ours = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        native(x, y)
+        first_native = time.perf_counter() - t0
+        for seed in range(SEEDS):  # 50 seeds x 10 steps: every one a runtime input
+            with devrng.portable(seed):
+                for _ in range(STEPS):
+                    ours(x, y)
+        rng = devrng.portable(1)
+
+        def ours_call() -> object:
+            with rng:
+                return ours(x, y)
+
+        m = interleaved({"ours": ours_call, "peer": lambda: native(x, y)}, number=number,
+                        rounds=rounds)
+    finally:
+        torch.set_num_threads(threads)
+    return [_row("MLP training step with dropout, torch.compile (inductor), CPU", 1.3,
+                 m["ours"], "the same step with torch's dropout", m["peer"],
+                 note=f"graphs compiled for {SEEDS} seeds x {STEPS} steps: "
+                      f"{ours_counter.frame_count} (native: {native_counter.frame_count}); "
+                      f"first call (compiling) {first_ours:.1f} s, native {first_native:.1f} s")]
+
+
+def _xla_compiles() -> int:
+    import torch_xla.debug.metrics as met
+
+    data = met.metric_data("CompileTime")
+    return int(data[0]) if data else 0
+
+
+def bench_xla(number: int, rounds: int) -> list[Row]:
+    case = "MLP training step with dropout, XLA graph (torch_xla, PJRT CPU)"
+    if importlib.util.find_spec("torch_xla") is None:
+        return [_skipped(case, "the same step with torch_xla's dropout",
+                         "torch_xla is not installed here (xla env)", 1.3)]
+    import torch_xla
+
+    device = torch_xla.device()
+    x, y = torch.randn(BATCH, WIDTH).to(device), torch.randn(BATCH, WIDTH).to(device)
+    torch_xla.sync()
+    native_step, ours_step = _step_fn(_mlp().to(device)), _step_fn(_mlp().to(device))
+
+    def native() -> object:
+        out = native_step(x, y)
+        torch_xla.sync()
+        return out
+
+    def ours_plain() -> object:
+        out = ours_step(x, y)
+        torch_xla.sync()
+        return out
+
+    t0 = time.perf_counter()
+    with devrng.portable(0):
+        ours_plain()
+    first_ours = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    native()
+    first_native = time.perf_counter() - t0
+    before = _xla_compiles()
+    for seed in range(SEEDS):
+        with devrng.portable(seed):
+            for _ in range(STEPS):
+                ours_plain()
+    compiles = _xla_compiles() - before
+    rng = devrng.portable(1)
+
+    def ours() -> object:
+        with rng:
+            return ours_plain()
+
+    m = interleaved({"ours": ours, "peer": native}, number=number, rounds=rounds)
+    return [_row(case, 1.3, m["ours"], "the same step with torch_xla's dropout", m["peer"],
+                 note=f"XLA compilations for {SEEDS} seeds x {STEPS} steps after the first "
+                      f"step: {compiles} (the first step compiles the graph once); first "
+                      f"step {first_ours:.2f} s, native {first_native:.2f} s")]
+
+
+def run(quick: bool = False) -> list[Row]:
+    number, rounds = (2, 3) if quick else (10, 11)
+    rows: list[Row] = []
+    has_xla = importlib.util.find_spec("torch_xla") is not None
+    if has_xla:
+        import torch_xla
+
+        torch_xla.device()  # before the first backward pass (see bench_jit)
+    rows += bench_eager_cpu(number, rounds)
+    rows += bench_eager_step(number, rounds)
+    rows += bench_jax_anchor(number, rounds)
+    if quick:
+        rows.append(_skipped("MLP training step with dropout, torch.compile (inductor), CPU",
+                             "the same step with torch's dropout",
+                             "quick mode (inductor compiles for tens of seconds here)", 1.3))
+    else:
+        rows += bench_inductor(number * 10, rounds)
+    rows += bench_xla(number, rounds)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="devrng.portable against native draws and JAX")
+    parser.add_argument("--quick", action="store_true", help="tiny iteration counts, no inductor")
+    args = parser.parse_args(argv)
+    from benchmarks.report import format_table
+
+    print(format_table(run(quick=args.quick)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

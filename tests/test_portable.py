@@ -1,0 +1,883 @@
+"""devrng.portable on the CPU: the generator against an independent reference, every covered
+op's semantics and statistics, refusals, state, nn.init, compiled code (inductor and
+aot_eager) and seeded_jit's eager and inductor compilers.
+
+CUDA, XPU and MPS cannot run here. The generator never reads a device's own RNG: off the
+CPU it is the tensor ops of ``devrng._threefry`` run on that device, which the
+``tensor_ops`` tests below run on the CPU against the fused CPU kernel and the NumPy
+reference; SIMULATED devices (fake tensors and generators) show that no device generator
+is touched and that draws land on the requested device.
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from tests import _threefry_ref as ref
+
+import devrng
+from devrng import _threefry as tf
+
+CPU = torch.device("cpu")
+
+
+def host(seed: int, n: int = 0) -> tf.Source:
+    """The source of op n of portable(seed), through the fused CPU kernel."""
+    return tf.Source(tf.fold_in(tf.seed_key(seed), n), CPU)
+
+
+def tensor_ops(seed: int, n: int = 0) -> tf.Source:
+    """The same source with its key as a tensor: the chain of tensor ops other devices run."""
+    return tf.Source(tf.key_tensor(tf.fold_in(tf.seed_key(seed), n)), CPU)
+
+
+def as_uint32(t: torch.Tensor) -> np.ndarray:
+    return t.numpy().view(np.uint32)
+
+
+# -- the generator against the NumPy reference ----------------------------------------------------
+@pytest.mark.parametrize("seed", [0, 1, 42, 2**32 - 1, 2**40 + 3, 2**64 - 1])
+def test_stream_keys_are_fold_in_of_the_seed_key(seed: int) -> None:
+    for n in (0, 1, 2, 1000, 2**32 + 5):
+        assert tf.fold_in(tf.seed_key(seed), n) == ref.stream_key(seed, n)
+
+
+def test_threefry_matches_the_published_test_vector() -> None:
+    # Salmon et al. 2011 known-answer test, Threefry-2x32 with 20 rounds: key 0, counter 0.
+    assert tf.threefry_host((0, 0), (0, 0)) == (0x6B200159, 0x99BA4EFE)
+    ones = (0xFFFFFFFF, 0xFFFFFFFF)
+    assert tf.threefry_host(ones, ones) == (0x1CB996FC, 0xBB002BE7)
+    assert tf.threefry_host((0x13198A2E, 0x03707344), (0x243F6A88, 0x85A308D3)) == (
+        0xC4923A9C, 0x483DF7A0)
+
+
+@pytest.mark.parametrize("make", [host, tensor_ops], ids=["cpu_kernel", "tensor_ops"])
+@pytest.mark.parametrize("shape", [(1,), (7,), (3, 5), (2, 3, 4), (1000,), (0,)])
+def test_bits_words_and_uniform_equal_the_reference(make: Callable[..., tf.Source],
+                                                     shape: tuple[int, ...]) -> None:
+    for seed, n in ((0, 0), (7, 3), (2**33 + 1, 12)):
+        key = ref.stream_key(seed, n)
+        source = make(seed, n)
+        assert np.array_equal(as_uint32(source.bits(shape)), ref.bits(key, shape))
+        hi, lo = source.words(shape)
+        want_hi, want_lo = ref.words(key, shape)
+        assert np.array_equal(as_uint32(hi), want_hi) and np.array_equal(as_uint32(lo), want_lo)
+        got = source.unit_float32(shape).numpy()
+        assert np.array_equal(got.view(np.uint32), ref.uniform(key, shape).view(np.uint32))
+
+
+@pytest.mark.parametrize("make", [host, tensor_ops], ids=["cpu_kernel", "tensor_ops"])
+def test_explicit_counters_draw_that_slice_of_the_full_draw(make: Callable[..., tf.Source]
+                                                            ) -> None:
+    key = ref.stream_key(5, 2)
+    counters = np.array([[3, 0, 2**33 + 7], [41, 41, 9]], dtype=np.int64)
+    source = make(5, 2)
+    shard = tf.Source(source.key, CPU, torch.from_numpy(counters))
+    assert np.array_equal(as_uint32(shard.bits((2, 3))), ref.bits(key, (2, 3), counters))
+    full = make(5, 2).unit_float32((50,))
+    sliced = tf.Source(source.key, CPU, torch.tensor([[49, 0], [7, 8]])).unit_float32((2, 2))
+    assert torch.equal(sliced, full[torch.tensor([[49, 0], [7, 8]])])
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+def test_other_float_widths_agree_between_kernel_and_tensor_ops(dtype: torch.dtype) -> None:
+    a = tf.unit(host(3, 1), (1000,), dtype)
+    b = tf.unit(tensor_ops(3, 1), (1000,), dtype)
+    assert a.dtype == dtype and torch.equal(a, b)
+    assert float(a.min()) >= 0.0 and float(a.max()) < 1.0
+    distinct = {torch.float16: 1024, torch.bfloat16: 128, torch.float64: 1000}[dtype]
+    assert len(torch.unique(a)) >= min(distinct, 1000) * 0.5  # the whole mantissa is random
+
+
+def test_large_draws_use_the_high_counter_word() -> None:
+    # Counters past 2**32 carry into the high word (JAX's iota_2x32_shape).
+    key = ref.stream_key(1, 0)
+    counters = np.array([2**32 - 1, 2**32, 2**32 + 1], dtype=np.int64)
+    got = tf.Source(tf.fold_in(tf.seed_key(1), 0), CPU, torch.from_numpy(counters)).bits((3,))
+    assert np.array_equal(as_uint32(got), ref.bits(key, (3,), counters))
+
+
+def test_logical_shift_is_right_for_negative_patterns() -> None:
+    x = torch.tensor([-1, -2**31, 2**31 - 1, 12345, -7], dtype=torch.int32)
+    want = (x.to(torch.int64) & 0xFFFFFFFF) >> 9
+    assert torch.equal(tf.shr(x, 9).to(torch.int64), want)
+    wide = torch.tensor([-1, -2**63, 2**63 - 1], dtype=torch.int64)
+    assert tf.shr(wide, 12).tolist() == [2**52 - 1, 2**51, 2**51 - 1]
+
+
+def test_log32_is_within_3_ulp_of_the_true_log() -> None:
+    t = torch.cat([torch.rand(100_000, generator=torch.Generator().manual_seed(0)) + 6e-8,
+                   torch.logspace(-7, 0, 10_000)]).float()
+    got, want = tf.log32(t).double(), torch.log(t.double())
+    ulp = torch.from_numpy(np.spacing(want.float().abs().numpy())).double()
+    assert float(((got - want).abs() / ulp).max()) < 3
+
+
+# -- the ops: which numbers they draw -----------------------------------------------------------
+def test_each_random_op_takes_the_next_key_of_the_stream() -> None:
+    with devrng.portable(9) as rng:
+        a = torch.rand(4)
+        x = torch.zeros(3).uniform_()
+        b = torch.rand(2, 2)
+    assert np.array_equal(a.numpy(), ref.uniform(ref.stream_key(9, 0), (4,)))
+    assert np.array_equal(x.numpy(), ref.uniform(ref.stream_key(9, 1), (3,)))
+    assert np.array_equal(b.numpy(), ref.uniform(ref.stream_key(9, 2), (2, 2)))
+    assert rng.state_dict() == {"seed": 9, "counter": 3}
+
+
+def test_draws_do_not_depend_on_memory_layout() -> None:
+    # Element i is counter i of the row-major index, however the tensor is stored.
+    with devrng.portable(2):
+        contiguous = torch.zeros(3, 4).uniform_()
+    with devrng.portable(2):
+        transposed = torch.zeros(4, 3).t().uniform_()
+        like = torch.rand_like(torch.zeros(4, 3).t())
+    assert torch.equal(contiguous, transposed) and not transposed.is_contiguous()
+    assert like.stride() == (1, 3)  # preserve_format, like torch.rand_like
+
+
+def test_the_same_seed_repeats_and_another_seed_differs() -> None:
+    def draw(seed: int) -> list[torch.Tensor]:
+        with devrng.portable(seed):
+            return [torch.rand(5), torch.randn(5), torch.randint(0, 100, (5,)),
+                    torch.randperm(8), F.dropout(torch.ones(16), 0.5)]
+
+    for a, b in zip(draw(1), draw(1), strict=True):
+        assert torch.equal(a, b)
+    assert all(not torch.equal(a, b) for a, b in zip(draw(1), draw(2), strict=True))
+
+
+def test_portable_draws_leave_torchs_generators_alone() -> None:
+    before = torch.get_rng_state()
+    with devrng.portable(0):
+        torch.rand(10)
+        F.dropout(torch.ones(10), 0.3)
+        torch.nn.init.normal_(torch.empty(4))
+    assert torch.equal(before, torch.get_rng_state())
+
+
+def test_factories_take_size_forms_dtype_out_and_requires_grad() -> None:
+    with devrng.portable(4):
+        a = torch.rand(2, 3)
+    with devrng.portable(4):
+        b = torch.rand((2, 3))
+    with devrng.portable(4):
+        c = torch.rand(torch.Size([2, 3]), dtype=torch.float64)
+    with devrng.portable(4):
+        out = torch.empty(6)
+        d = torch.rand(2, 3, out=out)
+    with devrng.portable(4):
+        e = torch.rand(size=(2, 3), requires_grad=True)
+    assert torch.equal(a, b) and torch.equal(a, e.detach()) and e.requires_grad
+    assert c.dtype == torch.float64 and d is out and d.shape == (2, 3) and torch.equal(d, a)
+    with devrng.portable(4):
+        s = torch.rand(())
+    assert s.shape == () and float(s) == float(a.flatten()[0])
+
+
+def test_randint_forms_and_range() -> None:
+    with devrng.portable(6):
+        a = torch.randint(10, (1000,))
+        b = torch.randint(-5, 5, (1000,), dtype=torch.int32)
+        c = torch.randint(low=3, high=4, size=(10,))
+        d = torch.randint(0, 2**40, (1000,))
+        e = torch.randint_like(torch.zeros(5, 5), 7)
+        f = torch.randint_like(torch.zeros(5), 2, 9)
+    assert a.dtype == torch.int64 and int(a.min()) >= 0 and int(a.max()) < 10
+    assert b.dtype == torch.int32 and int(b.min()) == -5 and int(b.max()) == 4
+    assert c.tolist() == [3] * 10
+    assert int(d.min()) >= 0 and int(d.max()) < 2**40 and int(d.max()) > 2**39
+    assert e.dtype == torch.float32 and set(e.unique().tolist()) <= set(range(7))
+    assert int(f.min()) >= 2 and int(f.max()) < 9
+
+
+def test_random_underscore_forms() -> None:
+    with devrng.portable(1):
+        a = torch.empty(2000, dtype=torch.int64).random_(3, 7)
+        b = torch.empty(2000).random_(5)
+        c = torch.empty(2000, dtype=torch.uint8).random_()
+        d = torch.empty(1000, dtype=torch.bool).random_()
+    assert set(a.unique().tolist()) == {3, 4, 5, 6}
+    assert set(b.unique().tolist()) == {0.0, 1.0, 2.0, 3.0, 4.0}
+    assert int(c.min()) == 0 and int(c.max()) == 255
+    assert set(d.unique().tolist()) == {False, True}
+
+
+def test_randperm_is_a_permutation() -> None:
+    with devrng.portable(3):
+        for n in (0, 1, 2, 10, 1000, 5000):
+            p = torch.randperm(n)
+            assert p.dtype == torch.int64 and torch.equal(p.sort().values, torch.arange(n))
+        q = torch.randperm(10, dtype=torch.int32)
+    assert q.dtype == torch.int32
+
+
+def test_uniform_normal_exponential_in_place_return_self() -> None:
+    x = torch.empty(1000)
+    with devrng.portable(0):
+        assert x.uniform_(-2.0, 3.0) is x
+        assert float(x.min()) >= -2.0 and float(x.max()) < 3.0
+        assert x.normal_(5.0, 0.1) is x
+        assert abs(float(x.mean()) - 5.0) < 0.02
+        assert x.exponential_(4.0) is x
+        assert float(x.min()) >= 0.0 and abs(float(x.mean()) - 0.25) < 0.03
+
+
+def test_torch_normal_overloads() -> None:
+    mean = torch.arange(4.0)
+    with devrng.portable(8):
+        a = torch.normal(mean, torch.full((4,), 0.5))
+        b = torch.normal(mean, 0.5)
+        c = torch.normal(2.0, torch.ones(3))
+        d = torch.normal(0.0, 1.0, (2, 2), dtype=torch.float64)
+    with devrng.portable(8):
+        z = torch.randn(4)
+    assert torch.allclose(a, mean + 0.5 * z, atol=1e-6)
+    assert b.shape == (4,) and c.shape == (3,) and d.dtype == torch.float64
+
+
+def test_bernoulli_forms() -> None:
+    probs = torch.tensor([0.0, 1.0, 0.5, 0.25] * 250)
+    with devrng.portable(5):
+        a = torch.bernoulli(probs)
+        b = torch.bernoulli(torch.zeros(1000), 0.3)
+        c = probs.bernoulli()
+        d = torch.empty(1000).bernoulli_(0.9)
+        e = torch.empty(1000).bernoulli_(probs)
+        f = torch.bernoulli(probs.double())
+    assert a[0::4].sum() == 0 and a[1::4].sum() == 250 and set(a.unique().tolist()) <= {0, 1}
+    assert abs(float(b.mean()) - 0.3) < 0.06 and abs(float(d.mean()) - 0.9) < 0.04
+    assert c.shape == probs.shape and e[1::4].sum() == 250 and f.dtype == torch.float64
+    # Bernoulli is uniform < p with JAX's float32 uniform (JAX's bernoulli).
+    with devrng.portable(5):
+        u = torch.rand(1000)
+    assert torch.equal(a.bool(), u < probs)
+
+
+def test_multinomial_forms() -> None:
+    w = torch.tensor([0.0, 1.0, 2.0, 0.0, 7.0])
+    with devrng.portable(2):
+        a = torch.multinomial(w, 3)
+        b = w.multinomial(200, replacement=True)
+        c = torch.multinomial(w.expand(4, 5), 3)
+        d = torch.multinomial(torch.ones(7), 7)
+    assert sorted(a.tolist()) == [1, 2, 4]  # every category with weight, none without
+    assert set(b.unique().tolist()) <= {1, 2, 4}
+    assert c.shape == (4, 3) and all(sorted(r) == [1, 2, 4] for r in c.tolist())
+    assert sorted(d.tolist()) == list(range(7))
+
+
+def test_multinomial_prefix_sums_never_decrease_and_skip_zero_weights() -> None:
+    w = torch.rand(3, 4096, generator=torch.Generator().manual_seed(0)) ** 8
+    w[:, ::3] = 0.0
+    scan = tf.prefix_sums(w)
+    assert bool((scan[:, 1:] >= scan[:, :-1]).all())
+    zero = (w == 0)[:, 1:]
+    assert bool((scan[:, 1:][zero] == scan[:, :-1][zero]).all())
+    with devrng.portable(0):
+        picked = torch.multinomial(w, 1000, replacement=True)
+    assert bool((w.gather(1, picked) > 0).all())
+
+
+def test_dropout_family() -> None:
+    x = torch.ones(4, 6, 5, 5)
+    with devrng.portable(1):
+        a = F.dropout(x, 0.25)
+        b = torch.nn.Dropout(0.25)(x)
+        c = F.dropout2d(x, 0.5)
+        d = F.dropout1d(torch.ones(3, 8), 0.5)  # unbatched (C, L)
+        e = F.dropout3d(torch.ones(2, 3, 2, 2, 2), 0.5)
+        f = F.alpha_dropout(x, 0.2, training=True)
+        g = F.feature_alpha_dropout(x, 0.2, training=True)
+    assert set(a.unique().tolist()) <= {0.0, float(torch.tensor(1 / 0.75))}
+    assert not torch.equal(a, b)
+    for channel_mask in (c, e):  # whole channels dropped, the rest scaled by 2
+        per_channel = channel_mask.flatten(2)
+        assert bool((per_channel == per_channel[..., :1]).all())
+        assert set(per_channel.unique().tolist()) == {0.0, 2.0}
+    assert bool((d == d[:, :1]).all()) and d.shape == (3, 8)
+    flat = g.flatten(2)
+    assert len(f.unique()) == 2 and len(g.unique()) == 2 and bool((flat == flat[..., :1]).all())
+    with devrng.portable(1):
+        assert F.dropout(x, 0.25, training=False) is x
+        assert F.dropout(x, 0.0) is x
+        assert torch.equal(F.dropout(x, 1.0), torch.zeros_like(x))
+        y = x.clone()
+        assert F.dropout(y, 0.5, inplace=True) is y
+    with pytest.raises(ValueError, match=r"between 0 and 1, but got 1\.5"):
+        with devrng.portable(0):
+            F.dropout(x, 1.5)
+
+
+def test_dropout_backward_uses_the_same_mask() -> None:
+    x = torch.ones(100, requires_grad=True)
+    with devrng.portable(4):
+        y = F.dropout(x, 0.4)
+    y.sum().backward()
+    assert x.grad is not None and torch.equal(x.grad, y.detach())
+
+
+def test_native_dropout_returns_output_and_mask() -> None:
+    x = torch.ones(100)
+    with devrng.portable(3):
+        out, mask = torch.native_dropout(x, 0.5, True)
+    assert mask.dtype == torch.bool and torch.equal(out, mask.float() * 2.0)
+
+
+def test_rrelu_gumbel_and_fractional_pooling_are_covered() -> None:
+    x = -torch.ones(1000)
+    with devrng.portable(0):
+        r = F.rrelu(x, 0.1, 0.3, training=True)
+        g = F.gumbel_softmax(torch.zeros(5, 4), tau=0.5, hard=True)
+        p = F.fractional_max_pool2d(torch.randn(1, 2, 8, 8), 2, output_size=4)
+    with devrng.portable(0):
+        r2 = F.rrelu(x, 0.1, 0.3, training=True)
+    assert torch.equal(r, r2) and float(r.min()) >= -0.3 and float(r.max()) <= -0.1
+    assert torch.equal(g.sum(-1), torch.ones(5))
+    assert p.shape == (1, 2, 4, 4)
+
+
+# -- nn.init ---------------------------------------------------------------------------------------
+INITS: list[tuple[str, Callable[[torch.Tensor], Any]]] = [
+    ("uniform_", lambda w: torch.nn.init.uniform_(w, -0.5, 0.5)),
+    ("normal_", lambda w: torch.nn.init.normal_(w, 0.0, 0.02)),
+    ("trunc_normal_", lambda w: torch.nn.init.trunc_normal_(w, std=0.02)),
+    ("xavier_uniform_", torch.nn.init.xavier_uniform_),
+    ("xavier_normal_", torch.nn.init.xavier_normal_),
+    ("kaiming_uniform_", lambda w: torch.nn.init.kaiming_uniform_(w, a=math.sqrt(5))),
+    ("kaiming_normal_", torch.nn.init.kaiming_normal_),
+    ("orthogonal_", torch.nn.init.orthogonal_),
+    ("sparse_", lambda w: torch.nn.init.sparse_(w, 0.5)),
+]
+
+
+@pytest.mark.parametrize(("name", "init"), INITS, ids=[n for n, _ in INITS])
+def test_every_nn_init_function_draws_from_the_stream(name: str, init: Callable[..., Any]
+                                                      ) -> None:
+    def run(seed: int) -> torch.Tensor:
+        w = torch.empty(16, 12)
+        with devrng.portable(seed) as rng:
+            init(w)
+        assert rng.counter >= 1  # at least one random op went through the stream
+        return w
+
+    before = torch.get_rng_state()
+    a, b, c = run(1), run(1), run(2)
+    assert torch.equal(before, torch.get_rng_state())  # not torch's generator
+    assert torch.equal(a, b) and not torch.equal(a, c)
+
+
+def test_kaiming_uniform_uses_torchs_bound() -> None:
+    w = torch.empty(64, 300)
+    with devrng.portable(0):
+        torch.nn.init.kaiming_uniform_(w, a=math.sqrt(5))
+    bound = math.sqrt(3.0) * torch.nn.init.calculate_gain("leaky_relu", math.sqrt(5)) / \
+        math.sqrt(300)
+    assert float(w.abs().max()) <= bound and float(w.abs().max()) > 0.99 * bound
+
+
+def test_a_module_built_inside_portable_has_the_same_weights_every_time() -> None:
+    def build() -> torch.nn.Module:
+        with devrng.portable(5):
+            return torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Linear(4, 2),
+                                       torch.nn.LayerNorm(2), torch.nn.Embedding(5, 3))
+
+    a, b = build(), build()
+    for p, q in zip(a.parameters(), b.parameters(), strict=True):
+        assert torch.equal(p, q)
+
+
+def test_an_explicit_generator_keeps_its_own_numbers() -> None:
+    def outside() -> list[torch.Tensor]:
+        g = torch.Generator().manual_seed(3)
+        return [torch.rand(4, generator=g), torch.empty(3).uniform_(generator=g),
+                torch.nn.init.uniform_(torch.empty(2), 0, 1, g),
+                torch.multinomial(torch.ones(5), 2, generator=g)]
+
+    want = outside()
+    with devrng.portable(0) as rng:
+        got = outside()
+    assert rng.counter == 0
+    for a, b in zip(got, want, strict=True):
+        assert torch.equal(a, b)
+
+
+# -- statistics: a wrong transform cannot pass -------------------------------------------------
+def _chi2(counts: torch.Tensor, expected: torch.Tensor) -> float:
+    return float(((counts.double() - expected) ** 2 / expected).sum())
+
+
+# Upper 1e-6 tail of chi-square with k degrees of freedom, Wilson-Hilferty approximation.
+def _chi2_limit(k: int) -> float:
+    z = 4.753
+    return k * (1 - 2 / (9 * k) + z * math.sqrt(2 / (9 * k))) ** 3
+
+
+def test_uniform_statistics() -> None:
+    n = 1 << 20
+    with devrng.portable(11):
+        u = torch.rand(n, dtype=torch.float64).float()
+        v = torch.rand(n)
+    for x in (u, v):
+        assert abs(float(x.mean()) - 0.5) < 5 * math.sqrt(1 / 12 / n)
+        assert abs(float(x.var()) - 1 / 12) < 1e-3
+        counts = torch.histc(x, bins=100, min=0, max=1)
+        assert _chi2(counts, torch.full((100,), n / 100)) < _chi2_limit(99)
+
+
+def test_normal_statistics() -> None:
+    n = 1 << 20
+    for dtype in (torch.float32, torch.float64, torch.float16):
+        with devrng.portable(12):
+            z = torch.randn(n, dtype=dtype).double()
+        assert abs(float(z.mean())) < 5 / math.sqrt(n)
+        assert abs(float(z.var()) - 1) < 5 * math.sqrt(2 / n)
+        c = z - z.mean()
+        assert abs(float((c ** 3).mean())) < 5 * math.sqrt(6 / n)
+        assert abs(float((c ** 4).mean()) - 3) < 5 * math.sqrt(96 / n)
+        assert abs(float((z < 1.0).double().mean()) - 0.8413447) < 0.003
+        assert abs(float((z < -2.0).double().mean()) - 0.0227501) < 0.0015
+
+
+def test_exponential_statistics() -> None:
+    n = 1 << 20
+    with devrng.portable(13):
+        e = torch.empty(n).exponential_(2.0).double()
+    assert abs(float(e.mean()) - 0.5) < 5 * 0.5 / math.sqrt(n)
+    assert abs(float(e.var()) - 0.25) < 0.005
+    assert abs(float((e > 1.0).double().mean()) - math.exp(-2)) < 0.002
+
+
+def test_bernoulli_and_dropout_rates() -> None:
+    n = 1 << 20
+    with devrng.portable(14):
+        b = torch.bernoulli(torch.full((n,), 0.137))
+        d = F.dropout(torch.ones(n), 0.3)
+        a = F.alpha_dropout(torch.randn(n), 0.2, training=True)
+    assert abs(float(b.mean()) - 0.137) < 5 * math.sqrt(0.137 * 0.863 / n)
+    assert abs(float((d == 0).double().mean()) - 0.3) < 5 * math.sqrt(0.21 / n)
+    assert abs(float(d.mean()) - 1.0) < 0.01
+    assert abs(float(a.mean())) < 0.01 and abs(float(a.var()) - 1.0) < 0.01  # SELU's fixed point
+
+
+@pytest.mark.parametrize(("low", "high"), [(0, 10), (-3, 4), (0, 1000), (5, 2**31 - 7)])
+def test_randint_chi_square(low: int, high: int) -> None:
+    n = 1 << 20
+    with devrng.portable(15):
+        r = torch.randint(low, high, (n,))
+    bins = min(high - low, 100)
+    counts = torch.bincount(((r - low) * bins // (high - low)), minlength=bins)
+    expected = torch.tensor([(((i + 1) * (high - low) + bins - 1) // bins
+                              - (i * (high - low) + bins - 1) // bins) for i in range(bins)],
+                            dtype=torch.float64) * n / (high - low)
+    assert _chi2(counts, expected) < _chi2_limit(bins - 1)
+
+
+def test_randperm_positions_are_uniform() -> None:
+    n, rounds = 6, 6000
+    counts = torch.zeros(n, n)
+    with devrng.portable(16):
+        for _ in range(rounds):
+            p = torch.randperm(n)
+            counts[torch.arange(n), p] += 1
+    assert _chi2(counts.flatten(), torch.full((n * n,), rounds / n)) < _chi2_limit(n * n - n)
+
+
+def test_multinomial_chi_square() -> None:
+    w = torch.tensor([1.0, 2.0, 3.0, 4.0, 0.5])
+    p = w / w.sum()
+    with devrng.portable(17):
+        draws = torch.multinomial(w, 200_000, replacement=True)
+        rows = torch.multinomial(w.expand(50_000, 5), 2)
+    counts = torch.bincount(draws, minlength=5)
+    assert _chi2(counts, p.double() * 200_000) < _chi2_limit(4)
+    # Without replacement: the first pick follows p, the second p renormalised without it.
+    first = torch.bincount(rows[:, 0], minlength=5)
+    assert _chi2(first, p.double() * 50_000) < _chi2_limit(4)
+    second_given_3 = rows[rows[:, 0] == 3, 1]
+    q = w.clone()
+    q[3] = 0
+    want = q / q.sum() * second_given_3.numel()
+    got = torch.bincount(second_given_3, minlength=5)
+    keep = want > 0
+    assert got[3] == 0 and _chi2(got[keep], want[keep].double()) < _chi2_limit(3)
+
+
+# -- what portable refuses -------------------------------------------------------------------------
+@pytest.mark.parametrize(("name", "call"), [
+    ("torch.poisson", lambda: torch.poisson(torch.ones(3))),
+    ("Tensor.cauchy_", lambda: torch.empty(3).cauchy_()),
+    ("Tensor.log_normal_", lambda: torch.empty(3).log_normal_()),
+    ("Tensor.geometric_", lambda: torch.empty(3).geometric_(0.5)),
+    ("F.scaled_dot_product_attention with dropout_p > 0",
+     lambda: F.scaled_dot_product_attention(*torch.ones(3, 1, 2, 4), dropout_p=0.5)),
+    ("torch.lstm", lambda: torch.nn.LSTM(2, 2, num_layers=2, dropout=0.5)(torch.ones(3, 1, 2))),
+])
+def test_strict_refuses_an_uncovered_random_op_by_name(name: str, call: Callable[[], Any]
+                                                       ) -> None:
+    with pytest.raises(devrng.DevRNGError, match=rf"{name}.*does not cover.*generator="):
+        with devrng.portable(0):
+            call()
+
+
+def test_non_strict_lets_it_draw_natively_and_warns_once_per_op() -> None:
+    with warnings.catch_warnings(record=True) as caught, devrng.portable(0, strict=False):
+        warnings.simplefilter("always")
+        torch.poisson(torch.ones(3))
+        torch.poisson(torch.ones(3))
+        torch.empty(2).cauchy_()
+    texts = [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
+    assert any("torch.poisson draws from the device's own generator" in t for t in texts)
+    assert sum("poisson" in t for t in texts) == 1 and sum("cauchy_" in t for t in texts) == 1
+
+
+def test_random_free_calls_of_conditionally_random_ops_pass() -> None:
+    with devrng.portable(0):
+        F.scaled_dot_product_attention(*torch.ones(3, 1, 2, 4))  # dropout_p=0
+        torch.nn.LSTM(2, 2, num_layers=2, dropout=0.5).eval()(torch.ones(3, 1, 2))
+        F.rrelu(torch.ones(3), training=False)
+
+
+def test_bad_arguments_are_refused_with_sentences() -> None:
+    with pytest.raises(TypeError, match="portable's seed must be an int in"):
+        devrng.portable("7")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"portable's seed=-1 is out of range"):
+        devrng.portable(-1)
+    with pytest.raises(TypeError, match="strict must be True or False"):
+        devrng.portable(0, strict=1)  # type: ignore[arg-type]
+    with devrng.portable(0):
+        with pytest.raises(devrng.DevRNGError, match=r"randint needs low < high.*low=5, high=5"):
+            torch.randint(5, 5, (3,))
+        with pytest.raises(devrng.DevRNGError, match=r"rand draws floating-point.*torch\.int64"):
+            torch.rand(3, dtype=torch.int64)
+        with pytest.raises(devrng.DevRNGError, match="uniform_ needs from <= to"):
+            torch.empty(3).uniform_(2, 1)
+        with pytest.raises(devrng.DevRNGError, match=r"normal needs std >= 0, not std=-1\.0"):
+            torch.empty(3).normal_(0, -1)
+        with pytest.raises(devrng.DevRNGError, match=r"bernoulli_ needs a probability in \[0, 1\]"):
+            torch.empty(3).bernoulli_(1.5)
+        with pytest.raises(devrng.DevRNGError, match=r"multinomial cannot draw num_samples=4"):
+            torch.multinomial(torch.ones(3), 4)
+        with pytest.raises(devrng.DevRNGError, match="non-negative weights"):
+            torch.multinomial(torch.tensor([1.0, -1.0]), 1)
+        with pytest.raises(devrng.DevRNGError, match=r"layout=torch\.sparse_coo"):
+            torch.rand(3, layout=torch.sparse_coo)
+
+
+# -- state, seeds, use forms ------------------------------------------------------------------------
+def test_state_dict_round_trip_continues_the_stream() -> None:
+    rng = devrng.portable(21)
+    with rng:
+        torch.rand(3)
+        saved = rng.state_dict()
+        want = [torch.rand(3), F.dropout(torch.ones(8), 0.5)]
+    resumed = devrng.portable(0)
+    resumed.load_state_dict(saved)
+    with resumed:
+        got = [torch.rand(3), F.dropout(torch.ones(8), 0.5)]
+    assert saved == {"seed": 21, "counter": 1} and resumed.state_dict() == rng.state_dict()
+    for a, b in zip(got, want, strict=True):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize(("state", "match"), [
+    ({"seed": 1}, r"exactly the keys 'seed' and 'counter'.*\['seed'\]"),
+    ({"seed": 1, "counter": 0, "x": 2}, "exactly the keys"),
+    ([1, 2], "not 'list'"),
+    ({"seed": -3, "counter": 0}, r"state_dict\['seed'\]=-3 is out of range"),
+    ({"seed": 1.5, "counter": 0}, r"state_dict\['seed'\] must be an int"),
+    ({"seed": 1, "counter": -1}, r"state_dict\['counter'\] must be an int in \[0, 2\*\*63\), not -1"),
+    ({"seed": 1, "counter": True}, r"state_dict\['counter'\] must be an int"),
+])
+def test_bad_state_dict_is_refused_and_changes_nothing(state: Any, match: str) -> None:
+    rng = devrng.portable(4)
+    with pytest.raises((TypeError, ValueError), match=match):
+        rng.load_state_dict(state)
+    assert rng.state_dict() == {"seed": 4, "counter": 0}
+
+
+def test_seed_none_comes_from_torchs_default_generator() -> None:
+    torch.manual_seed(123)
+    a = devrng.portable()
+    torch.manual_seed(123)
+    b = devrng.portable()
+    assert a.seed == b.seed and a.seed != devrng.portable().seed
+
+
+def test_decorator_and_stream_continuity() -> None:
+    rng = devrng.portable(30)
+
+    @rng
+    def draw() -> torch.Tensor:
+        return torch.rand(2)
+
+    first, second = draw(), draw()
+    with devrng.portable(30):
+        want = [torch.rand(2), torch.rand(2)]
+    assert torch.equal(first, want[0]) and torch.equal(second, want[1]) and rng.counter == 2
+
+
+def test_nested_streams_are_independent() -> None:
+    with devrng.portable(1) as outer:
+        a = torch.rand(2)
+        with devrng.portable(2):
+            inner = torch.rand(2)
+        b = torch.rand(2)
+    with devrng.portable(1):
+        want = [torch.rand(2), torch.rand(2)]
+    with devrng.portable(2):
+        assert torch.equal(inner, torch.rand(2))
+    assert torch.equal(a, want[0]) and torch.equal(b, want[1]) and outer.counter == 2
+
+
+def test_active_finds_the_innermost_stream() -> None:
+    from devrng._portable import active
+
+    assert active() is None
+    with devrng.portable(1) as a:
+        assert active() is a
+        with devrng.portable(2) as b:
+            assert active() is b
+        assert active() is a
+    assert active() is None
+
+
+def test_repr_names_seed_counter_and_strictness() -> None:
+    assert repr(devrng.portable(3, strict=False)) == "PortableRNG(seed=3, counter=0, strict=False)"
+
+
+def test_the_cpu_kernel_falls_back_to_tensor_ops_without_a_compiler(tmp_path: Any) -> None:
+    code = ("import torch, devrng\n"
+            "from devrng._threefry_cpu import kernel\n"
+            "with devrng.portable(1):\n"
+            "    print(kernel() is None, torch.rand(3).tolist())\n")
+    runs = []
+    for env in ({"DEVRNG_CPU_KERNEL": "0"}, {"CC": "/nonexistent/cc",
+                                             "DEVRNG_CACHE_DIR": str(tmp_path)}):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             check=True, env={**_env(), **env})
+        runs.append(out.stdout.strip())
+    want = str(ref.uniform(ref.stream_key(1, 0), (3,)).tolist())
+    assert runs == [f"True {want}", f"True {want}"]
+
+
+def _env() -> dict[str, str]:
+    import os
+
+    return {k: v for k, v in os.environ.items() if k not in ("CC", "DEVRNG_CPU_KERNEL")}
+
+
+# -- SIMULATED devices: no device generator, draws on the requested device ----------------------------
+def test_off_the_cpu_draws_run_tensor_ops_and_never_read_a_simulated_cuda_generator(
+        simulate_device: Any) -> None:
+    # A CPU-only build cannot run ops on a cuda tensor, even a fake one (device guards);
+    # the meta device stands in for "not the CPU": no fused kernel, the generator's tensor
+    # ops on the output's device, and the SIMULATED CUDA generator is never read or set.
+    fake = simulate_device("cuda", count=1, accelerator=True)
+    before = fake.generators[0].get_state()
+    x = torch.empty(6, device="meta")
+    with devrng.portable(0) as rng:
+        y = F.dropout(x, 0.5)
+        z = torch.rand_like(x)
+        w = torch.randn(3, device="meta")
+    assert {t.device.type for t in (y, z, w)} == {"meta"} and rng.counter == 3
+    assert torch.equal(before, fake.generators[0].get_state()) and not fake.set_calls
+
+
+def test_mps_keeps_float32_math_for_bounds() -> None:
+    # MPS has no float64: affine() rounds twice there, at most 1 ulp from the others.
+    u = tf.unit(host(1), (10_000,), torch.float32)
+    span, low = float(torch.tensor(0.7)), float(torch.tensor(-0.35))  # float32 values
+    fused = tf.affine(u, span, low, torch.float32)
+    twice = u * span + low
+    # Two roundings: at most one ulp of the larger term (a cancelling sum can be tiny).
+    scale = torch.maximum((u * span).abs(), torch.tensor(abs(low)))
+    ulp = torch.from_numpy(np.spacing(scale.numpy()))
+    assert float(((fused - twice).abs() / ulp).max()) <= 1.0
+
+
+# -- compare_devices, TrainingRNG ---------------------------------------------------------------------
+def test_compare_devices_portable_runs_each_device_in_the_same_stream() -> None:
+    net = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout(0.5)).train()
+    x = torch.randn(4, 8)
+    assert devrng.testing.compare_devices(net, x, devices=("cpu", "cpu"), portable=True).ok
+    with pytest.raises(TypeError, match="portable must be True or False"):
+        devrng.testing.compare_devices(net, x, devices=("cpu", "cpu"), portable=1)  # type: ignore[arg-type]
+
+
+def test_training_rng_tracks_its_portable_stream_and_resumes_it() -> None:
+    rng = devrng.TrainingRNG(seed=8)
+    stream = rng.portable()
+    with stream:
+        torch.rand(3)
+    saved = rng.state_dict()
+    with stream:
+        want = F.dropout(torch.ones(16), 0.5)
+    again = devrng.TrainingRNG(seed=99)
+    resumed = again.portable()
+    again.load_state_dict(saved)
+    with resumed:
+        assert torch.equal(F.dropout(torch.ones(16), 0.5), want)
+    assert saved["tracked"]["portable"]["counter"] == 1
+    assert devrng.TrainingRNG(seed=8).portable().seed == stream.seed != devrng.TrainingRNG(
+        seed=9).portable().seed
+
+
+def test_using_portable_on_the_cpu_imports_nothing_heavy() -> None:
+    code = ("import sys, torch, devrng\n"
+            "import torch.nn.functional as F\n"
+            "with devrng.portable(0):\n"
+            "    torch.rand(3); F.dropout(torch.ones(4), 0.5); torch.nn.Linear(3, 3)\n"
+            "print([m for m in ('torch_xla', 'jax', 'torchax', 'torch._dynamo', "
+            "'torch.distributed.tensor') if m in sys.modules])\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+# -- compiled code --------------------------------------------------------------------------------------
+def _ops(x: torch.Tensor) -> list[torch.Tensor]:
+    return [torch.rand(3, 4), torch.randn(5), torch.randint(0, 9, (6,)), torch.randperm(7),
+            F.dropout(x, 0.3), torch.empty(4).uniform_(-1, 2), torch.empty(4).normal_(1, 2),
+            torch.bernoulli(torch.full((5,), 0.5)), torch.empty(5).exponential_(),
+            torch.rand_like(x), torch.normal(torch.zeros(3), torch.ones(3)),
+            torch.multinomial(torch.tensor([1.0, 2.0, 3.0]), 2)]
+
+
+def test_aot_eager_traces_every_op_without_a_graph_break_and_matches_eager() -> None:
+    from torch._dynamo.testing import CompileCounter
+
+    counter = CompileCounter()
+    compiled = torch.compile(_ops, backend=counter, fullgraph=True)
+    x = torch.ones(8)
+    for seed in (1, 2, 3):
+        with devrng.portable(seed) as a:
+            got = [compiled(x), compiled(x)]
+        with devrng.portable(seed) as b:
+            want = [_ops(x), _ops(x)]
+        assert a.state_dict() == b.state_dict() == {"seed": seed, "counter": 24}
+        for step_got, step_want in zip(got, want, strict=True):
+            for g, w in zip(step_got, step_want, strict=True):
+                assert torch.equal(g, w)
+    assert counter.frame_count == 1  # every seed and every step: one graph
+
+
+@pytest.mark.slow
+def test_inductor_training_step_with_dropout_compiles_once_and_equals_eager() -> None:
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Dropout(0.3),
+                                torch.nn.Linear(32, 4))
+
+    def step(x: torch.Tensor) -> list[torch.Tensor]:
+        # The generator is one opaque op to inductor; what inductor compiles is the
+        # transforms around it (aot_eager above covers every op's tracing).
+        y = model(x)
+        return [y, torch.randn(5), torch.empty(4).uniform_(-1, 2)]
+
+    counter = CompileCounterWithBackend("inductor")
+    compiled = torch.compile(step, backend=counter, fullgraph=True)
+    x = torch.randn(8, 16)
+    for seed in (5, 6):
+        with devrng.portable(seed):
+            got = [compiled(x) for _ in range(2)]
+        with devrng.portable(seed):
+            want = [step(x) for _ in range(2)]
+        for step_got, step_want in zip(got, want, strict=True):
+            for g, w in zip(step_got, step_want, strict=True):
+                assert torch.equal(g, w)
+    assert counter.frame_count == 1
+
+
+def test_compiled_code_outside_portable_still_draws_natively() -> None:
+    compiled = torch.compile(lambda: torch.rand(3), backend="aot_eager", fullgraph=True)
+    with devrng.portable(0):
+        inside = compiled()
+    torch.manual_seed(7)
+    a = compiled()
+    torch.manual_seed(7)
+    assert torch.equal(a, compiled()) and not torch.equal(a, inside)
+
+
+@pytest.mark.parametrize("backend", ["eager", "inductor"])
+def test_seeded_jit_inside_portable_draws_the_stream_of_each_calls_seed(backend: str) -> None:
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return F.dropout(x, 0.5) + torch.randn(x.shape)
+
+    step = devrng.seeded_jit(fn, backend=backend)
+    x = torch.ones(16)
+    with devrng.portable(0) as outer:
+        got = {seed: step(x, seed=seed) for seed in (1, 2, 1, 3)}
+    assert outer.counter == 0  # the calls draw from their own seeds' streams
+    for seed, out in got.items():
+        with devrng.portable(seed):
+            assert torch.equal(out, fn(x))
+    assert step.compile_count == (0 if backend == "eager" else 1)
+
+
+
+
+def test_warnings_are_not_raised_by_covered_ops() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with devrng.portable(0):
+            F.dropout(torch.ones(4), 0.5)
+            torch.nn.Linear(4, 4)
+
+
+def test_multihead_attention_dropout_is_covered_or_refused() -> None:
+    mha = torch.nn.MultiheadAttention(8, 2, dropout=0.5).train()
+    q = torch.randn(3, 1, 8)
+    if getattr(torch.overrides, "redispatch_function", None) is None:
+        with pytest.raises(devrng.DevRNGError, match="multi_head_attention_forward"):
+            with devrng.portable(0):
+                mha(q, q, q)
+        return
+
+    def attend(seed: int) -> torch.Tensor:
+        with devrng.portable(seed) as rng:
+            out = mha(q, q, q)[1]  # the attention weights, after their dropout
+        assert rng.counter >= 1
+        return out
+
+    assert torch.equal(attend(1), attend(1)) and not torch.equal(attend(1), attend(2))
+
+
+def test_checkpointed_dropout_needs_its_own_stream_to_recompute_the_same_mask() -> None:
+    # torch.utils.checkpoint recomputes the forward in the backward pass outside the
+    # portable block (and restores only device generators): the recomputed dropout draws
+    # from torch's generator. A stream entered inside the checkpointed function, with a
+    # seed taken before, makes the recomputation draw what the forward drew.
+    from torch.utils.checkpoint import checkpoint
+
+    def grads(use_checkpoint: bool, own_stream: bool) -> torch.Tensor:
+        x = torch.ones(64, requires_grad=True)
+        with devrng.portable(0):
+            if not use_checkpoint:
+                y = F.dropout(x, 0.5)
+            elif own_stream:
+                seed = int(torch.randint(0, 2**62, ()))  # one op of the outer stream
+
+                def block(t: torch.Tensor) -> torch.Tensor:
+                    with devrng.portable(seed):
+                        return F.dropout(t, 0.5)
+
+                y = checkpoint(block, x, use_reentrant=False)
+            else:
+                y = checkpoint(lambda t: F.dropout(t, 0.5), x, use_reentrant=False)
+        (y * y.detach()).sum().backward()
+        assert x.grad is not None
+        return (x.grad != 0) == (y.detach() != 0)  # the gradient's mask is the forward's
+
+    assert bool(grads(False, False).all())
+    assert not bool(grads(True, False).all())  # the recomputed mask differs
+    assert bool(grads(True, True).all())

@@ -1,0 +1,324 @@
+"""devrng.portable against real JAX (the oracle), on real XLA devices (torch_xla on PJRT CPU)
+and on torchax: the same draws on every device, one compilation for every seed and step.
+
+These run in the xla environment (PJRT_DEVICE=CPU); the core environment skips them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import devrng
+
+torch_xla = pytest.importorskip("torch_xla")
+jax = pytest.importorskip("jax")
+torchax = pytest.importorskip("torchax")
+import jax.numpy as jnp  # noqa: E402
+import torch_xla.debug.metrics as met  # noqa: E402
+
+pytestmark = [pytest.mark.xla, pytest.mark.torchax]
+torch_xla.device()  # start the runtime before any backward pass (see test_jit_xla)
+XLA = torch_xla.device()
+ENV = torchax.default_env()
+
+
+def jkey(seed: int, n: int) -> Any:
+    return jax.random.fold_in(jax.random.key(seed), n)
+
+
+def np_of(t: Any) -> np.ndarray:
+    if isinstance(t, torchax.tensor.Tensor):
+        return np.asarray(t.jax()).copy()
+    return t.detach().cpu().numpy()
+
+
+def compiles() -> int:
+    data = met.metric_data("CompileTime")
+    return int(data[0]) if data else 0
+
+
+def ulp_distance(a: np.ndarray, b: np.ndarray) -> int:
+    """Largest distance in units in the last place between float32 arrays."""
+    def ordered(x: np.ndarray) -> np.ndarray:
+        i = x.astype(np.float32).view(np.int32).astype(np.int64)
+        return np.where(i < 0, -(i & 0x7FFFFFFF), i)
+
+    return int(np.abs(ordered(a) - ordered(b)).max())
+
+
+@pytest.fixture
+def x64() -> Iterator[None]:
+    jax.config.update("jax_enable_x64", True)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_x64", False)
+
+
+# -- JAX is the oracle --------------------------------------------------------------------------
+@pytest.mark.parametrize("seed", [0, 1, 12345, 2**32 - 1])
+@pytest.mark.parametrize("shape", [(7,), (3, 5), (2, 3, 4), (4096,)])
+def test_uniform_and_bits_equal_jax_for_the_stream_keys(seed: int, shape: tuple[int, ...]
+                                                        ) -> None:
+    from devrng import _threefry as tf
+
+    with devrng.portable(seed):
+        u0 = torch.rand(shape)
+        u1 = torch.empty(shape).uniform_()
+    assert np.array_equal(u0.numpy(), np.asarray(jax.random.uniform(jkey(seed, 0), shape)))
+    assert np.array_equal(u1.numpy(), np.asarray(jax.random.uniform(jkey(seed, 1), shape)))
+    bits = tf.Source(tf.fold_in(tf.seed_key(seed), 2), torch.device("cpu")).bits(shape)
+    assert np.array_equal(bits.numpy().view(np.uint32), np.asarray(jax.random.bits(
+        jkey(seed, 2), shape, jnp.uint32)))
+
+
+def test_other_distributions_equal_jax() -> None:
+    with devrng.portable(77):
+        a = torch.randint(-5, 1000, (2000,))
+        b = torch.randint(0, 2**31 - 1, (2000,), dtype=torch.int32)
+        c = torch.randperm(5000)
+        d = torch.bernoulli(torch.full((2000,), 0.3))
+        e = F.dropout(torch.ones(2000), 0.25)
+        f = torch.empty(2000).uniform_(-2.5, 3.0)
+        g = torch.rand(2000, dtype=torch.float16)
+        h = torch.rand(2000, dtype=torch.bfloat16)
+        i = torch.empty(2000).bernoulli_(torch.linspace(0, 1, 2000))
+    assert np.array_equal(a.numpy(), np.asarray(jax.random.randint(jkey(77, 0), (2000,), -5,
+                                                                   1000)))
+    assert np.array_equal(b.numpy(), np.asarray(jax.random.randint(jkey(77, 1), (2000,), 0,
+                                                                   2**31 - 1)))
+    assert np.array_equal(c.numpy(), np.asarray(jax.random.permutation(jkey(77, 2), 5000)))
+    assert np.array_equal(d.numpy().astype(bool), np.asarray(jax.random.bernoulli(
+        jkey(77, 3), 0.3, (2000,))))
+    # dropout keeps where JAX's bernoulli(1 - p) is true, as flax's Dropout does
+    keep = np.asarray(jax.random.bernoulli(jkey(77, 4), 0.75, (2000,)))
+    assert np.array_equal(e.numpy() != 0, keep)
+    assert np.array_equal(f.numpy(), np.asarray(jax.random.uniform(jkey(77, 5), (2000,),
+                                                                   minval=-2.5, maxval=3.0)))
+    assert np.array_equal(g.numpy().view(np.int16), np.asarray(jax.random.uniform(
+        jkey(77, 6), (2000,), jnp.float16)).view(np.int16))
+    assert np.array_equal(h.float().numpy(), np.asarray(jax.random.uniform(
+        jkey(77, 7), (2000,), jnp.bfloat16)).astype(np.float32))
+    assert np.array_equal(i.numpy().astype(bool), np.asarray(jax.random.bernoulli(
+        jkey(77, 8), jnp.linspace(0, 1, 2000, dtype=jnp.float32))))
+
+
+def test_float64_uniform_equals_jax_with_x64(x64: None) -> None:
+    with devrng.portable(2**40 + 9):  # a seed above 2**32: JAX's key needs x64 too
+        u = torch.rand(3000, dtype=torch.float64)
+    assert np.array_equal(u.numpy(), np.asarray(jax.random.uniform(
+        jkey(2**40 + 9, 0), (3000,), jnp.float64)))
+
+
+def test_normal_and_exponential_are_close_to_jax() -> None:
+    # Not bitwise (devrng computes erfinv and log from IEEE operations, so that every
+    # device agrees with every other); the same distribution from the same uniforms.
+    with devrng.portable(5):
+        z = torch.randn(100_000)
+        e = torch.empty(100_000).exponential_()
+    jz = np.asarray(jax.random.normal(jkey(5, 0), (100_000,)))
+    je = np.asarray(jax.random.exponential(jkey(5, 1), (100_000,)))
+    assert np.allclose(z.numpy(), jz, rtol=1e-5, atol=1e-6) and ulp_distance(e.numpy(), je) <= 4
+
+
+# -- the same numbers on the CPU, XLA and torchax -----------------------------------------------------
+def _draws(device: Any) -> dict[str, Any]:
+    with devrng.portable(7):
+        return {
+            "rand": torch.rand(1000, device=device),
+            "randn": torch.randn(100_000, device=device),
+            "uniform_": torch.empty(1000, device=device).uniform_(-0.3, 0.7),
+            "normal_": torch.empty(1000, device=device).normal_(0.5, 0.02),
+            "randint": torch.randint(3, 100, (1000,), device=device),
+            "randperm": torch.randperm(300, device=device),
+            "bernoulli": torch.bernoulli(torch.full((1000,), 0.3, device=device)),
+            "dropout": F.dropout(torch.ones(1000, device=device), 0.2),
+            "dropout2d": F.dropout2d(torch.ones(4, 8, 3, 3, device=device), 0.5),
+            "exponential_": torch.empty(100_000, device=device).exponential_(),
+            "multinomial": torch.multinomial(torch.tensor([0.1, 0.2, 0.3, 0.4], device=device),
+                                             50, True),
+            "multinomial_rows": torch.multinomial(torch.tensor(
+                [[0.1, 0.2, 0.3, 0.4, 0.0], [1, 1, 1, 1, 1.0]], device=device), 3),
+            "kaiming": torch.nn.init.kaiming_uniform_(torch.empty(16, 16, device=device)),
+        }
+
+
+CLOSE = {"randn", "normal_", "exponential_"}  # erfinv / log: within 4 ulp, not bitwise
+
+
+@pytest.fixture(scope="module")
+def cpu_draws() -> dict[str, np.ndarray]:
+    return {k: np_of(v) for k, v in _draws("cpu").items()}
+
+
+@pytest.mark.parametrize("where", ["xla", "torchax"])
+def test_every_device_draws_the_same_numbers(where: str, cpu_draws: dict[str, np.ndarray]
+                                             ) -> None:
+    if where == "xla":
+        got = {k: np_of(v) for k, v in _draws(XLA).items()}
+    else:
+        with ENV:  # portable inside torchax's environment, so that it answers first
+            got = {k: np_of(v) for k, v in _draws("jax").items()}
+    for name, want in cpu_draws.items():
+        if name in CLOSE:
+            assert ulp_distance(got[name], want) <= 4, name
+        else:
+            assert np.array_equal(got[name].astype(want.dtype), want), name
+
+
+def test_xla_refuses_uncovered_ops_too() -> None:
+    with pytest.raises(devrng.DevRNGError, match=r"torch\.poisson"):
+        with devrng.portable(0):
+            torch.poisson(torch.ones(3, device=XLA))
+
+
+# -- XLA graphs: the key is runtime data ------------------------------------------------------
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Dropout(0.4),
+                               torch.nn.Linear(32, 4))
+
+
+def _train_step(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor,
+                y: torch.Tensor) -> torch.Tensor:
+    opt.zero_grad()
+    hidden = model[:3](x)
+    loss = F.mse_loss(model[3](hidden), y)
+    loss.backward()
+    opt.step()
+    return (hidden != 0).detach()  # the dropout mask (ReLU zeros are the same everywhere)
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["lazy", "torch_xla.compile"])
+def test_an_xla_training_step_compiles_once_for_every_seed_and_step(compiled: bool) -> None:
+    model = _model().to(XLA)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(8, 16).to(XLA), torch.randn(8, 4).to(XLA)
+    torch_xla.sync()
+
+    def step() -> torch.Tensor:
+        return _train_step(model, opt, x, y)
+
+    run = torch_xla.compile(step) if compiled else step
+    masks, counts = [], []
+    for seed in range(4):
+        with devrng.portable(seed):
+            for _ in range(3):
+                mask = run()
+                torch_xla.sync()
+                counts.append(compiles())
+                masks.append(mask.cpu())
+    assert counts[1:] == [counts[0]] * (len(counts) - 1)  # nothing after the first step
+    cpu_model = _model()
+    cpu_opt = torch.optim.SGD(cpu_model.parameters(), lr=0.1)
+    cpu_x, cpu_y = x.cpu(), y.cpu()
+    cpu_masks = []
+    for seed in range(4):
+        with devrng.portable(seed):
+            cpu_masks += [_train_step(cpu_model, cpu_opt, cpu_x, cpu_y) for _ in range(3)]
+    for got, want in zip(masks, cpu_masks, strict=True):
+        assert torch.equal(got, want)
+    assert not torch.equal(masks[0], masks[3])  # a new seed, a new mask
+
+
+def test_compare_devices_on_a_model_with_dropout_is_exact_only_with_portable() -> None:
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Dropout(0.5),
+                              torch.nn.Linear(64, 8)).train()
+    x = torch.randn(16, 32)
+    plain = devrng.testing.compare_devices(net, x, devices=("cpu", "xla:0"))
+    portable = devrng.testing.compare_devices(net, x, devices=("cpu", "xla:0"), portable=True)
+    assert not plain.ok and plain.mismatch_ratio > 0.2  # different masks: noise
+    assert portable.ok, str(portable)
+
+
+# -- seeded_jit on the XLA compilers and torchax ------------------------------------------------------
+def _fn(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return (F.dropout(x, 0.5), torch.rand(x.shape, device=x.device),
+            torch.empty(x.shape, device=x.device).uniform_(-1, 1))
+
+
+def _inputs(backend: str) -> torch.Tensor:
+    if backend == "torchax":
+        with ENV:
+            return torch.ones(4, 8).to("jax")
+    x = torch.ones(4, 8).to(XLA)
+    torch_xla.sync()
+    return x
+
+
+@pytest.mark.parametrize("backend", ["torch_xla", "openxla", "torchax"])
+def test_seeded_jit_inside_portable_equals_eager_and_compiles_once(backend: str) -> None:
+    x = _inputs(backend)
+    step = devrng.seeded_jit(_fn, backend=backend)
+    counts, outs = [], {}
+    with devrng.portable(0) as outer:
+        for seed in (1, 2, 3, 1, 4):
+            outs.setdefault(seed, []).append([np_of(t) for t in step(x, seed=seed)])
+            counts.append(step.compile_count)
+    assert outer.counter == 0 and counts == [counts[0]] * 5 and counts[0] >= 1
+    for seed, runs in outs.items():
+        if backend == "torchax":
+            with ENV, devrng.portable(seed):
+                want = [np_of(t) for t in _fn(x)]
+        else:
+            with devrng.portable(seed):
+                want = [np_of(t) for t in _fn(x)]
+        for got in runs:
+            for g, w in zip(got, want, strict=True):
+                assert np.array_equal(g, w)
+    assert not np.array_equal(outs[1][0][0], outs[2][0][0])
+
+
+def test_torchax_portable_draws_are_jax_uniforms_under_jit_too() -> None:
+    x = _inputs("torchax")
+    step = devrng.seeded_jit(lambda x: torch.rand(x.shape, device=x.device), backend="torchax")
+    with devrng.portable(0):
+        got = np_of(step(x, seed=99))
+    assert np.array_equal(got, np.asarray(jax.random.uniform(jkey(99, 0), (4, 8))))
+
+
+def test_plain_openxla_compile_keeps_the_draws_right_outside_the_graph() -> None:
+    # torch.compile(backend="openxla") would bake the first step's key into its graph:
+    # portable refuses to trace the draw, so dynamo runs it eagerly (lazily on XLA) and
+    # the numbers stay right; fullgraph=True says why and what to use instead.
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return F.dropout(x, 0.5)
+
+    x = _inputs("openxla")
+    compiled = torch.compile(fn, backend="openxla")
+    with devrng.portable(3):
+        got = [np_of(compiled(x)) for _ in range(2)]
+    with devrng.portable(3):
+        want = [np_of(fn(x)) for _ in range(2)]
+    assert all(np.array_equal(g, w) for g, w in zip(got, want, strict=True))
+    strict = torch.compile(lambda x: F.dropout(x, 0.5), backend="openxla", fullgraph=True)
+    with pytest.raises(Exception, match=r"seeded_jit\(fn, backend='openxla'\)"):
+        with devrng.portable(0):
+            strict(x)
+
+
+@pytest.mark.parametrize("shape", [(0,), (5,), (3, 7), (4096,)])
+def test_the_xla_computation_equals_the_reference_and_is_one_node(shape: tuple[int, ...]) -> None:
+    from tests import _threefry_ref as ref
+
+    from devrng import _threefry as tf
+    from devrng._threefry_xla import xla_bits
+
+    key = tf.fold_in(tf.seed_key(11), 4)
+    on_xla = tf.key_tensor(key, XLA)
+    bits = xla_bits(on_xla, shape, 1)
+    words = xla_bits(on_xla, shape, 2)
+    assert np.array_equal(np_of(bits).view(np.uint32), ref.bits(key, shape))
+    hi, lo = ref.words(key, shape)
+    assert np.array_equal(np_of(words[0]).view(np.uint32), hi)
+    assert np.array_equal(np_of(words[1]).view(np.uint32), lo)
+    # Tracing cost: the draw is a handful of IR nodes, not the ~250 ops of the rounds.
+    fresh = xla_bits(tf.key_tensor(key, XLA), shape, 1)
+    assert len(torch_xla._XLAC._get_xla_tensors_text([fresh]).splitlines()) < 20
