@@ -15,6 +15,8 @@ import numpy as np
 import torch
 import torchax
 
+from devrng._threefry import seed_key
+
 __all__ = ["JaxBackend", "backend"]
 
 
@@ -56,7 +58,7 @@ class JaxBackend:
         # The full 64-bit seed as threefry key data (what jax.random.key gives with
         # 64-bit ints enabled), set in place: env.manual_seed pushes a new
         # override on every call and takes only 63 bits.
-        data = np.array([seed >> 32, seed & 0xFFFFFFFF], dtype=np.uint32)
+        data = np.array(seed_key(seed), dtype=np.uint32)
         torchax.default_env().param.prng = jax.random.wrap_key_data(data)
 
     # -- state encoding (optional members): torch's RNG sites carry one tensor, so

@@ -24,11 +24,11 @@ from torchax import interop
 
 from devrng._compilers.runner import seed_lock, seed_to_int
 from devrng._lazy import load
+from devrng._threefry import seed_key
 
 __all__ = ["TorchaxRunner", "make_runner"]
 
 _cpu = torch.default_generator
-_M32 = 0xFFFFFFFF
 _BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
 _compiles = 0  # XLA compilations JAX has reported in this process
 
@@ -58,8 +58,7 @@ def _key_data(seed: int | torch.Tensor) -> Any:
         negative = jnp.issubdtype(value.dtype, jnp.signedinteger) & (value < 0)
         high = jnp.where(negative, jnp.uint32(0xFFFFFFFF), jnp.uint32(0))
         return jnp.stack([high, value.astype(jnp.uint32)])
-    value = seed_to_int(seed)
-    return np.array([value >> 32, value & _M32], dtype=np.uint32)
+    return np.array(seed_key(seed_to_int(seed)), dtype=np.uint32)
 
 
 class TorchaxRunner:
