@@ -24,7 +24,7 @@ from devrng import _host
 from devrng._errors import DevRNGError
 from devrng._registry import Backend, device_count, get_backend, started_types
 
-__all__ = ["DeviceState", "Undo", "read_devices", "read_started"]
+__all__ = ["DeviceState", "Undo", "around_cpu", "read_devices", "read_started"]
 
 #: One device generator's saved state: (backend, device index, state).
 DeviceState = tuple[Backend, int, Any]
@@ -42,6 +42,19 @@ def read_devices(plan: Iterable[tuple[Backend, Iterable[int]]]) -> list[DeviceSt
 def _label(what: Any, args: tuple[Any, ...]) -> str:
     """An entry's name in messages: its own, or ``"<device type>:<index>"``."""
     return what if isinstance(what, str) else f"{what.name}:{args[-1]}"
+
+
+def around_cpu(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``, then torch's CPU generator put back as it was: ``Undo.around`` for
+    the one generator of a CPU-only seeded call, without building a stack."""
+    saved = _host.get_cpu_state()
+    try:
+        out = fn(*args)
+        _host.set_cpu_state(saved)
+    except BaseException:
+        _host.set_cpu_state(saved)  # once more if an interrupt came after the first (idempotent)
+        raise
+    return out
 
 
 def read_started() -> list[DeviceState]:

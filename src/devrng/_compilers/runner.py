@@ -19,7 +19,7 @@ from devrng._lazy import load
 from devrng._locks import ForkSafeLock
 from devrng._registry import Backend, device_count, get_backend
 from devrng._seeds import MASK64
-from devrng._undo import Undo
+from devrng._undo import Undo, around_cpu
 
 __all__ = ["HostSeeder", "MakeRunner", "Runner", "SeededRunner", "Seeder", "input_types",
            "seed_lock", "seed_to_int"]
@@ -147,6 +147,8 @@ class HostSeeder:
 
     def run(self, seed: int, fn: Callable[..., Any], args: tuple[Any, ...],
             kwargs: dict[str, Any]) -> Any:
+        if not self._backends:  # CPU inputs: the common eager call
+            return around_cpu(self._seeded, seed, fn, args, kwargs)
         undo = Undo.of_plan("seeded_jit", self._backends)
         return undo.around(self._seeded, seed, fn, args, kwargs)
 
