@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 import devrng
-from devrng._determinism import current_settings
+from devrng._determinism import CUBLAS_DETERMINISTIC, current_settings
 from devrng._draw import draw
 from devrng._registry import (
     backend_names,
@@ -45,7 +45,6 @@ _DEVICE_PACKAGES = {"xla": "torch_xla", "jax": "torchax"}
 # The two values with which cuBLAS sums in one fixed order; torch's deterministic mode
 # accepts exactly these. (deterministic() holds them too; tests/test_cli.py checks that
 # doctor and deterministic() agree on every value.)
-_CUBLAS_DETERMINISTIC = (":4096:8", ":16:8")
 
 
 def _out(line: str = "") -> None:
@@ -227,7 +226,7 @@ def environment_problems(versions: dict[str, str | None]) -> tuple[list[str], li
                 errors.append(f"{err} TrainingRNG() and the trainer callbacks read it when "
                               "given no seed, and raise on it.")
     cublas = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
-    if cublas is not None and cublas not in _CUBLAS_DETERMINISTIC:
+    if cublas is not None and cublas not in CUBLAS_DETERMINISTIC:
         warnings.append(
             f"CUBLAS_WORKSPACE_CONFIG is {cublas!r}, with which cuBLAS may sum in another order "
             "on every run (and torch's deterministic mode refuses cuBLAS ops); unset it "

@@ -36,12 +36,13 @@ from devrng._seeds import check_seed
 from devrng._undo import Undo, read_started
 from devrng._workers import dataloader_kwargs
 
-__all__ = ["DeterministicHandle", "Setting", "current_settings", "deterministic", "settings"]
+__all__ = ["CUBLAS_DETERMINISTIC", "DeterministicHandle", "Setting", "current_settings", "deterministic",
+           "settings"]
 
 _CUBLAS = "CUBLAS_WORKSPACE_CONFIG"
 # The two values with which cuBLAS picks the same reduction order every time
 # (torch checks for exactly these before a cuBLAS op in deterministic mode).
-_CUBLAS_DETERMINISTIC = (":4096:8", ":16:8")
+CUBLAS_DETERMINISTIC = (":4096:8", ":16:8")
 _CUBLAS_FORMAT = re.compile(r"(:\d+:\d+)+")
 _INDUCTOR_ENV = "TORCHINDUCTOR_DETERMINISTIC"
 _INDUCTOR_MODULE = "torch._inductor.config"
@@ -406,7 +407,7 @@ class DeterministicHandle:
         fix = (f"Set it before the first CUDA call: call devrng.deterministic() at the very start "
                f"of the program, or start it with the variable in the environment, as in "
                f"`{_CUBLAS}={want} python train.py`.")
-        if have in _CUBLAS_DETERMINISTIC:
+        if have in CUBLAS_DETERMINISTIC:
             warnings.warn(
                 f"{_CUBLAS} is {shown}, not {want!r}, and CUDA is already initialised, so cuBLAS "
                 f"keeps {have!r}; that value is deterministic too, so results stay reproducible. "

@@ -39,7 +39,7 @@ from devrng._rank import process_rank, world_size
 from devrng._registry import available_backends, device_count, get_backend, started_types
 from devrng._restore import Restore, prepare_restore
 from devrng._seeding import manual_seed
-from devrng._seeds import check_seed, nth_seed
+from devrng._seeds import SEED_VARIABLES, check_seed, nth_seed, seed_from_environment
 from devrng._state import RNGState, get_rng_state, with_devices
 from devrng._undo import Undo, read_devices, read_started
 from devrng._workers import dataloader_kwargs
@@ -51,7 +51,6 @@ _VERSION = 2
 _KEYS = frozenset({"format", "version", "seed", "rank", "world_size", "rng", "generators",
                    "tracked", "loaders"})
 _KEYS_OF = {1: _KEYS - {"loaders"}, 2: _KEYS}  # version 1 (devrng 0.1) has no loader records
-_SEED_VARIABLES = ("DEVRNG_SEED", "PL_GLOBAL_SEED")  # read in this order; DEVRNG_SEED is written
 _LOADER_NAME = re.compile(r"dataloader\d+")  # the generators dataloader_kwargs() makes
 _PORTABLE_STREAM = 1 << 34  # nth_seed index of the run's portable stream (loaders use 2**32 + i)
 _logger = logging.getLogger("devrng")
@@ -577,14 +576,8 @@ def _push_env(undo: Undo, name: str) -> None:
 def _resolve_seed(seed: int | None) -> tuple[int, str]:
     if seed is not None:
         return check_seed(seed), "given"
-    for variable in _SEED_VARIABLES:
-        raw = os.environ.get(variable, "").strip()
-        if raw:
-            try:
-                return check_seed(int(raw), variable), f"from {variable}"
-            except (TypeError, ValueError):
-                raise ValueError(
-                    f"The {variable} environment variable is {raw!r}, which is not a seed; set "
-                    "it to an int in [0, 2**64) or unset it."
-                ) from None
+    for variable in SEED_VARIABLES:  # DEVRNG_SEED first: it is what TrainingRNG exports
+        raw = os.environ.get(variable, "")
+        if raw.strip():
+            return seed_from_environment(variable, raw), f"from {variable}"
     return secrets.randbits(32), "drawn from OS entropy"

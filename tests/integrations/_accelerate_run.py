@@ -20,7 +20,7 @@ import accelerate
 import torch
 from accelerate.utils import DataLoaderConfiguration
 from tests._datasets import Augmented, small_model
-from tests.integrations._runs import SEED, Result, devrng_messages, digest, main, target
+from tests.integrations._runs import SEED, Result, devrng_messages, digest, job_runner, main
 
 import devrng
 from devrng.integrations.accelerate import register
@@ -90,15 +90,5 @@ def train(config: dict[str, Any], out: Path, resume: Path | None = None) -> Resu
     return result
 
 
-def run_job(out: Path, job: dict[str, Any]) -> None:
-    name = job["name"]
-    if job["mode"] == "A":
-        result = train(CONFIGS[name], out / name)
-    else:
-        config = {**CONFIGS[name], **job.get("changes", {})}
-        result = train(config, out / name / job["tag"], resume=Path(job["checkpoint"]))
-    result.write(target(out, job))
-
-
 if __name__ == "__main__":
-    main(sys.argv[1:], run_job)
+    main(sys.argv[1:], job_runner(train, CONFIGS))

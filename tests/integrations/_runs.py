@@ -112,6 +112,23 @@ def target(out: Path, job: dict[str, Any]) -> Path:
     return name / {"A": "A.json", "first": "first.json"}.get(job["mode"], f"{job.get('tag')}.json")
 
 
+def job_runner(train: Callable[..., Result], configs: dict[str, dict[str, Any]]
+               ) -> Callable[[Path, dict[str, Any]], None]:
+    """The ``run_job`` of a trainer whose ``train(config, folder, resume=None)`` returns its
+    Result: mode "A" runs uninterrupted, "B" resumes from the job's checkpoint, with its changes."""
+
+    def run_job(out: Path, job: dict[str, Any]) -> None:
+        name = job["name"]
+        if job["mode"] == "A":
+            result = train(configs[name], out / name)
+        else:
+            config = {**configs[name], **job.get("changes", {})}
+            result = train(config, out / name / job["tag"], resume=Path(job["checkpoint"]))
+        result.write(target(out, job))
+
+    return run_job
+
+
 def main(argv: list[str], run_job: Callable[[Path, dict[str, Any]], None]) -> None:
     """Run each job of ``argv`` (OUT, JOBS_JSON) in a forked process, ``PARALLEL`` at a time."""
     out, jobs = Path(argv[0]), json.loads(argv[1])
