@@ -37,11 +37,6 @@ class _Args(NamedTuple):
     numpy: bool
 
 
-# The record built by tuple.__new__ directly, without a NamedTuple's Python-level __new__:
-# activation checkpointing makes a fork per layer and step.
-_new_args = functools.partial(tuple.__new__, _Args)
-
-
 def fork_rng(devices: Any = None, enabled: bool = True, _caller: str = "fork_rng",
              _devices_kw: str = "devices", device_type: Any = None, *, python: bool = False,
              numpy: bool = False) -> Fork:
@@ -95,7 +90,7 @@ def fork_rng(devices: Any = None, enabled: bool = True, _caller: str = "fork_rng
         devices = _listed(devices, _devices_kw)
     if python.__class__ is not bool or numpy.__class__ is not bool:
         check_flags(python=python, numpy=numpy)
-    return Fork(_new_args((devices, enabled, _caller, _devices_kw, device_type, python, numpy)))
+    return Fork(_Args(devices, enabled, _caller, _devices_kw, device_type, python, numpy))
 
 
 # torch's private parameters stay accepted (third-party code passes them positionally)
