@@ -13,9 +13,12 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from devrng._errors import short_repr
-from devrng._registry import registry
+from devrng._registry import SIDE_TYPES, current_accelerator, default_types, registry
 
-__all__ = ["Devices", "arg_devices", "collect_devices", "infer_device_types", "parse_device"]
+__all__ = [
+    "Devices", "arg_devices", "collect_devices", "indices_by_type", "infer_device_types",
+    "parse_device",
+]
 
 # Device types that never have RNG state of their own to fork.
 _IGNORED = frozenset({"cpu", "meta"})
@@ -160,6 +163,57 @@ def collect_devices(obj: object) -> Devices:
                 "nn.Module, torch.Generator and lists, tuples, dicts and sets of these."
             )
     return out
+
+
+def indices_by_type(devices: object, named: list[str], bare: bool, kw: str
+                    ) -> dict[str, list[int | None]]:
+    """The device indices ``devices`` names, by type, starting with the ``named`` types.
+
+    Bare ints go to the one type they can mean (``bare=False``: they are dropped);
+    ``None`` stands for a type's current device.
+
+    Examples:
+        >>> indices_by_type(["xla:1", 0], ["xla"], True, "devices")
+        {'xla': [1, 0]}
+    """
+    found = collect_devices(devices)
+    by_type: dict[str, list[int | None]] = {t: [] for t in named}
+    for name, indices in found.indices.items():
+        by_type.setdefault(name, []).extend(indices)
+    if found.ints and bare:
+        owner = _owner_of_ints(named, list(found.indices), found.ints, kw)
+        by_type.setdefault(owner, []).extend(found.ints)
+    return by_type
+
+
+def _owner_of_ints(named: list[str], inferred: list[str], ints: list[int], kw: str) -> str:
+    """Which device type bare integer indices refer to."""
+    if len(named) == 1:
+        return named[0]
+    if not named and len(inferred) == 1:
+        return inferred[0]
+    if not named and not inferred:
+        # As torch: the current accelerator. But when XLA or torchax is what this process
+        # uses, bare indices mean that device; when several are in use, say so.
+        acc = current_accelerator()
+        in_use = default_types()
+        if len(in_use) == 1:
+            return in_use[0]
+        if acc is not None and (not in_use or (acc in in_use and acc not in SIDE_TYPES)):
+            return acc
+        why = (f"several device types are in use ({', '.join(in_use)})" if in_use else
+               "this process has no accelerator to refer them to")
+        raise ValueError(
+            f"{kw}={ints!r} holds device indices but no device type, and {why}; pass "
+            "device_type='cuda' (or 'xla', 'xpu', ...), or name devices fully, as in "
+            f"{kw}=['xla:0']."
+        )
+    candidates = named or inferred
+    raise ValueError(
+        f"{kw} holds bare indices {ints!r} but several device types ({', '.join(candidates)}); "
+        "say which type they belong to with device_type='...', or name devices fully, as in "
+        f"'{candidates[0]}:{ints[0]}'."
+    )
 
 
 def _add_module(module: torch.nn.Module, add: Any) -> None:

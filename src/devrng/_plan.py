@@ -12,28 +12,24 @@ from typing import Any
 
 import torch
 
-from devrng._infer import collect_devices, parse_device
+from devrng._infer import indices_by_type, parse_device
 from devrng._registry import (
     Backend,
     cached_backend,
     current_index,
+    default_types,
     device_count,
+    device_indices,
     get_backend,
-    is_initialized,
-    loaded_backend,
 )
 
-__all__ = ["Plan", "current_accelerator", "default_types", "make_plan", "normalize_device_type"]
+__all__ = ["Plan", "make_plan", "normalize_device_type"]
 
 #: ((backend, indices), ...) in device-type order; CPU is implied and never listed.
 #: Plans are tuples because they are cached and shared between calls.
 Plan = tuple[tuple[Backend, tuple[int, ...]], ...]
 
 _warned: set[str] = set()
-
-# The types that can be "in use" without being the accelerator.
-_SIDE_TYPES = ("xla", "jax")
-
 
 def normalize_device_type(device_type: object) -> list[str]:
     """``device_type`` as a list of types: None, a type string, a torch.device, or a sequence."""
@@ -72,37 +68,6 @@ def normalize_device_type(device_type: object) -> list[str]:
     return out
 
 
-# The accelerator type is fixed for a process; it is kept per lookup function, so
-# that a replaced one (a simulated device in tests) is asked again.
-_accelerator: dict[Any, str | None] = {}
-
-
-def current_accelerator() -> str | None:
-    """The accelerator's device type if one is usable here (CUDA, XPU, MPS, ...), else None."""
-    fn = torch.accelerator.current_accelerator
-    if fn not in _accelerator:
-        dev = fn()
-        _accelerator.clear()
-        _accelerator[fn] = None if dev is None else str(dev.type)
-    name = _accelerator[fn]
-    # A CUDA build reports "cuda" on a machine without a GPU: not an accelerator here.
-    backend = loaded_backend(name) if name else None
-    return name if backend is not None and backend.is_available() else None
-
-
-def default_types() -> list[str]:
-    """Types forked when the caller names none: the accelerator and XLA / torchax,
-    each only if already initialised in this process (never initialise a device
-    the caller did not ask for; see pytorch/pytorch#41970)."""
-    out = []
-    acc = current_accelerator()
-    for name in ((acc,) if acc else ()) + _SIDE_TYPES:
-        backend = loaded_backend(name)
-        if backend is not None and is_initialized(backend) and name not in out:
-            out.append(name)
-    return out
-
-
 def _warn_many(name: str, count: int, caller: str, devices_kw: str) -> None:
     # Same text as torch.random.fork_rng, so existing warning filters keep working.
     if name in _warned:
@@ -123,31 +88,6 @@ def _warn_many(name: str, count: int, caller: str, devices_kw: str) -> None:
         f"`range(torch.{name}.device_count())`.",
         stacklevel=4,
     )
-
-
-def _checked_indices(backend: Backend, indices: list[int | None]) -> tuple[int, ...]:
-    count = device_count(backend)
-    resolved: list[int] = []
-    for index in indices:
-        if not count:
-            shown = backend.name if index is None or index == -1 else f"{backend.name}:{index}"
-            raise ValueError(
-                f"Device {shown!r} does not exist: this process has no {backend.name} device. "
-                "Name only devices this process has (devrng.available_backends() lists the "
-                "device types), or leave the device out."
-            )
-        # -1 is "the current device", as for torch.cuda.device(-1); Tensor.get_device() gives
-        # it for torchax tensors, and torch.utils.checkpoint passes those ids to fork_rng.
-        if index is None or index == -1:
-            index = current_index(backend)
-        elif not 0 <= index < count:
-            raise ValueError(
-                f"Device {backend.name}:{index} does not exist: this process has "
-                f"{count} {backend.name} device(s), indices 0 to {count - 1}."
-            )
-        if index not in resolved:
-            resolved.append(index)
-    return tuple(resolved)
 
 
 def make_plan(
@@ -184,15 +124,9 @@ def make_plan(
         # types in use.
         return _plan_whole_types(named if device_type is not None else None, caller,
                                  devices_kw, warn)
-    found = collect_devices(devices)
-    by_type: dict[str, list[int | None]] = {t: [] for t in named}
-    for name, indices in found.indices.items():
-        by_type.setdefault(name, []).extend(indices)
-    if found.ints and (named or not types):  # device_type="cpu": the CPU is forked anyway
-        owner = _owner_of_ints(named, list(found.indices), found.ints, devices_kw)
-        by_type.setdefault(owner, []).extend(found.ints)
-    return tuple((get_backend(name), _checked_indices(get_backend(name), indices))
-                 for name, indices in by_type.items()
+    bare = bool(named) or not types  # device_type="cpu": bare indices are the CPU, forked anyway
+    return tuple(device_indices(get_backend(name), indices)
+                 for name, indices in indices_by_type(devices, named, bare, devices_kw).items()
                  if indices)  # a type named by device_type alone, with devices=[...] for others
 
 
@@ -220,9 +154,9 @@ def _plan_tensors(devices: list[Any] | tuple[Any, ...]) -> Plan | None:
         x = devices[0]
         if x.__class__ is torch.Tensor or x.__class__ is torch.nn.Parameter:
             dev = x.device
-            plan = _single.get(dev)
-            if plan is not None and cached_backend(dev.type) is plan[0][0]:
-                return plan
+            kept = _single.get(dev)
+            if kept is not None and cached_backend(dev.type) is kept[0][0]:
+                return kept
     found: dict[str, list[int]] = {}
     for x in devices:
         if x.__class__ is not torch.Tensor and x.__class__ is not torch.nn.Parameter:
@@ -239,12 +173,18 @@ def _plan_tensors(devices: list[Any] | tuple[Any, ...]) -> Plan | None:
             found[name] = [index]
         elif index not in indices:
             indices.append(index)
-    # A tensor's own device exists: no range check needed.
-    plan = tuple((cached_backend(name) or get_backend(name), tuple(indices))
-                 for name, indices in found.items())
-    if len(devices) == 1 and len(plan) == 1 and len(_single) < 64:
-        _single[devices[0].device] = plan
-    return plan
+    # A tensor's own device exists: no range check needed. A backend not resolved yet is
+    # resolved once by the general path.
+    plan: list[tuple[Backend, tuple[int, ...]]] = []
+    for name, indices in found.items():
+        backend = cached_backend(name)
+        if backend is None:
+            return None
+        plan.append((backend, tuple(indices)))
+    out = tuple(plan)
+    if len(devices) == 1 and len(out) == 1 and len(_single) < 64:
+        _single[devices[0].device] = out
+    return out
 
 
 def _plan_indices(devices: list[Any] | tuple[Any, ...], name: str) -> Plan | None:
@@ -283,33 +223,3 @@ def _plan_indices(devices: list[Any] | tuple[Any, ...], name: str) -> Plan | Non
 
 # Plans of (device type, index list) calls, with the device count they were made for.
 _by_index: dict[tuple[str, tuple[Any, ...]], tuple[Plan, int]] = {}
-
-
-def _owner_of_ints(named: list[str], inferred: list[str], ints: list[int], kw: str) -> str:
-    """Which device type bare integer indices refer to."""
-    if len(named) == 1:
-        return named[0]
-    if not named and len(inferred) == 1:
-        return inferred[0]
-    if not named and not inferred:
-        # As torch: the current accelerator. But when XLA or torchax is what this process
-        # uses, bare indices mean that device; when several are in use, say so.
-        acc = current_accelerator()
-        in_use = default_types()
-        if len(in_use) == 1:
-            return in_use[0]
-        if acc is not None and (not in_use or (acc in in_use and acc not in _SIDE_TYPES)):
-            return acc
-        why = (f"several device types are in use ({', '.join(in_use)})" if in_use else
-               "this process has no accelerator to refer them to")
-        raise ValueError(
-            f"{kw}={ints!r} holds device indices but no device type, and {why}; pass "
-            "device_type='cuda' (or 'xla', 'xpu', ...), or name devices fully, as in "
-            f"{kw}=['xla:0']."
-        )
-    candidates = named or inferred
-    raise ValueError(
-        f"{kw} holds bare indices {ints!r} but several device types ({', '.join(candidates)}); "
-        "say which type they belong to with device_type='...', or name devices fully, as in "
-        f"'{candidates[0]}:{ints[0]}'."
-    )

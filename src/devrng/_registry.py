@@ -26,6 +26,7 @@ from devrng._lazy import install_hint, load
 from devrng._locks import ForkSafeLock
 
 __all__ = [
+    "SIDE_TYPES",
     "Backend",
     "CurrentDevice",
     "DeterminismSwitch",
@@ -36,8 +37,11 @@ __all__ = [
     "backend_names",
     "broken_backends",
     "cached_backend",
+    "current_accelerator",
     "current_index",
+    "default_types",
     "device_count",
+    "device_indices",
     "get_backend",
     "install_command",
     "is_initialized",
@@ -329,6 +333,13 @@ def _privateuse1_name() -> str | None:
     return None if name == "privateuseone" else name
 
 
+def _privateuse1_backend() -> Backend:
+    """The backend of the device torch's PrivateUse1 was renamed to, from its ``torch.<name>``."""
+    from devrng._backends.torch_module import DeviceModuleBackend
+
+    return DeviceModuleBackend(torch._C._get_privateuse1_backend_name())
+
+
 def _resolve(name: str, entry: Backend | _Lazy) -> Backend:
     if not isinstance(entry, _Lazy):
         return entry
@@ -384,9 +395,7 @@ def get_backend(name: str) -> Backend:
             _load_entry_points()
             entry = _entries.get(name)
         if entry is None and isinstance(name, str) and name == _privateuse1_name():
-            from devrng._backends.torch_module import DeviceModuleBackend
-
-            entry = DeviceModuleBackend(name)
+            entry = _privateuse1_backend()
         if entry is None:
             raise ValueError(
                 f"No devrng backend is registered for device type {name!r}; registered: "
@@ -496,6 +505,67 @@ def started_types() -> list[str]:
     """
     return [name for name in available_backends()
             if name != "cpu" and is_initialized(get_backend(name))]
+
+
+# The types that can be "in use" without being the accelerator.
+SIDE_TYPES = ("xla", "jax")
+
+# The accelerator type is fixed for a process; it is kept per lookup function, so
+# that a replaced one (a simulated device in tests) is asked again.
+_accelerator: dict[Any, str | None] = {}
+
+
+def current_accelerator() -> str | None:
+    """The accelerator's device type if one is usable here (CUDA, XPU, MPS, ...), else None."""
+    fn = torch.accelerator.current_accelerator
+    if fn not in _accelerator:
+        dev = fn()
+        _accelerator.clear()
+        _accelerator[fn] = None if dev is None else str(dev.type)
+    name = _accelerator[fn]
+    # A CUDA build reports "cuda" on a machine without a GPU: not an accelerator here.
+    backend = loaded_backend(name) if name else None
+    return name if backend is not None and backend.is_available() else None
+
+
+def default_types() -> list[str]:
+    """Types forked when the caller names none: the accelerator and XLA / torchax,
+    each only if already initialised in this process (never initialise a device
+    the caller did not ask for; see pytorch/pytorch#41970)."""
+    out = []
+    acc = current_accelerator()
+    for name in ((acc,) if acc else ()) + SIDE_TYPES:
+        backend = loaded_backend(name)
+        if backend is not None and is_initialized(backend) and name not in out:
+            out.append(name)
+    return out
+
+
+def device_indices(backend: Backend, indices: list[int | None]) -> tuple[Backend, tuple[int, ...]]:
+    """``(backend, indices)`` with each index checked to exist; ``None`` and -1 mean the
+    current device."""
+    count = device_count(backend)
+    resolved: list[int] = []
+    for index in indices:
+        if not count:
+            shown = backend.name if index is None or index == -1 else f"{backend.name}:{index}"
+            raise ValueError(
+                f"Device {shown!r} does not exist: this process has no {backend.name} device. "
+                "Name only devices this process has (devrng.available_backends() lists the "
+                "device types), or leave the device out."
+            )
+        # -1 is "the current device", as for torch.cuda.device(-1); Tensor.get_device() gives
+        # it for torchax tensors, and torch.utils.checkpoint passes those ids to fork_rng.
+        if index is None or index == -1:
+            index = current_index(backend)
+        elif not 0 <= index < count:
+            raise ValueError(
+                f"Device {backend.name}:{index} does not exist: this process has "
+                f"{count} {backend.name} device(s), indices 0 to {count - 1}."
+            )
+        if index not in resolved:
+            resolved.append(index)
+    return backend, tuple(resolved)
 
 
 def requirement(name: str) -> str | None:

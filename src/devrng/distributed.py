@@ -28,9 +28,9 @@ import torch
 
 from devrng._errors import DevRNGError
 from devrng._plain import feed, tensor_bytes
-from devrng._plan import Plan, default_types, make_plan
+from devrng._plan import Plan, make_plan
 from devrng._rank import dist_or_none, process_rank
-from devrng._registry import current_index, get_backend
+from devrng._registry import current_index, default_types, get_backend
 from devrng._restore import set_rng_state
 from devrng._seeding import manual_seed
 from devrng._seeds import check_seed, nth_seed

@@ -28,8 +28,7 @@ from devrng._errors import check_flags, short_repr
 from devrng._infer import arg_devices
 from devrng._lazy import load
 from devrng._plain import describe
-from devrng._plan import current_accelerator, default_types
-from devrng._registry import loaded_backend
+from devrng._registry import current_accelerator, default_types, loaded_backend
 from devrng._restore import set_rng_state
 from devrng._seeding import manual_seed
 from devrng._seeds import check_seed
