@@ -18,10 +18,11 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from devrng._errors import warn_and_log
+from devrng._rank import world_size
 from devrng._workers import WorkerSeeding
 
 __all__ = ["describe", "differences", "feeding_loader", "is_stateful", "persistent_workers_problem", "position_problem",
-           "private_shuffle_problem", "warn_on_resume", "world_size_problem"]
+           "private_shuffle_problem", "resume_problems", "warn_on_resume", "world_size_problem"]
 
 _PREFIX = "The resumed run will not be bitwise the same as the uninterrupted one: "
 
@@ -52,7 +53,8 @@ def is_stateful(obj: Any) -> bool:
 
 
 def describe(loader: Any) -> dict[str, Any]:
-    """A DataLoader (torch's, torchdata's or a trainer's subclass) as plain data.
+    """A DataLoader (torch's, torchdata's or a trainer's subclass) as plain data; a device
+    loader (``feeding_loader``) by the DataLoader it feeds from.
 
     Examples:
         >>> from devrng._loaders import describe
@@ -60,6 +62,7 @@ def describe(loader: Any) -> dict[str, Any]:
         >>> info["kind"], info["batch_size"], info["num_workers"]
         ('DataLoader', 4, 0)
     """
+    loader = feeding_loader(loader)
     init = getattr(loader, "worker_init_fn", None)
     seeding = init if isinstance(init, WorkerSeeding) else None
     generator = getattr(loader, "generator", None)
@@ -110,6 +113,27 @@ def differences(name: str, saved: Mapping[str, Any], now: Mapping[str, Any]) -> 
                    "rng.dataloader_kwargs() and draw each sample's randomness inside "
                    "devrng.sample_rng(index), which makes it independent of the workers")
         problems.append(f"{name} had num_workers={before} and has {after}: {why}; {fix}")
+    return problems
+
+
+def resume_problems(saved_world: int, records: Any, loaders: Mapping[str, Any]) -> list[str]:
+    """Why a run saved by ``saved_world`` processes with loader ``records`` (name -> what
+    ``describe`` said) cannot continue exactly with ``loaders`` (name -> loader) in this
+    process (empty: it can)."""
+    problems = []
+    world = world_size()
+    if saved_world != world:
+        problems.append(world_size_problem(saved_world, world))
+    records = records if isinstance(records, Mapping) else {}
+    for name, loader in loaders.items():
+        now = describe(loader)
+        record = records.get(name)
+        if isinstance(record, Mapping):
+            problems += differences(f"the loader {name!r}", record, now)
+        if now["persistent_workers"]:
+            problems.append(persistent_workers_problem(
+                f"the loader {name!r}", "build it with persistent_workers=False (or use "
+                "devrng's Lightning callback, which reseeds them each epoch)"))
     return problems
 
 

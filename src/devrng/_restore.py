@@ -14,12 +14,18 @@ from typing import Any, NamedTuple
 from devrng import _host
 from devrng._errors import DevRNGError
 from devrng._plain import describe, signature
-from devrng._registry import device_count, get_backend
+from devrng._registry import (
+    Backend,
+    available_backends,
+    device_count,
+    get_backend,
+    started_types,
+)
 from devrng._seeds import MASK64
 from devrng._state import RNGState, check_host
-from devrng._undo import DeviceState, Undo
+from devrng._undo import DeviceState, Undo, read_devices
 
-__all__ = ["Restore", "prepare_restore", "set_rng_state"]
+__all__ = ["Fit", "Restore", "fit_devices", "prepare_restore", "set_rng_state"]
 
 
 def set_rng_state(state: RNGState) -> None:
@@ -52,6 +58,7 @@ def set_rng_state(state: RNGState) -> None:
             f"set_rng_state takes a devrng.RNGState, not a {type(state).__name__}; get one from "
             "devrng.get_rng_state() or devrng.RNGState.load(path)."
         )
+    check_host(state)
     restore = prepare_restore(state)
     with Undo("Restoring the snapshot") as undo:
         restore.apply(undo)
@@ -62,11 +69,16 @@ class Restore(NamedTuple):
 
     state: RNGState
     targets: list[DeviceState]  # (backend, index, the state to set)
+    reseed: tuple[Backend, ...] = ()  # backends whose devices the state has no state for
+    seed: int = 0  # ... seeded with this
 
     def apply(self, undo: Undo) -> None:
         """Set every generator the snapshot holds, each one's current state pushed on ``undo``
         first; the caller's ``with undo:`` puts them back if anything fails."""
         state = self.state
+        for backend in self.reseed:  # every device of it, then the saved states over those
+            undo.save_devices(read_devices([(backend, range(device_count(backend)))]))
+            backend.manual_seed(self.seed)
         for backend, index, saved in self.targets:
             undo.save_devices([(backend, index, backend.get_rng_state(index))])
             backend.set_rng_state(saved, index)
@@ -80,16 +92,17 @@ class Restore(NamedTuple):
             _host.set_numpy_state(state.numpy)
 
 
-def prepare_restore(state: RNGState) -> Restore:
-    """Check ``state`` in full against this process without changing anything.
+def prepare_restore(state: RNGState, fit: Fit | None = None) -> Restore:
+    """Check ``state``, whose host part is checked already, against this process without
+    changing anything.
 
     Raises ``DevRNGError`` on any mismatch; the result's ``apply()`` restores it.
     Callers that restore more than one thing (``TrainingRNG``) check every
-    part before applying any.
+    part before applying any. ``fit`` (from ``fit_devices``): restore the device states
+    that fit this process, and seed its devices the state has none for.
     """
-    check_host(state)
     targets: list[DeviceState] = []
-    for name, per in state.devices.items():
+    for name, per in (state.devices if fit is None else fit.devices).items():
         try:
             backend = get_backend(name)
         except (ValueError, ImportError) as err:
@@ -107,7 +120,54 @@ def prepare_restore(state: RNGState) -> Restore:
                 )
             _check_device_state(backend.name, index, saved, backend.get_rng_state, "snapshot")
             targets.append((backend, index, saved))
-    return Restore(state, targets)
+    return Restore(state, targets) if fit is None else Restore(state, targets, fit.reseed, fit.seed)
+
+
+class Fit(NamedTuple):
+    """What of a saved state fits this process's devices (see ``fit_devices``)."""
+
+    devices: dict[str, dict[int, Any]]  # the device states to restore
+    skipped: list[str]  # what is not restored, as phrases
+    reseed: tuple[Backend, ...]  # backends with devices the state holds no state for
+    seed: int  # ... seeded with this
+
+
+def fit_devices(state: RNGState, *, strict: bool, seed: int) -> Fit:
+    """The device states of ``state`` this process has devices for, and what does not fit:
+    devices it lacks (left out), and devices or started types the state lacks (to seed
+    with ``seed``). With ``strict``, the first misfit raises ``ValueError`` saying what it
+    is."""
+    kept: dict[str, dict[int, Any]] = {}
+    skipped: list[str] = []
+    reseed: list[Backend] = []
+    here = {name: get_backend(name) for name in available_backends()}
+    for name, per in state.devices.items():
+        backend = here.get(name)
+        count = 0 if backend is None else device_count(backend)
+        fits = {i: s for i, s in per.items() if i < count}
+        lost = sorted(set(per) - set(fits))
+        if lost and strict:
+            raise ValueError(f"the state holds {name} devices {lost}, and this process has "
+                             f"{count} {name} device(s)")
+        if lost:
+            skipped.append(f"{name} devices {lost} (this process has {count})")
+        if fits:
+            kept[name] = fits
+        if backend is not None and len(fits) < count:
+            if strict:
+                raise ValueError(f"this process has {count} {name} device(s), and the state "
+                                 f"holds {len(fits)}")
+            reseed.append(backend)
+            skipped.append(f"{name} devices {sorted(set(range(count)) - set(fits))} "
+                           "(none saved: seeded from the seed and this rank)")
+    for name in started_types():
+        if name in state.devices:
+            continue
+        if strict:
+            raise ValueError(f"this process uses {name} devices, and the state holds none")
+        reseed.append(here[name])
+        skipped.append(f"{name} devices (none saved: seeded from the seed and this rank)")
+    return Fit(kept, skipped, tuple(reseed), seed)
 
 
 def _check_device_state(name: str, index: int, saved: Any, read: Any, whose: str) -> None:

@@ -306,7 +306,6 @@ def parse_state(cpu: Any, devices: Any, python: Any = None, numpy: Any = None) -
 
     Snapshots and ``RNGStreams`` checkpoints are read with it.
     """
-    _host.check_cpu_state(cpu)
     if not isinstance(devices, Mapping):
         raise ValueError("its 'devices' entry is not a dict")
     parsed: dict[str, dict[int, Any]] = {}
@@ -316,13 +315,16 @@ def parse_state(cpu: Any, devices: Any, python: Any = None, numpy: Any = None) -
         if not isinstance(per, Mapping):
             raise ValueError(f"its {name} entry is not a dict of device index to state")
         parsed[name] = {}
-        for index, state in per.items():
+        for index, saved in per.items():
             if type(index) is not int or index < 0:
                 raise ValueError(f"it names the {name} device index {short_repr(index)}")
-            check_loaded(state, f"its {name}:{index} state")
-            parsed[name][index] = state
+            parsed[name][index] = saved
     state = RNGState(cpu, parsed, None if python is None else _python_from_plain(python),
                      None if numpy is None else _numpy_from_plain(numpy))
+    for name, per in parsed.items():
+        for index, saved in per.items():
+            check_loaded(saved, f"its {name}:{index} state")
+    _host.check_cpu_state(cpu)
     state._host_checked = True  # each part was checked above
     return state
 

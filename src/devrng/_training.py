@@ -25,23 +25,15 @@ from devrng._determinism import DeterministicHandle
 from devrng._determinism import deterministic as turn_on_determinism
 from devrng._errors import DevRNGError, check_flags, short_repr, warn_and_log
 from devrng._lazy import load
-from devrng._loaders import (
-    describe,
-    differences,
-    feeding_loader,
-    is_stateful,
-    persistent_workers_problem,
-    warn_on_resume,
-    world_size_problem,
-)
+from devrng._loaders import describe, feeding_loader, is_stateful, resume_problems, warn_on_resume
 from devrng._plain import check_plain
 from devrng._rank import process_rank, world_size
-from devrng._registry import available_backends, device_count, get_backend, started_types
-from devrng._restore import Restore, prepare_restore
+from devrng._registry import started_types
+from devrng._restore import Restore, fit_devices, prepare_restore
 from devrng._seeding import manual_seed
 from devrng._seeds import SEED_VARIABLES, check_seed, nth_seed, seed_from_environment
-from devrng._state import RNGState, get_rng_state, with_devices
-from devrng._undo import Undo, read_devices, read_started
+from devrng._state import RNGState, get_rng_state
+from devrng._undo import Undo, read_started
 from devrng._workers import dataloader_kwargs
 
 __all__ = ["TrainingRNG", "generator_states", "set_generator_states"]
@@ -328,54 +320,64 @@ class TrainingRNG:
             True
         """
         check_flags(strict=strict)
-        loading = _Loading(self, state_dict, strict)
-        loading.check()
-        problems = self._resume_problems(state_dict)  # before any change: it only reads
+        loading = _Loading(self, state_dict, strict)  # checks everything, changes nothing
         with Undo("TrainingRNG.load_state_dict") as undo:
             loading.apply(undo)
-        loading.warn()
-        warn_on_resume(problems, stacklevel=2)
-
-    def _resume_problems(self, saved: Mapping[str, Any]) -> list[str]:
-        """Why the run just resumed from ``saved`` cannot continue exactly (empty: it can)."""
-        problems = []
-        world = world_size()
-        if saved["world_size"] != world:
-            problems.append(world_size_problem(saved["world_size"], world))
-        records = saved.get("loaders")
-        records = records if isinstance(records, Mapping) else {}
-        for name, loader in self._loaders.items():
-            now = describe(loader)
-            record = records.get(name)
-            if isinstance(record, Mapping):
-                problems += differences(f"the loader {name!r}", record, now)
-            if now["persistent_workers"]:
-                problems.append(persistent_workers_problem(
-                    f"the loader {name!r}", "build it with persistent_workers=False (or use "
-                    "devrng's Lightning callback, which reseeds them each epoch)"))
-        return problems
 
 
 class _Loading:
-    """One ``load_state_dict`` call, in small steps: ``check`` everything that needs no change,
-    ``apply`` every change (each pushed on an undo stack first), ``warn`` what was skipped."""
+    """One ``load_state_dict`` call: ``__init__`` checks everything that needs no change
+    (first the dict's own layout, then each part by the module that owns it); ``apply``
+    makes every change, each pushed on an undo stack first, then warns of what was not
+    restored and of what will not be exact."""
 
     def __init__(self, rng: TrainingRNG, data: Mapping[str, Any], strict: bool) -> None:
         self.rng = rng
-        self.data = data
         self.strict = strict
         self.skipped: list[str] = []
-        self.reseed_types: list[str] = []
+        self.hint = "" if not strict else (
+            " Pass strict=False to resume anyway with a warning listing what was not restored.")
+        self._check_format(data)
+        self.same_rank = self._check_rank(data)
+        self._check_names("generators", data["generators"], rng._generators)
+        self._check_names("tracked objects", data["tracked"], rng._tracked)
+        self._check_tracked(data["tracked"])
+        self.generators: Mapping[str, Any] = data["generators"]
+        self.tracked: Mapping[str, Any] = data["tracked"]
+        try:
+            self.seed = check_seed(data["seed"], "the saved seed")
+        except (TypeError, ValueError) as err:
+            raise DevRNGError(f"TrainingRNG.load_state_dict: {err}") from None
+        # What is not restored is seeded from the seed and this rank: all of it for another
+        # rank's state (ranks must never share a stream), else the devices the state lacks.
+        rank = process_rank()
+        self.reseed_seed = nth_seed(self.seed, rank if not self.same_rank else (1 << 33) + rank)
+        state = RNGState.from_dict(data["rng"], source="the saved global RNG state")
+        for name, saved in self.generators.items():
+            if name in rng._generators:
+                try:
+                    _host.check_cpu_state(saved)
+                except ValueError as err:
+                    raise DevRNGError(
+                        f"TrainingRNG.load_state_dict: the saved state of generator {name!r} is "
+                        f"not a CPU generator state: {str(err).removeprefix('its CPU state ')}."
+                    ) from None
         self.restore: Restore | None = None  # None: another rank's state, seeded anew
+        if self.same_rank:
+            try:
+                fit = fit_devices(state, strict=strict, seed=self.reseed_seed)
+            except ValueError as err:
+                raise DevRNGError(f"TrainingRNG.load_state_dict: {err}.{self.hint}") from None
+            self.skipped += fit.skipped
+            self.restore = prepare_restore(state, fit)
+        self.saved_world: int = data["world_size"]
+        self.records = data.get("loaders")
 
     def fail(self, problem: str) -> DevRNGError:
-        hint = "" if not self.strict else (
-            " Pass strict=False to resume anyway with a warning listing what was not restored.")
-        return DevRNGError(f"TrainingRNG.load_state_dict: {problem}.{hint}")
+        return DevRNGError(f"TrainingRNG.load_state_dict: {problem}.{self.hint}")
 
     # -- check ----------------------------------------------------------------------
-    def check(self) -> None:
-        data = self.data
+    def _check_format(self, data: Any) -> None:
         if not isinstance(data, Mapping) or data.get("format") != _FORMAT:
             got = (f"a dict whose 'format' is {short_repr(data.get('format'))}"
                    if isinstance(data, Mapping) else "None" if data is None
@@ -398,36 +400,25 @@ class _Loading:
             if self.strict:
                 raise self.fail(f"the state has unknown keys {', '.join(extra)}")
             self.skipped.append(f"unknown keys {', '.join(extra)}")
-        try:
-            self.seed = check_seed(data["seed"], "the saved seed")
-        except (TypeError, ValueError) as err:
-            raise DevRNGError(f"TrainingRNG.load_state_dict: {err}") from None
-        self._check_rank()
-        state = RNGState.from_dict(data["rng"], source="the saved global RNG state")
-        self._check_names("generators", data["generators"], self.rng._generators)
-        self._check_names("tracked objects", data["tracked"], self.rng._tracked)
-        self._check_generators()
-        self._check_tracked()
-        if self.same_rank:
-            self.restore = prepare_restore(self._devices_that_fit(state))
 
-    def _check_rank(self) -> None:
-        saved_rank, saved_world = self.data["rank"], self.data["world_size"]
+    def _check_rank(self, data: Mapping[str, Any]) -> bool:
+        """Whether ``data`` was saved by this rank (with ``strict``: and world size)."""
+        saved_rank, saved_world = data["rank"], data["world_size"]
         for what, value in (("rank", saved_rank), ("world size", saved_world)):
             if type(value) is not int or value < 0:
                 raise DevRNGError(f"TrainingRNG.load_state_dict: the saved {what} is "
                                   f"{short_repr(value)}, not an int of 0 or more.")
         rank, world = process_rank(), world_size()
-        self.same_rank = saved_rank == rank
         if saved_rank == rank and saved_world == world:
-            return
+            return True
         problem = (f"the state was saved by rank {saved_rank} of {saved_world}, and this is rank "
                    f"{rank} of {world}")
         if self.strict:
             raise self.fail(problem)
-        if not self.same_rank:
+        if saved_rank != rank:
             self.skipped.append(f"the global generators of rank {saved_rank} ({problem}; this "
                                 "rank's are seeded from the seed and its rank)")
+        return False
 
     def _check_names(self, what: str, saved: Any, here: Mapping[str, Any]) -> None:
         if not isinstance(saved, Mapping):
@@ -445,20 +436,9 @@ class _Loading:
             raise self.fail("; ".join(problems))
         self.skipped += problems
 
-    def _check_generators(self) -> None:
-        for name, saved in self.data["generators"].items():
-            if name in self.rng._generators:
-                try:
-                    _host.check_cpu_state(saved)
-                except ValueError as err:
-                    raise DevRNGError(
-                        f"TrainingRNG.load_state_dict: the saved state of generator {name!r} is "
-                        f"not a CPU generator state: {str(err).removeprefix('its CPU state ')}."
-                    ) from None
-
-    def _check_tracked(self) -> None:
+    def _check_tracked(self, saved_states: Mapping[str, Any]) -> None:
         for name, obj in self.rng._tracked.items():
-            saved = self.data["tracked"].get(name, ())
+            saved = saved_states.get(name, ())
             if saved is None or (saved == {} and isinstance(obj, torch.utils.data.DataLoader)):
                 # A StatefulDataLoader takes {} or None and silently starts the epoch over.
                 raise DevRNGError(
@@ -467,81 +447,41 @@ class _Loading:
                     "the object had a state, or by another program."
                 )
 
-    def _devices_that_fit(self, state: RNGState) -> RNGState:
-        """``state`` without the devices this process lacks (strict=False only)."""
-        kept: dict[str, dict[int, Any]] = {}
-        available = set(available_backends())
-        for name, per in state.devices.items():
-            backend = None if name not in available else get_backend(name)
-            count = 0 if backend is None else device_count(backend)
-            fits = {i: s for i, s in per.items() if i < count}
-            lost = sorted(set(per) - set(fits))
-            if lost and self.strict:
-                raise self.fail(f"the state holds {name} devices {lost}, and this process has "
-                                f"{count} {name} device(s)")
-            if lost:
-                self.skipped.append(f"{name} devices {lost} (this process has {count})")
-            if fits:
-                kept[name] = fits
-            if backend is not None and len(fits) < count:
-                if self.strict:
-                    raise self.fail(f"this process has {count} {name} device(s), and the state "
-                                    f"holds {len(fits)}")
-                self.reseed_types.append(name)
-                self.skipped.append(f"{name} devices {sorted(set(range(count)) - set(fits))} "
-                                    "(none saved: seeded from the seed and this rank)")
-        for name in sorted(set(started_types()) - set(state.devices)):
-            if self.strict:
-                raise self.fail(f"this process uses {name} devices, and the state holds none")
-            self.reseed_types.append(name)
-            self.skipped.append(f"{name} devices (none saved: seeded from the seed and this rank)")
-        return with_devices(state, kept)
-
     # -- apply ----------------------------------------------------------------------
     def apply(self, undo: Undo) -> None:
-        """Every change, each one's current value pushed on ``undo`` before it is made."""
-        rng, data = self.rng, self.data
+        """Every change, each one's current value pushed on ``undo`` before it is made; then
+        the warnings."""
+        rng = self.rng
         for name, obj in rng._tracked.items():
-            if name in data["tracked"]:
+            if name in self.tracked:
                 # A copy: an nn.Module's state_dict() holds its live parameters.
                 undo.push(f"the tracked object {name!r}", obj.load_state_dict,
                           copy.deepcopy(obj.state_dict()))
-                obj.load_state_dict(data["tracked"][name])
+                obj.load_state_dict(self.tracked[name])
                 _materialise(obj)
         # Generators after the tracked loaders: a resumed StatefulDataLoader sets its
         # generator back to the start of the epoch when it makes its iterator.
         for name, g in rng._generators.items():
-            if name in data["generators"]:
+            if name in self.generators:
                 undo.push(f"the generator {name!r}", g.set_state, g.get_state())
-                g.set_state(data["generators"][name])
-        if self.restore is None or self.reseed_types:
-            self._reseed(undo)
+                g.set_state(self.generators[name])
         if self.restore is not None:
             self.restore.apply(undo)
+        else:  # another rank's state: this rank's generators seeded anew
+            undo.save_devices(read_started())
+            undo.save_host(python=True, numpy=True)
+            manual_seed(self.reseed_seed)
         undo.push("the seed", setattr, rng, "_seed", rng._seed)
         rng._seed = self.seed
         _push_env(undo, "DEVRNG_SEED")
         os.environ["DEVRNG_SEED"] = str(self.seed)
-
-    def _reseed(self, undo: Undo) -> None:
-        """Seed what the state cannot restore from the run's seed and this rank: everything
-        for another rank's state (ranks must never share a stream), else the devices it
-        lacks."""
-        rank = process_rank()
-        if self.restore is None:
-            undo.save_devices(read_started())
-            undo.save_host(python=True, numpy=True)
-            manual_seed(nth_seed(self.seed, rank))
-            return
-        backends = [get_backend(t) for t in self.reseed_types]
-        undo.save_devices(read_devices((b, range(device_count(b))) for b in backends))
-        manual_seed(nth_seed(self.seed, (1 << 33) + rank), device_type=self.reseed_types,
-                    python=False, numpy=False)
-
-    def warn(self) -> None:
+        # The warnings last, inside the undo: a warning turned into an error puts
+        # everything back too.
         if self.skipped:
             warn_and_log("TrainingRNG.load_state_dict(strict=False) did not restore: "
                          + "; ".join(self.skipped) + ".", stacklevel=3)
+        warn_on_resume(resume_problems(self.saved_world, self.records, rng._loaders),
+                       stacklevel=3)
 
 
 def generator_states(rng: TrainingRNG) -> dict[str, torch.Tensor]:
