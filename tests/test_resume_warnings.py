@@ -178,6 +178,7 @@ def test_an_xla_device_loader_is_tracked_by_the_loader_it_feeds_from(
     inner = DataLoader(range(8), batch_size=4, shuffle=True, **rng.dataloader_kwargs())
     device_loader = MpDeviceLoader(inner, "xla:0")
     assert rng.track("loader", device_loader) is device_loader
+    assert _loaders.describe(device_loader) == _loaders.describe(inner)  # as trainers pass it
     assert rng.state_dict()["loaders"]["loader"]["batch_size"] == 4
     [message] = resumed(device_loader, MpDeviceLoader(DataLoader(range(8), batch_size=2),
                                                       "xla:0"), caplog)

@@ -11,6 +11,7 @@ import io
 import logging
 import os
 import random
+import warnings
 from typing import Any
 
 import numpy as np
@@ -299,3 +300,31 @@ def test_resume_adopts_the_saved_seed(setup: Any) -> None:
 def test_repr_names_what_it_tracks(setup: Any) -> None:
     rng = setup[0]
     assert repr(rng) == "TrainingRNG(seed=11, tracking dataloader0, step)"
+
+
+def test_a_resume_warning_made_an_error_changes_nothing() -> None:
+    """With warnings as errors (``-W error``), a lenient resume that would warn fails with a
+    DevRNGError naming the warning and leaves every generator, tracked object and the seed
+    as they were: the warnings are the last step of the load, inside its undo."""
+    with registered("simdev", MinimalBackend(count=2, name="simdev")):  # SIMULATED device
+        saved = TrainingRNG(21).state_dict()
+    grown = MinimalBackend(count=4, name="simdev")
+    with registered("simdev", grown):
+        rng = TrainingRNG(5)
+        loader = rng.track("loader", torch.utils.data.DataLoader(
+            range(8), batch_size=2, shuffle=True, **rng.dataloader_kwargs()))
+        step = rng.track("noise", torch.Generator().manual_seed(9))
+        saved_here = rng.state_dict()
+        saved_here["rng"] = saved["rng"]  # the 2-device state: devices 2 and 3 seeded anew
+        torch.rand(5)
+        before = generator_states(grown, loader.generator, step)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            with pytest.raises(DevRNGError, match=r"\(DevRNGWarning: .*simdev devices \[2, 3\].*"
+                                                  r"every generator was put back"):
+                rng.load_state_dict(saved_here, strict=False)
+        assert generator_states(grown, loader.generator, step) == before
+        assert rng.seed == 5 and os.environ["DEVRNG_SEED"] == "5"
+        with pytest.warns(devrng.DevRNGWarning, match=r"simdev devices \[2, 3\]"):
+            rng.load_state_dict(saved_here, strict=False)  # without the filter: restored
+        assert generator_states(grown, loader.generator, step) != before
