@@ -98,3 +98,18 @@ def run_python(code: str, *, args: Sequence[str] = (),
                                else {"stdout": stdout, "stderr": subprocess.PIPE})
     return subprocess.run([sys.executable, *command, *args], text=True, env=base,
                           timeout=timeout, cwd=cwd, **streams)
+
+
+def install_plugin(where: Path, entry: str, source: str, *, name: str = "devrng-plugin"
+                   ) -> dict[str, str]:
+    """Install a devrng backend plugin in ``where``, as pip would: the distribution ``name``,
+    whose ``devrng.backends`` entry point is ``entry`` (``"name = module:attr"``), and the
+    module's ``source``. Returns the environment (``PYTHONPATH``) under which Python finds it."""
+    dist = where / f"{name.replace('-', '_')}-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text(f"[devrng.backends]\n{entry}\n")
+    module = entry.split("=")[1].strip().split(":")[0]
+    (where / f"{module}.py").write_text(source)
+    return {"PYTHONPATH": f"{where}:{ROOT}:{ROOT / 'src'}"}
+

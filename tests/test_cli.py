@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 from tests._fakes import MinimalBackend, registered
-from tests._helpers import run_env, run_python
+from tests._helpers import install_plugin, run_env, run_python
 
 import devrng
 from devrng.__main__ import main
@@ -200,19 +200,15 @@ def test_doctor_and_deterministic_agree_on_cublas_workspace_config(
 def test_doctor_load_prints_what_packages_print_after_its_table(tmp_path: Path) -> None:
     """A backend package that warns while loading (Python warnings, or C++ writing to
     file descriptor 2) does not break into the table: its text comes after, marked."""
-    dist = tmp_path / "devrng_noisy-1.0.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: devrng-noisy\nVersion: 1.0\n")
-    (dist / "entry_points.txt").write_text("[devrng.backends]\nnoisydev = noisy_mod:backend\n")
-    (tmp_path / "noisy_mod.py").write_text(
-        "import os, warnings\n"
-        "warnings.warn('noisy_mod is deprecated, says the package')\n"
-        "os.write(2, b'noisy C++ runtime: starting\\n')\n"
-        "from tests._fakes import MinimalBackend\n"
-        "backend = MinimalBackend()\nbackend.name = 'noisydev'\n")
+    env = install_plugin(tmp_path, "noisydev = noisy_mod:backend",
+                         "import os, warnings\n"
+                         "warnings.warn('noisy_mod is deprecated, says the package')\n"
+                         "os.write(2, b'noisy C++ runtime: starting\\n')\n"
+                         "from tests._fakes import MinimalBackend\n"
+                         "backend = MinimalBackend()\nbackend.name = 'noisydev'\n")
     out = subprocess.run([sys.executable, "-m", "devrng", "doctor", "--load"], text=True,
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT,  # as a terminal shows
-                         env=run_env({"PYTHONPATH": f"{tmp_path}:{ROOT / 'src'}:{ROOT}"}))
+                         env=run_env(env))
     lines = out.stdout.splitlines()
     table_end = max(i for i, line in enumerate(lines) if line.split()[:1] == ["noisydev"])
     assert "works (" in lines[table_end]

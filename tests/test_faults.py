@@ -31,9 +31,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tests._fakes import FaultyBackend, MinimalBackend, registered
 from tests._helpers import (
-    ROOT,
     generator_states,
     generators_of,
+    install_plugin,
     run_env,
     run_python,
     set_environ,
@@ -548,13 +548,7 @@ PLUGIN_CASES = {
 @pytest.mark.parametrize("case", sorted(PLUGIN_CASES))
 def test_a_broken_plugin_breaks_nothing_that_does_not_name_it(case: str, tmp_path: Path) -> None:
     entry, module_source, reason = PLUGIN_CASES[case]
-    dist = tmp_path / "devrng_badplugin-1.0.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: devrng-badplugin\nVersion: 1.0\n")
-    (dist / "entry_points.txt").write_text(f"[devrng.backends]\n{entry}\n")
-    module = entry.split("=")[1].strip().split(":")[0]
-    (tmp_path / f"{module}.py").write_text(module_source)
-    env = {"PYTHONPATH": f"{tmp_path}:{ROOT}:{ROOT / 'src'}"}
+    env = install_plugin(tmp_path, entry, module_source, name="devrng-badplugin")
     out = run_python("""
         import warnings, devrng
         with warnings.catch_warnings(record=True) as seen:

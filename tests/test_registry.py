@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 from tests._fakes import MinimalBackend
-from tests._helpers import ROOT, run_python
+from tests._helpers import install_plugin, run_python
 
 import devrng
 from devrng import _registry
@@ -114,16 +114,12 @@ def test_minimal_third_party_backend_works_everywhere(clean_registry: None) -> N
 
 
 def test_entry_points_register_backends(tmp_path: Path) -> None:
-    dist = tmp_path / "devrng_plugin-1.0.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: devrng-plugin\nVersion: 1.0\n")
-    (dist / "entry_points.txt").write_text("[devrng.backends]\nplugdev = plugin_mod:backend\n")
-    (tmp_path / "plugin_mod.py").write_text(
-        "from tests._fakes import MinimalBackend\n"
-        "backend = MinimalBackend()\nbackend.name = 'plugdev'\n")
+    env = install_plugin(tmp_path, "plugdev = plugin_mod:backend",
+                         "from tests._fakes import MinimalBackend\n"
+                         "backend = MinimalBackend()\nbackend.name = 'plugdev'\n")
     code = ("import devrng; print(devrng.available_backends()); "
             "print(devrng.get_backend('plugdev').device_count())")
-    out = run_python(code, env={"PYTHONPATH": f"{tmp_path}:{ROOT}:{ROOT / 'src'}"})
+    out = run_python(code, env=env)
     assert out.returncode == 0, out.stderr
     assert "'plugdev'" in out.stdout.splitlines()[0]
     assert out.stdout.splitlines()[1] == "2"
