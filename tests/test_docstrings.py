@@ -9,11 +9,13 @@ from __future__ import annotations
 import doctest
 import importlib
 import importlib.util
+import inspect
 import os
 import pkgutil
 import pydoc
 import re
 from collections.abc import Iterator
+from dataclasses import is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +114,18 @@ def test_help_text_has_no_link_syntax_and_no_private_names(obj: Any) -> None:
     body = [line for line in text.splitlines()[1:] if not _PYDOC_OWN.search(line)]  # 1: the title
     private = re.findall(r".{0,30}(?:(?<![\w.])_[A-Za-z]\w*|devrng\._\w+).{0,20}", "\n".join(body))
     assert not private, private
+
+
+@pytest.mark.parametrize("obj", [p for p in _public_objects()
+                                 if inspect.isclass(p.values[0]) and not is_dataclass(p.values[0])
+                                 and "__init__" in p.values[0].__dict__
+                                 and not getattr(p.values[0], "_is_protocol", False)])
+def test_help_of_a_class_says_how_it_is_made(obj: type) -> None:
+    """An __init__ devrng writes has a docstring: help() shows it, not pydoc's "Initialize
+    self" (the __init__ of dataclasses, exceptions and protocols is Python's own)."""
+    text = pydoc.render_doc(obj, renderer=pydoc.plaintext)
+    assert "Initialize self" not in text
+    assert obj.__init__.__doc__ and obj.__init__.__doc__.strip().endswith(".")
 
 
 def test_the_help_check_sees_private_names_and_links() -> None:

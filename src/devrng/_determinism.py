@@ -358,6 +358,7 @@ class DeterministicHandle:
     """
 
     def __init__(self, seed: int | None, options: Options) -> None:
+        """Made by ``devrng.deterministic()``, which applies it."""
         self.seed = seed
         self.options = options
         self._undo = Undo("deterministic()", kind="setting", wrap=False)

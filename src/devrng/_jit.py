@@ -146,6 +146,7 @@ class SeededFunction(Generic[R]):
 
     def __init__(self, fn: Callable[..., R], backend: str, seed: int | None,
                  compile_kwargs: dict[str, Any]) -> None:
+        """Made by ``devrng.seeded_jit``, whose arguments these are."""
         if not callable(fn):
             raise TypeError(f"seeded_jit needs a callable to compile, not {fn!r}.")
         if backend not in COMPILER_NAMES:

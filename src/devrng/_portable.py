@@ -127,6 +127,7 @@ class PortableRNG(TorchFunctionMode):
     """
 
     def __init__(self, seed: int, strict: bool = True, *, stream: Any = None) -> None:
+        """Made by ``devrng.portable(seed, strict=...)``, whose arguments these are."""
         super().__init__()
         self.strict = strict
         self._stream: Any = _HostStream(seed) if stream is None else stream

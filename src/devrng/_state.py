@@ -56,6 +56,7 @@ class RNGState:
 
     def __init__(self, cpu: torch.Tensor, devices: Mapping[str, Mapping[int, Any]],
                  python: Any = None, numpy: Any = None) -> None:
+        """A snapshot of these states, checked when restored; ``get_rng_state()`` makes one."""
         # Read-only through the properties below (none has a setter).
         self._cpu = cpu
         self._devices = MappingProxyType(

@@ -75,6 +75,7 @@ class RNGStreams:
     """
 
     def __init__(self) -> None:
+        """No streams yet: ``add`` names and seeds each."""
         self._streams: dict[str, _Stream] = {}
         self._active: set[str] = set()
 

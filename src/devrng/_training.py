@@ -87,6 +87,7 @@ class TrainingRNG:
 
     def __init__(self, seed: int | None = None, *, deterministic: bool = False,
                  per_rank: bool = False) -> None:
+        """Seed everything now; the arguments are described in ``help(devrng.TrainingRNG)``."""
         check_flags(deterministic=deterministic, per_rank=per_rank)
         seed, source = _resolve_seed(seed)
         self._seed = seed

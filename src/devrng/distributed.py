@@ -62,6 +62,7 @@ class RNGSyncError(DevRNGError):
     """
 
     def __init__(self, message: str, ranks: Sequence[int], fingerprints: dict[int, str]) -> None:
+        """Raised by ``assert_rng_synchronized`` with the ranks that differ."""
         super().__init__(message)
         self.ranks = tuple(ranks)
         self.fingerprints = dict(fingerprints)
