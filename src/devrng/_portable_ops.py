@@ -1,7 +1,7 @@
 """What ``devrng.portable`` does for each random op of torch: the table its mode reads.
 
 Each covered function has an ``Op`` whose handler reads the call's arguments and
-draws from the stream (``PortableRNG.source``); each random function it does not
+draws from the stream (``Stream``, the ``PortableRNG`` it runs in); each random function it does not
 cover has an ``Uncovered``, refused under ``strict=True``. ``ENTRIES`` maps the
 function to its entry. Every entry is also a module attribute named by
 ``entry_name(func)``: under ``torch.compile`` the mode looks entries up by name, a
@@ -15,7 +15,7 @@ import math
 import sys
 import warnings
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -24,11 +24,16 @@ from devrng import _threefry as tf
 from devrng._errors import DevRNGError, short_repr
 from devrng._lazy import load
 
-if TYPE_CHECKING:
-    from devrng._portable import PortableRNG
-
-__all__ = ["ENTRIES", "Args", "Kwargs", "Op", "Uncovered", "entry_name",
-           "redispatch"]
+__all__ = [
+    "ENTRIES",
+    "Args",
+    "Kwargs",
+    "Op",
+    "Stream",
+    "Uncovered",
+    "entry_name",
+    "redispatch",
+]
 
 Args = tuple[Any, ...]
 Kwargs = dict[str, Any]
@@ -39,6 +44,19 @@ Kwargs = dict[str, Any]
 # function are covered. Older torch runs those bodies outside every mode, so the
 # functions with random ops inside are in the tables below by name.
 redispatch = getattr(torch.overrides, "redispatch_function", None)
+
+
+class Stream(Protocol):
+    """What an op draws through: the portable stream (``devrng.PortableRNG``), also a
+    context manager that puts itself on torch's mode stack."""
+
+    def source(self, device: torch.device, counters: torch.Tensor | None = None) -> Any: ...
+
+    def refuse(self, name: str, why: str = "") -> None: ...
+
+    def __enter__(self) -> Any: ...
+
+    def __exit__(self, *exc: object) -> Any: ...
 
 
 # -- reading arguments ----------------------------------------------------------------------
@@ -102,7 +120,7 @@ def _dtensor() -> Any:
     return load("devrng._portable_dtensor", what="devrng.portable on DTensors")
 
 
-def _fill(rng: PortableRNG, self: torch.Tensor,
+def _fill(rng: Stream, self: torch.Tensor,
           draw: Callable[[Any, tuple[int, ...]], torch.Tensor]) -> torch.Tensor:
     """``self`` filled in place with ``draw(source, shape)``, shard by shard for a DTensor."""
     if _is_dtensor(self):
@@ -113,7 +131,7 @@ def _fill(rng: PortableRNG, self: torch.Tensor,
     return self
 
 
-def _like(rng: PortableRNG, like: torch.Tensor,
+def _like(rng: Stream, like: torch.Tensor,
           draw: Callable[[Any, tuple[int, ...]], torch.Tensor]) -> torch.Tensor:
     """A new tensor shaped like ``like`` from ``draw(source, shape)`` (a DTensor for a DTensor)."""
     if _is_dtensor(like):
@@ -131,12 +149,12 @@ class Op:
 
     __slots__ = ("generator_at", "run")
 
-    def __init__(self, run: Callable[[PortableRNG, Any, Args, Kwargs], Any],
+    def __init__(self, run: Callable[[Stream, Any, Args, Kwargs], Any],
                  generator_at: int | None = None) -> None:
         self.run = run
         self.generator_at = generator_at
 
-    def handle(self, rng: PortableRNG, func: Any, types: Any, args: Args, kwargs: Kwargs
+    def handle(self, rng: Stream, func: Any, types: Any, args: Args, kwargs: Kwargs
                ) -> Any:
         if self.explicit_generator(args, kwargs):
             return func(*args, **kwargs)  # the caller's own generator, untouched
@@ -164,7 +182,7 @@ def _unit_complex(source: Any, shape: tuple[int, ...], dtype: torch.dtype) -> to
     return source.uniform(shape, dtype)  # type: ignore[no-any-return]
 
 
-def _rand(rng: PortableRNG, func: Any, args: Args, kwargs: Kwargs) -> torch.Tensor:
+def _rand(rng: Stream, func: Any, args: Args, kwargs: Kwargs) -> torch.Tensor:
     _check_layout(kwargs, "rand")
     out = kwargs.get("out")
     dtype = _float_dtype(kwargs.get("dtype") or (out.dtype if out is not None else None), "rand")
@@ -173,7 +191,7 @@ def _rand(rng: PortableRNG, func: Any, args: Args, kwargs: Kwargs) -> torch.Tens
     return _finish_factory(_unit_complex(rng.source(device), shape, dtype), kwargs)
 
 
-def _randn(rng: PortableRNG, func: Any, args: Args, kwargs: Kwargs) -> torch.Tensor:
+def _randn(rng: Stream, func: Any, args: Args, kwargs: Kwargs) -> torch.Tensor:
     _check_layout(kwargs, "randn")
     out = kwargs.get("out")
     dtype = _float_dtype(kwargs.get("dtype") or (out.dtype if out is not None else None),
@@ -203,7 +221,7 @@ def _finish_like(values: torch.Tensor, like: torch.Tensor, kwargs: Kwargs) -> to
     return values
 
 
-def _rand_like(rng: PortableRNG, func: Any, args: Args, kwargs: Kwargs) -> torch.Tensor:
+def _rand_like(rng: Stream, func: Any, args: Args, kwargs: Kwargs) -> torch.Tensor:
     like = args[0] if args else kwargs["input"]
     dtype, kwargs = _like_options(like, kwargs, "rand_like")
     dtype = _float_dtype(dtype, "rand_like")
@@ -211,7 +229,7 @@ def _rand_like(rng: PortableRNG, func: Any, args: Args, kwargs: Kwargs) -> torch
     return _finish_like(values, like, kwargs)
 
 
-def _randn_like(rng: PortableRNG, func: Any, args: Args, kwargs: Kwargs) -> torch.Tensor:
+def _randn_like(rng: Stream, func: Any, args: Args, kwargs: Kwargs) -> torch.Tensor:
     like = args[0] if args else kwargs["input"]
     dtype, kwargs = _like_options(like, kwargs, "randn_like")
     dtype = _float_dtype(dtype, "randn_like")
@@ -235,7 +253,7 @@ def _int(value: Any, name: str) -> int:
     return value
 
 
-def _randint(rng: PortableRNG, func: Any, args: Args, kwargs: Kwargs) -> torch.Tensor:
+def _randint(rng: Stream, func: Any, args: Args, kwargs: Kwargs) -> torch.Tensor:
     _check_layout(kwargs, "randint")
     positional = list(args)
     size = kwargs["size"] if "size" in kwargs else positional.pop()
@@ -249,7 +267,7 @@ def _randint(rng: PortableRNG, func: Any, args: Args, kwargs: Kwargs) -> torch.T
     return _finish_factory(values, kwargs)
 
 
-def _randint_like(rng: PortableRNG, func: Any, args: Args, kwargs: Kwargs) -> torch.Tensor:
+def _randint_like(rng: Stream, func: Any, args: Args, kwargs: Kwargs) -> torch.Tensor:
     like, *bounds = args
     if "high" in kwargs:
         bounds = [*bounds, kwargs["high"]]
@@ -262,7 +280,7 @@ def _randint_like(rng: PortableRNG, func: Any, args: Args, kwargs: Kwargs) -> to
     return _finish_like(values, like, kwargs)
 
 
-def _randperm(rng: PortableRNG, func: Any, args: Args, kwargs: Kwargs) -> torch.Tensor:
+def _randperm(rng: Stream, func: Any, args: Args, kwargs: Kwargs) -> torch.Tensor:
     _check_layout(kwargs, "randperm")
     n = _int(args[0] if args else kwargs["n"], "randperm's n")
     if n < 0:
@@ -273,7 +291,7 @@ def _randperm(rng: PortableRNG, func: Any, args: Args, kwargs: Kwargs) -> torch.
     return _finish_factory(rng.source(device).randperm(n, dtype), kwargs)
 
 
-def _uniform_(rng: PortableRNG, func: Any, args: Args, kwargs: Kwargs) -> torch.Tensor:
+def _uniform_(rng: Stream, func: Any, args: Args, kwargs: Kwargs) -> torch.Tensor:
     self = args[0]
     low = float(_arg(args, kwargs, 1, "from", 0.0))
     high = float(_arg(args, kwargs, 2, "to", 1.0))
@@ -307,7 +325,7 @@ def _check_std(std: Any) -> None:
         raise DevRNGError(f"normal needs std >= 0, not std={std}.")
 
 
-def _normal_(rng: PortableRNG, func: Any, args: Args, kwargs: Kwargs) -> torch.Tensor:
+def _normal_(rng: Stream, func: Any, args: Args, kwargs: Kwargs) -> torch.Tensor:
     self = args[0]
     mean = float(_arg(args, kwargs, 1, "mean", 0.0))
     std = float(_arg(args, kwargs, 2, "std", 1.0))
@@ -316,7 +334,7 @@ def _normal_(rng: PortableRNG, func: Any, args: Args, kwargs: Kwargs) -> torch.T
     return _fill(rng, self, lambda s, shape: _normal_values(s, shape, dtype, mean, std))
 
 
-def _normal(rng: PortableRNG, func: Any, args: Args, kwargs: Kwargs) -> torch.Tensor:
+def _normal(rng: Stream, func: Any, args: Args, kwargs: Kwargs) -> torch.Tensor:
     mean = _arg(args, kwargs, 0, "mean", 0.0)
     std = _arg(args, kwargs, 1, "std", 1.0)
     _check_std(std)
@@ -338,7 +356,7 @@ def _normal(rng: PortableRNG, func: Any, args: Args, kwargs: Kwargs) -> torch.Te
     return _finish_factory(values, {"out": kwargs.get("out")})
 
 
-def _exponential_(rng: PortableRNG, func: Any, args: Args, kwargs: Kwargs) -> torch.Tensor:
+def _exponential_(rng: Stream, func: Any, args: Args, kwargs: Kwargs) -> torch.Tensor:
     self = args[0]
     lambd = float(_arg(args, kwargs, 1, "lambd", 1.0))
     if not lambd > 0:
@@ -350,7 +368,7 @@ def _exponential_(rng: PortableRNG, func: Any, args: Args, kwargs: Kwargs) -> to
 _MANTISSA_BITS = {torch.float16: 11, torch.bfloat16: 8, torch.float32: 24, torch.float64: 53}
 
 
-def _random_(rng: PortableRNG, func: Any, args: Args, kwargs: Kwargs) -> torch.Tensor:
+def _random_(rng: Stream, func: Any, args: Args, kwargs: Kwargs) -> torch.Tensor:
     self = args[0]
     rest = list(args[1:])
     low = kwargs.get("from", 0)
@@ -385,7 +403,7 @@ def _check_p(p: Any, name: str) -> None:
         raise DevRNGError(f"{name} needs a probability in [0, 1], not p={p}.")
 
 
-def _bernoulli(rng: PortableRNG, func: Any, args: Args, kwargs: Kwargs) -> torch.Tensor:
+def _bernoulli(rng: Stream, func: Any, args: Args, kwargs: Kwargs) -> torch.Tensor:
     """``torch.bernoulli(input)`` (input holds the probabilities), ``torch.bernoulli(input, p)``,
     and the methods ``x.bernoulli()`` / ``x.bernoulli(p)``."""
     like = args[0] if args else kwargs["input"]
@@ -404,7 +422,7 @@ def _local(p: Any) -> Any:
     return p.to_local() if _is_dtensor(p) else p
 
 
-def _bernoulli_(rng: PortableRNG, func: Any, args: Args, kwargs: Kwargs) -> torch.Tensor:
+def _bernoulli_(rng: Stream, func: Any, args: Args, kwargs: Kwargs) -> torch.Tensor:
     self = args[0]
     p = _arg(args, kwargs, 1, "p", 0.5)
     if not isinstance(p, torch.Tensor):
@@ -414,7 +432,7 @@ def _bernoulli_(rng: PortableRNG, func: Any, args: Args, kwargs: Kwargs) -> torc
     return _fill(rng, self, lambda s, shape: _bernoulli_values(s, shape, _local(p), dtype))
 
 
-def _multinomial(rng: PortableRNG, func: Any, args: Args, kwargs: Kwargs) -> torch.Tensor:
+def _multinomial(rng: Stream, func: Any, args: Args, kwargs: Kwargs) -> torch.Tensor:
     weights = args[0] if args else kwargs["input"]
     num_samples = _int(_arg(args, kwargs, 1, "num_samples"), "multinomial's num_samples")
     replacement = bool(_arg(args, kwargs, 2, "replacement", False))
@@ -450,7 +468,7 @@ def _check_dropout_p(p: float) -> None:
         raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
 
 
-def _dropout_core(rng: PortableRNG, x: torch.Tensor, p: float, *, feature: bool, alpha: bool,
+def _dropout_core(rng: Stream, x: torch.Tensor, p: float, *, feature: bool, alpha: bool,
                   inplace: bool) -> torch.Tensor:
     """torch's dropout formulas with a portable mask: ``x * mask / (1 - p)``; alpha dropout
     keeps the mean and variance of SELU activations. ``feature`` drops whole channels."""
@@ -484,10 +502,10 @@ def _dropout_core(rng: PortableRNG, x: torch.Tensor, p: float, *, feature: bool,
 
 def _dropout_fn(*, feature: bool, alpha: bool, inplace: bool | None = None,
                 default_training: bool = True
-                ) -> Callable[[PortableRNG, Any, Args, Kwargs], torch.Tensor]:
+                ) -> Callable[[Stream, Any, Args, Kwargs], torch.Tensor]:
     """A handler for F.dropout-style functions ``(input, p, training, inplace)`` (``inplace``
     given: torch's ``(input, p, train)`` builtins, whose name says in-place or not)."""
-    def run(rng: PortableRNG, func: Any, args: Args, kwargs: Kwargs) -> torch.Tensor:
+    def run(rng: Stream, func: Any, args: Args, kwargs: Kwargs) -> torch.Tensor:
         x = args[0] if args else kwargs["input"]
         p = float(_arg(args, kwargs, 1, "p", 0.5))
         training = bool(_arg(args, kwargs, 2, "train" if inplace is not None else "training",
@@ -502,11 +520,11 @@ def _dropout_fn(*, feature: bool, alpha: bool, inplace: bool | None = None,
     return run
 
 
-def _dropout_nd(n: int) -> Callable[[PortableRNG, Any, Args, Kwargs], torch.Tensor]:
+def _dropout_nd(n: int) -> Callable[[Stream, Any, Args, Kwargs], torch.Tensor]:
     """F.dropout1d / 2d / 3d: channel dropout with torch's rules for unbatched input."""
     batched_dims = n + 2
 
-    def run(rng: PortableRNG, func: Any, args: Args, kwargs: Kwargs) -> torch.Tensor:
+    def run(rng: Stream, func: Any, args: Args, kwargs: Kwargs) -> torch.Tensor:
         x = args[0] if args else kwargs["input"]
         p = float(_arg(args, kwargs, 1, "p", 0.5))
         training = bool(_arg(args, kwargs, 2, "training", True))
@@ -534,7 +552,7 @@ def _dropout_nd(n: int) -> Callable[[PortableRNG, Any, Args, Kwargs], torch.Tens
     return run
 
 
-def _native_dropout(rng: PortableRNG, func: Any, args: Args, kwargs: Kwargs
+def _native_dropout(rng: Stream, func: Any, args: Args, kwargs: Kwargs
                     ) -> tuple[torch.Tensor, torch.Tensor]:
     x = args[0] if args else kwargs["input"]
     p = float(_arg(args, kwargs, 1, "p", 0.5))
@@ -547,20 +565,17 @@ def _native_dropout(rng: PortableRNG, func: Any, args: Args, kwargs: Kwargs
 
 
 # -- nn.init and other Python-level functions with random ops inside --------------------------
-def _init_uniform_(rng: PortableRNG, func: Any, args: Args, kwargs: Kwargs) -> torch.Tensor:
-    tensor = args[0] if args else kwargs["tensor"]
-    a = float(_arg(args, kwargs, 1, "a", 0.0))
-    b = float(_arg(args, kwargs, 2, "b", 1.0))
-    with torch.no_grad():
-        return _uniform_(rng, func, (tensor, a, b), {})
+def _init(op: Callable[[Stream, Any, Args, Kwargs], torch.Tensor], first: tuple[str, float],
+          second: tuple[str, float]) -> Callable[[Stream, Any, Args, Kwargs], torch.Tensor]:
+    """An ``nn.init`` function ``f(tensor, first, second)`` that fills ``tensor`` by ``op``."""
+    def run(rng: Stream, func: Any, args: Args, kwargs: Kwargs) -> torch.Tensor:
+        tensor = args[0] if args else kwargs["tensor"]
+        a = float(_arg(args, kwargs, 1, *first))
+        b = float(_arg(args, kwargs, 2, *second))
+        with torch.no_grad():
+            return op(rng, func, (tensor, a, b), {})
 
-
-def _init_normal_(rng: PortableRNG, func: Any, args: Args, kwargs: Kwargs) -> torch.Tensor:
-    tensor = args[0] if args else kwargs["tensor"]
-    mean = float(_arg(args, kwargs, 1, "mean", 0.0))
-    std = float(_arg(args, kwargs, 2, "std", 1.0))
-    with torch.no_grad():
-        return _normal_(rng, func, (tensor, mean, std), {})
+    return run
 
 
 def _fan(tensor: torch.Tensor, mode: str) -> int:
@@ -573,7 +588,7 @@ def _fan(tensor: torch.Tensor, mode: str) -> int:
     return int(tensor.shape[1 if mode == "fan_in" else 0] * receptive)
 
 
-def _init_kaiming_uniform_(rng: PortableRNG, func: Any, args: Args, kwargs: Kwargs
+def _init_kaiming_uniform_(rng: Stream, func: Any, args: Args, kwargs: Kwargs
                            ) -> torch.Tensor:
     tensor = args[0] if args else kwargs["tensor"]
     a = _arg(args, kwargs, 1, "a", 0)
@@ -588,7 +603,7 @@ def _init_kaiming_uniform_(rng: PortableRNG, func: Any, args: Args, kwargs: Kwar
         return _uniform_(rng, func, (tensor, -bound, bound), {})
 
 
-def _gumbel_softmax(rng: PortableRNG, func: Any, args: Args, kwargs: Kwargs) -> torch.Tensor:
+def _gumbel_softmax(rng: Stream, func: Any, args: Args, kwargs: Kwargs) -> torch.Tensor:
     logits: torch.Tensor = args[0] if args else kwargs["logits"]
     tau = float(_arg(args, kwargs, 1, "tau", 1.0))
     hard = bool(_arg(args, kwargs, 2, "hard", False))
@@ -603,8 +618,8 @@ def _gumbel_softmax(rng: PortableRNG, func: Any, args: Args, kwargs: Kwargs) -> 
     return one_hot - soft.detach() + soft  # straight-through: hard forward, soft gradient
 
 
-def _rrelu(inplace: bool) -> Callable[[PortableRNG, Any, Args, Kwargs], torch.Tensor]:
-    def run(rng: PortableRNG, func: Any, args: Args, kwargs: Kwargs) -> torch.Tensor:
+def _rrelu(inplace: bool) -> Callable[[Stream, Any, Args, Kwargs], torch.Tensor]:
+    def run(rng: Stream, func: Any, args: Args, kwargs: Kwargs) -> torch.Tensor:
         x = args[0] if args else kwargs["input"]
         lower = float(_arg(args, kwargs, 1, "lower", 1.0 / 8))
         upper = float(_arg(args, kwargs, 2, "upper", 1.0 / 3))
@@ -619,8 +634,8 @@ def _rrelu(inplace: bool) -> Callable[[PortableRNG, Any, Args, Kwargs], torch.Te
     return run
 
 
-def _fractional_max_pool(dims: int) -> Callable[[PortableRNG, Any, Args, Kwargs], Any]:
-    def run(rng: PortableRNG, func: Any, args: Args, kwargs: Kwargs) -> Any:
+def _fractional_max_pool(dims: int) -> Callable[[Stream, Any, Args, Kwargs], Any]:
+    def run(rng: Stream, func: Any, args: Args, kwargs: Kwargs) -> Any:
         x = args[0] if args else kwargs["input"]
         if _arg(args, kwargs, 5, "_random_samples") is None:
             batch = 1 if x.dim() == dims + 1 else x.shape[0]
@@ -635,7 +650,7 @@ def _fractional_max_pool(dims: int) -> Callable[[PortableRNG, Any, Args, Kwargs]
 
 # torch function -> its entry (an Op or an Uncovered); each entry is also a module
 # attribute, named in _NAMES, which is how compiled code reaches it (see
-# PortableRNG.__torch_function__).
+# Stream.__torch_function__).
 ENTRIES: dict[Any, Any] = {}
 _NAMES: dict[Any, str] = {}
 
@@ -654,7 +669,7 @@ def entry_name(func: Any) -> str:
     return _NAMES.get(func, "")
 
 
-def _cover(funcs: Sequence[Any], run: Callable[[PortableRNG, Any, Args, Kwargs], Any],
+def _cover(funcs: Sequence[Any], run: Callable[[Stream, Any, Args, Kwargs], Any],
            generator_at: int | None = None) -> None:
     _register(funcs, Op(run, generator_at))
 
@@ -689,8 +704,8 @@ for _name, _feature, _alpha in (("dropout", False, False), ("feature_dropout", T
     _cover([getattr(torch, _name + "_")], _dropout_fn(feature=_feature, alpha=_alpha,
                                                       inplace=True))
 _cover([torch.native_dropout], _native_dropout)
-_cover([torch.nn.init.uniform_], _init_uniform_, generator_at=3)
-_cover([torch.nn.init.normal_], _init_normal_, generator_at=3)
+_cover([torch.nn.init.uniform_], _init(_uniform_, ("a", 0.0), ("b", 1.0)), generator_at=3)
+_cover([torch.nn.init.normal_], _init(_normal_, ("mean", 0.0), ("std", 1.0)), generator_at=3)
 _cover([torch.nn.init.kaiming_uniform_], _init_kaiming_uniform_, generator_at=4)
 _cover([F.gumbel_softmax], _gumbel_softmax)
 _cover([F.rrelu, torch.rrelu], _rrelu(False))
@@ -712,7 +727,7 @@ class Uncovered:
         self.draws = draws or (lambda args, kwargs: True)
         self.why = why
 
-    def handle(self, rng: PortableRNG, func: Any, types: Any, args: Args, kwargs: Kwargs
+    def handle(self, rng: Stream, func: Any, types: Any, args: Args, kwargs: Kwargs
                ) -> Any:
         if self.draws(args, kwargs):
             rng.refuse(self.name, self.why)
@@ -723,7 +738,7 @@ class _Composite(Uncovered):
     """A Python-level torch function with random ops in its body: run inside the mode where
     torch can (redispatch, eager code), refused where it cannot and this call draws."""
 
-    def handle(self, rng: PortableRNG, func: Any, types: Any, args: Args, kwargs: Kwargs
+    def handle(self, rng: Stream, func: Any, types: Any, args: Args, kwargs: Kwargs
                ) -> Any:
         if redispatch is not None and not torch.compiler.is_compiling():
             with rng:
