@@ -328,3 +328,22 @@ def test_a_resume_warning_made_an_error_changes_nothing() -> None:
         with pytest.warns(devrng.DevRNGWarning, match=r"simdev devices \[2, 3\]"):
             rng.load_state_dict(saved_here, strict=False)  # without the filter: restored
         assert generator_states(grown, loader.generator, step) != before
+
+
+def test_a_dataloader_generator_made_too_late_is_named_with_the_fix() -> None:
+    """The generators dataloader_kwargs() makes must exist before the load (Lightning calls
+    train_dataloader after restoring callbacks): the refusal says how to fix it."""
+    rng = TrainingRNG(3)
+    rng.dataloader_kwargs()
+    saved = rng.state_dict()
+    fresh = TrainingRNG(3)
+    with pytest.raises(DevRNGError, match=r"holds generators 'dataloader0', which nothing here "
+                                          r"tracks \(dataloader_kwargs\(\) makes .* before "
+                                          r"fit, not inside train_dataloader\)"):
+        fresh.load_state_dict(saved)
+    fresh.dataloader_kwargs()
+    fresh.load_state_dict(saved)  # made before the load: restored
+    fresh.dataloader_kwargs()  # one more than the run that saved
+    with pytest.raises(DevRNGError, match="nothing was saved for the generators 'dataloader1'"
+                                          r".*\(dataloader_kwargs\(\) makes"):
+        fresh.load_state_dict(saved)

@@ -433,6 +433,11 @@ class _Loading:
         if unknown:
             problems.append(f"the checkpoint holds {what} {', '.join(unknown)}, which nothing "
                             "here tracks")
+        if any(isinstance(n, str) and _LOADER_NAME.fullmatch(n) for n in set(saved) ^ set(here)):
+            problems[-1] += (" (dataloader_kwargs() makes the generators 'dataloader0', "
+                             "'dataloader1', ...: call it as often, in the same order, before "
+                             "load_state_dict; with Lightning, before fit, not inside "
+                             "train_dataloader)")
         if problems and self.strict:
             raise self.fail("; ".join(problems))
         self.skipped += problems
