@@ -1,8 +1,10 @@
 """Restoring a snapshot: check all of it against this process, then set all of it, or nothing.
 
 ``prepare_restore`` does every check that needs no change (device types, device
-counts, each state's type, shape and dtype against this process's, the CPU,
-Python and NumPy states in full); ``Restore.apply`` then sets every generator,
+counts, each state's type, shape and dtype against this process's; the CPU, Python
+and NumPy states are checked in full when the snapshot is parsed, or by ``check_host``
+for one built by hand); ``fit_devices`` cuts a saved state to the devices this
+process has, for a lenient resume; ``Restore.apply`` then sets every generator,
 pushing each one's current state onto an ``Undo`` stack first, so that a
 failure or an interrupt anywhere puts every generator back.
 """
@@ -73,8 +75,9 @@ class Restore(NamedTuple):
     seed: int = 0  # ... seeded with this
 
     def apply(self, undo: Undo) -> None:
-        """Set every generator the snapshot holds, each one's current state pushed on ``undo``
-        first; the caller's ``with undo:`` puts them back if anything fails."""
+        """Seed the devices the snapshot has no state for (``reseed``), then set every
+        generator it holds, each one's current state pushed on ``undo`` first; the caller's
+        ``with undo:`` puts them back if anything fails."""
         state = self.state
         for backend in self.reseed:  # every device of it, then the saved states over those
             undo.save_devices(read_devices([(backend, range(device_count(backend)))]))
