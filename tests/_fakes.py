@@ -83,7 +83,6 @@ SURFACE = ("is_available", "is_initialized", "device_count", "current_device", "
             "set_rng_state", "manual_seed", "manual_seed_all")
 
 
-
 def install_simulated(fake: SimulatedDeviceModule, module: Any, setattr_: Any = setattr) -> None:
     """Put ``fake``'s RNG surface on ``module`` (``torch.cuda``...); ``setattr_`` may be
     ``monkeypatch.setattr`` so that the test undoes it."""

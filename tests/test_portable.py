@@ -824,8 +824,6 @@ def test_seeded_jit_inside_portable_draws_the_stream_of_each_calls_seed(backend:
     assert step.compile_count == (0 if backend == "eager" else 1)
 
 
-
-
 def test_warnings_are_not_raised_by_covered_ops() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")

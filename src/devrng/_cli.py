@@ -97,7 +97,6 @@ def known_problems(versions: dict[str, str | None]) -> list[str]:
     return out
 
 
-
 def _load_installed() -> dict[str, str]:
     """Import the installed device packages; name -> why it failed, for those that did."""
     failed = {}
@@ -425,7 +424,6 @@ _CHECKS: dict[str, Callable[[str], None]] = {
     "seed": _check_seed,
     "seeded_jit": _check_jit,
 }
-
 
 
 def selftest() -> int:

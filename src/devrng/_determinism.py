@@ -47,6 +47,7 @@ _CUBLAS_FORMAT = re.compile(r"(:\d+:\d+)+")
 _INDUCTOR_ENV = "TORCHINDUCTOR_DETERMINISTIC"
 _INDUCTOR_MODULE = "torch._inductor.config"
 
+
 class Options(NamedTuple):
     """The arguments of ``deterministic()`` that decide the settings' targets."""
 

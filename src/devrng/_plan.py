@@ -31,6 +31,7 @@ Plan = tuple[tuple[Backend, tuple[int, ...]], ...]
 
 _warned: set[str] = set()
 
+
 def normalize_device_type(device_type: object) -> list[str]:
     """``device_type`` as a list of types: None, a type string, a torch.device, or a sequence."""
     if device_type is None:
