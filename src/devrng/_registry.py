@@ -333,13 +333,6 @@ def _privateuse1_name() -> str | None:
     return None if name == "privateuseone" else name
 
 
-def _privateuse1_backend() -> Backend:
-    """The backend of the device torch's PrivateUse1 was renamed to, from its ``torch.<name>``."""
-    from devrng._backends.torch_module import DeviceModuleBackend
-
-    return DeviceModuleBackend(torch._C._get_privateuse1_backend_name())
-
-
 def _resolve(name: str, entry: Backend | _Lazy) -> Backend:
     if not isinstance(entry, _Lazy):
         return entry
@@ -395,7 +388,9 @@ def get_backend(name: str) -> Backend:
             _load_entry_points()
             entry = _entries.get(name)
         if entry is None and isinstance(name, str) and name == _privateuse1_name():
-            entry = _privateuse1_backend()
+            from devrng._backends.torch_module import DeviceModuleBackend
+
+            entry = DeviceModuleBackend(name)
         if entry is None:
             raise ValueError(
                 f"No devrng backend is registered for device type {name!r}; registered: "
