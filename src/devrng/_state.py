@@ -307,6 +307,7 @@ def parse_state(cpu: Any, devices: Any, python: Any = None, numpy: Any = None) -
 
     Snapshots and ``RNGStreams`` checkpoints are read with it.
     """
+    _host.check_cpu_state(cpu)
     if not isinstance(devices, Mapping):
         raise ValueError("its 'devices' entry is not a dict")
     parsed: dict[str, dict[int, Any]] = {}
@@ -319,13 +320,10 @@ def parse_state(cpu: Any, devices: Any, python: Any = None, numpy: Any = None) -
         for index, saved in per.items():
             if type(index) is not int or index < 0:
                 raise ValueError(f"it names the {name} device index {short_repr(index)}")
+            check_loaded(saved, f"its {name}:{index} state")
             parsed[name][index] = saved
     state = RNGState(cpu, parsed, None if python is None else _python_from_plain(python),
                      None if numpy is None else _numpy_from_plain(numpy))
-    for name, per in parsed.items():
-        for index, saved in per.items():
-            check_loaded(saved, f"its {name}:{index} state")
-    _host.check_cpu_state(cpu)
     state._host_checked = True  # each part was checked above
     return state
 
