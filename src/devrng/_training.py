@@ -426,14 +426,15 @@ class _Loading:
             raise DevRNGError(f"TrainingRNG.load_state_dict: the saved {what} are not a dict.")
         problems = []
         missing = sorted(set(here) - set(saved))
-        unknown = sorted(map(short_repr, set(saved) - set(here)))
+        extra = set(saved) - set(here)
+        unknown = sorted(map(short_repr, extra))
         if missing:
             problems.append(f"nothing was saved for the {what} {', '.join(map(repr, missing))}, "
                             "which are tracked here")
         if unknown:
             problems.append(f"the checkpoint holds {what} {', '.join(unknown)}, which nothing "
                             "here tracks")
-        if any(isinstance(n, str) and _LOADER_NAME.fullmatch(n) for n in set(saved) ^ set(here)):
+        if any(isinstance(n, str) and _LOADER_NAME.fullmatch(n) for n in [*missing, *extra]):
             problems[-1] += (" (dataloader_kwargs() makes the generators 'dataloader0', "
                              "'dataloader1', ...: call it as often, in the same order, before "
                              "load_state_dict; with Lightning, before fit, not inside "
