@@ -61,7 +61,7 @@ static inline float log32(float t) {
     v.u = (v.u & 0x007FFFFFu) | 0x3F000000u; /* frexp's mantissa, in [0.5, 1) */
     float m = v.f;
     int small = m < 0.7071067690849304f;
-    m = small ? m * 2.0f : m;
+    m *= small ? 2.0f : 1.0f; /* a select of constants, so that the loop vectorises */
     exponent -= small;
     float s = (m - 1.0f) / (m + 1.0f);
     float z = s * s;
@@ -86,7 +86,7 @@ static inline float erfinv32(float x) {
     central = central * c + -4.17768164e-03f;
     central = central * c + 2.46640727e-01f;
     central = central * c + 1.50140941e00f;
-    float t = sqrtf(w) - 3.0f;
+    float t = __builtin_sqrtf(w) - 3.0f;
     float tail = -2.00214257e-04f;
     tail = tail * t + 1.00950558e-04f;
     tail = tail * t + 1.34934322e-03f;
@@ -100,11 +100,11 @@ static inline float erfinv32(float x) {
 }
 
 /* devrng._threefry.normal in float32: sqrt(2) * erfinv(u), u = jax.random.uniform on
-   [nextafter(-1, 0), 1): u * 2 + lo computed in float64 and rounded once (a fused
-   multiply-add's result), clamped at lo. */
+   [nextafter(-1, 0), 1): u * 2 + lo rounded once (the tensor ops round the exact float64
+   value; the float32 sum of the exact 2u and lo rounds the same), clamped at lo. */
 static inline float normal32(uint32_t bits) {
     const float lo = -0.99999994039535522f; /* -1 + 2**-24 */
-    float u = (float)((double)unit32(bits) * 2.0 + (double)lo);
+    float u = unit32(bits) * 2.0f + lo;
     u = u < lo ? lo : u;
     return erfinv32(u) * 1.41421353816986084f; /* sqrt(2) rounded to float32 */
 }
@@ -126,8 +126,8 @@ static inline float normal32(uint32_t bits) {
 #define STORE_BITS ((uint32_t *)out0)[i] = x0 ^ x1;
 #define STORE_WORDS ((uint32_t *)out0)[i] = x0; ((uint32_t *)out1)[i] = x1;
 #define STORE_UNIFORM ((float *)out0)[i] = unit32(x0 ^ x1);
-#define STORE_UNIFORM64 \
-    ((double *)out0)[i] = (double)((((uint64_t)x0 << 32) | x1) >> 12) * 0x1p-52;
+#define STORE_UNIFORM64 { union { uint64_t u; double d; } v; \
+    v.u = ((((uint64_t)x0 << 32) | x1) >> 12) | 0x3FF0000000000000u; ((double *)out0)[i] = v.d - 1.0; }
 #define STORE_NORMAL ((float *)out0)[i] = normal32(x0 ^ x1);
 #define STORE_EXPONENTIAL ((float *)out0)[i] = -log32(1.0f - unit32(x0 ^ x1));
 #define BOTH(STORE) \
@@ -147,15 +147,14 @@ static CLONES void threefry(uint32_t k0, uint32_t k1, uint64_t start, const uint
     }
 }
 
-/* x mod d for 32-bit x and d >= 1 without a division (Lemire, Kaser and Kurz 2019,
-   "Faster remainder by direct computation"): m = ceil(2**64 / d), computed once. */
-#if defined(__SIZEOF_INT128__)
-static inline uint32_t mod32(uint32_t x, uint32_t d, uint64_t m) {
-    return (uint32_t)(((__uint128_t)(m * x) * d) >> 64);
+/* x mod d for 32-bit x and d >= 1 without a division (integer division does not
+   vectorise): with m = floor(2**32 / d) (2**32 - 1 for d = 1), q = (x * m) >> 32 is
+   floor(x / d) or one less, so x - q * d is in [0, 2d) and one subtraction ends it. */
+static inline uint32_t mod32(uint32_t x, uint32_t d, uint32_t m) {
+    uint32_t q = (uint32_t)(((uint64_t)x * m) >> 32);
+    uint64_t r = (uint64_t)x - (uint64_t)q * d;
+    return (uint32_t)(r >= d ? r - d : r);
 }
-#else
-static inline uint32_t mod32(uint32_t x, uint32_t d, uint64_t m) { (void)m; return x % d; }
-#endif
 
 /* jax.random.randint for int32 bounds: higher and lower are the 32 bits of keys
    split(key)[0] and [1]; offset = ((higher % span) * multiplier + lower % span) % span
@@ -175,7 +174,7 @@ static CLONES void randint(uint32_t a0, uint32_t a1, uint32_t b0, uint32_t b1, u
                            const uint64_t *counters, int64_t n, uint32_t span,
                            uint32_t multiplier, int64_t low, int wide, void *out) {
     const uint32_t a2 = a0 ^ a1 ^ 0x1BD11BDAu, b2 = b0 ^ b1 ^ 0x1BD11BDAu;
-    const uint64_t m = UINT64_MAX / span + 1; /* ceil(2**64 / span); 0 for span 1, as needed */
+    const uint32_t m = span == 1 ? 0xFFFFFFFFu : (uint32_t)((1ull << 32) / span);
     if (wide) {
         if (counters) RANDINT_LOOP(counters[i], int64_t)
         else RANDINT_LOOP(start + (uint64_t)i, int64_t)
