@@ -34,7 +34,7 @@ from devrng import _portable_ops
 from devrng import _threefry as tf
 from devrng._errors import DevRNGError, check_flags, short_repr
 from devrng._lazy import load
-from devrng._portable_ops import ENTRIES, Args, Kwargs, Op, entry_name, redispatch
+from devrng._portable_ops import ENTRIES, Args, Kwargs, Op, aten_entry, entry_name, redispatch
 from devrng._seeds import MASK64, check_seed
 
 __all__ = ["PortableRNG", "TracedStream", "active", "call_stream", "portable"]
@@ -231,6 +231,8 @@ class PortableRNG(TorchFunctionMode):
         if not _dynamo_taught[0] and _DYNAMO_TABLE in sys.modules:
             _teach_dynamo()  # torch.compile may have been called inside the block
         entry = ENTRIES.get(func)
+        if entry is None and isinstance(func, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+            entry = aten_entry(func)  # torch.ops.aten.<random op> called directly
         if entry is not None:
             return entry.handle(self, func, types, args, kwargs)
         if redispatch is not None and inspect.isfunction(func) \

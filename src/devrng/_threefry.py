@@ -320,8 +320,9 @@ class Source:
                 high: float = 1.0) -> torch.Tensor:
         return uniform(self, shape, dtype, low, high)
 
-    def normal(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
-        return self._draw_op("normal", shape, dtype, ())
+    def normal(self, shape: Sequence[int], dtype: torch.dtype, mean: float = 0.0,
+               std: float = 1.0) -> torch.Tensor:
+        return self._draw_op("normal", shape, dtype, (mean, std))
 
     def exponential(self, shape: Sequence[int], dtype: torch.dtype,
                     lambd: float = 1.0) -> torch.Tensor:
@@ -491,7 +492,16 @@ def erfinv32(x: torch.Tensor) -> torch.Tensor:
     return torch.where(w < 5.0, central, tail) * x
 
 
-def normal(source: Source, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+def normal(source: Source, shape: Sequence[int], dtype: torch.dtype, mean: float = 0.0,
+           std: float = 1.0) -> torch.Tensor:
+    """``mean + std * z`` for a standard normal z (``affine``: rounded once)."""
+    z = _standard_normal(source, shape, dtype)
+    if mean == 0.0 and std == 1.0:
+        return z
+    return z * std + mean if dtype.is_complex else affine(z, std, mean, dtype)
+
+
+def _standard_normal(source: Source, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
     """Standard normal, as ``jax.random.normal`` makes it: ``sqrt(2) * erfinv(u)`` with u
     uniform on (-1, 1). Float16 and bfloat16 take the float32 draw, rounded; float64 uses
     the device's ``torch.erfinv``; complex dtypes draw the real and imaginary parts from
@@ -499,8 +509,8 @@ def normal(source: Source, shape: Sequence[int], dtype: torch.dtype) -> torch.Te
     if dtype.is_complex:
         real = torch.float32 if dtype == torch.complex64 else torch.float64
         root2 = round_to(math.sqrt(2.0), real)
-        return torch.complex(normal(source.split(0), shape, real) / root2,
-                             normal(source.split(1), shape, real) / root2)
+        return torch.complex(_standard_normal(source.split(0), shape, real) / root2,
+                             _standard_normal(source.split(1), shape, real) / root2)
     work = torch.float64 if dtype == torch.float64 else torch.float32
     if work == torch.float32:
         fused = source.fused(NORMAL, shape)
