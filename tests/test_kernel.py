@@ -30,8 +30,10 @@ from devrng._threefry_cpu import (
     KNOWN_DIGESTS,
     KNOWN_START,
     NORMAL,
+    NORMAL_AT,
     UNIFORM,
     UNIFORM64,
+    UNIFORM_AT,
     WORDS,
     kernel,
     status,
@@ -104,11 +106,17 @@ def test_the_kernels_float_and_integer_draws_are_the_tensor_ops_bit_for_bit() ->
     for key, start in (((0, 0), 0), ((0x9E3779B9, 0x7F4A7C15), (1 << 32) - n // 2)):
         counters = torch.arange(start, start + n)
         ops = _tensor_ops(key, counters)
-        for mode, want in ((NORMAL, tf.normal(ops, (n,), torch.float32)),
-                           (EXPONENTIAL, tf.exponential(ops, (n,), torch.float32)),
-                           (UNIFORM64, tf.unit(ops, (n,), torch.float64))):
+        # uniform_(-0.3, 0.7) scales by float32(1.0) from float32(-0.3); normal_(0.5, 0.02).
+        low = tf.round_to(-0.3, torch.float32)
+        span = tf.round_to(tf.round_to(0.7, torch.float32) - low, torch.float32)
+        for mode, scale, shift, want in (
+                (NORMAL, 1.0, 0.0, tf.normal(ops, (n,), torch.float32)),
+                (EXPONENTIAL, 1.0, 0.0, tf.exponential(ops, (n,), torch.float32)),
+                (UNIFORM64, 1.0, 0.0, tf.unit(ops, (n,), torch.float64)),
+                (UNIFORM_AT, span, low, tf.uniform(ops, (n,), torch.float32, -0.3, 0.7)),
+                (NORMAL_AT, 0.02, 0.5, tf.normal(ops, (n,), torch.float32, 0.5, 0.02))):
             got = torch.empty(n, dtype=want.dtype)
-            cpu.run(key, mode, got, start=start)
+            cpu.run(key, mode, got, start=start, scale=scale, shift=shift)
             assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), mode
         for low, high in ((0, 10), (-5, 1000), (0, 65536), (3, 65539), (-2**31, 2**31 - 1)):
             want = tf.randint(ops, (n,), low, high, torch.int64)
@@ -126,9 +134,13 @@ def test_the_known_digests_are_the_tensor_ops_draws() -> None:
     import hashlib
 
     ops = _tensor_ops((0, 0), torch.arange(KNOWN_START, KNOWN_START + KNOWN_COUNT))
-    for mode, draw in ((NORMAL, tf.normal), (EXPONENTIAL, tf.exponential)):
-        values = draw(ops, (KNOWN_COUNT,), torch.float32).numpy()
-        assert hashlib.sha256(values.tobytes()).hexdigest() == KNOWN_DIGESTS[mode]
+    draws = {NORMAL: tf.normal, EXPONENTIAL: tf.exponential,
+             NORMAL_AT: lambda *a: tf.normal(*a, 0.5, 0.02)}
+    assert set(KNOWN_DIGESTS) == {(NORMAL, 1.0, 0.0), (EXPONENTIAL, 1.0, 0.0),
+                                  (NORMAL_AT, 0.02, 0.5)}
+    for (mode, _, _), digest in KNOWN_DIGESTS.items():
+        values = draws[mode](ops, (KNOWN_COUNT,), torch.float32).numpy()
+        assert hashlib.sha256(values.tobytes()).hexdigest() == digest
 
 
 @pytest.mark.parametrize("how", ["DEVRNG_CPU_KERNEL=0", "extension absent"])

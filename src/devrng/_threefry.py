@@ -42,8 +42,10 @@ from devrng._threefry_cpu import (
     DTYPES,
     EXPONENTIAL,
     NORMAL,
+    NORMAL_AT,
     UNIFORM,
     UNIFORM64,
+    UNIFORM_AT,
     WORDS,
     kernel,
 )
@@ -214,7 +216,8 @@ def _cpu_counters(counters: torch.Tensor | None) -> torch.Tensor | None:
 
 
 def _kernel_fill(key: HostKey, shape: tuple[int, ...], mode: int,
-                 counters: torch.Tensor | None) -> torch.Tensor | None:
+                 counters: torch.Tensor | None, scale: float = 1.0, shift: float = 0.0
+                 ) -> torch.Tensor | None:
     """The fused CPU kernel's output, or None where it cannot run (no compiler, or a
     FakeTensor without memory to fill)."""
     cpu = kernel()
@@ -226,7 +229,7 @@ def _kernel_fill(key: HostKey, shape: tuple[int, ...], mode: int,
     if mode == WORDS:
         cpu.run(key, WORDS, out[0], out[1], counters=_cpu_counters(counters))
     else:
-        cpu.run(key, mode, out, counters=_cpu_counters(counters))
+        cpu.run(key, mode, out, counters=_cpu_counters(counters), scale=scale, shift=shift)
     return out
 
 
@@ -263,11 +266,12 @@ class Source:
         self.device = device
         self.counters = counters
 
-    def fused(self, mode: int, shape: Sequence[int]) -> torch.Tensor | None:
+    def fused(self, mode: int, shape: Sequence[int], scale: float = 1.0, shift: float = 0.0
+              ) -> torch.Tensor | None:
         """The fused CPU kernel's draw in ``mode`` (``devrng._threefry_cpu``), or None where
         it does not run (another device, a key in a compiled graph, no kernel)."""
         if isinstance(self.key, tuple) and self.device.type == "cpu":
-            return _kernel_fill(self.key, tuple(shape), mode, self.counters)
+            return _kernel_fill(self.key, tuple(shape), mode, self.counters, scale, shift)
         return None
 
     def split(self, i: int) -> Source:
@@ -412,12 +416,15 @@ def affine(x: torch.Tensor, scale: float | torch.Tensor, shift: float | torch.Te
 def uniform(source: Source, shape: Sequence[int], dtype: torch.dtype, low: float = 0.0,
             high: float = 1.0) -> torch.Tensor:
     """``jax.random.uniform(key, shape, dtype, low, high)``: ``max(low, u * (high - low) + low)``."""
-    u = unit(source, shape, dtype)
     if low == 0.0 and high == 1.0:
-        return u  # u * 1 + 0, exactly
+        return unit(source, shape, dtype)  # u * 1 + 0, exactly
     lo = round_to(low, dtype)
     span = round_to(round_to(high, dtype) - lo, dtype)  # exact in float64, then rounded
-    return torch.clamp_min(affine(u, span, lo, dtype), lo)
+    if dtype == torch.float32:
+        fused = source.fused(UNIFORM_AT, shape, span, lo)
+        if fused is not None:
+            return fused
+    return torch.clamp_min(affine(unit(source, shape, dtype), span, lo, dtype), lo)
 
 
 # Giles, "Approximating the erfinv function" (GPU Computing Gems, 2011), single precision:
@@ -495,9 +502,13 @@ def erfinv32(x: torch.Tensor) -> torch.Tensor:
 def normal(source: Source, shape: Sequence[int], dtype: torch.dtype, mean: float = 0.0,
            std: float = 1.0) -> torch.Tensor:
     """``mean + std * z`` for a standard normal z (``affine``: rounded once)."""
-    z = _standard_normal(source, shape, dtype)
     if mean == 0.0 and std == 1.0:
-        return z
+        return _standard_normal(source, shape, dtype)
+    if dtype == torch.float32:
+        fused = source.fused(NORMAL_AT, shape, std, mean)
+        if fused is not None:
+            return fused
+    z = _standard_normal(source, shape, dtype)
     return z * std + mean if dtype.is_complex else affine(z, std, mean, dtype)
 
 

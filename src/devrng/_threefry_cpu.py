@@ -29,6 +29,7 @@ import importlib
 import importlib.util
 import logging
 import os
+import struct
 from collections.abc import Callable
 from typing import Any
 
@@ -37,16 +38,20 @@ import torch
 from devrng._locks import ForkSafeLock
 
 __all__ = ["BITS", "DTYPES", "EXPONENTIAL", "KNOWN_COUNT", "KNOWN_DIGESTS", "KNOWN_START",
-           "NORMAL", "UNIFORM", "UNIFORM64", "WORDS", "CpuKernel", "kernel", "status"]
+           "NORMAL", "NORMAL_AT", "UNIFORM", "UNIFORM64", "UNIFORM_AT", "WORDS", "CpuKernel",
+           "kernel", "status"]
 
 _logger = logging.getLogger("devrng")
 
 # The modes of fill(): out0 = x0 ^ x1 (int32); out0, out1 = x0, x1 (int32); out0 = the
 # float32 uniform; the float64 uniform (from both words); the float32 normal; the float32
-# exponential (devrng._threefry.unit, normal and exponential).
-BITS, WORDS, UNIFORM, UNIFORM64, NORMAL, EXPONENTIAL = range(6)
+# exponential (devrng._threefry.unit, normal and exponential); the float32 uniform on
+# [shift, shift + scale) and the float32 normal times scale plus shift (devrng._threefry's
+# uniform with bounds and normal with mean and std: affine's rounding).
+BITS, WORDS, UNIFORM, UNIFORM64, NORMAL, EXPONENTIAL, UNIFORM_AT, NORMAL_AT = range(8)
 DTYPES = {BITS: torch.int32, WORDS: torch.int32, UNIFORM: torch.float32,
-        UNIFORM64: torch.float64, NORMAL: torch.float32, EXPONENTIAL: torch.float32}
+          UNIFORM64: torch.float64, NORMAL: torch.float32, EXPONENTIAL: torch.float32,
+          UNIFORM_AT: torch.float32, NORMAL_AT: torch.float32}
 
 # Random123's known answers for Threefry-2x32 with 20 rounds: key, counter -> (x0, x1).
 _KNOWN = (((0x00000000, 0x00000000), (0x00000000, 0x00000000), (0x6B200159, 0x99BA4EFE)),
@@ -54,11 +59,15 @@ _KNOWN = (((0x00000000, 0x00000000), (0x00000000, 0x00000000), (0x6B200159, 0x99
           ((0x13198A2E, 0x03707344), (0x243F6A88, 0x85A308D3), (0xC4923A9C, 0x483DF7A0)))
 # SHA-256 of 4096 float32 draws (their bytes) of the key (0, 0) at counters 2**32 - 2048 to
 # 2**32 + 2047, made by devrng._threefry's tensor ops (tests/test_kernel.py makes them
-# again): each branch of the normal and exponential formulas, and a carry into the high
-# counter word. A kernel built with fused multiply-adds, say, gives other bytes.
+# again), per (mode, scale, shift): each branch of the normal and exponential formulas,
+# the scaling of normal_(0.5, 0.02), and a carry into the high counter word. A kernel
+# built with fused multiply-adds, say, gives other bytes.
 KNOWN_START, KNOWN_COUNT = (1 << 32) - 2048, 4096
-KNOWN_DIGESTS = {NORMAL: "4cb295d24d9a443b12b2c6cbc458434665642cdc75b6b332841e976f32b6cea5",
-                 EXPONENTIAL: "7de614bdafb073e0c4b2365907f17eb6b2365502f827ca0e40bb5d7b963023a8"}
+KNOWN_DIGESTS = {
+    (NORMAL, 1.0, 0.0): "4cb295d24d9a443b12b2c6cbc458434665642cdc75b6b332841e976f32b6cea5",
+    (EXPONENTIAL, 1.0, 0.0): "7de614bdafb073e0c4b2365907f17eb6b2365502f827ca0e40bb5d7b963023a8",
+    (NORMAL_AT, 0.02, 0.5): "0897234dd515a47dcc43458fab2a230d8c662a28795ac1ce6a6902a91105453a",
+}
 
 
 class CpuKernel:
@@ -72,15 +81,17 @@ class CpuKernel:
 
     def run(self, key: tuple[int, int], mode: int, out0: torch.Tensor,
             out1: torch.Tensor | None = None, *, start: int = 0,
-            counters: torch.Tensor | None = None) -> None:
+            counters: torch.Tensor | None = None, scale: float = 1.0,
+            shift: float = 0.0) -> None:
         """Fill ``out0`` (and ``out1`` in WORDS mode), contiguous CPU tensors of the mode's
-        dtype (``DTYPES``).
+        dtype (``DTYPES``); ``scale`` and ``shift`` are UNIFORM_AT's and NORMAL_AT's.
 
         Element i comes from counter ``start + i``, or ``counters[i]`` (a
         contiguous int64 CPU tensor of the same length) when given.
         """
         self._fill(key[0], key[1], start, 0 if counters is None else counters.data_ptr(),
-                   out0.numel(), mode, out0.data_ptr(), 0 if out1 is None else out1.data_ptr())
+                   out0.numel(), mode, out0.data_ptr(), 0 if out1 is None else out1.data_ptr(),
+                   float(scale), float(shift))
 
     def randint(self, keys: tuple[tuple[int, int], tuple[int, int]], span: int, multiplier: int,
                 low: int, out: torch.Tensor, *, start: int = 0,
@@ -94,13 +105,18 @@ class CpuKernel:
                       out.data_ptr())
 
 
-def _at(cpu: CpuKernel, key: tuple[int, int], counter: int, mode: int) -> list[float]:
+def _at(cpu: CpuKernel, key: tuple[int, int], counter: int, mode: int, scale: float = 1.0,
+        shift: float = 0.0) -> list[float]:
     """Mode ``mode``'s output at one counter, from a start and from a counters tensor."""
     out = [torch.empty(1, dtype=DTYPES[mode]) for _ in range(2)]
-    cpu.run(key, mode, out[0], start=counter)
+    cpu.run(key, mode, out[0], start=counter, scale=scale, shift=shift)
     as_signed = counter - (1 << 64) if counter >> 63 else counter
-    cpu.run(key, mode, out[1], counters=torch.tensor([as_signed]))
+    cpu.run(key, mode, out[1], counters=torch.tensor([as_signed]), scale=scale, shift=shift)
     return [o.item() for o in out]
+
+
+def _round32(value: float) -> float:
+    return float(struct.unpack("<f", struct.pack("<f", value))[0])
 
 
 def _proves_itself(cpu: CpuKernel) -> bool:
@@ -119,6 +135,10 @@ def _proves_itself(cpu: CpuKernel) -> bool:
                 UNIFORM64: (((x0 << 32) | x1) >> 12) * 2.0 ** -52}
         if any(_at(cpu, key, counter, mode) != [value] * 2 for mode, value in want.items()):
             return False
+        # uniform_(-0.75, 0.5): u * 1.25 - 0.75 is exact in float64, then rounded to float32.
+        scaled = _at(cpu, key, counter, UNIFORM_AT, 1.25, -0.75)
+        if scaled != [max(-0.75, _round32(want[UNIFORM] * 1.25 - 0.75))] * 2:
+            return False
         # randint with both split keys set to this key: its two draws are both ``bits``.
         for span, low, wide in ((10, -3, True), (2**31 - 1, 0, False), (65537, 1 << 20, True)):
             multiplier = ((((1 << 16) % span) ** 2) & 0xFFFFFFFF) % span
@@ -127,10 +147,11 @@ def _proves_itself(cpu: CpuKernel) -> bool:
             if out.item() != low + ((bits % span) * multiplier + bits % span) % (1 << 32) % span:
                 return False
     counters = torch.arange(KNOWN_START, KNOWN_START + KNOWN_COUNT)
-    for mode, digest in KNOWN_DIGESTS.items():
+    for (mode, scale, shift), digest in KNOWN_DIGESTS.items():
         for kwargs in ({"start": KNOWN_START}, {"counters": counters}):
             out = torch.empty(KNOWN_COUNT, dtype=DTYPES[mode])
-            cpu.run((0, 0), mode, out, **kwargs)  # type: ignore[arg-type]
+            cpu.run((0, 0), mode, out, scale=scale, shift=shift,
+                    **kwargs)  # type: ignore[arg-type]
             data = ctypes.string_at(out.data_ptr(), KNOWN_COUNT * 4)  # no NumPy needed
             if hashlib.sha256(data).hexdigest() != digest:
                 return False

@@ -109,6 +109,12 @@ static inline float normal32(uint32_t bits) {
     return erfinv32(u) * 1.41421353816986084f; /* sqrt(2) rounded to float32 */
 }
 
+/* devrng._threefry.affine for float32: x * scale + shift in float64 (the product of a
+   float32 and a float64 the tensor ops make there, then the sum), rounded once to float32. */
+static inline float affine32(float x, double scale, double shift) {
+    return (float)((double)x * scale + shift);
+}
+
 /* Counter i is start + i, or counters[i] when given. One loop per case, so that each
    vectorises. Modes (out0/out1 element types in brackets):
    0 BITS        out0 = x0 ^ x1 (32 random bits) [uint32]
@@ -116,7 +122,10 @@ static inline float normal32(uint32_t bits) {
    2 UNIFORM     out0 = jax.random.uniform's float32 from x0 ^ x1 [float]
    3 UNIFORM64   out0 = jax.random.uniform's float64 from x0:x1 [double]
    4 NORMAL      out0 = devrng's float32 normal from x0 ^ x1 [float]
-   5 EXPONENTIAL out0 = -log(1 - u), u the float32 uniform [float] */
+   5 EXPONENTIAL out0 = -log(1 - u), u the float32 uniform [float]
+   6 UNIFORM_AT  out0 = max(shift, affine32(u, scale, shift)): uniform on [shift,
+                 shift + scale) [float]
+   7 NORMAL_AT   out0 = affine32(z, scale, shift), z the float32 normal [float] */
 #define LOOP(COUNTER, STORE) \
     for (int64_t i = 0; i < n; i++) { \
         uint64_t c = COUNTER; \
@@ -130,30 +139,38 @@ static inline float normal32(uint32_t bits) {
     v.u = ((((uint64_t)x0 << 32) | x1) >> 12) | 0x3FF0000000000000u; ((double *)out0)[i] = v.d - 1.0; }
 #define STORE_NORMAL ((float *)out0)[i] = normal32(x0 ^ x1);
 #define STORE_EXPONENTIAL ((float *)out0)[i] = -log32(1.0f - unit32(x0 ^ x1));
+#define STORE_UNIFORM_AT { float r = affine32(unit32(x0 ^ x1), scale, shift); \
+    ((float *)out0)[i] = r < low ? low : r; }
+#define STORE_NORMAL_AT ((float *)out0)[i] = affine32(normal32(x0 ^ x1), scale, shift);
 #define BOTH(STORE) \
     if (counters) LOOP(counters[i], STORE) else LOOP(start + (uint64_t)i, STORE)
-#define MODES 6
+#define MODES 8
 
 static CLONES void threefry(uint32_t k0, uint32_t k1, uint64_t start, const uint64_t *counters,
-                            int64_t n, int mode, void *out0, void *out1) {
+                            int64_t n, int mode, void *out0, void *out1, double scale,
+                            double shift) {
     const uint32_t k2 = k0 ^ k1 ^ 0x1BD11BDAu;
+    const float low = (float)shift; /* the clamp of UNIFORM_AT: shift is a float32 value */
     switch (mode) {
     case 0: BOTH(STORE_BITS) break;
     case 1: BOTH(STORE_WORDS) break;
     case 2: BOTH(STORE_UNIFORM) break;
     case 3: BOTH(STORE_UNIFORM64) break;
     case 4: BOTH(STORE_NORMAL) break;
-    default: BOTH(STORE_EXPONENTIAL) break;
+    case 5: BOTH(STORE_EXPONENTIAL) break;
+    case 6: BOTH(STORE_UNIFORM_AT) break;
+    default: BOTH(STORE_NORMAL_AT) break;
     }
 }
 
 /* x mod d for 32-bit x and d >= 1 without a division (integer division does not
    vectorise): with m = floor(2**32 / d) (2**32 - 1 for d = 1), q = (x * m) >> 32 is
-   floor(x / d) or one less, so x - q * d is in [0, 2d) and one subtraction ends it. */
+   floor(x / d) or one less, so r = x - q * d is in [0, 2d) and one subtraction ends it.
+   r fits 32 bits: for d <= 2**31, 2d <= 2**32; above, m = 1 and q = 0, so r = x. */
 static inline uint32_t mod32(uint32_t x, uint32_t d, uint32_t m) {
     uint32_t q = (uint32_t)(((uint64_t)x * m) >> 32);
-    uint64_t r = (uint64_t)x - (uint64_t)q * d;
-    return (uint32_t)(r >= d ? r - d : r);
+    uint32_t r = x - q * d;
+    return r >= d ? r - d : r;
 }
 
 /* jax.random.randint for int32 bounds: higher and lower are the 32 bits of keys
@@ -197,14 +214,14 @@ static int key_word(PyObject *arg, uint32_t *word) {
     return 0;
 }
 
-/* fill(k0, k1, start, counters, n, mode, out0, out1): counters, out0 and out1 are
-   addresses (ints; 0 for none) of contiguous CPU buffers the caller owns and keeps
-   alive: n uint64 counters, n outputs each, of the mode's element type. The GIL is
-   released meanwhile. */
+/* fill(k0, k1, start, counters, n, mode, out0, out1, scale, shift): counters, out0 and
+   out1 are addresses (ints; 0 for none) of contiguous CPU buffers the caller owns and
+   keeps alive: n uint64 counters, n outputs each, of the mode's element type; scale and
+   shift (floats) are read by UNIFORM_AT and NORMAL_AT. The GIL is released meanwhile. */
 static PyObject *fill(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 8) {
-        PyErr_Format(PyExc_TypeError, "fill() takes 8 arguments (%zd given)", nargs);
+    if (nargs != 10) {
+        PyErr_Format(PyExc_TypeError, "fill() takes 10 arguments (%zd given)", nargs);
         return NULL;
     }
     uint32_t k0, k1;
@@ -217,18 +234,20 @@ static PyObject *fill(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     long mode = PyLong_AsLong(args[5]);
     void *out0 = PyLong_AsVoidPtr(args[6]);
     void *out1 = PyLong_AsVoidPtr(args[7]);
+    double scale = PyFloat_AsDouble(args[8]);
+    double shift = PyFloat_AsDouble(args[9]);
     if (PyErr_Occurred()) {
         return NULL;
     }
     if (n < 0 || mode < 0 || mode >= MODES
             || (n > 0 && (out0 == NULL || (mode == 1 && out1 == NULL)))) {
         PyErr_SetString(PyExc_ValueError, "fill() got a negative length, a mode other than "
-                        "0 to 5, or a missing output buffer");
+                        "0 to 7, or a missing output buffer");
         return NULL;
     }
     Py_BEGIN_ALLOW_THREADS
     threefry(k0, k1, (uint64_t)start, (const uint64_t *)counters, (int64_t)n, (int)mode,
-             out0, out1);
+             out0, out1, scale, shift);
     Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
 }
@@ -271,7 +290,8 @@ static PyObject *randint_py(PyObject *self, PyObject *const *args, Py_ssize_t na
 
 static PyMethodDef methods[] = {
     {"fill", (PyCFunction)(void (*)(void))fill, METH_FASTCALL,
-     "fill(k0, k1, start, counters, n, mode, out0, out1): Threefry-2x32 into CPU buffers."},
+     "fill(k0, k1, start, counters, n, mode, out0, out1, scale, shift): Threefry-2x32 into "
+     "CPU buffers."},
     {"randint", (PyCFunction)(void (*)(void))randint_py, METH_FASTCALL,
      "randint(a0, a1, b0, b1, start, counters, n, span, multiplier, low, wide, out): "
      "jax.random.randint for int32 bounds into a CPU buffer."},
