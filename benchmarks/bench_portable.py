@@ -33,6 +33,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -58,31 +59,34 @@ def _skipped(case: str, peer: str, why: str, target: float) -> Row:
             "target": target, "note": f"skipped: {why}"}
 
 
-_X = torch.ones(N)
-_W = torch.rand(1000)
-# Every op family on 2**20 elements: (what, the call, target). Each runs inside portable
-# and as plain torch; randperm and multinomial are for information (JAX's permutation
-# sorts by random keys, devrng's multinomial scans prefix sums: not a fused loop).
-OPS: tuple[tuple[str, Callable[[], object], float | None], ...] = (
-    ("torch.rand(2**20)", lambda: torch.rand(N), 4.0),
-    ("torch.rand(2**20, dtype=float64)", lambda: torch.rand(N, dtype=torch.float64), 4.0),
-    ("torch.randn(2**20)", lambda: torch.randn(N), 4.0),
-    ("torch.randn(2**20, dtype=float64)", lambda: torch.randn(N, dtype=torch.float64), 4.0),
-    ("torch.randint(0, 1000, (2**20,))", lambda: torch.randint(0, 1000, (N,)), 4.0),
-    ("Tensor.uniform_(-0.1, 0.1) (nn.init's uniform draws)",
-     lambda: torch.empty(N).uniform_(-0.1, 0.1), 4.0),
-    ("Tensor.normal_(0, 0.02) (nn.init's normal draws)",
-     lambda: torch.empty(N).normal_(0.0, 0.02), 4.0),
-    ("Tensor.exponential_()", lambda: torch.empty(N).exponential_(), 4.0),
-    ("Tensor.bernoulli_(0.3)", lambda: torch.empty(N).bernoulli_(0.3), 4.0),
-    ("F.dropout(x, 0.5) on 2**20 elements", lambda: F.dropout(_X, 0.5), 4.0),
-    ("torch.randperm(2**20)", lambda: torch.randperm(N), None),
-    ("torch.multinomial(1000 weights, 2**20, replacement=True)",
-     lambda: torch.multinomial(_W, N, True), None),
-)
-# What the no-kernel rows measure (the tensor ops behind every op above).
-NO_KERNEL = ("torch.rand(2**20)", "torch.rand(2**20, dtype=float64)", "torch.randn(2**20)",
-             "torch.randint(0, 1000, (2**20,))", "F.dropout(x, 0.5) on 2**20 elements")
+def ops(n: int) -> list[tuple[str, Callable[[], object], float | None]]:
+    """Every op family on ``n`` elements: (what, the call, target). Each runs inside portable
+    and as plain torch; randperm and multinomial are for information (JAX's permutation
+    sorts by random keys, devrng's multinomial scans prefix sums: not a fused loop)."""
+    size = f"2**{n.bit_length() - 1}"
+    x, w = torch.ones(n), torch.rand(1000)
+    return [
+        (f"torch.rand({size})", lambda: torch.rand(n), 4.0),
+        (f"torch.rand({size}, dtype=float64)", lambda: torch.rand(n, dtype=torch.float64), 4.0),
+        (f"torch.randn({size})", lambda: torch.randn(n), 4.0),
+        (f"torch.randn({size}, dtype=float64)", lambda: torch.randn(n, dtype=torch.float64),
+         4.0),
+        (f"torch.randint(0, 1000, ({size},))", lambda: torch.randint(0, 1000, (n,)), 4.0),
+        (f"Tensor.uniform_(-0.1, 0.1) on {size} (nn.init's uniform draws)",
+         lambda: torch.empty(n).uniform_(-0.1, 0.1), 4.0),
+        (f"Tensor.normal_(0, 0.02) on {size} (nn.init's normal draws)",
+         lambda: torch.empty(n).normal_(0.0, 0.02), 4.0),
+        (f"Tensor.exponential_() on {size}", lambda: torch.empty(n).exponential_(), 4.0),
+        (f"Tensor.bernoulli_(0.3) on {size}", lambda: torch.empty(n).bernoulli_(0.3), 4.0),
+        (f"F.dropout(x, 0.5) on {size}", lambda: F.dropout(x, 0.5), 4.0),
+        (f"torch.randperm({size})", lambda: torch.randperm(n), None),
+        (f"torch.multinomial(1000 weights, {size}, replacement=True)",
+         lambda: torch.multinomial(w, n, True), None),
+    ]
+
+
+# The op families the no-kernel rows measure (the tensor ops behind every op above).
+NO_KERNEL = ("torch.rand(", "torch.randn(", "torch.randint(", "F.dropout(")
 
 
 def _one_thread() -> Callable[[], None]:
@@ -93,14 +97,13 @@ def _one_thread() -> Callable[[], None]:
     return lambda: torch.set_num_threads(threads)
 
 
-def _eager_rows(names: tuple[str, ...] | None, number: int, rounds: int, suffix: str,
-                target: bool) -> list[Row]:
+def _eager_rows(n: int, number: int, rounds: int, *, kernel: bool) -> list[Row]:
     rng = devrng.portable(0)
     rows = []
     restore = _one_thread()
     try:
-        for name, call, goal in OPS:
-            if names is not None and name not in names:
+        for name, call, goal in ops(n):
+            if not kernel and not name.startswith(NO_KERNEL):
                 continue
 
             def ours(call: Callable[[], object] = call) -> object:
@@ -108,40 +111,40 @@ def _eager_rows(names: tuple[str, ...] | None, number: int, rounds: int, suffix:
                     return call()
 
             m = interleaved({"ours": ours, "peer": call}, number=number, rounds=rounds)
-            rows.append(_row(f"portable {name}{suffix}", goal if target else None, m["ours"],
-                             f"{name}, torch's generator", m["peer"]))
+            where = ", eager CPU" if kernel else ", eager CPU, without the C kernel"
+            rows.append(_row(f"portable {name}{where}", goal if kernel else None, m["ours"],
+                             "the same call with torch's generator", m["peer"]))
     finally:
         restore()
+    if not kernel:
+        rows[0]["note"] = ("informational: the same numbers from tensor ops (no C compiler "
+                           "at install time, or DEVRNG_CPU_KERNEL=0), for this and the rows "
+                           "below marked without the C kernel")
     return rows
 
 
-def bench_eager_cpu(number: int, rounds: int) -> list[Row]:
-    return _eager_rows(None, number, rounds, ", eager CPU", target=True)
+def bench_eager_cpu(n: int, number: int, rounds: int) -> list[Row]:
+    return _eager_rows(n, number, rounds, kernel=True)
 
 
-def bench_no_kernel(number: int, rounds: int) -> list[Row]:
+def bench_no_kernel(n: int, number: int, rounds: int) -> list[Row]:
     """The eager rows again in a child process without the C kernel (DEVRNG_CPU_KERNEL=0):
     what an install without a C compiler gets."""
     code = (f"import json; from benchmarks.bench_portable import no_kernel_rows; "
-            f"print(json.dumps(no_kernel_rows({number}, {rounds})))")
+            f"print(json.dumps(no_kernel_rows({n}, {number}, {rounds})))")
     env = {**os.environ, "DEVRNG_CPU_KERNEL": "0"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                         check=True, timeout=3600)
+                         check=True, timeout=3600, cwd=Path(__file__).resolve().parent.parent)
     return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
-def no_kernel_rows(number: int, rounds: int) -> list[Row]:
+def no_kernel_rows(n: int, number: int, rounds: int) -> list[Row]:
     """Run by ``bench_no_kernel`` in the child process."""
     from devrng._threefry_cpu import status
 
     if status()[0]:
         raise RuntimeError("the C kernel is in use; run with DEVRNG_CPU_KERNEL=0")
-    rows = _eager_rows(NO_KERNEL, number, rounds, ", eager CPU, without the C kernel",
-                       target=False)
-    for r in rows:
-        r["note"] = ("informational: the same numbers from tensor ops (no C compiler at "
-                     "install time, or DEVRNG_CPU_KERNEL=0)")
-    return rows
+    return _eager_rows(n, number, rounds, kernel=False)
 
 
 def bench_eager_step(number: int, rounds: int) -> list[Row]:
@@ -327,8 +330,9 @@ def run(quick: bool = False) -> list[Row]:
         import torch_xla
 
         torch_xla.device()  # before the first backward pass (see bench_jit)
-    rows += bench_eager_cpu(number, rounds)
-    rows += bench_no_kernel(max(1, number // 5), rounds)
+    n = 1 << 14 if quick else N  # quick: a smoke run, not a measurement
+    rows += bench_eager_cpu(n, number, rounds)
+    rows += bench_no_kernel(n, max(1, number // 5), rounds)
     rows += bench_eager_step(number, rounds)
     rows += bench_jax_anchor(number, rounds)
     if quick:

@@ -267,8 +267,8 @@ def portable(seed: int | None = None, *, strict: bool = True) -> PortableRNG:
 
     Inside it, torch's random ops -- ``rand``, ``randn``, ``randint``,
     ``randperm``, ``bernoulli``, ``normal``, ``uniform_``, ``random_``,
-    ``exponential_``, ``multinomial``, dropout and so every ``nn.init``
-    function -- draw from a Threefry-2x32 counter-based stream computed with
+    ``exponential_``, ``multinomial``, dropout and so the ``nn.init``
+    functions -- draw from a Threefry-2x32 counter-based stream computed with
     the output device's own integer ops: op number n of the stream uses the
     key ``jax.random.fold_in(jax.random.key(seed), n)`` and element i of a
     draw comes from counter i (its row-major index), as in JAX. The CPU,

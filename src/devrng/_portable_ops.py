@@ -829,7 +829,7 @@ def _seeded_schema(op: Any) -> Any:
     """The schema of an aten op (an OpOverload, or a packet's first overload) if it is tagged
     as drawing random numbers (``nondeterministic_seeded``), else None."""
     if isinstance(op, torch._ops.OpOverloadPacket):
-        op = next((getattr(op, name) for name in op.overloads()), None)
+        op = next((getattr(op, name) for name in op.overloads()), None)  # type: ignore[no-untyped-call]
     if op is None or torch.Tag.nondeterministic_seeded not in op.tags:
         return None
     return op._schema

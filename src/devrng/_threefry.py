@@ -147,11 +147,14 @@ def unsigned(words: torch.Tensor) -> torch.Tensor:
 def shr(x: torch.Tensor, k: int) -> torch.Tensor:
     """Logical right shift of int32 or int64 bit patterns by ``k`` (1 <= k < width).
 
-    Only non-negative values are ever shifted right: torch's ``>>`` is
-    arithmetic on the CPU, and torch_xla computes it as a division, which
-    rounds negative values towards zero. The sign bit is moved separately.
+    torch's ``>>`` is arithmetic: the copies of the sign bit it shifts in are
+    masked off. torch_xla computes ``>>`` as a division, which rounds negative
+    values towards zero, so there only non-negative values are shifted right
+    and the sign bit is moved separately.
     """
     width = 8 * x.element_size()
+    if x.device.type != "xla":
+        return (x >> k) & ((1 << (width - k)) - 1)
     magnitude = (x & ((1 << (width - 1)) - 1)) >> k
     return magnitude | ((x < 0).to(x.dtype) << (width - 1 - k))
 
