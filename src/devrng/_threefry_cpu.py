@@ -180,8 +180,8 @@ def status() -> tuple[bool, str]:
     return _loaded["kernel"] is not None, _loaded["status"]
 
 
-_SLOWER = ("devrng.portable's CPU draws use tensor ops: the same numbers, one to two orders "
-           "of magnitude more slowly (docs/benchmarks.md)")
+_SLOWER = ("devrng.portable's CPU draws use tensor ops: the same numbers, up to about 60 times "
+           "more slowly than torch's generator (docs/portable.md, What it costs)")
 
 
 def _load() -> tuple[CpuKernel | None, str]:
