@@ -837,10 +837,10 @@ def _seeded_schema(op: Any) -> Any:
 
 # torch's private bindings of aten ops tagged as random (fused attention, cuDNN and MIOpen
 # RNNs): tests/test_portable.py checks that every binding of such an op is in the tables.
-for _name in ("_cudnn_rnn", "miopen_rnn", "_scaled_dot_product_flash_attention",
-              "_scaled_dot_product_flash_attention_for_cpu",
+for _name in ("_cudnn_rnn", "miopen_rnn", "_lstm_mps", "_scaled_dot_product_attention_math",
+              "_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_for_cpu",
               "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
-              "_scaled_dot_product_attention_math_for_mps"):
+              "_scaled_dot_product_attention_math_for_mps", "_triton_scaled_dot_attention"):
     _binding = getattr(torch, _name, None)
     _schema = _seeded_schema(getattr(torch.ops.aten, _name, None))
     if _binding is not None and _schema is not None:
