@@ -12,7 +12,7 @@ from typing import Any
 
 from devrng._errors import DevRNGError, short_repr
 from devrng._rank import dist_or_none, process_rank
-from devrng._training import TrainingRNG
+from devrng._training import TrainingRNG, load_training_state
 
 __all__ = ["PerRankState"]
 
@@ -28,10 +28,12 @@ class PerRankState:
         >>> state.load_state_dict(saved)
     """
 
-    def __init__(self, rng: TrainingRNG, *, strict: bool = True, owner: str = "devrng") -> None:
+    def __init__(self, rng: TrainingRNG, *, strict: bool = True, owner: str = "devrng",
+                 lenient: str = "strict=False") -> None:
         self.rng = rng
         self.strict = strict
         self.owner = owner
+        self.lenient = lenient  # how the user passes strict=False to the owner
 
     def state_dict(self) -> dict[str, Any]:
         state = self.rng.state_dict()
@@ -54,12 +56,12 @@ class PerRankState:
             )
         rank = process_rank()
         if rank < len(ranks):
-            self.rng.load_state_dict(ranks[rank], strict=self.strict)
+            load_training_state(self.rng, ranks[rank], strict=self.strict, lenient=self.lenient)
         elif self.strict:
             raise DevRNGError(
                 f"{self.owner}: the checkpoint holds the RNG of {len(ranks)} rank(s), and this is "
-                f"rank {rank}; pass strict=False to resume on more ranks (the new ranks' "
+                f"rank {rank}; pass {self.lenient} to resume on more ranks (the new ranks' "
                 "generators are then seeded from the seed and their rank)."
             )
         else:  # another rank's state: TrainingRNG derives this rank's own streams
-            self.rng.load_state_dict(ranks[0], strict=False)
+            load_training_state(self.rng, ranks[0], strict=False)

@@ -68,7 +68,8 @@ class _Registered(PerRankState):
     """What ``register_for_checkpointing`` stores (it needs only the two methods)."""
 
     def __init__(self, rng: TrainingRNG, strict: bool, gradient_state: Any) -> None:
-        super().__init__(rng, strict=strict, owner="devrng.integrations.accelerate")
+        super().__init__(rng, strict=strict, owner="devrng.integrations.accelerate",
+                         lenient="register(accelerator, strict=False)")
         self.gradient_state = gradient_state  # tells which prepared loader is being iterated
 
     def __repr__(self) -> str:  # accelerate logs it by name

@@ -128,7 +128,8 @@ class DevRNGCallback(pl.Callback):
                          "loaders": loaders if isinstance(loaders, Mapping) else {}}
 
     def _per_rank(self) -> PerRankState:
-        return PerRankState(self.rng, strict=self.strict, owner="DevRNGCallback")
+        return PerRankState(self.rng, strict=self.strict, owner="DevRNGCallback",
+                            lenient="DevRNGCallback(strict=False)")
 
     def _no_state(self, why: str) -> None:
         """The run resumes from a checkpoint that holds no devrng state: refuse (strict), or
