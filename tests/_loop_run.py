@@ -76,14 +76,15 @@ def train(config: dict[str, Any], out: Path, resume: Path | None = None) -> Resu
                 y = x.sum(dim=1, keepdim=True) * 0.5 + torch.randn(len(x), 1) * 0.01 \
                     + random.gauss(0, 0.01)
                 losses.append(float(step(x, y)).hex())
-                augmented.update(zip(index.long().tolist(), x.tolist()))
+                augmented.update(zip(index.long().tolist(), x.tolist(), strict=True))
                 steps += 1
             samples.append(hashlib.sha256(repr(sorted(augmented.items())).encode()).hexdigest())
             epoch += 1
             if resume is None and rng is not None:  # after the epoch's loop
                 (out / "ck").mkdir(parents=True, exist_ok=True)
                 torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
-                            "epoch": epoch, "step": steps, "rng": rng.state_dict()}, out / "ck" / f"epoch{epoch}.pt")
+                            "epoch": epoch, "step": steps, "rng": rng.state_dict()},
+                           out / "ck" / f"epoch{epoch}.pt")
     result = Result(losses, [], digest(model), steps)
     result.warnings, result.logged, result.samples = found, logged, samples
     return result

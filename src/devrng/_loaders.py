@@ -106,7 +106,7 @@ def describe(loader: Any) -> dict[str, Any]:
 def _batch_sampler(loader: Any) -> Any:
     """The batch sampler that groups the loader's indices (inside the ones a trainer wraps
     around it: accelerate's ``BatchSamplerShard``), or None without automatic batching."""
-    batches = getattr(loader, "batch_sampler", None)
+    batches: Any = getattr(loader, "batch_sampler", None)
     while getattr(batches, "batch_sampler", None) is not None:
         batches = batches.batch_sampler
     return batches
@@ -163,7 +163,7 @@ def _fingerprint(values: Any) -> str:
 def _length(dataset: Any) -> int | None:
     """``len(dataset)``, or None for a dataset without one (an iterable dataset's)."""
     try:
-        return int(len(dataset))
+        return len(dataset)
     except Exception:  # no __len__, or one that raises (IterableDataset's TypeError)
         return None
 

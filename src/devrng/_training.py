@@ -36,7 +36,8 @@ from devrng._state import RNGState, get_rng_state
 from devrng._undo import Undo, read_started
 from devrng._workers import dataloader_kwargs
 
-__all__ = ["TrainingRNG", "generator_states", "load_training_state", "set_generator_states"]
+__all__ = ["TrainingRNG", "generator_states", "load_training_state", "set_generator_states",
+           "tracked_loaders"]
 
 _FORMAT = "devrng.TrainingRNG"
 _VERSION = 2
@@ -504,6 +505,11 @@ def generator_states(rng: TrainingRNG) -> dict[str, torch.Tensor]:
     """The states of ``rng``'s DataLoader and tracked generators, by name (for the trainer
     integrations, which put them back once the trainer has built its resumed loaders)."""
     return {name: g.get_state() for name, g in rng._generators.items()}
+
+
+def tracked_loaders(rng: TrainingRNG) -> dict[str, Any]:
+    """The DataLoaders ``rng`` tracks, by name (for the trainer integrations)."""
+    return dict(rng._loaders)
 
 
 def set_generator_states(rng: TrainingRNG, states: Mapping[str, torch.Tensor]) -> None:

@@ -178,7 +178,7 @@ def _count_epochs() -> None:
     epoch such a worker gets."""
     global _fetchers
     _fetchers = 0
-    kinds = torch.utils.data._DatasetKind
+    kinds: Any = torch.utils.data._DatasetKind
     make = kinds.create_fetcher
     if getattr(make, "_devrng_counts", False):
         return
@@ -189,7 +189,7 @@ def _count_epochs() -> None:
         return make(*args, **kwargs)
 
     counted._devrng_counts = True  # type: ignore[attr-defined]
-    kinds.create_fetcher = staticmethod(counted)  # type: ignore[method-assign,assignment]
+    kinds.create_fetcher = staticmethod(counted)
 
 
 def _worker_epoch_seed(info: Any) -> int:

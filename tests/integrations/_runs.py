@@ -150,10 +150,31 @@ def job_runner(train: Callable[..., Result], configs: dict[str, dict[str, Any]]
             result = train(configs[name], out / name)
         else:
             config = {**configs[name], **job.get("changes", {})}
-            result = train(config, out / name / job["tag"], resume=Path(job["checkpoint"]))
+            resume = Path(job["checkpoint"])
+            if "chain" in config:  # a resume of a resumed run, saved as the whole run saves
+                first = out / name / f"{job['tag']}-first"
+                in_child(lambda: train({**config, "saves": True}, first, resume=resume))
+                resume = first / "ck" / config["chain"]
+            result = train(config, out / name / job["tag"], resume=resume)
         result.write(target(out, job))
 
     return run_job
+
+
+def in_child(work: Callable[[], Any]) -> None:
+    """Run ``work`` in a process forked from this one (before it changed anything: a new
+    process of its own), and wait for it."""
+    sys.stdout.flush()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            work()
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert status == 0, f"the first resumed run failed (status {status})"
 
 
 def main(argv: list[str], run_job: Callable[[Path, dict[str, Any]], None]) -> None:

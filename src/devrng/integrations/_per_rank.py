@@ -14,7 +14,17 @@ from devrng._errors import DevRNGError, short_repr
 from devrng._rank import dist_or_none, process_rank
 from devrng._training import TrainingRNG, load_training_state
 
-__all__ = ["PerRankState"]
+__all__ = ["PerRankState", "gather"]
+
+
+def gather(obj: Any) -> list[Any]:
+    """``obj`` of every rank, in rank order (a collective: every rank calls it)."""
+    dist = dist_or_none()
+    if dist is None or not dist.is_initialized() or dist.get_world_size() == 1:
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
 
 
 class PerRankState:
@@ -36,13 +46,7 @@ class PerRankState:
         self.lenient = lenient  # how the user passes strict=False to the owner
 
     def state_dict(self) -> dict[str, Any]:
-        state = self.rng.state_dict()
-        dist = dist_or_none()
-        if dist is None or not dist.is_initialized() or dist.get_world_size() == 1:
-            return {"ranks": [state]}
-        out: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(out, state)
-        return {"ranks": out}
+        return {"ranks": gather(self.rng.state_dict())}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         ranks = state_dict.get("ranks") if isinstance(state_dict, dict) else None
