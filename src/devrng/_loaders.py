@@ -4,11 +4,12 @@ A loader decides which samples each step sees and, through its workers, their
 augmentation. A run resumed with another batch size, number of workers, loader or
 sampler kind, sampler arguments, dataset length or ``drop_last``, on another number
 of processes, or from a position its loader cannot restore, sees other samples or
-other augmentation than the uninterrupted run, whatever the generators hold. devrng records each loader it knows of when a checkpoint is saved
-(``describe``), compares the record with the loader of the resumed run, and names
-every difference -- with the way to make the run exact -- in one ``DevRNGWarning``
-when the run resumes. The sentences live here, so the trainer
-integrations and ``TrainingRNG`` say the same thing.
+other augmentation than the uninterrupted run, whatever the generators hold. devrng
+records each loader it knows of when a checkpoint is saved (``describe``), compares
+the record with the loader of the resumed run (``differences``: the one place a
+record is read), and names every difference -- with the way to make the run exact
+-- in one ``DevRNGWarning`` when the run resumes. The sentences live here, so the
+trainer integrations and ``TrainingRNG`` say the same thing.
 """
 
 from __future__ import annotations
@@ -212,9 +213,9 @@ def _sampling_differences(name: str, saved: Mapping[str, Any], now: Mapping[str,
     other = "so the resumed steps see other samples than the uninterrupted run's"
     if "dataset_length" in saved and saved["dataset_length"] != now["dataset_length"]:
         before, after = saved["dataset_length"], now["dataset_length"]
-        problems.append(f"the dataset of {name} had {before} samples and has {after}, so the sampler "
-                        f"draws other indices and an epoch has another number of batches; "
-                        f"resume with the dataset of {before} samples")
+        problems.append(f"the dataset of {name} had {before} samples and has {after}, so the "
+                        "sampler draws other indices and an epoch has another number of "
+                        f"batches; resume with the dataset of {before} samples")
     # Older records named the loader's `sampler`, which is not the one that draws when a
     # trainer wraps the batch sampler: compare kinds only with records that say which draws.
     kind, now_kind = saved.get("sampler"), now["sampler"]
