@@ -43,7 +43,8 @@ def test_a_checkpoint_from_fewer_ranks_is_refused_unless_lenient(
     state = callback.state_dict()
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")
-    with pytest.raises(devrng_error(), match="holds the RNG of 1 rank"):
+    with pytest.raises(devrng_error(), match=r"holds the RNG of 1 rank.*pass "
+                                             r"DevRNGCallback\(strict=False\) to resume on more"):
         callback.load_state_dict(state)
     lenient = DevRNGCallback(5, strict=False)
     with pytest.warns(devrng_warning()) as caught:
@@ -51,6 +52,17 @@ def test_a_checkpoint_from_fewer_ranks_is_refused_unless_lenient(
     messages = [str(w.message) for w in caught]
     assert any("did not restore: the global generators of rank 0" in m for m in messages)
     assert any("written by a run of 1 process(es) and this run has 2" in m for m in messages)
+
+
+def test_the_errors_name_the_callbacks_own_strict_false() -> None:
+    """A callback user passes strict=False to DevRNGCallback, not to a load_state_dict they
+    never call: the error says so."""
+    state = DevRNGCallback(5).state_dict()
+    state["ranks"][0]["world_size"] = 2  # rank 0 of a run of 2
+    with pytest.raises(devrng_error(), match=r"saved by rank 0 of 2, and this is rank 0 of 1\. "
+                                             r"Pass DevRNGCallback\(strict=False\) to resume "
+                                             r"anyway"):
+        DevRNGCallback(5).load_state_dict(state)
 
 
 def devrng_error() -> type[Exception]:
