@@ -195,14 +195,14 @@ class DevRNGCallback(pl.Callback):
         that cannot be undone, say so (the sentences returned).
         """
         epoch = trainer.fit_loop.epoch_progress.current.processed
-        stale = [loader for loader in loaders
-                 if describe(loader)["num_workers"] and _samplers_behind(loader, epoch)]
+        infos = [describe(loader) for loader in loaders]
+        stale = [loader for loader, info in zip(loaders, infos, strict=True)
+                 if info["num_workers"] and _samplers_behind(loader, epoch)]
         if not stale:
             return []
-        fetcher = getattr(trainer.fit_loop, "_data_fetcher", None)
-        kept = [loader for loader in loaders
-                if describe(loader)["persistent_workers"] or describe(loader)["stateful"]]
-        if fetcher is None or kept:
+        fetcher = getattr(trainer.fit_loop, "_data_fetcher", None)  # Lightning 2.6's
+        if fetcher is None or any(info["persistent_workers"] or info["stateful"]
+                                  for info in infos):
             return [f"Lightning {pl.__version__} made the resumed epoch's first iterator of a "
                     f"loader with workers before it set its sampler's epoch to {epoch}, so it "
                     "yields the order of another epoch, and devrng cannot make it again for a "
