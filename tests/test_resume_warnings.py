@@ -15,7 +15,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 import devrng
-from devrng import _loaders, _workers
+from devrng import _host, _loaders, _workers
 
 
 class PerSample(Dataset[torch.Tensor]):
@@ -153,6 +153,26 @@ def test_what_decides_the_samples_is_compared_and_named(
     [message] = resumed(_loader(saved), _loader(now), caplog)
     assert re.search(match, message), message
     assert resumed(_loader(now), _loader(now), caplog) == []  # unchanged: nothing to say
+
+
+def test_a_fingerprint_is_the_same_without_numpy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Weights and indices are fingerprinted from their bytes: through NumPy where it is
+    installed, else through Python; a state saved in one environment compares in the other."""
+    weights = torch.rand(50, dtype=torch.float64)
+
+    def fingerprints() -> list[str]:
+        data = torch.utils.data
+        samplers = [data.WeightedRandomSampler(weights, 8),
+                    data.WeightedRandomSampler(weights[::2], 8),  # a view: its own values
+                    data.SubsetRandomSampler([3, 1, 2])]
+        args = [_loaders.describe(DataLoader(range(50), sampler=s))["sampler_args"]
+                for s in samplers]
+        return [a.get("weights", a.get("indices")) for a in args]
+
+    with_numpy = fingerprints()
+    monkeypatch.setattr(_host, "numpy_or_none", lambda: None)
+    assert fingerprints() == with_numpy
+    assert with_numpy[0].startswith("50 values, sha256 ") and len(set(with_numpy)) == 3
 
 
 def test_drop_last_that_drops_nothing_is_not_a_difference(caplog: pytest.LogCaptureFixture

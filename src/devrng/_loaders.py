@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from devrng import _host
 from devrng._errors import warn_and_log
 from devrng._rank import world_size
 from devrng._workers import WorkerSeeding
@@ -153,10 +154,13 @@ def _fingerprint(values: Any) -> str:
     """Many numbers (a sampler's weights or indices) as a short text that changes with any
     of them."""
     try:
-        tensor = torch.as_tensor(values).detach().cpu().contiguous().clone()
+        tensor = torch.as_tensor(values).detach().cpu()
+        raw = tensor.contiguous().reshape(-1).view(torch.uint8)
     except (TypeError, ValueError, RuntimeError):
         return f"unreadable {type(values).__name__}"
-    digest = hashlib.sha256(bytes(tensor.untyped_storage()))
+    # The same bytes either way; NumPy's is the fast one (bytes(storage) goes byte by byte).
+    data = raw.numpy().tobytes() if _host.numpy_or_none() is not None else bytes(raw.tolist())
+    digest = hashlib.sha256(data)
     digest.update(str((tensor.dtype, tuple(tensor.shape))).encode())
     return f"{tensor.numel()} values, sha256 {digest.hexdigest()[:16]}"
 

@@ -178,10 +178,10 @@ def _count_epochs() -> None:
     epoch such a worker gets."""
     global _fetchers
     _fetchers = 0
-    kinds: Any = torch.utils.data._DatasetKind
-    make = kinds.create_fetcher
-    if getattr(make, "_devrng_counts", False):
-        return
+    kinds: Any = getattr(torch.utils.data, "_DatasetKind", None)
+    make = getattr(kinds, "create_fetcher", None)
+    if make is None or getattr(make, "_devrng_counts", False):
+        return  # (a torch without it: kept workers repeat their first epoch's seed)
 
     def counted(*args: Any, **kwargs: Any) -> Any:
         global _fetchers
