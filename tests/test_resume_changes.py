@@ -45,8 +45,8 @@ CELLS = [
          r"\(shuffle=True\) and now from a SequentialSampler \(shuffle=False\).*resume with "
          r"shuffle=True", changes={"shuffle": False}),
     # 2. the dataset grew (26 -> 30 samples): other indices, another number of batches
-    Cell("loader", "warned", r"the dataset of the loader 'loader' had 26 samples and has 30.*resume "
-         r"with the dataset of 26 samples", changes={"size": 30}),
+    Cell("loader", "warned", r"the dataset of the loader 'loader' had 26 samples and has 30.*"
+         r"resume with the dataset of 26 samples", changes={"size": 30}),
     # 3. drop_last False -> True: 26 % 4 leaves an incomplete last batch, now dropped
     Cell("loader", "warned", r"the loader 'loader' had drop_last=False and has drop_last=True.*"
          r"resume with drop_last=False", changes={"drop_last": True}),

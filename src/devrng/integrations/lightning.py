@@ -272,10 +272,10 @@ def _position_problems(position: Mapping[str, Any]) -> list[str]:
         return [f"the checkpoint was written after {where}, inside a window of "
                 f"accumulate_grad_batches={position.get('accumulate')}: the gradient of "
                 f"{accumulated} batch{'es' if accumulated > 1 else ''} accumulated since the "
-                "last optimizer step is not in the checkpoint (Lightning saves weights and optimizer state, not .grad), so the "
-                "first optimizer step after the resume differs (with or without devrng); save "
-                "where a window ends (every_n_train_steps counts optimizer steps) or at the "
-                "ends of epochs"]
+                "last optimizer step is not in the checkpoint (Lightning saves weights and "
+                "optimizer state, not .grad), so the first optimizer step after the resume "
+                "differs (with or without devrng); save where a window ends "
+                "(every_n_train_steps counts optimizer steps) or at the ends of epochs"]
     return []
 
 
