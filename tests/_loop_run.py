@@ -34,6 +34,7 @@ EPOCHS = 3
 # A resume changes size, shuffle or drop_last.
 CONFIGS: dict[str, dict[str, Any]] = {
     "loader": {},
+    "weighted": {"weighted": True},  # WeightedRandomSampler with replacement
     "persistent": {"persistent": True},
     "persistent-untracked": {"persistent": True, "track": False},
     "persistent-alone": {"persistent": True, "devrng": False},
@@ -51,10 +52,16 @@ def train(config: dict[str, Any], out: Path, resume: Path | None = None) -> Resu
             torch.manual_seed(SEED)
             kwargs = {"generator": torch.Generator().manual_seed(SEED)}
         persistent = bool(config.get("persistent"))
+        size = config.get("size", 26)
+        if config.get("weighted"):  # it draws from torch's global generator, which devrng keeps
+            kwargs["sampler"] = torch.utils.data.WeightedRandomSampler(
+                torch.linspace(1, 2, size), num_samples=size, replacement=True)
+        else:
+            kwargs["shuffle"] = config.get("shuffle", True)
         loader = torch.utils.data.DataLoader(
-            Augmented(size=config.get("size", 26), per_sample=True, indexed=True), batch_size=4,
-            shuffle=config.get("shuffle", True), drop_last=config.get("drop_last", False),
-            num_workers=2, persistent_workers=persistent, **kwargs)
+            Augmented(size=size, per_sample=True, indexed=True), batch_size=4,
+            drop_last=config.get("drop_last", False), num_workers=2,
+            persistent_workers=persistent, **kwargs)
         step: Any = sgd_step(model, opt)
         if rng is not None:
             step = rng.track("step", devrng.seeded_jit(step, backend="eager"))

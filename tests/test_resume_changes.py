@@ -40,6 +40,7 @@ class Cell:
 
 CELLS = [
     Cell("loader", "exact"),
+    Cell("weighted", "exact"),  # a WeightedRandomSampler, with replacement
     # 1. shuffle=True -> False: a SequentialSampler instead of the RandomSampler
     Cell("loader", "warned", r"the loader 'loader' drew its indices from a RandomSampler "
          r"\(shuffle=True\) and now from a SequentialSampler \(shuffle=False\).*resume with "
@@ -59,7 +60,8 @@ CELLS = [
 def out(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("loop")
     run(PROGRAM, folder, [{"mode": "A", "name": name} for name in
-                          ("loader", "persistent", "persistent-untracked", "persistent-alone")])
+                          ("loader", "weighted", "persistent", "persistent-untracked",
+                           "persistent-alone")])
     run(PROGRAM, folder, [{"mode": "B", "name": c.name, "tag": c.tag, "changes": c.changes,
                            "checkpoint": str(folder / c.name / "ck" / c.checkpoint)}
                           for c in CELLS])

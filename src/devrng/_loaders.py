@@ -307,7 +307,7 @@ def private_shuffle_problem(name: str, how: str) -> str:
 def persistent_workers_problem(name: str, fix: str) -> str:
     """Workers that outlive an epoch in the uninterrupted run and start afresh in the resumed one."""
     return (f"{name} keeps its workers from epoch to epoch (persistent_workers=True): in the "
-            "uninterrupted run they go on with the seeds of the epoch that started them, "
+            "uninterrupted run they go on from the seeds of the epoch that started them, "
             "while the resumed run starts new workers with a new base seed, so the samples' "
             f"augmentation differs; {fix}")
 
