@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from devrng import _host
-from devrng._errors import warn_and_log
+from devrng._errors import DevRNGError, short_repr, warn_and_log
 from devrng._rank import world_size
 from devrng._workers import WorkerSeeding
 
@@ -179,6 +179,7 @@ def differences(name: str, saved: Mapping[str, Any], now: Mapping[str, Any]) -> 
     Every fact of ``describe`` that decides which samples a step sees is compared; one that
     ``saved`` lacks (a record of an older devrng) is not.
     """
+    _check_record(name, saved)
     problems = []
     if saved.get("kind") != now["kind"]:
         problems.append(f"{name} was a {saved.get('kind')} and is now a {now['kind']}, which "
@@ -203,6 +204,31 @@ def differences(name: str, saved: Mapping[str, Any], now: Mapping[str, Any]) -> 
                    "devrng.sample_rng(index), which makes it independent of the workers")
         problems.append(f"{name} had num_workers={before} and has {after}: {why}; {fix}")
     return problems
+
+
+#: Records hold class names, counts and fingerprints: no text of theirs is longer.
+_MAX_TEXT = 200
+
+
+def _check_record(name: str, saved: Mapping[str, Any]) -> None:
+    """Refuse a record that ``describe`` cannot have written, before any of it is compared or
+    quoted: a tensor (one that claims gigabytes over a byte of storage would be allocated by
+    the comparison), a nesting, or text longer than a class name."""
+    for key, value in saved.items():
+        values = value.values() if key == "sampler_args" and isinstance(value, Mapping) \
+            else (value,)
+        for item in values:
+            if item is None or isinstance(item, (bool, int, float)) or (
+                    isinstance(item, str) and len(item) <= _MAX_TEXT):
+                continue
+            raise DevRNGError(
+                f"The saved record of {name} holds {short_repr(item)} under {short_repr(key)}; "
+                "devrng's loader records hold short names and numbers only, so this "
+                "checkpoint was not written by devrng, or was altered."
+            )
+        if not isinstance(key, str) or len(key) > _MAX_TEXT:
+            raise DevRNGError(f"The saved record of {name} has the key {short_repr(key)}; "
+                              "devrng's loader records use short names only.")
 
 
 # What DataLoader's shuffle= makes, to name the argument a user changed.
