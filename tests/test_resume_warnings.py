@@ -271,7 +271,7 @@ def test_a_version_1_state_loads_and_unknown_versions_are_refused(no_warnings: N
             rng.load_state_dict(state)
 
 
-def test_corrupt_loader_records_are_ignored_not_fatal(no_warnings: None) -> None:
+def test_records_that_are_not_records_are_ignored_and_odd_values_refused(no_warnings: None) -> None:
     rng = devrng.TrainingRNG(seed=0)
     rng.track("loader", DataLoader(range(4)))
     for bad in ([1, 2], {"loader": "not a record"}, {"loader": [4]}):
@@ -279,8 +279,10 @@ def test_corrupt_loader_records_are_ignored_not_fatal(no_warnings: None) -> None
         state["loaders"] = bad
         rng.load_state_dict(state)  # nothing to compare with: no warning, no error
     state = rng.state_dict()
-    state["loaders"] = {"loader": {"batch_size": [1]}}  # a record of odd values: compared
-    with pytest.warns(devrng.DevRNGWarning, match=r"had batch size \[1\] and has 1"):
+    # A record of values describe() never writes: refused before it is compared or quoted.
+    state["loaders"] = {"loader": {"batch_size": [1]}}
+    with pytest.raises(devrng.DevRNGError, match=r"The saved record of the loader 'loader' "
+                                                 r"holds \[1\] under 'batch_size'"):
         rng.load_state_dict(state)
 
 
