@@ -29,7 +29,7 @@ import torch
 from devrng._errors import DevRNGError
 from devrng._plain import feed, tensor_bytes
 from devrng._plan import Plan, make_plan
-from devrng._rank import dist_or_none, process_rank
+from devrng._rank import collective_device, dist_or_none, process_rank
 from devrng._registry import current_index, default_types, get_backend
 from devrng._restore import set_rng_state
 from devrng._seeding import manual_seed
@@ -170,18 +170,6 @@ def _group_ranks(dist: Any, group: ProcessGroup | None) -> list[int]:
     return [int(r) for r in dist.get_process_group_ranks(group)]
 
 
-def _coll_device(dist: Any, group: ProcessGroup | None) -> torch.device:
-    """The device a group's collectives take tensors on (CPU for gloo, CUDA for nccl, ...)."""
-    pick = getattr(dist.distributed_c10d, "_get_object_coll_device", None)
-    if pick is not None:
-        try:
-            return torch.device(pick(group))
-        except Exception:  # a group type that private helper does not know
-            pass
-    backend = str(dist.get_backend(group))
-    return torch.device({"nccl": "cuda", "xccl": "xpu"}.get(backend, "cpu"))
-
-
 # -- what a rank covers ---------------------------------------------------------
 def _local_devices(devices: Any, caller: str) -> Plan:
     """(backend, local indices in position order) for every covered device type."""
@@ -315,7 +303,7 @@ def broadcast_rng_state(src: int = 0, *, group: ProcessGroup | None = None, devi
                                         "size": len(payload)})
     _check_coverage(records, "broadcast_rng_state")
     size = next(rec["size"] for rec in records if rec["rank"] == src)
-    device = _coll_device(dist, group)
+    device = collective_device(group)
     if me == src:
         data = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(device)
     else:

@@ -12,6 +12,7 @@ from typing import Any
 
 from devrng._errors import DevRNGError, short_repr
 from devrng._rank import dist_or_none, process_rank
+from devrng._ranked import own_entry
 from devrng._training import TrainingRNG
 
 __all__ = ["PerRankState"]
@@ -34,7 +35,7 @@ class PerRankState:
         self.owner = owner
 
     def state_dict(self) -> dict[str, Any]:
-        state = self.rng.state_dict()
+        state = own_entry(self.rng.state_dict())  # the plain state: one per rank in the list
         dist = dist_or_none()
         if dist is None or not dist.is_initialized() or dist.get_world_size() == 1:
             return {"ranks": [state]}
