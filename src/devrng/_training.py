@@ -375,7 +375,8 @@ class TrainingRNG:
         if missing is not None and strict:
             raise DevRNGError(
                 f"{what}: the checkpoint holds the states of {missing[0]} rank(s) and this job "
-                f"has {summary.world}, so {ranks_text(*missing)} have none. Make the "
+                f"has {summary.world}, so {ranks_text(*missing)} "
+                f"{'has' if missing[0] == missing[1] else 'have'} none. Make the "
                 "TrainingRNG with strict=False to resume with those ranks' generators seeded "
                 "afresh (with a warning).")
         loading = _Loading(self, plain, strict)  # checks everything, changes nothing
@@ -536,7 +537,7 @@ class _Loading:
             if name in self.tracked:
                 # A copy: an nn.Module's state_dict() holds its live parameters.
                 undo.push(f"the tracked object {name!r}", obj.load_state_dict,
-                          copy.deepcopy(obj.state_dict()))
+                          copy.deepcopy(own_entry(obj.state_dict())))
                 obj.load_state_dict(self.tracked[name])
                 _materialise(obj)
         # Generators after the tracked loaders: a resumed StatefulDataLoader sets its

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from devrng._errors import DevRNGError
+from devrng._lazy import load
 from devrng._plain import feed, tensor_bytes
 from devrng._plan import Plan, make_plan
 from devrng._rank import collective_device, dist_or_none, process_rank
@@ -40,7 +41,10 @@ from devrng._undo import read_devices
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
+    from devrng._dcp import LoadPlanner as LoadPlanner
+
 __all__ = [
+    "LoadPlanner",
     "RNGSyncError",
     "assert_rng_in_sync",
     "broadcast_rng_state",
@@ -66,6 +70,14 @@ class RNGSyncError(DevRNGError):
         super().__init__(message)
         self.ranks = tuple(ranks)
         self.fingerprints = dict(fingerprints)
+
+
+def __getattr__(name: str) -> Any:
+    # LoadPlanner subclasses DCP's planner: torch.distributed.checkpoint (about a second to
+    # import) is loaded only when it is used.
+    if name == "LoadPlanner":
+        return load("devrng._dcp:LoadPlanner", what="devrng.distributed.LoadPlanner")
+    raise AttributeError(f"module 'devrng.distributed' has no attribute {name!r}")
 
 
 # -- seeds ---------------------------------------------------------------------
