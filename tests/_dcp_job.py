@@ -101,19 +101,20 @@ class Program:
         h = hashlib.sha256()
         for part in (devrng.get_rng_state().fingerprint(), self.noise.get_state(),
                      self.loader_kwargs["generator"].get_state(),
-                     list(self.streams.state_dict().values())[0],
+                     next(iter(self.streams.state_dict().values())),
                      str(self.shared.state_dict()), str(self.portable.state_dict())):
             h.update(part if isinstance(part, bytes) else
                      part.numpy().tobytes() if isinstance(part, torch.Tensor) else str(part).encode())
         return h.hexdigest()[:16]
 
 
-def attempt(fn: Callable[[], Any]) -> dict[str, Any]:
-    """What ``fn()`` raised and warned (the exception's class, message, whether devrng's)."""
+def attempt(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
+    """What ``fn(*args, **kwargs)`` raised and warned (the exception's class, message, whether
+    devrng's, and devrng's warnings)."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            fn()
+            fn(*args, **kwargs)
         except BaseException as err:  # DCP's CheckpointException is a BaseException
             return {"error": type(err).__name__, "msg": str(err),
                     "devrng": isinstance(err, devrng.DevRNGError),
@@ -221,7 +222,7 @@ def bad_inputs(root: Path) -> dict[str, Any]:
         before = program.fingerprint()
         states = {"rng": program.rng}
         kw = {k: v() for k, v in kwargs.items()}
-        out[name] = attempt(lambda: dcp.load(states, checkpoint_id=str(ckpt), **kw))
+        out[name] = attempt(dcp.load, states, checkpoint_id=str(ckpt), **kw)
         out[name]["unchanged"] = program.fingerprint() == before
 
     return out
@@ -253,13 +254,11 @@ def reshard(root: Path, ckpt: str) -> dict[str, Any]:
                                    ("lenient_planner", False, True)]:
         program = Program(strict=strict)
         kw = {"planner": ddist.LoadPlanner()} if planner else {}
-        out[f"rng_{label}"] = attempt(lambda: dcp.load({"rng": program.rng}, checkpoint_id=path,
-                                                       **kw))
+        out[f"rng_{label}"] = attempt(dcp.load, {"rng": program.rng}, checkpoint_id=path, **kw)
     program = Program()
     for key, obj in (("shared", program.shared), ("streams", program.streams)):
         for label, kw in (("default", {}), ("planner", {"planner": ddist.LoadPlanner()})):
-            out[f"{key}_{label}"] = attempt(lambda: dcp.load({key: obj}, checkpoint_id=path,
-                                                             **kw))
+            out[f"{key}_{label}"] = attempt(dcp.load, {key: obj}, checkpoint_id=path, **kw)
     out["shared_draws"] = []
     out["per_rank_draws"] = []
     for _ in range(STEPS):
@@ -271,6 +270,7 @@ def reshard(root: Path, ckpt: str) -> dict[str, Any]:
 
 def main() -> None:
     phase, root, arg = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
+    label = arg.replace("/", "_")
     rank = int(os.environ["RANK"])
     dist.init_process_group("gloo", timeout=timedelta(seconds=int(os.environ.get(
         "DEVRNG_TEST_TIMEOUT", "120"))))
@@ -279,12 +279,12 @@ def main() -> None:
                   "reshard": lambda: reshard(root, arg)}[phase]()
         dist.barrier()
     except BaseException:
-        Path(root, f"{phase}-{arg}-{dist.get_world_size()}-rank{rank}.err").write_text(
+        Path(root, f"{phase}-{label}-{rank}.err").write_text(
             traceback.format_exc())
         raise
     finally:
         dist.destroy_process_group()
-    Path(root, f"{phase}-{arg}-{rank}.json").write_text(json.dumps(result))
+    Path(root, f"{phase}-{label}-{rank}.json").write_text(json.dumps(result))
 
 
 if __name__ == "__main__":

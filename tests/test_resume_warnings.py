@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import torch
+from tests._helpers import plain_state
 from torch.utils.data import DataLoader, Dataset
 
 import devrng
@@ -67,7 +68,7 @@ def test_a_tracked_loader_is_described_in_the_state() -> None:
     rng = devrng.TrainingRNG(seed=0)
     loader = rng.track("loader", DataLoader(range(8), batch_size=4, shuffle=True,
                                             **rng.dataloader_kwargs()))
-    record = rng.state_dict()["loaders"]["loader"]
+    record = plain_state(rng.state_dict())["loaders"]["loader"]
     assert record == {"kind": "DataLoader", "stateful": False, "num_workers": 0,
                       "batch_size": 4, "persistent_workers": False, "sampler": "RandomSampler",
                       "private_shuffle": False, "devrng_seeded": True, "sample_rng": False}
@@ -116,7 +117,7 @@ def test_a_persistent_loader_in_a_plain_loop_warns(caplog: pytest.LogCaptureFixt
 
 def test_another_world_size_warns_with_strict_false(caplog: pytest.LogCaptureFixture) -> None:
     rng = devrng.TrainingRNG(seed=0)
-    state = rng.state_dict()
+    state = plain_state(rng.state_dict())
     state["world_size"] = 2  # saved by rank 0 of 2: the same rank, so no generator is lost
     with pytest.raises(devrng.DevRNGError, match="rank 0 of 2"):
         rng.load_state_dict(state)
@@ -129,7 +130,7 @@ def test_another_world_size_warns_with_strict_false(caplog: pytest.LogCaptureFix
 
 def test_a_version_1_state_loads_and_unknown_versions_are_refused(no_warnings: None) -> None:
     rng = devrng.TrainingRNG(seed=0)
-    state = rng.state_dict()
+    state = plain_state(rng.state_dict())
     del state["loaders"]
     state["version"] = 1  # devrng 0.1 wrote no loader records
     a = torch.rand(2)  # drawn after the state was taken
@@ -145,10 +146,10 @@ def test_corrupt_loader_records_are_ignored_not_fatal(no_warnings: None) -> None
     rng = devrng.TrainingRNG(seed=0)
     rng.track("loader", DataLoader(range(4)))
     for bad in ([1, 2], {"loader": "not a record"}, {"loader": [4]}):
-        state = rng.state_dict()
+        state = plain_state(rng.state_dict())
         state["loaders"] = bad
         rng.load_state_dict(state)  # nothing to compare with: no warning, no error
-    state = rng.state_dict()
+    state = plain_state(rng.state_dict())
     state["loaders"] = {"loader": {"batch_size": [1]}}  # a record of odd values: compared
     with pytest.warns(devrng.DevRNGWarning, match=r"had batch size \[1\] and has 1"):
         rng.load_state_dict(state)
@@ -179,7 +180,7 @@ def test_an_xla_device_loader_is_tracked_by_the_loader_it_feeds_from(
     device_loader = MpDeviceLoader(inner, "xla:0")
     assert rng.track("loader", device_loader) is device_loader
     assert _loaders.describe(device_loader) == _loaders.describe(inner)  # as trainers pass it
-    assert rng.state_dict()["loaders"]["loader"]["batch_size"] == 4
+    assert plain_state(rng.state_dict())["loaders"]["loader"]["batch_size"] == 4
     [message] = resumed(device_loader, MpDeviceLoader(DataLoader(range(8), batch_size=2),
                                                       "xla:0"), caplog)
     assert "the loader 'loader' had batch size 4 and has 2" in message

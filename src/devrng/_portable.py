@@ -25,7 +25,7 @@ import inspect
 import sys
 import warnings
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -36,10 +36,13 @@ from devrng._errors import DevRNGError, check_flags, short_repr
 from devrng._lazy import load
 from devrng._portable_ops import ENTRIES, Args, Kwargs, Op, entry_name, redispatch
 from devrng._rank import world_size
-from devrng._ranked import Apply, Summary, identity_of, is_ranked, load_ranked, ranked, ranks_text
+from devrng._ranked import Apply, Summary, identity_of, is_ranked, load_ranked, ranked
 from devrng._seeds import MASK64, check_seed
 
 __all__ = ["PortableRNG", "TracedStream", "active", "call_stream", "portable"]
+
+if TYPE_CHECKING:
+    from devrng._undo import Undo
 
 C = TypeVar("C", bound=Callable[..., Any])
 
@@ -160,10 +163,12 @@ class PortableRNG(TorchFunctionMode):
 
         In a job of several processes every process calls this (as
         ``torch.distributed.checkpoint.load`` does) and all of them load or all
-        of them raise. There, the saved stream must have this stream's seed, and
-        a job with more ranks than the one that saved continues the stream only
-        if every saved rank held the same one (as a DTensor's shards do): a
-        portable stream is a function of seed, counter and position in the
+        of them raise. There, the saved stream must have this stream's seed (which
+        names whose stream a rank holds), and
+        a rank of a job with more ranks than the one that saved continues the
+        stream of the saved rank at its place (rank modulo the saved number)
+        when it has the same seed -- as every rank has for a DTensor's shards:
+        a portable stream is a function of seed, counter and position in the
         full tensor, so it then continues exactly on any number of ranks.
 
         Args:
@@ -193,18 +198,15 @@ class PortableRNG(TorchFunctionMode):
                  ) -> tuple[Apply, str | None]:
         """Check one rank's stream in a load of all ranks; the change to make."""
         what = "PortableRNG.load_state_dict"
-        if summary.missing is not None and not summary.uniform:
-            raise DevRNGError(
-                f"{what}: this job has {summary.world} ranks and the checkpoint holds the "
-                f"streams of {summary.missing[0]}, which differ from rank to rank, so devrng "
-                f"cannot tell which of them {ranks_text(*summary.missing)} should continue; "
-                f"resume on {summary.missing[0]} ranks, or start those streams afresh.")
         seed, counter, _ = plain
-        if seed != self.seed:
+        if seed != self.seed and summary.world > 1:
+            whose = (f"rank {summary.source}'s, at this rank's place in the saved layout, "
+                     if summary.borrowed else "")
             raise DevRNGError(
-                f"{what}: this stream has seed {self.seed} and the checkpoint's has seed {seed} "
-                "(another run, or a rank that held another stream before the world or the mesh "
-                "changed); make the stream with the saved seed to continue it.")
+                f"{what}: this stream has seed {self.seed} and the checkpoint's {whose}has seed "
+                f"{seed}: another run's stream, or another rank's (the ranks held different "
+                "streams and the world or the mesh changed). Make the stream with the saved "
+                "seed to continue it, or start it afresh instead of loading it.")
 
         def apply(undo: Undo) -> None:
             undo.push("the portable stream", self._stream.set, *self._stream.get())
@@ -298,8 +300,8 @@ def _parse(state_dict: Any) -> tuple[int, int]:
         got = sorted(map(str, state_dict)) if isinstance(state_dict, Mapping) \
             else type(state_dict).__name__
         raise ValueError(
-            f"PortableRNG.load_state_dict needs a mapping with the keys 'seed' and 'counter' "
-            f"(from PortableRNG.state_dict()), not {got!r}."
+            f"PortableRNG.load_state_dict needs a mapping with exactly the keys 'seed' and "
+            f"'counter' (and 'world_size', from PortableRNG.state_dict()), not {got!r}."
         )
     seed = check_seed(state_dict["seed"], "state_dict['seed']")
     counter = state_dict["counter"]

@@ -17,9 +17,12 @@ ranks exchange a few integers (one ``all_reduce``), then all of them apply or
 all of them raise the lowest failing rank's error; a second ``all_reduce``
 after applying puts every rank back if one of them could not apply. A rank
 that found no entry (a job with more ranks than the one that saved, loaded
-with ``devrng.distributed.LoadPlanner``) can take the lowest rank's entry, sent
-to it with one ``broadcast``. Each rank sends and receives the same few bytes
-whatever the number of ranks.
+with ``devrng.distributed.LoadPlanner``) is sent the entry of rank ``r % s``
+(``s`` saved ranks: the rank at its place in the saved layout, when ranks are
+numbered with the data-parallel dimension outermost); the object then keeps it
+only if it holds the same streams. Each rank sends and receives the same few
+bytes whatever the number of ranks (a saved rank sends its entry to as many
+ranks as the world grew by, times).
 """
 
 from __future__ import annotations
@@ -117,7 +120,7 @@ class Summary:
 
     rank: int
     world: int
-    source: int  #: the lowest rank that found its entry (what a rank without one takes)
+    source: int  #: the rank whose entry this rank holds (its own, or the one it was sent)
     missing: tuple[int, int] | None  #: lowest and highest rank that found no entry
     saved_world: int | None  #: the world size the entries record, if they record one
     uniform: bool  #: whether every entry found holds the same state
@@ -156,9 +159,26 @@ def _broadcast_text(text: str, src: int) -> str:
     return _broadcast_bytes(raw, src, _TEXT).rstrip(b"\0").decode(errors="replace")
 
 
-def _broadcast_payload(payload: bytes, src: int) -> bytes:
-    size = _reduce_min([-len(payload) if process_rank() == src else 0])[0]
-    return _broadcast_bytes(payload, src, -size)
+def _send_entries(payload: bytes, rank: int, source: int, missing: tuple[int, int],
+                  highest_found: int, world: int) -> bytes:
+    """Give each rank without an entry the entry of its source (see ``load_ranked``)."""
+    low, high = missing
+    if highest_found < low:  # a grown world: saved rank s sends to ranks s + k * low
+        dist = torch.distributed
+        device = collective_device()
+        if rank < low:
+            for dst in range(rank + low, high + 1, low):
+                dist.send(torch.tensor([len(payload)], dtype=torch.int64, device=device), dst)
+                dist.send(torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(device),
+                          dst)
+            return payload
+        size = torch.zeros(1, dtype=torch.int64, device=device)
+        dist.recv(size, source)
+        data = torch.empty(int(size.item()), dtype=torch.uint8, device=device)
+        dist.recv(data, source)
+        return bytes(data.cpu().numpy().tobytes())
+    size = _reduce_min([-len(payload) if rank == source else 0])[0]  # one lender: broadcast
+    return _broadcast_bytes(payload, source, -size)
 
 
 def _fail_everywhere(what: str, failing: int, error: DevRNGError | None, rank: int,
@@ -210,10 +230,12 @@ def load_ranked(state_dict: Mapping[str, Any], *, what: str, read: Callable[[Any
         except DevRNGError as err:
             error = err
     nobody = _NONE if found or error else rank
-    (source, lowest_missing, highest_missing, bad, world_low, world_high, print_low,
-     print_high) = _reduce_min([
-        rank if found and not error else _NONE, nobody, -nobody if nobody != _NONE else _NONE,
-        rank if error else _NONE, saved_world, -saved_world if saved_world != _NONE else _NONE,
+    ok = found and not error
+    (source, highest_found, lowest_missing, highest_missing, bad, world_low, world_high,
+     print_low, print_high) = _reduce_min([
+        rank if ok else _NONE, -rank if ok else _NONE, nobody,
+        -nobody if nobody != _NONE else _NONE, rank if error else _NONE, saved_world,
+        -saved_world if saved_world != _NONE else _NONE,
         fingerprint, -fingerprint if fingerprint != _NONE else _NONE])
     if bad != _NONE:
         _fail_everywhere(what, bad, error, rank, world, "load")
@@ -228,12 +250,19 @@ def load_ranked(state_dict: Mapping[str, Any], *, what: str, read: Callable[[Any
             f"{-world_high} ranks; they do not come from one checkpoint.")
     missing = None if lowest_missing == _NONE else (lowest_missing, -highest_missing)
     borrowed = not found
-    if missing is not None:  # ranks without an entry take the lowest rank's
-        payload = _broadcast_payload(encode(plain) if rank == source else b"", source)
+    if borrowed:
+        # Saved ranks 0..s-1 and this job's ranks from s on without an entry (a grown world):
+        # the rank at this rank's place in the saved layout; else the lowest that has one.
+        tail = -highest_found < lowest_missing
+        source = rank % lowest_missing if tail else source
+    if missing is not None:
+        payload = _send_entries(encode(plain) if found else b"", rank, source, missing,
+                                -highest_found, world)
         if borrowed:
             plain = decode(payload, f"the entry of rank {source}")
-    summary = Summary(rank, world, source, missing, None if world_low == _NONE else world_low,
-                      print_low == -print_high, borrowed)
+    summary = Summary(rank, world, source if borrowed else rank, missing,
+                      None if world_low == _NONE else world_low, print_low == -print_high,
+                      borrowed)
     apply, warning = None, None
     try:
         apply, warning = prepare(plain, summary)

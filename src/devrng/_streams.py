@@ -307,18 +307,20 @@ class RNGStreams:
     def _prepare(self, plain: Any, summary: Summary) -> tuple[Apply, str | None]:
         """Check one rank's streams in a load of all ranks; the change to make."""
         what = "RNGStreams.load_state_dict"
-        if summary.missing is not None and not summary.uniform:
+        here = {name: s.seed for name, s in self._streams.items()}
+        if summary.borrowed and not here and not summary.uniform:
             raise DevRNGError(
                 f"{what}: this job has {summary.world} ranks and the checkpoint holds the "
-                f"streams of {summary.missing[0]}, which differ from rank to rank, so devrng "
-                f"cannot tell which of them {ranks_text(*summary.missing)} should continue; "
-                f"resume on {summary.missing[0]} ranks, or add the streams afresh instead of "
-                "loading them.")
+                f"streams of {summary.missing[0] if summary.missing else '?'}, which differ from "
+                "rank to rank, so devrng cannot tell which of them "
+                f"{ranks_text(*summary.missing or (summary.rank, summary.rank))} should "
+                "continue. Add this rank's streams (names and seeds) before loading, and the "
+                "saved streams of the rank at its place in the saved layout are taken if they "
+                "are the same; or add the streams afresh instead of loading them.")
         try:
             loaded = _parse(plain)
         except ValueError as err:
             raise DevRNGError(f"{what}: {err}") from None
-        here = {name: s.seed for name, s in self._streams.items()}
         saved = {name: s.seed for name, s in loaded.items()}
         if here and here != saved:
             source = (f"rank {summary.source}'s entry" if summary.borrowed

@@ -380,7 +380,7 @@ class TrainingRNG:
                 "TrainingRNG with strict=False to resume with those ranks' generators seeded "
                 "afresh (with a warning).")
         loading = _Loading(self, plain, strict)  # checks everything, changes nothing
-        if self._seed_chosen and loading.seed != self._seed:
+        if self._seed_chosen and loading.seed != self._seed and summary.world > 1:
             problem = (f"this TrainingRNG was made with seed {self._seed} and the checkpoint's "
                        f"run used seed {loading.seed}")
             if strict:
@@ -394,8 +394,9 @@ class TrainingRNG:
                    f"this job has {summary.world}, so every rank's global generators (CPU, "
                    "devices, Python, NumPy) were seeded afresh from the run's seed and the rank")
         if missing is not None:
-            warning += (f"; {ranks_text(*missing)} had no saved state and took rank "
-                        f"{summary.source}'s DataLoader generators and tracked objects")
+            warning += (f"; {ranks_text(*missing)} had no saved state and took the DataLoader "
+                        f"generators and tracked objects of the saved rank at their place (rank "
+                        f"modulo {missing[0]})")
         return loading.apply, warning + "."
 
 
