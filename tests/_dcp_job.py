@@ -46,8 +46,22 @@ STEPS = 3
 class Program:
     """One rank's training program."""
 
-    def __init__(self, *, strict: bool = True, seed: int = SEED, extra: bool = False) -> None:
+    def __init__(self, *, strict: bool = True, seed: int = SEED, extra: bool = False,
+                 tp: int | None = None) -> None:
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        # Megatron-style: ranks numbered data-parallel outermost; the model-parallel stream
+        # is seeded from the tensor-parallel rank and named after the tensor-parallel size.
+        self.tp = tp or min(2, self.world)
+        self.megatron = devrng.RNGStreams()
+        self.mp = f"model-parallel/tp{self.tp}"
+        self.megatron.add(self.mp, ddist.rank_seed(SEED, self.rank % self.tp))
+        # A DTensor drawn inside the shared portable stream, on a 2-D mesh where there are 4
+        # ranks (dp x tp), else 1-D: its full tensor is the same on any mesh.
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor import Shard
+        shape = (self.world // self.tp, self.tp) if self.world >= 4 else (self.world,)
+        self.mesh = init_device_mesh("cpu", shape)
+        self.placements = [Shard(0), Shard(1)][:len(shape)]
         self.rng = devrng.TrainingRNG(seed, strict=strict)
         self.loader_kwargs = self.rng.dataloader_kwargs()
         self.noise = self.rng.track("noise", torch.Generator().manual_seed(100 + self.rank))
@@ -67,7 +81,7 @@ class Program:
         """The DCP state dict, as a user writes it."""
         model, optim = get_state_dict(self.model, self.optim)
         return {"model": model, "optim": optim, "rng": self.rng, "streams": self.streams,
-                "shared": self.shared}
+                "shared": self.shared, "megatron": self.megatron}
 
     def after_load(self, states: dict[str, Any]) -> None:
         set_state_dict(self.model, self.optim, model_state_dict=states["model"],
@@ -85,7 +99,14 @@ class Program:
             shared = torch.nn.functional.dropout(torch.ones(6), 0.5)
         with self.portable:
             run_portable = torch.rand(2)
+        with self.megatron.fork(self.mp, devices=[]):
+            megatron = torch.rand(2)
+        from torch.distributed.tensor import distribute_tensor
+        ones = distribute_tensor(torch.ones(4, 6), self.mesh, self.placements)
+        with self.shared:
+            mask = torch.nn.functional.dropout(ones, 0.5).full_tensor()
         return {"loss": loss.item(), "per_rank": per_rank.tolist(), "shared": shared.tolist(),
+                "megatron": megatron.tolist(), "dtensor": mask.tolist(),
                 "portable": run_portable.tolist(),
                 "noise": torch.rand(2, generator=self.noise).tolist(),
                 "loader": torch.rand(2, generator=self.loader_kwargs["generator"]).tolist()}
@@ -245,7 +266,7 @@ class Flaky:
         self.value = state_dict["value"]
 
 
-def reshard(root: Path, ckpt: str) -> dict[str, Any]:
+def reshard(root: Path, ckpt: str, tp: int | None = None) -> dict[str, Any]:
     """Load a checkpoint of another world size, each object on its own, with and without
     devrng's planner; record errors, warnings and the draws that follow."""
     out: dict[str, Any] = {}
@@ -255,28 +276,27 @@ def reshard(root: Path, ckpt: str) -> dict[str, Any]:
         program = Program(strict=strict)
         kw = {"planner": ddist.LoadPlanner()} if planner else {}
         out[f"rng_{label}"] = attempt(dcp.load, {"rng": program.rng}, checkpoint_id=path, **kw)
-    program = Program()
-    for key, obj in (("shared", program.shared), ("streams", program.streams)):
+    program = Program(tp=tp)
+    for key, obj in (("shared", program.shared), ("streams", program.streams),
+                     ("megatron", program.megatron)):
         for label, kw in (("default", {}), ("planner", {"planner": ddist.LoadPlanner()})):
             out[f"{key}_{label}"] = attempt(dcp.load, {key: obj}, checkpoint_id=path, **kw)
-    out["shared_draws"] = []
-    out["per_rank_draws"] = []
-    for _ in range(STEPS):
-        step = program.step()
-        out["shared_draws"].append(step["shared"])
-        out["per_rank_draws"].append(step["per_rank"])
+    steps = train(program, STEPS)
+    for key in ("shared", "per_rank", "megatron", "dtensor"):
+        out[f"{key}_draws"] = [step[key] for step in steps]
     return out
 
 
 def main() -> None:
     phase, root, arg = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
-    label = arg.replace("/", "_")
+    tp = int(sys.argv[4]) if len(sys.argv) > 4 else None
+    label = arg.replace("/", "_") + (f"-tp{tp}" if tp else "")
     rank = int(os.environ["RANK"])
     dist.init_process_group("gloo", timeout=timedelta(seconds=int(os.environ.get(
         "DEVRNG_TEST_TIMEOUT", "120"))))
     try:
         result = {"save": lambda: save(root / arg), "load": lambda: load(root, arg),
-                  "reshard": lambda: reshard(root, arg)}[phase]()
+                  "reshard": lambda: reshard(root, arg, tp)}[phase]()
         dist.barrier()
     except BaseException:
         Path(root, f"{phase}-{label}-{rank}.err").write_text(
