@@ -24,6 +24,7 @@ masks of rank 0's tensor-parallel activations in the 4-rank run.
 """
 # launch: python
 # timeout: 900
+# tested-by: tests/test_dcp.py
 
 from __future__ import annotations
 

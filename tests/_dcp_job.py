@@ -226,7 +226,7 @@ def bad_inputs(root: Path) -> dict[str, Any]:
     """Each bad checkpoint loaded on every rank: what each rank raised, and whether any
     generator changed."""
     out: dict[str, Any] = {}
-    planner = ddist.LoadPlanner
+    planner = ddist.load_planner
     program = Program()
     for name, make, kwargs in [
         ("corrupt", Program, {}), ("newer", Program, {}), ("other_seed", Program, {}),
@@ -274,12 +274,12 @@ def reshard(root: Path, ckpt: str, tp: int | None = None) -> dict[str, Any]:
     for label, strict, planner in [("strict", True, None), ("strict_planner", True, True),
                                    ("lenient_planner", False, True)]:
         program = Program(strict=strict)
-        kw = {"planner": ddist.LoadPlanner()} if planner else {}
+        kw = {"planner": ddist.load_planner()} if planner else {}
         out[f"rng_{label}"] = attempt(dcp.load, {"rng": program.rng}, checkpoint_id=path, **kw)
     program = Program(tp=tp)
     for key, obj in (("shared", program.shared), ("streams", program.streams),
                      ("megatron", program.megatron)):
-        for label, kw in (("default", {}), ("planner", {"planner": ddist.LoadPlanner()})):
+        for label, kw in (("default", {}), ("planner", {"planner": ddist.load_planner()})):
             out[f"{key}_{label}"] = attempt(dcp.load, {key: obj}, checkpoint_id=path, **kw)
     steps = train(program, STEPS)
     for key in ("shared", "per_rank", "megatron", "dtensor"):

@@ -10,7 +10,7 @@ the plan and marked as not found; devrng's ``load_state_dict`` then decides on
 every rank together: continue exactly (streams every saved rank held alike),
 seed afresh with a warning (``TrainingRNG(strict=False)``), or refuse.
 
-Imported only when ``devrng.distributed.LoadPlanner`` is used:
+Imported only when ``devrng.distributed.load_planner`` is called:
 ``torch.distributed.checkpoint`` takes about a second to import.
 """
 
@@ -25,29 +25,15 @@ from torch.distributed.checkpoint.planner import LoadPlan
 
 from devrng._ranked import PREFIX
 
-__all__ = ["LoadPlanner"]
+__all__ = ["Planner"]
 
 _ENTRY = re.compile(re.escape(PREFIX) + r"\d+")
 
 
-class LoadPlanner(DefaultLoadPlanner):
-    """DCP's default load planner, for checkpoints saved by fewer ranks than load them.
-
-    Pass it to ``torch.distributed.checkpoint.load`` when the job may have
-    more ranks than the one that saved: the entries of devrng's objects that
-    no saved rank wrote are marked as not found instead of failing the load
-    inside DCP, and devrng decides on every rank together what that means
-    (see the policy in docs/distributed.md). Every other key is planned
-    exactly as ``DefaultLoadPlanner`` plans it; its keyword arguments are
-    accepted (``allow_partial_load=True`` also lets model keys be missing).
-
-    Examples:
-        >>> import torch.distributed.checkpoint as dcp
-        >>> stream = devrng.portable(seed=7)
-        >>> dcp.save({"rng": stream}, checkpoint_id="ckpt", no_dist=True)
-        >>> dcp.load({"rng": stream}, checkpoint_id="ckpt", no_dist=True,
-        ...          planner=devrng.distributed.LoadPlanner())
-    """
+class Planner(DefaultLoadPlanner):
+    """DCP's default load planner, except that a devrng entry missing from the checkpoint
+    is marked as not found (``None``) instead of failing the load inside DCP; made by
+    ``devrng.distributed.load_planner``."""
 
     def create_local_plan(self) -> LoadPlan:
         saved = self.metadata.state_dict_metadata if self.metadata is not None else {}

@@ -17,7 +17,7 @@ ranks exchange a few integers (one ``all_reduce``), then all of them apply or
 all of them raise the lowest failing rank's error; a second ``all_reduce``
 after applying puts every rank back if one of them could not apply. A rank
 that found no entry (a job with more ranks than the one that saved, loaded
-with ``devrng.distributed.LoadPlanner``) is sent the entry of rank ``r % s``
+with ``devrng.distributed.load_planner()``) is sent the entry of rank ``r % s``
 (``s`` saved ranks: the rank at its place in the saved layout, when ranks are
 numbered with the data-parallel dimension outermost); the object then keeps it
 only if it holds the same streams. Each rank sends and receives the same few
@@ -288,7 +288,7 @@ def load_ranked(state_dict: Mapping[str, Any], *, what: str, read: Callable[[Any
 
 
 def _absent(entry: Any) -> bool:
-    """Whether an entry holds nothing (``LoadPlanner`` found no such key in the checkpoint)."""
+    """Whether an entry holds nothing (``load_planner()`` found no such key in the checkpoint)."""
     if isinstance(entry, Mapping):
         return all(v is None for v in entry.values())
     return entry is None

@@ -41,13 +41,11 @@ from devrng._undo import read_devices
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
 
-    from devrng._dcp import LoadPlanner as LoadPlanner
-
 __all__ = [
-    "LoadPlanner",
     "RNGSyncError",
     "assert_rng_in_sync",
     "broadcast_rng_state",
+    "load_planner",
     "manual_seed_ranks",
     "rank_seed",
 ]
@@ -72,12 +70,35 @@ class RNGSyncError(DevRNGError):
         self.fingerprints = dict(fingerprints)
 
 
-def __getattr__(name: str) -> Any:
-    # LoadPlanner subclasses DCP's planner: torch.distributed.checkpoint (about a second to
-    # import) is loaded only when it is used.
-    if name == "LoadPlanner":
-        return load("devrng._dcp:LoadPlanner", what="devrng.distributed.LoadPlanner")
-    raise AttributeError(f"module 'devrng.distributed' has no attribute {name!r}")
+def load_planner(**kwargs: Any) -> Any:
+    """A DCP load planner for a job with more ranks than the checkpoint was saved by.
+
+    ``torch.distributed.checkpoint.load`` with its default planner fails on every
+    rank ("Missing key in checkpoint state_dict") when a rank asks for an entry
+    no saved rank wrote, as every rank of a grown world does for devrng's
+    per-rank entries. This planner is DCP's ``DefaultLoadPlanner`` except that
+    devrng's missing entries are marked as not found, and devrng then decides on
+    every rank together: continue exactly (a stream the saved rank at this
+    rank's place held, with the same seed), seed afresh with a warning
+    (``TrainingRNG(strict=False)``), or refuse with a ``DevRNGError`` on every
+    rank. Every other key is planned as ``DefaultLoadPlanner`` plans it.
+    ``torch.distributed.checkpoint`` is imported when this is first called.
+
+    Args:
+        **kwargs: ``DefaultLoadPlanner``'s (``allow_partial_load=True`` also lets
+            other keys be missing, as DCP's own option does).
+
+    Returns:
+        The planner, for ``dcp.load(..., planner=...)``.
+
+    Examples:
+        >>> import torch.distributed.checkpoint as dcp
+        >>> stream = devrng.portable(seed=7)
+        >>> dcp.save({"rng": stream}, checkpoint_id="ckpt", no_dist=True)
+        >>> dcp.load({"rng": stream}, checkpoint_id="ckpt", no_dist=True,
+        ...          planner=devrng.distributed.load_planner())
+    """
+    return load("devrng._dcp:Planner", what="devrng.distributed.load_planner")(**kwargs)
 
 
 # -- seeds ---------------------------------------------------------------------
