@@ -19,8 +19,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from torch.distributed.checkpoint import DefaultLoadPlanner
 from torch.distributed.checkpoint._traverse import set_element
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.planner import LoadPlan
 
 from devrng._ranked import PREFIX

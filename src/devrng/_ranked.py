@@ -172,9 +172,9 @@ def _send_entries(payload: bytes, rank: int, source: int, missing: tuple[int, in
                 dist.send(torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(device),
                           dst)
             return payload
-        size = torch.zeros(1, dtype=torch.int64, device=device)
-        dist.recv(size, source)
-        data = torch.empty(int(size.item()), dtype=torch.uint8, device=device)
+        length = torch.zeros(1, dtype=torch.int64, device=device)
+        dist.recv(length, source)
+        data = torch.empty(int(length.item()), dtype=torch.uint8, device=device)
         dist.recv(data, source)
         return bytes(data.cpu().numpy().tobytes())
     size = _reduce_min([-len(payload) if rank == source else 0])[0]  # one lender: broadcast
