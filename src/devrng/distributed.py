@@ -94,7 +94,7 @@ def load_planner(**kwargs: Any) -> Any:
     Examples:
         >>> import torch.distributed.checkpoint as dcp
         >>> stream = devrng.portable(seed=7)
-        >>> dcp.save({"rng": stream}, checkpoint_id="ckpt", no_dist=True)
+        >>> _ = dcp.save({"rng": stream}, checkpoint_id="ckpt", no_dist=True)
         >>> dcp.load({"rng": stream}, checkpoint_id="ckpt", no_dist=True,
         ...          planner=devrng.distributed.load_planner())
     """
