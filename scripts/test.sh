@@ -40,7 +40,7 @@ for env in $envs; do
     venv=$(venv_for "$env")
     py="$venv/bin/python"
     if [ "$env" = core ]; then
-        check "core: ruff" "$venv/bin/ruff" check src tests benchmarks examples
+        check "core: ruff" "$venv/bin/ruff" check src tests benchmarks examples setup.py
         check "core: mypy" "$venv/bin/mypy"
         if [ -f mkdocs.yml ]; then
             check "core: docs" "$venv/bin/mkdocs" build --strict --quiet --site-dir "$(mktemp -d)"

@@ -164,7 +164,8 @@ def test_install_commands_work_as_written() -> None:
     """devrng is not on a package index: every command installs from the source tree (``.``,
     an extra of it, or the wheel built from it), and names only extras and files that exist."""
     extras = set(PYPROJECT["project"]["optional-dependencies"])
-    wheel = f"dist/{PYPROJECT['project']['name']}-{PYPROJECT['project']['version']}-py3-none-any.whl"
+    # The wheel carries the compiled kernel, so its tags are the platform's: a glob.
+    wheel = f"dist/{PYPROJECT['project']['name']}-{PYPROJECT['project']['version']}-*.whl"
     for command in CANONICAL:
         target = command.split()[-1].strip("\"'")
         if command.startswith("pip wheel"):

@@ -26,7 +26,7 @@ from devrng._determinism import deterministic as turn_on_determinism
 from devrng._errors import DevRNGError, check_flags, short_repr, warn_and_log
 from devrng._lazy import load
 from devrng._loaders import describe, feeding_loader, is_stateful, resume_problems, warn_on_resume
-from devrng._plain import check_plain
+from devrng._plain import check_depth, check_loaded, check_plain
 from devrng._rank import process_rank, world_size
 from devrng._ranked import (
     Apply,
@@ -44,6 +44,7 @@ from devrng._registry import started_types
 from devrng._restore import Restore, fit_devices, prepare_restore
 from devrng._seeding import manual_seed
 from devrng._seeds import SEED_VARIABLES, check_seed, nth_seed, seed_from_environment
+from devrng._sigint import deliver, guard
 from devrng._state import RNGState, get_rng_state
 from devrng._undo import Undo, read_started
 from devrng._workers import dataloader_kwargs
@@ -127,8 +128,10 @@ class TrainingRNG:
             undo.save_host(python=True, numpy=True)
             manual_seed(self._process_seed(process_rank()))
             _logger.info("devrng.TrainingRNG: seed %d (%s)", seed, source)
+            deliver()  # a Ctrl-C noted meanwhile: the caller never gets this object: undo below
         except BaseException as err:
             undo.roll_back(err)
+            deliver()
             raise
 
     def _drop_determinism(self) -> None:
@@ -352,16 +355,19 @@ class TrainingRNG:
             >>> torch.equal(a, torch.rand(2))
             True
         """
-        strict = self.strict if strict is None else strict
-        check_flags(strict=strict)
-        if is_ranked(state_dict):
-            load_ranked(state_dict, what="TrainingRNG.load_state_dict", read=_read_entry,
-                        facts=_facts, prepare=lambda plain, summary: self._prepare(
-                            plain, summary, strict))
-            return
-        loading = _Loading(self, state_dict, strict)  # checks everything, changes nothing
-        with Undo("TrainingRNG.load_state_dict") as undo:
-            loading.apply(undo)
+        try:
+            strict = self.strict if strict is None else strict
+            check_flags(strict=strict)
+            if is_ranked(state_dict):
+                load_ranked(state_dict, what="TrainingRNG.load_state_dict", read=_read_entry,
+                            facts=_facts, prepare=lambda plain, summary: self._prepare(
+                                plain, summary, strict))
+                return
+            loading = _Loading(self, state_dict, strict)  # checks everything, changes nothing
+            with Undo("TrainingRNG.load_state_dict") as undo:
+                loading.apply(undo)
+        finally:
+            deliver()
 
     def _prepare(self, plain: Any, summary: Summary, strict: bool) -> tuple[Apply, str | None]:
         """Check one rank's plain state (its own, or the lowest rank's if the checkpoint has
@@ -398,6 +404,10 @@ class TrainingRNG:
                         f"generators and tracked objects of the saved rank at their place (rank "
                         f"modulo {missing[0]})")
         return loading.apply, warning + "."
+
+
+guard(TrainingRNG.__init__)
+guard(TrainingRNG.load_state_dict)
 
 
 class _Loading:
@@ -467,6 +477,12 @@ class _Loading:
         if expected is None:
             raise DevRNGError(f"TrainingRNG.load_state_dict: the state is version "
                               f"{short_repr(version)}; this devrng reads {sorted(_KEYS_OF)}.")
+        # Bounded before anything reads it: a small file can nest thousands deep or hold a
+        # tensor claiming gigabytes (stride 0). Tracked objects' states are their own
+        # business, only their nesting is bounded.
+        check_loaded({k: v for k, v in data.items() if k != "tracked"},
+                     "TrainingRNG.load_state_dict: the state")
+        check_depth(data.get("tracked"), "TrainingRNG.load_state_dict: the tracked states")
         keys = set(data)
         if keys != expected:
             extra = sorted(map(short_repr, keys - expected))
@@ -480,10 +496,13 @@ class _Loading:
     def _check_rank(self, data: Mapping[str, Any]) -> bool:
         """Whether ``data`` was saved by this rank (with ``strict``: and world size)."""
         saved_rank, saved_world = data["rank"], data["world_size"]
-        for what, value in (("rank", saved_rank), ("world size", saved_world)):
-            if type(value) is not int or value < 0:
+        for what, value, low in (("world size", saved_world, 1), ("rank", saved_rank, 0)):
+            if type(value) is not int or value < low:
                 raise DevRNGError(f"TrainingRNG.load_state_dict: the saved {what} is "
-                                  f"{short_repr(value)}, not an int of 0 or more.")
+                                  f"{short_repr(value)}, not an int of {low} or more.")
+        if saved_rank >= saved_world:
+            raise DevRNGError(f"TrainingRNG.load_state_dict: the saved rank {saved_rank} is not "
+                              f"a rank of the saved world size {saved_world}.")
         rank, world = process_rank(), world_size()
         if saved_rank == rank and saved_world == world:
             return True
