@@ -458,7 +458,7 @@ def test_a_small_checkpoint_with_a_loader_record_bomb_is_refused_in_bounded_memo
     # comparing it with the live loader's batch size would allocate gigabytes.
     rng = devrng.TrainingRNG(seed=1)
     rng.track("loader", torch.utils.data.DataLoader(range(8), batch_size=2))
-    saved = rng.state_dict()
+    saved = plain_state(rng.state_dict())
     saved["loaders"]["loader"]["batch_size"] = torch.zeros(1, dtype=torch.uint8).expand(2**31)
     path = tmp_path / "ckpt.pt"
     torch.save({"rng": saved}, path)
@@ -487,7 +487,7 @@ def test_a_small_checkpoint_with_a_loader_record_bomb_is_refused_in_bounded_memo
 def test_a_saved_world_that_cannot_be_is_refused_even_when_not_strict(
         rank: int, world: int, message: str) -> None:
     rng = devrng.TrainingRNG(seed=1)
-    saved = rng.state_dict()
+    saved = plain_state(rng.state_dict())
     saved["rank"], saved["world_size"] = rank, world
     before = generator_states()
     with pytest.raises(DevRNGError, match=message):
