@@ -94,9 +94,13 @@ def load_planner(**kwargs: Any) -> Any:
     Examples:
         >>> import torch.distributed.checkpoint as dcp
         >>> stream = devrng.portable(seed=7)
-        >>> _ = dcp.save({"rng": stream}, checkpoint_id="ckpt", no_dist=True)
+        >>> writer = dcp.FileSystemWriter("ckpt", thread_count=2)  # (see the note below)
+        >>> _ = dcp.save({"rng": stream}, storage_writer=writer, no_dist=True)
         >>> dcp.load({"rng": stream}, checkpoint_id="ckpt", no_dist=True,
         ...          planner=devrng.distributed.load_planner())
+
+        (``thread_count=2``: torch 2.9's single-threaded writer asks any registered
+        device module for ``current_stream``, which torchax 0.0.13's lacks.)
     """
     return load("devrng._dcp:Planner", what="devrng.distributed.load_planner")(**kwargs)
 
