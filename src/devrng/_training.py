@@ -49,7 +49,8 @@ from devrng._state import RNGState, get_rng_state
 from devrng._undo import Undo, read_started
 from devrng._workers import dataloader_kwargs
 
-__all__ = ["TrainingRNG", "generator_states", "set_generator_states"]
+__all__ = ["TrainingRNG", "generator_states", "load_training_state", "set_generator_states",
+           "tracked_loaders"]
 
 _FORMAT = "devrng.TrainingRNG"
 _VERSION = 2
@@ -60,6 +61,8 @@ _LOADER_NAME = re.compile(r"dataloader\d+")  # the generators dataloader_kwargs(
 _PORTABLE_STREAM = 1 << 34  # nth_seed index of the run's portable stream (loaders use 2**32 + i)
 _logger = logging.getLogger("devrng")
 _ENTROPY = "drawn from OS entropy"
+# How a program that loads through torch.distributed.checkpoint resumes anyway.
+_LENIENT = "strict=False (TrainingRNG(..., strict=False) when torch.distributed.checkpoint loads it)"
 
 
 class TrainingRNG:
@@ -363,9 +366,7 @@ class TrainingRNG:
                             facts=_facts, prepare=lambda plain, summary: self._prepare(
                                 plain, summary, strict))
                 return
-            loading = _Loading(self, state_dict, strict)  # checks everything, changes nothing
-            with Undo("TrainingRNG.load_state_dict") as undo:
-                loading.apply(undo)
+            load_training_state(self, state_dict, strict=strict)
         finally:
             deliver()
 
@@ -385,7 +386,7 @@ class TrainingRNG:
                 f"{'has' if missing[0] == missing[1] else 'have'} none. Make the "
                 "TrainingRNG with strict=False to resume with those ranks' generators seeded "
                 "afresh (with a warning).")
-        loading = _Loading(self, plain, strict)  # checks everything, changes nothing
+        loading = _Loading(self, plain, strict, _LENIENT)  # checks everything, changes nothing
         if self._seed_chosen and loading.seed != self._seed and summary.world > 1:
             problem = (f"this TrainingRNG was made with seed {self._seed} and the checkpoint's "
                        f"run used seed {loading.seed}")
@@ -406,8 +407,23 @@ class TrainingRNG:
         return loading.apply, warning + "."
 
 
+def load_training_state(rng: TrainingRNG, state_dict: Mapping[str, Any], *, strict: bool = True,
+                        lenient: str = "strict=False") -> None:
+    """``rng.load_state_dict(state_dict, strict)``, whose errors name ``lenient`` as the way
+    to resume anyway: what passes strict=False where the user calls devrng (the trainer
+    integrations': ``DevRNGCallback(strict=False)``, ...)."""
+    try:
+        check_flags(strict=strict)
+        loading = _Loading(rng, state_dict, strict, lenient)  # checks everything, changes nothing
+        with Undo("TrainingRNG.load_state_dict") as undo:
+            loading.apply(undo)
+    finally:
+        deliver()
+
+
 guard(TrainingRNG.__init__)
 guard(TrainingRNG.load_state_dict)
+guard(load_training_state)
 
 
 class _Loading:
@@ -416,13 +432,13 @@ class _Loading:
     makes every change, each pushed on an undo stack first, then warns of what was not
     restored and of what will not be exact."""
 
-    def __init__(self, rng: TrainingRNG, data: Mapping[str, Any], strict: bool) -> None:
+    def __init__(self, rng: TrainingRNG, data: Mapping[str, Any], strict: bool,
+                 lenient: str) -> None:
         self.rng = rng
         self.strict = strict
         self.skipped: list[str] = []
         self.hint = "" if not strict else (
-            " Pass strict=False (to TrainingRNG(...) for torch.distributed.checkpoint.load) to "
-            "resume anyway with a warning listing what was not restored.")
+            f" Pass {lenient} to resume anyway with a warning listing what was not restored.")
         self._check_format(data)
         self.same_rank = self._check_rank(data)
         self._check_names("generators", data["generators"], rng._generators)
@@ -580,9 +596,9 @@ class _Loading:
         # everything back too.
         if self.skipped:
             warn_and_log("TrainingRNG.load_state_dict(strict=False) did not restore: "
-                         + "; ".join(self.skipped) + ".", stacklevel=3)
+                         + "; ".join(self.skipped) + ".", stacklevel=4)
         warn_on_resume(resume_problems(self.saved_world, self.records, rng._loaders),
-                       stacklevel=3)
+                       stacklevel=4)
 
 
 def _read_entry(entry: Any) -> Any:
@@ -604,6 +620,11 @@ def generator_states(rng: TrainingRNG) -> dict[str, torch.Tensor]:
     """The states of ``rng``'s DataLoader and tracked generators, by name (for the trainer
     integrations, which put them back once the trainer has built its resumed loaders)."""
     return {name: g.get_state() for name, g in rng._generators.items()}
+
+
+def tracked_loaders(rng: TrainingRNG) -> dict[str, Any]:
+    """The DataLoaders ``rng`` tracks, by name (for the trainer integrations)."""
+    return dict(rng._loaders)
 
 
 def set_generator_states(rng: TrainingRNG, states: Mapping[str, torch.Tensor]) -> None:
