@@ -1645,7 +1645,7 @@ def test_a_loader_record_devrng_cannot_have_written_is_refused_in_a_short_senten
         field: str, value: Any, shown: str) -> None:
     rng = devrng.TrainingRNG(seed=1)
     rng.track("loader", torch.utils.data.DataLoader(range(8), batch_size=2))
-    saved = rng.state_dict()
+    saved = plain_state(rng.state_dict())
     saved["loaders"]["loader"][field] = value
     before = generator_states()
     with pytest.raises(DevRNGError, match=f"The saved record of the loader 'loader' holds {shown}"

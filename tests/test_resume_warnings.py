@@ -191,7 +191,7 @@ def test_a_record_of_an_older_devrng_is_compared_on_what_it_holds(
     load, and only what they hold is compared."""
     rng = devrng.TrainingRNG(seed=0)
     rng.track("loader", _loader({"shuffle": True}))
-    state = rng.state_dict()
+    state = plain_state(rng.state_dict())
     for key in ("sampler_args", "batch_sampler", "drop_last", "dataset_length", "epoch_length"):
         del state["loaders"]["loader"][key]
     other = devrng.TrainingRNG(seed=0)
