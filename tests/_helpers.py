@@ -8,6 +8,7 @@ devrng, as plain bytes and tuples, so ``==`` compares them exactly.
 
 from __future__ import annotations
 
+import io
 import os
 import random
 import subprocess
@@ -113,3 +114,13 @@ def install_plugin(where: Path, entry: str, source: str, *, name: str = "devrng-
     (where / f"{module}.py").write_text(source)
     return {"PYTHONPATH": f"{where}:{ROOT}:{ROOT / 'src'}"}
 
+
+
+def plain_state(state_dict: Mapping[str, Any]) -> Any:
+    """The plain state inside what a devrng object's ``state_dict()`` returns,
+    ``{"devrng_rank_<r>": entry}``: the entry's bytes read as ``torch.load`` reads them, or
+    the entry's dict (the documented format; loading it takes the single-process path)."""
+    (entry,) = state_dict.values()
+    if isinstance(entry, bytes):
+        return torch.load(io.BytesIO(entry), weights_only=True)
+    return dict(entry)

@@ -34,6 +34,7 @@ from tests._helpers import (
     generator_states,
     generators_of,
     install_plugin,
+    plain_state,
     run_env,
     run_python,
     set_environ,
@@ -457,7 +458,7 @@ def test_a_small_checkpoint_with_a_loader_record_bomb_is_refused_in_bounded_memo
     # comparing it with the live loader's batch size would allocate gigabytes.
     rng = devrng.TrainingRNG(seed=1)
     rng.track("loader", torch.utils.data.DataLoader(range(8), batch_size=2))
-    saved = rng.state_dict()
+    saved = plain_state(rng.state_dict())
     saved["loaders"]["loader"]["batch_size"] = torch.zeros(1, dtype=torch.uint8).expand(2**31)
     path = tmp_path / "ckpt.pt"
     torch.save({"rng": saved}, path)
@@ -486,7 +487,7 @@ def test_a_small_checkpoint_with_a_loader_record_bomb_is_refused_in_bounded_memo
 def test_a_saved_world_that_cannot_be_is_refused_even_when_not_strict(
         rank: int, world: int, message: str) -> None:
     rng = devrng.TrainingRNG(seed=1)
-    saved = rng.state_dict()
+    saved = plain_state(rng.state_dict())
     saved["rank"], saved["world_size"] = rank, world
     before = generator_states()
     with pytest.raises(DevRNGError, match=message):
@@ -790,7 +791,7 @@ def test_streams_refuse_a_zero_cpu_state_and_junk_device_states(faulty: FaultyBa
     streams.add("a", 1)
     with streams.fork("a", devices=["faulty:0"]):
         pass
-    good = streams.state_dict()
+    good = plain_state(streams.state_dict())
     cases = [
         (lambda sd: sd["streams"]["a"].update(cpu=torch.zeros(5056, dtype=torch.uint8)),
          ValueError, r"Stream 'a''s CPU state is not a valid MT19937 state"),
@@ -825,7 +826,7 @@ def test_training_rng_refuses_an_empty_loader_state_that_would_start_the_epoch_o
     loader = rng.track("loader", stateful.StatefulDataLoader(range(8), batch_size=2,
                                                              shuffle=True))
     next(iter(loader))
-    saved = rng.state_dict()
+    saved = plain_state(rng.state_dict())
     for empty in ({}, None):
         saved["tracked"]["loader"] = empty
         with pytest.raises(DevRNGError, match=rf"the saved state of the tracked object 'loader' "
@@ -843,7 +844,7 @@ def test_training_rng_refuses_an_empty_loader_state_that_would_start_the_epoch_o
 ])
 def test_training_rng_states_of_odd_types_get_sentences(change: Any, message: str) -> None:
     rng = devrng.TrainingRNG(seed=3)
-    saved = rng.state_dict()
+    saved = plain_state(rng.state_dict())
     change(saved)
     with pytest.raises(DevRNGError, match=message):
         rng.load_state_dict(saved)
@@ -1644,7 +1645,7 @@ def test_a_loader_record_devrng_cannot_have_written_is_refused_in_a_short_senten
         field: str, value: Any, shown: str) -> None:
     rng = devrng.TrainingRNG(seed=1)
     rng.track("loader", torch.utils.data.DataLoader(range(8), batch_size=2))
-    saved = rng.state_dict()
+    saved = plain_state(rng.state_dict())
     saved["loaders"]["loader"][field] = value
     before = generator_states()
     with pytest.raises(DevRNGError, match=f"The saved record of the loader 'loader' holds {shown}"

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+from tests._helpers import plain_state
 from torch.utils.data import DataLoader, Dataset
 
 import devrng
@@ -68,7 +69,7 @@ def test_a_tracked_loader_is_described_in_the_state() -> None:
     rng = devrng.TrainingRNG(seed=0)
     loader = rng.track("loader", DataLoader(range(8), batch_size=4, shuffle=True,
                                             **rng.dataloader_kwargs()))
-    record = rng.state_dict()["loaders"]["loader"]
+    record = plain_state(rng.state_dict())["loaders"]["loader"]
     assert record == {"kind": "DataLoader", "stateful": False, "num_workers": 0,
                       "batch_size": 4, "persistent_workers": False, "sampler": "RandomSampler",
                       "private_shuffle": False, "devrng_seeded": True, "sample_rng": False,
@@ -190,7 +191,7 @@ def test_a_record_of_an_older_devrng_is_compared_on_what_it_holds(
     load, and only what they hold is compared."""
     rng = devrng.TrainingRNG(seed=0)
     rng.track("loader", _loader({"shuffle": True}))
-    state = rng.state_dict()
+    state = plain_state(rng.state_dict())
     for key in ("sampler_args", "batch_sampler", "drop_last", "dataset_length", "epoch_length"):
         del state["loaders"]["loader"][key]
     other = devrng.TrainingRNG(seed=0)
@@ -246,7 +247,7 @@ def test_a_persistent_loader_in_a_plain_loop_warns(caplog: pytest.LogCaptureFixt
 
 def test_another_world_size_warns_with_strict_false(caplog: pytest.LogCaptureFixture) -> None:
     rng = devrng.TrainingRNG(seed=0)
-    state = rng.state_dict()
+    state = plain_state(rng.state_dict())
     state["world_size"] = 2  # saved by rank 0 of 2: the same rank, so no generator is lost
     with pytest.raises(devrng.DevRNGError, match="rank 0 of 2"):
         rng.load_state_dict(state)
@@ -259,7 +260,7 @@ def test_another_world_size_warns_with_strict_false(caplog: pytest.LogCaptureFix
 
 def test_a_version_1_state_loads_and_unknown_versions_are_refused(no_warnings: None) -> None:
     rng = devrng.TrainingRNG(seed=0)
-    state = rng.state_dict()
+    state = plain_state(rng.state_dict())
     del state["loaders"]
     state["version"] = 1  # devrng 0.1 wrote no loader records
     a = torch.rand(2)  # drawn after the state was taken
@@ -275,10 +276,10 @@ def test_records_that_are_not_records_are_ignored_and_odd_values_refused(no_warn
     rng = devrng.TrainingRNG(seed=0)
     rng.track("loader", DataLoader(range(4)))
     for bad in ([1, 2], {"loader": "not a record"}, {"loader": [4]}):
-        state = rng.state_dict()
+        state = plain_state(rng.state_dict())
         state["loaders"] = bad
         rng.load_state_dict(state)  # nothing to compare with: no warning, no error
-    state = rng.state_dict()
+    state = plain_state(rng.state_dict())
     # A record of values describe() never writes: refused before it is compared or quoted.
     state["loaders"] = {"loader": {"batch_size": [1]}}
     with pytest.raises(devrng.DevRNGError, match=r"The saved record of the loader 'loader' "
@@ -311,7 +312,7 @@ def test_an_xla_device_loader_is_tracked_by_the_loader_it_feeds_from(
     device_loader = MpDeviceLoader(inner, "xla:0")
     assert rng.track("loader", device_loader) is device_loader
     assert _loaders.describe(device_loader) == _loaders.describe(inner)  # as trainers pass it
-    assert rng.state_dict()["loaders"]["loader"]["batch_size"] == 4
+    assert plain_state(rng.state_dict())["loaders"]["loader"]["batch_size"] == 4
     [message] = resumed(device_loader, MpDeviceLoader(DataLoader(range(8), batch_size=2),
                                                       "xla:0"), caplog)
     assert "the loader 'loader' had batch size 4 and has 2" in message

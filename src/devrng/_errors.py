@@ -39,11 +39,12 @@ class DevRNGWarning(UserWarning):
     errors with ``warnings.simplefilter("error", devrng.DevRNGWarning)``.
 
     Examples:
-        >>> import warnings
+        >>> import io, warnings
         >>> with warnings.catch_warnings():
         ...     warnings.simplefilter("error", devrng.DevRNGWarning)
         ...     rng = devrng.TrainingRNG(seed=1)
-        ...     state = rng.state_dict()
+        ...     entry = rng.state_dict()["devrng_rank_0"]    # this rank's plain state, saved
+        ...     state = torch.load(io.BytesIO(entry), weights_only=True)
         ...     state["world_size"] = 2           # saved by one of two ranks
         ...     try:
         ...         rng.load_state_dict(state, strict=False)

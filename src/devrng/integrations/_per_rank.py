@@ -12,6 +12,7 @@ from typing import Any
 
 from devrng._errors import DevRNGError, short_repr
 from devrng._rank import dist_or_none, process_rank
+from devrng._ranked import own_entry
 from devrng._training import TrainingRNG, load_training_state
 
 __all__ = ["PerRankState", "gather"]
@@ -46,7 +47,8 @@ class PerRankState:
         self.lenient = lenient  # how the user passes strict=False to the owner
 
     def state_dict(self) -> dict[str, Any]:
-        return {"ranks": gather(self.rng.state_dict())}
+        # Each rank's plain state (not its DCP entry): one per rank in the list.
+        return {"ranks": gather(own_entry(self.rng.state_dict()))}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         ranks = state_dict.get("ranks") if isinstance(state_dict, dict) else None
