@@ -201,6 +201,8 @@ class RNGState:
 
         Raises:
             FileNotFoundError: There is no such file.
+            IsADirectoryError: The path is a directory (a checkpoint folder,
+                say), not the file ``RNGState.save`` wrote.
             DevRNGError: The file is not a snapshot (text, empty, corrupt, or
                 written by something else).
 
@@ -210,6 +212,8 @@ class RNGState:
             >>> devrng.set_rng_state(snap)
         """
         where = repr(f) if is_file_like(f) else repr(os.fspath(f))  # type: ignore[arg-type]
+        if not is_file_like(f):
+            _check_snapshot_path(where, os.fspath(f))  # type: ignore[arg-type]
         kind = _not_torch_save(f)
         if kind is not None:
             raise DevRNGError(
@@ -359,6 +363,23 @@ def check_host(state: RNGState) -> None:
                     f"The snapshot's {label} state is not one that {accepts}: {err}."
                 ) from None
     state._host_checked = True
+
+
+def _check_snapshot_path(where: str, path: str | bytes) -> None:
+    """A sentence instead of torch's traceback for a path that names no file to read."""
+    if os.path.isdir(path):
+        raise IsADirectoryError(
+            f"{where} is a directory, not an RNG snapshot: RNGState.load reads the one file "
+            "RNGState.save wrote; pass that file's path (a torch.distributed.checkpoint "
+            "folder is read with torch.distributed.checkpoint.load)."
+        )
+    if not os.path.exists(path):
+        link = " (a symlink to a file that is gone)" if os.path.islink(path) else ""
+        raise FileNotFoundError(
+            f"There is no file {where}{link} to load an RNG snapshot from; pass the path that "
+            "RNGState.save wrote (relative paths start from the current directory, "
+            f"{os.getcwd()!r})."
+        )
 
 
 def _not_torch_save(f: Any) -> str | None:
