@@ -1,6 +1,6 @@
 """The documentation as a user meets it: the built site, and the install story.
 
-Builds the site with mkdocs (the core environment has it) and inspects the HTML of
+Builds the site with ProperDocs (the core environment has it) and inspects the HTML of
 the API reference and the guides for what once went wrong: Sphinx roles shown
 literally, examples rendered as nested blockquotes, torch's private parameters in
 signatures, overloads repeated, and the objects users get back left undocumented.
@@ -24,13 +24,16 @@ DOCS = ROOT / "docs"
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    pytest.importorskip("mkdocs")
+    pytest.importorskip("properdocs")
     pytest.importorskip("mkdocstrings")
     out = tmp_path_factory.mktemp("site")
-    build = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet",
+    build = subprocess.run([sys.executable, "-m", "properdocs", "build", "--strict",
                             "--site-dir", str(out)], cwd=ROOT, capture_output=True, text=True,
-                           env={"PATH": "/usr/bin:/bin", "NO_MKDOCS_2_WARNING": "1"})
+                           env={"PATH": "/usr/bin:/bin"})
     assert build.returncode == 0, build.stdout + build.stderr
+    # A build says what it did and nothing else: no banner, no warning, no notice to act on.
+    said = [line for line in (build.stdout + build.stderr).splitlines() if line.strip()]
+    assert [line.split()[0] for line in said] == ["INFO"] * len(said), said
     return out
 
 
