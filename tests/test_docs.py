@@ -156,20 +156,46 @@ def test_readme_and_site_show_the_same_install_commands() -> None:
     assert readme == CANONICAL
 
 
+def installs_devrng(command: str) -> bool:
+    """Whether a pip command installs devrng (its source tree, an extra, its wheel, or by
+    name) rather than a package beside it (``pip install 'torch==2.9.*'``)."""
+    return any(word.strip("\"'") in (".", "devrng") or word.strip("\"'").startswith((".[", "dist/"))
+               for word in command.split()[2:])
+
+
+def test_devrng_installs_are_told_apart_from_other_installs() -> None:
+    assert installs_devrng('pip install ".[xla]"') and installs_devrng("pip install .")
+    assert installs_devrng("pip install devrng") and installs_devrng("pip wheel --no-deps -w dist .")
+    assert not installs_devrng("pip install 'torch==2.9.*'")
+    assert not installs_devrng("pip install numpy")
+
+
 @pytest.mark.parametrize("page", SOURCES, ids=[str(p.relative_to(ROOT)) for p in SOURCES])
 def test_every_install_command_is_one_of_the_install_section(page: Path) -> None:
     """One install story: no page tells users to install devrng any other way."""
-    stray = [c for c in install_commands(page.read_text(encoding="utf-8")) if c not in CANONICAL]
+    stray = [c for c in install_commands(page.read_text(encoding="utf-8"))
+             if installs_devrng(c) and c not in CANONICAL]
     assert not stray, f"{page.name}: {stray} (the Install section of docs/index.md has {CANONICAL})"
+
+
+_CPU_TORCH = re.compile(r'pip install (torch|"torch==(\d+\.\d+)\.\*") '
+                        r"--index-url https://download\.pytorch\.org/whl/cpu")
 
 
 def test_install_commands_work_as_written() -> None:
     """devrng is not on a package index: every command installs from the source tree (``.``,
-    an extra of it, or the wheel built from it), and names only extras and files that exist."""
+    an extra of it, or the wheel built from it), and names only extras and files that exist;
+    the one other is a CPU-only torch from PyTorch's index, at a release an extra pins."""
     extras = set(PYPROJECT["project"]["optional-dependencies"])
+    pinned = {r.split("==")[1][:-2] for rs in PYPROJECT["project"]["optional-dependencies"].values()
+              for r in rs if r.startswith("torch==")}
     wheel = f"dist/{PYPROJECT['project']['name']}-{PYPROJECT['project']['version']}-py3-none-any.whl"
+    cpu_torch = [c for c in CANONICAL if _CPU_TORCH.fullmatch(c)]
+    assert cpu_torch and {m for c in cpu_torch if (m := _CPU_TORCH.fullmatch(c)[2])} <= pinned  # type: ignore[index]
     for command in CANONICAL:
         target = command.split()[-1].strip("\"'")
+        if command in cpu_torch:
+            continue
         if command.startswith("pip wheel"):
             assert command == "pip wheel --no-deps -w dist .", command
         elif target.startswith(".["):
