@@ -118,6 +118,43 @@ def test_the_site_wraps_long_code_lines_instead_of_cutting_them(site: Path) -> N
     css = (site / "stylesheets" / "extra.css").read_text()
     assert re.search(r"pre > code \{[^}]*white-space: pre-wrap", css)
     assert 'href="../stylesheets/extra.css"' in (site / "api" / "index.html").read_text()
+    # A wrapped line's continuation is marked (a bar from its second line down), so that the
+    # rest of a long comment does not read as a line of code.
+    line = re.search(r'span\[id\^="__span"\] \{([^}]*)\}', css)
+    assert line and "text-indent: -4ch" in line[1] and "transparent 1lh" in line[1]
+
+
+def test_code_in_a_table_cell_breaks_only_between_its_pieces(site: Path) -> None:
+    """A phone's column once split `devrng.fork_rng(devices=[x])` as `devrng.fork_r` /
+    `ng(...)`: each piece of code in a cell is kept whole and may break only after `.`,
+    `(`, `,`, `=` (docs/_hooks/tables.py), and no rule lets a cell break inside a word."""
+    home = (site / "index.html").read_text()
+    assert ('<code><span class="nobr">devrng.</span><wbr><span class="nobr">fork_rng(</span><wbr>'
+            '<span class="nobr">devices=</span><wbr><span class="nobr">[x])</span></code>') in home
+    css = (site / "stylesheets" / "extra.css").read_text()
+    assert re.search(r"table:not\(\[class\]\) code \.nobr \{\s*white-space: nowrap", css)
+    assert "anywhere" not in css
+
+
+def test_a_phone_reads_each_table_row_as_a_labelled_card(site: Path) -> None:
+    """Every body cell carries its column's heading, which the phone layout shows before it."""
+    page = (site / "reproducible-training" / "index.html").read_text()
+    table = page[page.find("<table>"):page.find("</table>")]
+    headings = re.findall(r"<th[^>]*>(.*?)</th>", table)
+    first_row = re.findall(r'<td data-label="([^"]*)"', table)[:len(headings)]
+    assert headings and first_row == [re.sub(r"<[^>]+>", "", h) for h in headings]
+    css = (site / "stylesheets" / "extra.css").read_text()
+    assert 'content: attr(data-label) ": "' in css
+    phone = css[css.find("@media screen and (max-width: 44.9375em)"):]
+    assert re.search(r"table:not\(\[class\]\) > thead \{\s*display: none", phone)
+
+
+def test_a_phone_gets_benchmark_charts_drawn_for_its_column(site: Path) -> None:
+    page = (site / "benchmarks" / "index.html").read_text()
+    for env in ("bench", "xla"):
+        assert (f'<source media="(max-width: 44.9375em)" srcset="../benchmarks-{env}-narrow.png">'
+                in page)
+        assert (site / f"benchmarks-{env}-narrow.png").is_file()
 
 
 # -- install commands ----------------------------------------------------------------------
