@@ -1266,12 +1266,18 @@ def test_an_interrupted_training_rng_changes_nothing(world: _World, inject: str)
     reset()
 
 
-class _Noise(torch.nn.Module):
-    """A tracked module: its state_dict() holds its live parameters."""
+class _Noise:
+    """A tracked object whose state_dict() holds its live tensor, as a module's would (a
+    module itself is refused: its state belongs in the model checkpoint)."""
 
     def __init__(self) -> None:
-        super().__init__()
-        self.scale = torch.nn.Parameter(torch.ones(3))
+        self.scale = torch.ones(3)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {"scale": self.scale}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self.scale.copy_(state["scale"])
 
 
 @INJECT

@@ -149,6 +149,14 @@ def test_device_extras_pin_the_torch_their_package_imports_with(extra: str) -> N
             assert pinned == [minor + ".*"], f"{name}: {package_specs}, torch {minor}.*"
 
 
+def test_doctors_fix_for_torchax_without_jax_is_the_torchax_extras_jax_and_flax() -> None:
+    (problem,) = [p for p in version_problems({"torch": "2.9.0", "torchax": "0.0.13",
+                                              "numpy": "2.4.6"}) if p.package == "torchax"]
+    wanted = [r for r in PROJECT["optional-dependencies"]["torchax"]
+              if _parse(r)[0] in ("jax", "flax")]
+    assert problem.fix == "pip install " + " ".join(f"'{r}'" for r in wanted)
+
+
 def test_doctor_catches_each_device_extra_beside_the_torch_of_a_plain_install() -> None:
     """What issue 32 saw: `pip install .` then `pip install ".[xla]"` without the pin leaves
     torch_xla 2.9 beside the newest torch; doctor names it an error."""

@@ -463,7 +463,7 @@ class _Loading:
         rng = self.rng
         for name, obj in rng._tracked.items():
             if name in self.tracked:
-                # A copy: an nn.Module's state_dict() holds its live parameters.
+                # A copy: a state_dict() may hold the object's live tensors.
                 undo.push(f"the tracked object {name!r}", obj.load_state_dict,
                           copy.deepcopy(obj.state_dict()))
                 obj.load_state_dict(self.tracked[name])
