@@ -41,7 +41,7 @@ for env in $envs; do
     venv=$(venv_for "$env")
     py="$venv/bin/python"
     if [ "$env" = core ]; then
-        check "core: ruff" "$venv/bin/ruff" check src tests benchmarks examples
+        check "core: ruff" "$venv/bin/ruff" check src tests benchmarks examples setup.py
         check "core: mypy" "$venv/bin/mypy"
         check "core: docs" "$venv/bin/properdocs" build --strict --quiet --site-dir "$(mktemp -d)"
         check "core: pytest" pytest_logged "$py" -m pytest -p no:cacheprovider "$@"

@@ -655,27 +655,6 @@ def test_repr_names_seed_counter_and_strictness() -> None:
     assert repr(devrng.portable(3, strict=False)) == "PortableRNG(seed=3, counter=0, strict=False)"
 
 
-def test_the_cpu_kernel_falls_back_to_tensor_ops_without_a_compiler(tmp_path: Any) -> None:
-    code = ("import torch, devrng\n"
-            "from devrng._threefry_cpu import kernel\n"
-            "with devrng.portable(1):\n"
-            "    print(kernel() is None, torch.rand(3).tolist())\n")
-    runs = []
-    for env in ({"DEVRNG_CPU_KERNEL": "0"}, {"CC": "/nonexistent/cc",
-                                             "DEVRNG_CACHE_DIR": str(tmp_path)}):
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                             check=True, env={**_env(), **env})
-        runs.append(out.stdout.strip())
-    want = str(ref.uniform(ref.stream_key(1, 0), (3,)).tolist())
-    assert runs == [f"True {want}", f"True {want}"]
-
-
-def _env() -> dict[str, str]:
-    import os
-
-    return {k: v for k, v in os.environ.items() if k not in ("CC", "DEVRNG_CPU_KERNEL")}
-
-
 # -- SIMULATED devices: no device generator, draws on the requested device ----------------------------
 def test_off_the_cpu_draws_run_tensor_ops_and_never_read_a_simulated_cuda_generator(
         simulate_device: Any) -> None:

@@ -32,6 +32,7 @@ from devrng._registry import (
     requirement,
 )
 from devrng._seeds import SEED_VARIABLES, seed_from_environment
+from devrng._threefry_cpu import status as kernel_status
 from devrng._versions import Problem, release, version_problems
 
 __all__ = ["doctor", "known_problems", "selftest"]
@@ -40,7 +41,8 @@ _PACKAGES = ("torch", "numpy", "torch_xla", "torchax", "jax", "jaxlib", "flax",
              "intel_extension_for_pytorch", "lightning", "accelerate", "transformers", "torchdata")
 _ENV_VARS = ("CUBLAS_WORKSPACE_CONFIG", "PYTHONHASHSEED", "CUDA_VISIBLE_DEVICES",
              "HIP_VISIBLE_DEVICES", "ZE_AFFINITY_MASK", "PJRT_DEVICE", "XLA_FLAGS",
-             "RANK", "WORLD_SIZE", "LOCAL_RANK", "DEVRNG_SEED", "PL_GLOBAL_SEED")
+             "RANK", "WORLD_SIZE", "LOCAL_RANK", "DEVRNG_SEED", "PL_GLOBAL_SEED",
+             "DEVRNG_CPU_KERNEL")
 # Device packages that back a backend and are imported only when a program uses them.
 _DEVICE_PACKAGES = {"xla": "torch_xla", "jax": "torchax"}
 # The two values with which cuBLAS sums in one fixed order; torch's deterministic mode
@@ -290,6 +292,9 @@ def doctor(*, load: bool = False, everything: bool = False) -> int:
                 for key, s in current_settings().items()
                 if s["available"] or not key.startswith("backend.")]
     _table(settings, ("setting", "now", "deterministic() sets"))
+    in_use, why = kernel_status()
+    _out("\nPortable streams (devrng.portable) on the CPU:")
+    _out(f"  fused C kernel {'in use' if in_use else 'NOT in use'}: {why}")
     _out("\nEnvironment variables:")
     for var in _ENV_VARS:
         _out(f"  {var:25} {os.environ.get(var, '(unset)')}")

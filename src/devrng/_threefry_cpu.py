@@ -1,111 +1,56 @@
-"""Threefry-2x32 on the CPU as one fused loop: a small C kernel, compiled once and cached.
+"""Threefry-2x32 on the CPU as one fused loop: devrng's C extension, built at install time.
 
 The same generator as tensor ops (``devrng._threefry``) is a chain of about
-130 elementwise kernels, each reading and writing the whole array: ~13x the
-time of ``torch.rand`` for 2**20 numbers. One C loop that keeps both words in
-registers does the same integer arithmetic (add, xor, rotate, all wrapping
-mod 2**32, so the result is the same bits whatever the compiler vectorises)
-at about the speed of ``torch.rand``.
+130 elementwise kernels, each reading and writing the whole array. One C loop
+that keeps both words in registers does the same integer arithmetic at about
+the speed of ``torch.rand`` (``benchmarks/`` has the figures).
 
-The kernel is compiled with the system C compiler (``$CC``, else ``cc``,
-``gcc`` or ``clang``) into devrng's cache directory the first time a CPU draw
-needs it (a fraction of a second) and loaded with ``ctypes`` (which releases
-the GIL during the call). Without a compiler, or with ``DEVRNG_CPU_KERNEL=0``,
-CPU draws use the tensor ops instead: the same numbers, slower.
+The loop is ``devrng._threefry_kernel``, an optional extension that
+``pip install`` compiles (``setup.py``): it lives in site-packages beside the
+rest of the package. Nothing is compiled, cached or loaded from elsewhere at run
+time. Before its first use it proves itself twice: the file must match the
+SHA-256 its build recorded beside it (checked before the library is mapped: a
+truncated library would crash the process), and its output must equal known
+answers (Random123's test vectors for Threefry-2x32-20, in all three output
+modes). A kernel that fails either is not used, with a warning. Without it (no
+C compiler at install time), with ``DEVRNG_CPU_KERNEL=0``, or after a failed
+check, CPU draws use the tensor ops: the same numbers, more slowly.
+``devrng doctor`` says which is in use (``status``).
 """
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
+import importlib
+import importlib.util
 import logging
 import os
-import shutil
-import subprocess
-import sys
-import tempfile
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from devrng._locks import ForkSafeLock
 
-__all__ = ["CpuKernel", "cache_dir", "kernel"]
+__all__ = ["BITS", "UNIFORM", "WORDS", "CpuKernel", "kernel", "status"]
 
 _logger = logging.getLogger("devrng")
 
-# x0 and x1 start as the counter words plus the key; 20 rounds in five groups of four,
-# a key injection after each group (the Threefry-2x32 schedule JAX uses).
-_SOURCE = r"""
-#include <stdint.h>
-#if defined(__x86_64__) && defined(__GNUC__) && defined(DEVRNG_CLONES)
-#define CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define CLONES
-#endif
-#define ROTL(x, r) (((x) << (r)) | ((x) >> (32 - (r))))
-#define ROUND(r) x0 += x1; x1 = ROTL(x1, r); x1 ^= x0;
-#define BLOCK(c0, c1) \
-    uint32_t x0 = (c0) + k0, x1 = (c1) + k1; \
-    ROUND(13) ROUND(15) ROUND(26) ROUND(6) x0 += k1; x1 += k2 + 1u; \
-    ROUND(17) ROUND(29) ROUND(16) ROUND(24) x0 += k2; x1 += k0 + 2u; \
-    ROUND(13) ROUND(15) ROUND(26) ROUND(6) x0 += k0; x1 += k1 + 3u; \
-    ROUND(17) ROUND(29) ROUND(16) ROUND(24) x0 += k1; x1 += k2 + 4u; \
-    ROUND(13) ROUND(15) ROUND(26) ROUND(6) x0 += k2; x1 += k0 + 5u;
-/* Counter i is start + i, or counters[i] when given. mode 0: out0 = x0 ^ x1 (32 random bits);
-   mode 1: out0 = x0, out1 = x1 (64); mode 2: out0 = the float32 in [0, 1) that
-   jax.random.uniform makes from x0 ^ x1. One loop per case, so each vectorises. */
-#define LOOP(COUNTER, STORE) \
-    for (int64_t i = 0; i < n; i++) { \
-        uint64_t c = COUNTER; \
-        BLOCK((uint32_t)(c >> 32), (uint32_t)c) \
-        STORE \
-    }
-#define STORE_BITS out0[i] = x0 ^ x1;
-#define STORE_WORDS out0[i] = x0; out1[i] = x1;
-#define STORE_UNIFORM { union { uint32_t u; float f; } v; \
-    v.u = ((x0 ^ x1) >> 9) | 0x3F800000u; ((float *)out0)[i] = v.f - 1.0f; }
+BITS, WORDS, UNIFORM = 0, 1, 2  # out0 = x0 ^ x1; out0, out1 = x0, x1; out0 = uniform float32
 
-CLONES void devrng_threefry(uint32_t k0, uint32_t k1, uint64_t start, const uint64_t *counters,
-                            int64_t n, int mode, uint32_t *out0, uint32_t *out1) {
-    const uint32_t k2 = k0 ^ k1 ^ 0x1BD11BDAu;
-    if (counters) {
-        if (mode == 0) LOOP(counters[i], STORE_BITS)
-        else if (mode == 1) LOOP(counters[i], STORE_WORDS)
-        else LOOP(counters[i], STORE_UNIFORM)
-    } else {
-        if (mode == 0) LOOP(start + (uint64_t)i, STORE_BITS)
-        else if (mode == 1) LOOP(start + (uint64_t)i, STORE_WORDS)
-        else LOOP(start + (uint64_t)i, STORE_UNIFORM)
-    }
-}
-"""
-_FLAGS = ("-O3", "-shared", "-fPIC", "-fno-strict-aliasing")
-BITS, WORDS, UNIFORM = 0, 1, 2
-
-
-def cache_dir() -> Path:
-    """Where compiled kernels are kept: ``$DEVRNG_CACHE_DIR``, else ``~/.cache/devrng/kernels``."""
-    explicit = os.environ.get("DEVRNG_CACHE_DIR")
-    if explicit:
-        return Path(explicit)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base, "devrng", "kernels")
+# Random123's known answers for Threefry-2x32 with 20 rounds: key, counter -> (x0, x1).
+_KNOWN = (((0x00000000, 0x00000000), (0x00000000, 0x00000000), (0x6B200159, 0x99BA4EFE)),
+          ((0xFFFFFFFF, 0xFFFFFFFF), (0xFFFFFFFF, 0xFFFFFFFF), (0x1CB996FC, 0xBB002BE7)),
+          ((0x13198A2E, 0x03707344), (0x243F6A88, 0x85A308D3), (0xC4923A9C, 0x483DF7A0)))
 
 
 class CpuKernel:
-    """The loaded kernel: ``run`` fills preallocated CPU tensors."""
+    """The extension's loop: ``run`` fills preallocated CPU tensors."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        lib = ctypes.CDLL(str(path))
-        fn = lib.devrng_threefry
-        fn.restype = None
-        fn.argtypes = [ctypes.c_uint32, ctypes.c_uint32, ctypes.c_uint64, ctypes.c_void_p,
-                       ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
-        self._fn = fn
-        self._lib = lib  # keeps the library loaded as long as the kernel lives
+    __slots__ = ("_fill",)
+
+    def __init__(self, fill: Callable[..., None]) -> None:
+        self._fill = fill
 
     def run(self, key: tuple[int, int], mode: int, out0: torch.Tensor,
             out1: torch.Tensor | None = None, *, start: int = 0,
@@ -115,71 +60,96 @@ class CpuKernel:
         Element i comes from counter ``start + i``, or ``counters[i]`` (a
         contiguous int64 CPU tensor of the same length) when given.
         """
-        ptr = None if counters is None else counters.data_ptr()
-        self._fn(key[0], key[1], start, ptr, out0.numel(), mode, out0.data_ptr(),
-                 None if out1 is None else out1.data_ptr())
+        self._fill(key[0], key[1], start, 0 if counters is None else counters.data_ptr(),
+                   out0.numel(), mode, out0.data_ptr(), 0 if out1 is None else out1.data_ptr())
+
+
+def _proves_itself(cpu: CpuKernel) -> bool:
+    """Whether the kernel gives Random123's known answers in every mode and counter form."""
+    for key, (c_hi, c_lo), (x0, x1) in _KNOWN:
+        counter = (c_hi << 32) | c_lo
+        words = torch.empty(2, 1, dtype=torch.int32)
+        cpu.run(key, WORDS, words[0], words[1], start=counter)
+        bits = torch.empty(1, dtype=torch.int32)
+        as_signed = torch.tensor([counter - (1 << 64) if counter >> 63 else counter])
+        cpu.run(key, BITS, bits, counters=as_signed)
+        uniform = torch.empty(1, dtype=torch.float32)
+        cpu.run(key, UNIFORM, uniform, start=counter)
+        want_uniform = torch.tensor([((x0 ^ x1) >> 9) | 0x3F800000], dtype=torch.int64)
+        want_uniform = want_uniform.to(torch.int32).view(torch.float32) - 1.0
+        if ([w & 0xFFFFFFFF for w in words.flatten().tolist()] != [x0, x1]
+                or int(bits.item()) & 0xFFFFFFFF != x0 ^ x1 or not torch.equal(uniform, want_uniform)):
+            return False
+    return True
 
 
 _lock = ForkSafeLock()  # DataLoader workers fork: never inherit it held
-_state: dict[str, Any] = {}  # "kernel": CpuKernel | None once tried
+_loaded: dict[str, Any] = {}  # "kernel": CpuKernel | None, "status": str, once tried
 
 
 def kernel() -> CpuKernel | None:
-    """The compiled kernel, built on first use; None when it cannot be (or is disabled)."""
+    """The checked kernel, loaded on first use; None when devrng draws with tensor ops."""
     try:
-        return _state["kernel"]  # type: ignore[no-any-return]
+        return _loaded["kernel"]  # type: ignore[no-any-return]
     except KeyError:
         pass
     with _lock:
-        if "kernel" not in _state:
-            _state["kernel"] = _build()
-    return _state["kernel"]  # type: ignore[no-any-return]
+        if "kernel" not in _loaded:
+            _loaded["kernel"], _loaded["status"] = _load()
+    return _loaded["kernel"]  # type: ignore[no-any-return]
 
 
-def _compiler() -> str | None:
-    cc = os.environ.get("CC")
-    if cc:
-        return shutil.which(cc) or cc
-    for name in ("cc", "gcc", "clang"):
-        found = shutil.which(name)
-        if found:
-            return found
-    return None
+def status() -> tuple[bool, str]:
+    """Whether the kernel is in use, and a sentence that says why (for ``devrng doctor``)."""
+    kernel()
+    return _loaded["kernel"] is not None, _loaded["status"]
 
 
-def _build() -> CpuKernel | None:
+_SLOWER = ("devrng.portable's CPU draws use tensor ops: the same numbers, one to two orders "
+           "of magnitude more slowly (docs/benchmarks.md)")
+
+
+def _load() -> tuple[CpuKernel | None, str]:
     if os.environ.get("DEVRNG_CPU_KERNEL", "1").strip() == "0":
-        return None
-    cc = _compiler()
-    if cc is None:
-        _logger.info("devrng.portable: no C compiler found; CPU draws use tensor ops")
-        return None
-    tag = hashlib.sha256("\0".join([_SOURCE, cc, *_FLAGS, sys.platform]).encode()).hexdigest()
-    path = cache_dir() / f"threefry-{tag[:16]}.so"
-    try:
-        if not path.exists():
-            _compile(cc, path)
-        return CpuKernel(path)
-    except (OSError, subprocess.SubprocessError) as err:
-        _logger.warning("devrng.portable: could not build its CPU kernel (%s); CPU draws use "
-                        "tensor ops, which give the same numbers more slowly", err)
-        return None
-
-
-def _compile(cc: str, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
-        source = Path(tmp, "threefry.c")
-        source.write_text(_SOURCE)
-        built = Path(tmp, path.name)
-        # Function multi-versioning first (AVX-512/AVX2 picked at load time); a compiler
-        # or target without it builds the plain loop.
-        for extra in (["-DDEVRNG_CLONES"], []):
-            result = subprocess.run([cc, *_FLAGS, *extra, "-o", str(built), str(source)],
-                                    capture_output=True, text=True, timeout=120)
-            if result.returncode == 0:
-                break
+        return None, f"switched off by DEVRNG_CPU_KERNEL=0; {_SLOWER}."
+    spec = importlib.util.find_spec(f"{__package__}._threefry_kernel")
+    if spec is None or spec.origin is None:  # no C compiler when devrng was installed
+        return None, (f"not available (devrng was installed without it); {_SLOWER}. Reinstall "
+                      "devrng where a C compiler is available (pip install . builds it) to "
+                      "draw at torch.rand's speed.")
+    where = spec.origin
+    problem = _digest_problem(where)
+    if problem is None:
+        try:
+            module = importlib.import_module(spec.name)
+        except ImportError as err:
+            problem = f"could not be imported ({type(err).__name__}: {str(err)[:200]})"
         else:
-            raise OSError(f"{cc} failed: {result.stderr.strip()[-500:]}")
-        # Ranks of one job may build at once: each renames its own complete file.
-        os.replace(built, path)
+            fill = getattr(module, "fill", None)
+            if not callable(fill):
+                problem = "has no fill()"
+            elif not _proves_itself(CpuKernel(fill)):
+                problem = "gave wrong answers for Random123's known test vectors"
+            else:
+                return CpuKernel(fill), (f"compiled at install time ({where}), its SHA-256 and "
+                                         "known answers checked.")
+    message = f"the compiled kernel {where} {problem} and is not used; {_SLOWER}. Reinstall devrng."
+    _logger.warning("devrng: %s", message)
+    return None, message
+
+
+def _digest_problem(path: str) -> str | None:
+    """Why the library at ``path`` must not be loaded (it differs from the SHA-256 its build
+    wrote beside it: truncated, altered), or None. Checked before the library is mapped,
+    since loading a truncated library can crash the process."""
+    try:
+        with open(path + ".sha256") as fh:
+            recorded = fh.read(200).strip()
+        with open(path, "rb") as fh:
+            actual = hashlib.sha256(fh.read()).hexdigest()
+    except OSError as err:
+        return f"cannot be checked ({type(err).__name__}: {err})"
+    if actual != recorded:
+        return (f"does not match the SHA-256 recorded when it was built ({recorded[:16]}..., "
+                f"now {actual[:16]}...): it was truncated or altered")
+    return None

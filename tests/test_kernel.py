@@ -1,0 +1,218 @@
+"""The portable streams' CPU kernel: built at install time, proven on load, never loaded from a cache.
+
+The kernel is the C extension ``devrng._threefry_kernel`` that ``pip install`` compiles.
+These tests build real wheels with and without a compiler, plant libraries where an old
+devrng cached its kernel, and compile damaged kernels (a wrong rotation, a missing entry
+point, a truncated file) that devrng must refuse, each in a fresh interpreter.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from tests import _threefry_ref as ref
+from tests._helpers import ROOT, run_python
+
+from devrng._threefry_cpu import BITS, UNIFORM, WORDS, kernel, status
+
+SOURCE = ROOT / "src" / "devrng" / "_threefry_kernel.c"
+SUFFIX = sysconfig.get_config_var("EXT_SUFFIX")
+# What a child prints: whether the kernel is used, doctor's sentence, and a portable draw.
+PROBE = """
+import torch, devrng
+from devrng._threefry_cpu import status
+with devrng.portable(1):
+    drawn = torch.rand(5).tolist()
+print(status()[0], repr(status()[1]), drawn, sep="\\n")
+"""
+
+
+def _probe(env: dict[str, str | None] | None = None, prelude: str = "") -> list[str]:
+    out = run_python(prelude + PROBE, env=env)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip().splitlines()
+
+
+def _want() -> str:
+    return str(ref.uniform(ref.stream_key(1, 0), (5,)).tolist())
+
+
+def test_the_installed_kernel_is_in_use_and_equals_the_reference_in_every_mode() -> None:
+    # CI installs devrng with a compiler: the extension must be there and pass its check.
+    in_use, why = status()
+    assert in_use, why
+    assert "compiled at install time" in why
+    cpu = kernel()
+    assert cpu is not None
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        key = (int(rng.integers(0, 2**32)), int(rng.integers(0, 2**32)))
+        start = int(rng.integers(0, 2**63))
+        counters = rng.integers(0, 2**63, size=37, dtype=np.int64)
+        bits = torch.empty(37, dtype=torch.int32)
+        cpu.run(key, BITS, bits, counters=torch.from_numpy(counters))
+        assert np.array_equal(bits.numpy().view(np.uint32),
+                              ref.bits(key, (37,), counters.astype(np.uint64)))
+        words = torch.empty(2, 37, dtype=torch.int32)
+        cpu.run(key, WORDS, words[0], words[1], start=start)
+        counter = np.uint64(start) + np.arange(37, dtype=np.uint64)
+        x0, x1 = ref.threefry2x32(key, counter >> np.uint64(32), counter & np.uint64(ref.M32))
+        assert np.array_equal(words.numpy().view(np.uint32), np.stack([x0, x1]))
+        uniform = torch.empty(37, dtype=torch.float32)
+        cpu.run(key, UNIFORM, uniform, start=0)
+        assert np.array_equal(uniform.numpy(), ref.uniform(key, (37,)))
+
+
+@pytest.mark.parametrize("how", ["DEVRNG_CPU_KERNEL=0", "extension absent"])
+def test_without_the_kernel_the_same_numbers_come_from_tensor_ops(how: str) -> None:
+    if how == "DEVRNG_CPU_KERNEL=0":
+        lines = _probe({"DEVRNG_CPU_KERNEL": "0"})
+        assert "switched off by DEVRNG_CPU_KERNEL=0" in lines[1]
+    else:  # as after an install without a compiler: the module cannot be imported
+        lines = _probe(prelude="import sys; sys.modules['devrng._threefry_kernel'] = None\n")
+        assert "not available (devrng was installed without it)" in lines[1]
+        assert "C compiler" in lines[1]
+    assert lines[0] == "False"
+    assert "tensor ops" in lines[1]
+    assert lines[2] == _want()
+
+
+def _copy_tree(dest: Path) -> Path:
+    """What ``pip install .`` reads, copied so the build writes nothing into the checkout."""
+    dest.mkdir()
+    for name in ("setup.py", "pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, dest / name)
+    shutil.copytree(ROOT / "src", dest / "src",
+                    ignore=shutil.ignore_patterns("*.so", "*.pyd", "__pycache__", "*.egg-info"))
+    return dest
+
+
+def _wheel(tmp_path: Path, name: str, env: dict[str, str]) -> Path:
+    tree = _copy_tree(tmp_path / name)
+    out = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps",
+                          "--no-build-isolation", "-w", str(tree / "dist"), str(tree)],
+                         capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    (wheel,) = (tree / "dist").glob("devrng-*.whl")
+    return wheel
+
+
+@pytest.mark.slow
+def test_pip_builds_the_kernel_into_the_wheel_and_installs_without_a_compiler(
+        tmp_path: Path) -> None:
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k not in ("CC", "PYTHONPATH")}
+    with_cc = _wheel(tmp_path, "with", env)
+    names = zipfile.ZipFile(with_cc).namelist()
+    assert f"devrng/_threefry_kernel{SUFFIX}" in names
+    assert not any(n.endswith(".c") for n in names)  # the build, not the source
+
+    without_cc = _wheel(tmp_path, "without", {**env, "CC": "/nonexistent/cc"})
+    assert not any("_threefry_kernel" in n for n in zipfile.ZipFile(without_cc).namelist())
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--target", str(site),
+                    str(without_cc)], check=True, capture_output=True, env=env, timeout=600)
+    # Only the installed copy on the path, not this checkout's src.
+    out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True,
+                         env={**env, "PYTHONPATH": str(site)}, cwd=tmp_path, timeout=600)
+    assert out.returncode == 0, out.stderr
+    used, why, drawn = out.stdout.strip().splitlines()
+    assert used == "False" and "installed without it" in why and "C compiler" in why
+    assert drawn == _want()
+    doctor = subprocess.run([sys.executable, "-m", "devrng", "doctor"], capture_output=True,
+                            text=True, env={**env, "PYTHONPATH": str(site)}, cwd=tmp_path,
+                            timeout=600)
+    assert "fused C kernel NOT in use" in doctor.stdout
+
+
+def test_libraries_planted_in_the_old_kernel_cache_are_never_loaded(tmp_path: Path) -> None:
+    """devrng up to 0.3 compiled the kernel into ~/.cache/devrng/kernels (or
+    DEVRNG_CACHE_DIR) and loaded whatever it found there: plant a library whose constructor
+    leaves a mark at every such place, then draw."""
+    mark = tmp_path / "planted-code-ran"
+    planted_c = tmp_path / "planted.c"
+    planted_c.write_text(
+        "#include <stdio.h>\n"
+        f'__attribute__((constructor)) static void run(void) {{ FILE *f = fopen("{mark}", "w");'
+        " if (f) fclose(f); }\n"
+        "void devrng_threefry(void) {}\n")
+    home = tmp_path / "home"
+    places = [home / ".cache" / "devrng" / "kernels", tmp_path / "xdg" / "devrng" / "kernels",
+              tmp_path / "explicit"]
+    for place in places:
+        place.mkdir(parents=True)
+        for name in ("threefry-0000000000000000.so", "threefry.so", f"_threefry_kernel{SUFFIX}"):
+            subprocess.run(["cc", "-shared", "-fPIC", "-o", str(place / name), str(planted_c)],
+                           check=True)
+    before = sorted(p for p in tmp_path.rglob("*"))
+    lines = _probe({"HOME": str(home), "XDG_CACHE_HOME": str(tmp_path / "xdg"),
+                    "DEVRNG_CACHE_DIR": str(tmp_path / "explicit")})
+    assert lines[0] == "True" and lines[2] == _want()
+    assert not mark.exists(), "a planted library ran inside the process"
+    assert sorted(p for p in tmp_path.rglob("*")) == before  # nothing written at run time
+
+
+def _damaged_kernel(tmp_path: Path, change: str) -> Path:
+    """A package folder holding ``_threefry_kernel`` built from damaged source or damaged
+    after its build recorded its digest."""
+    source = SOURCE.read_text()
+    if change == "wrong rotation":
+        source = source.replace("ROUND(13) ROUND(15)", "ROUND(12) ROUND(15)", 1)
+    elif change == "no entry point":
+        source = source.replace('{"fill", ', '{"fi11", ')
+    folder = tmp_path / change.replace(" ", "-")
+    folder.mkdir()
+    built = folder / f"_threefry_kernel{SUFFIX}"
+    include = sysconfig.get_paths()["include"]
+    (folder / "k.c").write_text(source)
+    subprocess.run(["cc", "-shared", "-fPIC", "-O1", f"-I{include}", "-o", str(built),
+                    str(folder / "k.c")], check=True, capture_output=True)
+    # The digest a build records; the file is damaged after it was recorded.
+    digest = Path(f"{built}.sha256")
+    digest.write_text(hashlib.sha256(built.read_bytes()).hexdigest() + "\n")
+    data = bytearray(built.read_bytes())
+    if change == "truncated":  # loading it would crash the process (SIGBUS)
+        built.write_bytes(data[:4096])
+    elif change == "one bit flipped":
+        data[len(data) // 2] ^= 0x10
+        built.write_bytes(data)
+    elif change == "no digest":
+        digest.unlink()
+    return folder
+
+
+@pytest.mark.parametrize(("change", "said"), [
+    ("wrong rotation", "gave wrong answers for Random123's known test vectors"),
+    ("no entry point", "has no fill()"),
+    ("truncated", "does not match the SHA-256 recorded when it was built"),
+    ("one bit flipped", "does not match the SHA-256 recorded when it was built"),
+    ("no digest", "cannot be checked"),
+])
+def test_a_damaged_kernel_is_refused_with_a_sentence_and_the_numbers_stay_right(
+        tmp_path: Path, change: str, said: str) -> None:
+    folder = _damaged_kernel(tmp_path, change)
+    # The damaged build is found first, as if it had replaced the installed one.
+    out = run_python(f"import devrng; devrng.__path__.insert(0, {str(folder)!r})\n" + PROBE)
+    assert out.returncode == 0, out.stderr
+    used, why, drawn = out.stdout.strip().splitlines()
+    assert used == "False"
+    assert said in why and "tensor ops" in why
+    assert drawn == _want()
+
+
+def test_doctor_says_whether_the_kernel_is_in_use() -> None:
+    on = run_python("devrng", args=["doctor"], module=True)
+    off = run_python("devrng", args=["doctor"], module=True, env={"DEVRNG_CPU_KERNEL": "0"})
+    assert "fused C kernel in use: compiled at install time" in on.stdout
+    assert "fused C kernel NOT in use: switched off by DEVRNG_CPU_KERNEL=0" in off.stdout
+    assert "more slowly" in off.stdout
