@@ -91,6 +91,7 @@ def test_markers_are_parsed(tmp_path: Path) -> None:
     assert not available("devrng_no_such_module_or_command")
 
 
+@pytest.mark.slow  # a fresh interpreter per program
 @pytest.mark.parametrize("script", SCRIPTS, ids=[s.name for s in SCRIPTS])
 def test_example_runs(script: Path) -> None:
     spec = markers(script)
@@ -209,6 +210,7 @@ def test_there_are_whole_programs_in_the_docs() -> None:
     assert sum(b.output is not None for b in _DOC_BLOCKS) >= 2
 
 
+@pytest.mark.slow  # a fresh interpreter per program
 @pytest.mark.parametrize("block", _PROGRAMS)
 def test_docs_code_block_runs(block: Block, tmp_path: Path) -> None:
     """Each whole program runs; where a text block follows it, that is what it prints."""
@@ -255,6 +257,7 @@ sys.exit(1 if runner.run(test).failed else 0)
 """
 
 
+@pytest.mark.slow  # a fresh interpreter per program
 @pytest.mark.parametrize("block", _CONSOLE)
 def test_docs_console_block_shows_what_it_prints(block: Block, tmp_path: Path) -> None:
     """``>>>`` blocks run as doctests, each in a fresh process, with torch and devrng imported."""
@@ -298,6 +301,7 @@ def test_every_readme_block_is_a_whole_program() -> None:
 _RESUME = "devrng.TrainingRNG("  # the resume program, run by its own test below
 
 
+@pytest.mark.slow  # a fresh interpreter per program
 @pytest.mark.parametrize("block", [pytest.param(b, id=b.where) for b in _readme_blocks()
                                    if _RESUME not in b.code])
 def test_readme_block_runs_as_copied(block: Block, tmp_path: Path) -> None:
@@ -308,6 +312,7 @@ def test_readme_block_runs_as_copied(block: Block, tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
 
 
+@pytest.mark.slow  # a fresh interpreter per program
 def test_readme_resume_program_continues_bitwise_in_a_new_process(tmp_path: Path) -> None:
     """README: `python train.py 2` then `python train.py 3` prints for epoch 2 what an
     uninterrupted `python train.py 3` prints."""
@@ -336,6 +341,7 @@ sys.meta_path.insert(0, _Absent())
 """
 
 
+@pytest.mark.slow  # a fresh interpreter per program
 def test_home_page_starts_with_a_program_for_a_cpu_only_install(tmp_path: Path) -> None:
     first = python_blocks(EXAMPLES.parent / "docs" / "index.md")[0]
     assert whole_program(first.code), "the home page's first example must run as it is"
