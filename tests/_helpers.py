@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import os
 import random
+import shlex
 import subprocess
 import sys
 import textwrap
+import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -113,6 +115,14 @@ def fake_distribution(where: Path, name: str, version: str, *, package_source: s
         (where / name).mkdir()
         (where / name / "__init__.py").write_text(package_source)
     return {"PYTHONPATH": f"{where}:{ROOT}:{ROOT / 'src'}"}
+
+
+def extra_install_command(extra: str) -> str:
+    """The pip command devrng's hints give for ``extra``: the extra's own requirements from
+    pyproject.toml (devrng is not on a package index, so not ``devrng[extra]``)."""
+    requirements = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"][extra]
+    return "pip install " + " ".join(shlex.quote(r) for r in requirements)
 
 
 def install_plugin(where: Path, entry: str, source: str, *, name: str = "devrng-plugin"

@@ -1,6 +1,6 @@
 """Interrupts injected where a user's Ctrl-C (or a signal handler) can land inside devrng.
 
-Two ways, matching how CPython delivers an interrupt:
+Three ways, matching how CPython delivers an interrupt:
 
 - ``at_every_line``: a ``sys.settrace`` hook raises ``KeyboardInterrupt`` before the k-th
   line that devrng's own code runs, for k = 0, 1, 2, ... until the operation finishes
@@ -10,6 +10,10 @@ Two ways, matching how CPython delivers an interrupt:
   ``set_state``, a backend's ``set_rng_state``, ...) do their work and then raise, as when
   a signal arrives during a C call and its handler runs right after the call returns.
 
+- ``under_real_sigint``: another process sends real SIGINTs at random moments while the
+  operation runs in a loop in a fresh interpreter: the signal lands wherever CPython takes
+  it (often at the first instruction of a function, where no line-level guard reaches).
+
 Each trial reports what the operation raised, so that a test can check that the interrupt
 went on as itself and that everything ended all done or all undone.
 """
@@ -17,7 +21,10 @@ went on as itself and that everything ended all done or all undone.
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import sys
+import textwrap
 from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any, NamedTuple
@@ -143,3 +150,110 @@ def _patched(owner: Any, attr: str, value: Any) -> Iterator[None]:
         yield
     finally:
         setattr(owner, attr, original)
+
+
+# --------------------------------------------------------------------------- real signals
+_CHILD = r'''
+import json, os, signal, sys, time, traceback
+__SETUP__
+real = signal.getsignal(signal.SIGINT)
+busy, signalled, dropped = True, False, 0
+
+
+def handler(signum, frame):
+    # Harness bookkeeping runs with busy set: a signal then is dropped (counted), so
+    # only the operation under test ever sees one. Otherwise the handler in place
+    # (Python's, or devrng's) decides, with the frame the signal landed in.
+    global dropped, signalled
+    if busy:
+        dropped += 1
+        return
+    signalled = True
+    real(signum, frame)
+
+
+reset()
+op(0)  # imports and first-call work happen before any signal
+signal.signal(signal.SIGINT, handler)
+stats = {"interrupts": 0, "calls": 0, "bad": [], "swallowed": 0, "where": {}}
+print("ready", flush=True)
+deadline = time.monotonic() + __SECONDS__
+while stats["interrupts"] < __TARGET__ and time.monotonic() < deadline:
+    reset()
+    i = 0
+    signalled = False
+    try:
+        while True:
+            busy = False
+            op(i)
+            # Reached only when the call returned: a signal taken during it must not be lost.
+            busy = True
+            if signalled:
+                stats["swallowed"] += 1
+                signalled = False
+            i += 1
+            stats["calls"] += 1
+    except BaseException as err:
+        busy = True
+        stats["interrupts"] += 1
+        frames = [f for f in traceback.extract_tb(err.__traceback__)
+                  if f.name not in ("handler", "_on_sigint", "deliver")]
+        where = f"{os.path.basename(frames[-1].filename)}:{frames[-1].name}"
+        stats["where"][where] = stats["where"].get(where, 0) + 1
+        if type(err) is not KeyboardInterrupt:  # the interrupt must go on as itself
+            stats["bad"].append(f"{where}: raised {type(err).__name__}: {str(err)[:80]}")
+        problem = check(i)
+        if problem:
+            stats["bad"].append(f"{where}: {problem}")
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+print("stats " + json.dumps(stats), flush=True)
+'''
+
+
+def under_real_sigint(setup: str, *, interrupts: int, seconds: float = 120,
+                      env: dict[str, str | None] | None = None,
+                      gap: tuple[float, float] = (0.0002, 0.002)) -> dict[str, Any]:
+    """Run an operation in a fresh process while this process sends it SIGINT at random moments.
+
+    ``setup`` is Python code that defines ``reset()`` (called before each trial),
+    ``op(i)`` (the i-th call of the operation in the trial; called until an interrupt
+    comes) and ``check(i)`` (after the interrupt in call ``i``: a string naming what is
+    wrong, or ``""`` when everything is all done or all undone). Nothing is mocked: the
+    signal is a real one, handled by whatever handler the child has (Python's default, or
+    devrng's). Returns the child's counts: ``interrupts``, ``calls`` completed, ``bad``
+    (one line per trial that ended half done), ``swallowed`` (calls that returned
+    normally although a signal was taken during them) and ``where`` the interrupts
+    surfaced.
+    """
+    import random
+    import signal as _signal
+    import subprocess
+    import time
+
+    from tests._helpers import run_env
+
+    code = (_CHILD.replace("__SETUP__", textwrap.dedent(setup))
+            .replace("__TARGET__", str(interrupts)).replace("__SECONDS__", str(seconds)))
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=run_env(env), cwd=ROOT)
+    assert child.stdout is not None
+    first = child.stdout.readline()
+    if first.strip() != "ready":
+        child.kill()
+        raise AssertionError(f"the child did not start: {first}{child.communicate()[1]}")
+    rng = random.Random(0)
+    sent = 0
+    while child.poll() is None:
+        time.sleep(rng.uniform(*gap))
+        try:
+            os.kill(child.pid, _signal.SIGINT)
+            sent += 1
+        except ProcessLookupError:
+            break
+    out, err = child.communicate(timeout=60)
+    line = next((ln for ln in out.splitlines() if ln.startswith("stats ")), None)
+    if child.returncode != 0 or line is None:
+        raise AssertionError(f"the child failed (exit {child.returncode}):\n{out}\n{err}")
+    stats: dict[str, Any] = json.loads(line[len("stats "):])
+    stats["sent"] = sent
+    return stats

@@ -39,7 +39,7 @@ from tests._helpers import (
     run_python,
     set_environ,
 )
-from tests._interrupts import after_every_apply, at_every_line
+from tests._interrupts import after_every_apply, at_every_line, under_real_sigint
 
 import devrng
 from devrng import DevRNGError, fork_rng
@@ -249,10 +249,12 @@ def test_a_save_that_hits_the_file_size_limit_keeps_the_previous_file(tmp_path: 
         try:
             snap.save({str(path)!r})
         except OSError as err:
-            print("failed:", type(err).__name__)
+            print("failed:", type(err).__name__, err)
     """, env={"PYTHONDONTWRITEBYTECODE": "1"})  # Python would write cut-off .pyc files
     assert out.returncode == 0, out.stderr
-    assert "failed: OSError" in out.stdout or "failed: " in out.stdout
+    # An OSError whose sentence names the file and says the previous one is kept.
+    assert "failed: OSError [Errno 27] File too large while writing" in out.stdout, out.stdout
+    assert "the file that was there (if any) is unchanged" in out.stdout
     assert path.read_bytes() == good
     assert sorted(p.name for p in tmp_path.iterdir()) == ["state.rng"]  # no temporary left
 
@@ -347,13 +349,11 @@ def test_a_save_killed_by_sigterm_leaves_nothing_the_next_save_keeps(tmp_path: P
     devrng.get_rng_state(devices=[]).save(path)
     good = path.read_bytes()
     code = f"""
-        import sys, time, torch, devrng
-        real_save = torch.save
-        def slow(obj, f, *args, **kwargs):
-            f.write(b"partial"); f.flush()
+        import os, sys, time, torch, devrng
+        def slow(fd):  # the snapshot is in the temporary file, not yet synced and renamed
             print("writing", flush=True)
             time.sleep(60)
-        torch.save = slow
+        os.fsync = slow
         devrng.get_rng_state(devices=[]).save({str(path)!r})
     """
     proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], text=True,
@@ -387,6 +387,112 @@ def test_a_stride_zero_memory_bomb_is_refused_at_load(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     assert "refused:" in out.stdout and "(1000000000000 bytes); generator states are compact" \
         in out.stdout, out.stdout
+
+
+@pytest.mark.parametrize(("path", "error", "message"), [
+    (b"state.rng", TypeError, r"devrng cannot write to b'state.rng' \(a bytes\); pass a path "
+                              r"as a str or os.PathLike"),
+    ("run/", ValueError, r"devrng cannot write to 'run/': it names a directory \(or nothing\)"),
+    ("", ValueError, r"devrng cannot write to '': it names a directory \(or nothing\)"),
+    (3, TypeError, r"devrng cannot write to 3 \(a int\)"),
+])
+def test_a_path_that_names_no_file_gets_a_sentence_and_writes_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, path: Any, error: type[Exception],
+        message: str) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "run").mkdir()
+    with pytest.raises(error, match=message):
+        devrng.get_rng_state(devices=[]).save(path)
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["run"]
+    with pytest.raises(error, match=message.replace("write to", "load")):
+        devrng.RNGState.load(path)
+
+
+def test_loading_from_a_fifo_is_refused_at_once(tmp_path: Path) -> None:
+    # Opening a FIFO waits for a writer forever: refused before it is opened.
+    fifo = tmp_path / "state.rng"
+    os.mkfifo(fifo)
+    out = run_python(f"""
+        import devrng
+        try:
+            devrng.RNGState.load({str(fifo)!r})
+        except devrng.DevRNGError as err:
+            print("refused:", err)
+    """, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "is not a devrng RNG snapshot: it is a FIFO, not a regular file" in out.stdout
+
+
+def _deep(levels: int) -> Any:
+    value: Any = 1
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize("where", ["cpu", "python", "devices"])
+def test_a_deeply_nested_snapshot_is_refused_in_a_subprocess(tmp_path: Path, where: str) -> None:
+    data = devrng.get_rng_state(devices=[]).to_dict()
+    data[where] = {"cpu": {0: _deep(3000)}} if where == "devices" else _deep(3000)
+    path = tmp_path / "deep.rng"
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(20_000)  # torch.save's pickler recurses
+    try:
+        torch.save(data, path)
+    finally:
+        sys.setrecursionlimit(limit)
+    out = run_python(f"""
+        import devrng
+        try:
+            devrng.RNGState.load({str(path)!r})
+        except devrng.DevRNGError as err:
+            print("refused:", err)
+    """)
+    assert out.returncode == 0, out.stderr
+    assert f"refused: {str(path)!r} nests lists and dicts more than 32 deep" in out.stdout
+
+
+def test_a_small_checkpoint_with_a_loader_record_bomb_is_refused_in_bounded_memory(
+        tmp_path: Path) -> None:
+    # A loader record holding a tensor that claims 2**31 elements over one byte of storage:
+    # comparing it with the live loader's batch size would allocate gigabytes.
+    rng = devrng.TrainingRNG(seed=1)
+    rng.track("loader", torch.utils.data.DataLoader(range(8), batch_size=2))
+    saved = rng.state_dict()
+    saved["loaders"]["loader"]["batch_size"] = torch.zeros(1, dtype=torch.uint8).expand(2**31)
+    path = tmp_path / "ckpt.pt"
+    torch.save({"rng": saved}, path)
+    assert path.stat().st_size < 64_000
+    out = run_python(f"""
+        import resource, torch, devrng
+        rng = devrng.TrainingRNG(seed=1)
+        rng.track("loader", torch.utils.data.DataLoader(range(8), batch_size=2))
+        saved = torch.load({str(path)!r}, weights_only=True)["rng"]
+        resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))
+        try:
+            rng.load_state_dict(saved)
+        except devrng.DevRNGError as err:
+            print("refused:", err)
+    """)
+    assert out.returncode == 0, out.stderr
+    assert "refused: TrainingRNG.load_state_dict: the state holds a tensor of shape " \
+           "(2147483648,) (2147483648 bytes)" in out.stdout, out.stdout
+
+
+@pytest.mark.parametrize(("rank", "world", "message"), [
+    (0, 0, "the saved world size is 0, not an int of 1 or more"),
+    (2, 2, "the saved rank 2 is not a rank of the saved world size 2"),
+    (-1, 2, "the saved rank is -1, not an int of 0 or more"),
+])
+def test_a_saved_world_that_cannot_be_is_refused_even_when_not_strict(
+        rank: int, world: int, message: str) -> None:
+    rng = devrng.TrainingRNG(seed=1)
+    saved = rng.state_dict()
+    saved["rank"], saved["world_size"] = rank, world
+    before = generator_states()
+    with pytest.raises(DevRNGError, match=message):
+        rng.load_state_dict(saved, strict=False)
+    assert generator_states() == before
 
 
 # ----------------------------------------------------------------------------- interrupts
@@ -1340,3 +1446,210 @@ def test_an_interrupted_stream_fork_or_seeded_call_gives_the_caller_its_state_ba
     assert world.result_of(op) == world.start
     assert _all_or_nothing(_trials(inject, op, world.reset, *world.holders), world, world.start,
                            "streams.fork / seeded_jit") > _ENOUGH[inject]
+
+
+# ----------------------------------------------------------------------------- a real Ctrl-C
+# Real SIGINTs from this process, at random moments, into a child running the operation in a
+# loop (tests._interrupts.under_real_sigint): CPython takes them at its own check points,
+# often the first instruction of an __exit__, where no line of code can guard. Each scenario
+# defines reset(), op(i) and check(i) (what is wrong after an interrupt in call i, or "").
+_GENERATORS = """
+import random, numpy as np, torch, devrng
+def gens():
+    return (bytes(torch.get_rng_state().numpy()), random.getstate(), repr(np.random.get_state()))
+"""
+REAL_SIGINT = {
+    "fork_rng(devices=[])": _GENERATORS + """
+def reset():
+    global before
+    before = gens()
+def op(i):
+    with devrng.fork_rng(devices=[]):
+        torch.rand(1)
+def check(i):
+    return "" if gens() == before else "the CPU generator was not put back"
+""",
+    "fork_rng(python=True, numpy=True)": _GENERATORS + """
+def reset():
+    global before
+    before = gens()
+def op(i):
+    with devrng.fork_rng(devices=[], python=True, numpy=True):
+        torch.rand(1); random.random(); np.random.random()
+def check(i):
+    return "" if gens() == before else "a generator was not put back"
+""",
+    "@fork_rng()": _GENERATORS + """
+@devrng.fork_rng(devices=[])
+def draw():
+    torch.rand(1)
+def reset():
+    global before
+    before = gens()
+def op(i):
+    draw()
+def check(i):
+    return "" if gens() == before else "the CPU generator was not put back"
+""",
+    "set_rng_state": _GENERATORS + """
+devrng.manual_seed(1); A = devrng.get_rng_state(); GA = gens()
+devrng.manual_seed(2); B = devrng.get_rng_state(); GB = gens()
+def reset():
+    devrng.set_rng_state(A)
+def op(i):  # A and B in turn: a half-applied snapshot is neither
+    devrng.set_rng_state(B if i % 2 == 0 else A)
+def check(i):
+    return "" if gens() in (GA, GB) else "half of one snapshot, half of the other"
+""",
+    "manual_seed": _GENERATORS + """
+devrng.manual_seed(1); GA = gens(); devrng.manual_seed(2); GB = gens()
+def reset():
+    devrng.manual_seed(1)
+def op(i):
+    devrng.manual_seed(2 if i % 2 == 0 else 1)
+def check(i):
+    return "" if gens() in (GA, GB) else "half seeded"
+""",
+    "with deterministic()": _GENERATORS + """
+def settings():
+    return (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic,
+            torch.backends.cudnn.benchmark, torch.utils.deterministic.fill_uninitialized_memory)
+START = settings()
+def reset():
+    global before
+    before = gens()
+def op(i):
+    with devrng.deterministic(seed=3):
+        torch.rand(1)
+def check(i):
+    if settings() != START:
+        return "determinism left on"
+    return "" if gens() == before else "the seeding was not undone"
+""",
+    "RNGStreams.fork": _GENERATORS + """
+streams = devrng.RNGStreams()
+streams.add("a", 1)
+def reset():
+    global before
+    before = gens()
+def op(i):
+    with streams.fork("a", devices=[]):
+        torch.rand(1)
+def check(i):
+    try:
+        with streams.fork("a", devices=[]):
+            pass
+    except RuntimeError as err:
+        return f"the stream cannot be forked again: {err}"
+    return "" if gens() == before else "the caller's generator was not put back"
+""",
+    "patch_torch / unpatch_torch": """
+import torch, devrng
+original = torch.random.fork_rng
+def reset():
+    devrng.unpatch_torch()
+def op(i):
+    devrng.patch_torch() if i % 2 == 0 else devrng.unpatch_torch()
+def check(i):
+    devrng.unpatch_torch()  # whatever the interrupt left, unpatching must repair it
+    return "" if torch.random.fork_rng is original else "unpatch_torch cannot undo the patch"
+""",
+    "TrainingRNG.load_state_dict": _GENERATORS + """
+rng = devrng.TrainingRNG(seed=1)
+torch.rand(3)
+A, GA = rng.state_dict(), gens()
+torch.rand(3)
+B, GB = rng.state_dict(), gens()
+def reset():
+    rng.load_state_dict(A)
+def op(i):
+    rng.load_state_dict(B if i % 2 == 0 else A)
+def check(i):
+    return "" if gens() in (GA, GB) else "half loaded"
+""",
+    "RNGState.save": """
+import os, tempfile, torch, devrng
+folder = tempfile.mkdtemp()
+path = os.path.join(folder, "state.rng")
+A = devrng.get_rng_state()
+torch.rand(1)
+B = devrng.get_rng_state()
+def reset():
+    A.save(path)
+def op(i):  # A and B in turn: the file must always hold one of them, whole
+    (B if i % 2 == 0 else A).save(path)
+def check(i):
+    left = sorted(os.listdir(folder))
+    if left != ["state.rng"]:
+        return f"files left behind: {left}"
+    try:
+        loaded = devrng.RNGState.load(path)
+    except devrng.DevRNGError as err:
+        return f"the file is damaged: {err}"
+    return "" if loaded in (A, B) else "the file holds neither snapshot"
+""",
+    "seeded_jit(backend='inductor')": """
+import torch, devrng
+step = devrng.seeded_jit(lambda x: torch.nn.functional.dropout(x, 0.5), backend="inductor",
+                         seed=0)
+x = torch.ones(8)
+def reset():
+    global before
+    before = torch.get_rng_state()
+def op(i):
+    step(x, seed=i)
+def check(i):
+    return "" if torch.equal(torch.get_rng_state(), before) else "the caller's generator moved"
+""",
+}
+# Default run: enough interrupts that the controls below fail for certain; `-m slow`: many more.
+_REAL = [pytest.param(n, 200, id=n) for n in REAL_SIGINT] + [
+    pytest.param(n, 5000, id=f"{n}-many", marks=pytest.mark.slow) for n in REAL_SIGINT]
+
+
+@pytest.mark.parametrize(("scenario", "interrupts"), _REAL)
+def test_a_real_ctrl_c_leaves_every_call_whole_and_goes_on_as_itself(
+        scenario: str, interrupts: int) -> None:
+    stats = under_real_sigint(REAL_SIGINT[scenario], interrupts=interrupts)
+    assert stats["interrupts"] >= interrupts, stats
+    assert stats["bad"] == [], f"{len(stats['bad'])} of {stats['interrupts']}: {stats['bad'][:5]}"
+    assert stats["swallowed"] == 0, stats
+
+
+@pytest.mark.parametrize("control", ["torch.random.fork_rng", "DEVRNG_DEFER_SIGINT=0"])
+def test_the_real_ctrl_c_harness_catches_a_fork_that_restores_nothing(control: str) -> None:
+    # The same fork scenario where a Ctrl-C can be taken before __exit__'s first line: with
+    # torch's own fork_rng, and with devrng's under Python's own SIGINT handler.
+    setup = REAL_SIGINT["fork_rng(devices=[])"]
+    env: dict[str, str | None] = {}
+    if control == "torch.random.fork_rng":
+        setup = setup.replace("devrng.fork_rng", "torch.random.fork_rng")
+    else:
+        env["DEVRNG_DEFER_SIGINT"] = "0"
+    stats = under_real_sigint(setup, interrupts=400, env=env)
+    assert len(stats["bad"]) > 0, stats
+
+
+def test_devrngs_sigint_handler_is_installed_only_over_pythons_own() -> None:
+    code = """
+        import signal, threading
+        def mine(signum, frame): pass
+        signal.signal(signal.SIGINT, mine)
+        import devrng                       # a program's own handler stays
+        assert signal.getsignal(signal.SIGINT) is mine
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        from devrng import _sigint
+        _sigint.install()                   # over Python's own: devrng's
+        assert _sigint.installed()
+        try:
+            signal.raise_signal(signal.SIGINT)   # outside devrng: raised at once, as always
+        except KeyboardInterrupt:
+            print("raised")
+    """
+    out = run_python(code)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["raised"]
+    off = run_python("import signal, devrng; "
+                     "print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)",
+                     env={"DEVRNG_DEFER_SIGINT": "0"})
+    assert off.stdout.strip() == "True"

@@ -8,11 +8,13 @@ function, so the first (compiling) call is part of what is checked.
 
 from __future__ import annotations
 
+import re
 import sys
 from typing import Any
 
 import pytest
 import torch
+from tests._helpers import extra_install_command
 
 import devrng
 from devrng._jit import auto_compiler
@@ -312,5 +314,5 @@ def test_missing_package_gives_the_install_hint(monkeypatch: pytest.MonkeyPatch,
     for mod in ("torch_xla", "openxla", "torchax"):
         monkeypatch.delitem(sys.modules, f"devrng._compilers.{mod}", raising=False)
     with pytest.raises(ImportError, match=rf"backend='{backend}'\) needs .*devrng's '{extra}' extra\) "
-                                          rf"with: pip install {package}"):
+                                          rf"with: {re.escape(extra_install_command(extra))}$"):
         devrng.seeded_jit(_dropout, backend=backend)

@@ -210,7 +210,7 @@ def test_load_puts_everything_back(setup: Any) -> None:
                                                 r"which nothing here tracks"),
     (lambda sd: sd["generators"].update(dataloader0=torch.zeros(3, dtype=torch.uint8)),
      "generator 'dataloader0' is not a CPU generator state"),
-    (lambda sd: sd.update(rank=3), "saved by rank 3 of 1, and this is rank 0 of 1"),
+    (lambda sd: sd.update(rank=3, world_size=4), "saved by rank 3 of 4, and this is rank 0 of 1"),
     (lambda sd: sd["rng"].update(cpu=torch.zeros(2)), "saved global RNG state is not a valid devrng RNG snapshot"),
     (lambda sd: sd["tracked"]["step"].update(counter=-1), "counter'] must be a non-negative"),
 ])

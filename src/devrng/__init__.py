@@ -17,7 +17,12 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from devrng import _sigint
+
 __version__ = "0.1.0"
+
+# A Ctrl-C that lands inside a devrng call is raised when the call ends (devrng._sigint).
+_sigint.install()
 
 if TYPE_CHECKING:  # the public names, for type checkers (``X as X``: re-exported)
     from devrng import distributed as distributed

@@ -33,6 +33,7 @@ from devrng._locks import ForkSafeLock
 from devrng._registry import backend_names, loaded_backend
 from devrng._seeding import manual_seed
 from devrng._seeds import check_seed
+from devrng._sigint import deliver, guard
 from devrng._undo import Undo, read_started
 from devrng._workers import dataloader_kwargs
 
@@ -441,24 +442,27 @@ class DeterministicHandle:
         """
         shown = repr(self)
         try:
-            failures, inner = self._restore()
-        except BaseException as err:  # interrupted: finish the job (idempotent), then go on
-            if isinstance(err, Exception):
+            try:
+                failures, inner = self._restore()
+            except BaseException as err:  # interrupted: finish the job (idempotent), go on
+                if isinstance(err, Exception):
+                    raise
+                self._restore()
                 raise
-            self._restore()
-            raise
-        if inner:
-            # Its owner (a with-block, a TrainingRNG) still counts on it: say so, once.
-            warn_and_log(
-                f"Restoring {shown} first restored {len(inner)} handle(s) applied after it "
-                f"and still active ({', '.join(inner)}): their settings are off from here on. "
-                "Restore handles newest first (with-blocks do) to keep each one's settings "
-                "while its code runs.", stacklevel=2)
-        if failures:
-            raise DevRNGError(
-                "deterministic() could not restore " + "; ".join(failures)
-                + ". The other settings were restored."
-            )
+            if inner:
+                # Its owner (a with-block, a TrainingRNG) still counts on it: say so, once.
+                warn_and_log(
+                    f"Restoring {shown} first restored {len(inner)} handle(s) applied after "
+                    f"it and still active ({', '.join(inner)}): their settings are off from "
+                    "here on. Restore handles newest first (with-blocks do) to keep each "
+                    "one's settings while its code runs.", stacklevel=2)
+            if failures:
+                raise DevRNGError(
+                    "deterministic() could not restore " + "; ".join(failures)
+                    + ". The other settings were restored."
+                )
+        finally:
+            deliver()
 
     def _restore(self) -> tuple[list[str], list[str]]:
         """Restore this handle and those applied after it: (failures, the others' reprs)."""
@@ -481,9 +485,11 @@ class DeterministicHandle:
             if not self._active:  # re-entering a handle that was restored
                 self._apply()
             self._depth += 1
+            deliver()  # a Ctrl-C noted meanwhile is raised here, and undone below
             return self
         except BaseException:
             self.restore()  # the block is not entered: leave nothing applied
+            deliver()
             raise
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -497,6 +503,8 @@ class DeterministicHandle:
             if not isinstance(err, Exception):
                 self.restore()  # interrupted on the way out: leave nothing applied
             raise
+        finally:
+            deliver()
 
     # -- DataLoader and report -----------------------------------------------------
     def dataloader_kwargs(self) -> dict[str, Any]:
@@ -615,10 +623,19 @@ def deterministic(seed: int | None = None, *, warn_only: bool = False,
     options = Options(warn_only, fill_uninitialized_memory, cublas_workspace_config)
     _made.handle = None
     try:
-        return DeterministicHandle(seed, options)
+        made = DeterministicHandle(seed, options)
+        deliver()  # a Ctrl-C noted while applying is raised here, and undone below
+        return made
     except BaseException:
         # An interrupt after the handle was applied, before the caller got it: undo it.
         handle = _made.handle
         if handle is not None:
             handle.restore()
+        deliver()
         raise
+
+
+guard(deterministic)
+guard(DeterministicHandle.restore)
+guard(DeterministicHandle.__enter__)
+guard(DeterministicHandle.__exit__)

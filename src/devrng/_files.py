@@ -23,7 +23,10 @@ import tempfile
 from collections.abc import Callable
 from typing import IO, Any
 
-__all__ = ["atomic_write", "is_file_like"]
+from devrng._errors import short_repr
+from devrng._sigint import deliver, guard
+
+__all__ = ["atomic_write", "checked_path", "is_file_like", "readable_file"]
 
 _SUFFIX = ".devrng-tmp"
 
@@ -36,31 +39,76 @@ def is_file_like(target: Any) -> bool:
 def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], object]) -> None:
     """Call ``write(fh)`` on a temporary file next to ``path``, then rename it to ``path``.
 
+    A Ctrl-C during the write is raised before the rename (the previous file
+    stays); one that comes after the rename is raised once the call is done.
+
     Examples:
         >>> atomic_write("notes.bin", lambda fh: fh.write(b"data"))
     """
-    target = _regular_target(os.fspath(path))
-    directory = os.path.dirname(target)
-    prefix = _temp_prefix(target)
-    _remove_abandoned(directory, prefix)
-    fd, tmp = tempfile.mkstemp(prefix=f"{prefix}{os.getpid()}.", suffix=_SUFFIX, dir=directory)
     try:
-        os.fchmod(fd, _mode_for(target))  # mkstemp makes 0600; give what open() would
-        with os.fdopen(fd, "wb") as fh:
-            write(fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    with contextlib.suppress(OSError):  # make the rename itself durable where the OS allows
-        dir_fd = os.open(directory, os.O_RDONLY)
+        shown = checked_path(path, "write to")
+        target = _regular_target(shown)
+        directory = os.path.dirname(target)
+        prefix = _temp_prefix(target)
+        _remove_abandoned(directory, prefix)
+        fd, tmp = tempfile.mkstemp(prefix=f"{prefix}{os.getpid()}.", suffix=_SUFFIX,
+                                   dir=directory)
         try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+            os.fchmod(fd, _mode_for(target))  # mkstemp makes 0600; give what open() would
+            with os.fdopen(fd, "wb") as fh:
+                write(fh)
+                fh.flush()
+                os.fsync(fh.fileno())
+            deliver()  # a Ctrl-C noted while writing: the previous file stays (below)
+            os.replace(tmp, target)
+        except BaseException as err:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            if isinstance(err, OSError) and err.errno is not None:
+                raise type(err)(err.errno, f"{err.strerror} while writing {shown!r}; the file "
+                                "that was there (if any) is unchanged") from err
+            raise
+        with contextlib.suppress(OSError):  # make the rename durable where the OS allows
+            dir_fd = os.open(directory, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+    finally:
+        deliver()
+
+
+def checked_path(path: Any, what: str) -> str:
+    """``path`` as a ``str``, or a sentence: devrng takes ``str`` and ``os.PathLike`` paths
+    that name a file (not ``bytes``, not a path that ends in a separator)."""
+    if isinstance(path, (bytes, bytearray)) or not isinstance(path, (str, os.PathLike)):
+        raise TypeError(
+            f"devrng cannot {what} {short_repr(path)} (a {type(path).__name__}); pass a path as "
+            "a str or os.PathLike (pathlib.Path), or a binary file object."
+        )
+    text = os.fspath(path)
+    if not isinstance(text, str):
+        raise TypeError(f"devrng cannot {what} {short_repr(path)}: its os.fspath() is bytes; "
+                        "pass a str path.")
+    if not text or text.endswith((os.sep, os.altsep or os.sep)):
+        raise ValueError(
+            f"devrng cannot {what} {text!r}: it names a directory (or nothing), not a file. "
+            "Pass the path of a file, such as 'run/rng.pt'."
+        )
+    return text
+
+
+def readable_file(path: str) -> str | None:
+    """Why ``path`` cannot be read as a file devrng wrote (a directory, a FIFO, a device,
+    ...: opening a FIFO would wait for a writer forever), or None. A missing path is left
+    to the open, which says so."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    if stat.S_ISREG(mode):
+        return None
+    return f"it is {_kind(mode)}, not a regular file"
 
 
 def _regular_target(path: str) -> str:
@@ -72,15 +120,18 @@ def _regular_target(path: str) -> str:
     except FileNotFoundError:
         return target  # a new file (also a dangling symlink's target)
     if not stat.S_ISREG(mode):
-        kind = ("a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode)
-                else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
-                else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
         shown = path if target == os.path.abspath(path) else f"{path} (-> {target})"
         raise ValueError(
-            f"{shown!r} is {kind}; devrng saves to regular files only, which it replaces "
+            f"{shown!r} is {_kind(mode)}; devrng saves to regular files only, which it replaces "
             "atomically. Pass the path of a file (new or existing)."
         )
     return target
+
+
+def _kind(mode: int) -> str:
+    return ("a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode)
+            else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+            else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
 
 
 def _temp_prefix(target: str) -> str:
@@ -120,3 +171,6 @@ def _mode_for(path: str) -> int:
         umask = os.umask(0)
         os.umask(umask)
         return 0o666 & ~umask
+
+
+guard(atomic_write)

@@ -12,6 +12,7 @@ import torch
 from devrng._errors import check_flags
 from devrng._host import get_cpu_state, set_cpu_state
 from devrng._plan import make_plan
+from devrng._sigint import deliver, guard
 from devrng._undo import Undo
 
 __all__ = ["fork_rng"]
@@ -118,24 +119,31 @@ class Fork:
         self._open: list[Any] = []  # per open entry: a CPU state, an Undo, or None
 
     def __enter__(self) -> None:
-        args = self._args
-        saved: Any
-        if self._cpu_only and not args.devices:
-            saved = get_cpu_state()
-        elif not args.enabled or args.device_type == "meta":  # as torch: meta has no generators
-            saved = None
-        else:
-            plan = make_plan(args.devices, args.device_type, caller=args.caller,
-                             devices_kw=args.devices_kw)
-            # Everything is read before anything could be restored, so an error here
-            # (a backend that cannot read its state) leaves nothing half-forked.
-            saved = Undo.of_plan(args.caller, plan, python=args.python, numpy=args.numpy)
-        self._open += [saved]  # no call, so no interrupt can land between adding and returning
+        try:
+            args = self._args
+            saved: Any
+            if self._cpu_only and not args.devices:
+                saved = get_cpu_state()
+            elif not args.enabled or args.device_type == "meta":  # as torch: meta has none
+                saved = None
+            else:
+                plan = make_plan(args.devices, args.device_type, caller=args.caller,
+                                 devices_kw=args.devices_kw)
+                # Everything is read before anything could be restored, so an error here
+                # (a backend that cannot read its state) leaves nothing half-forked.
+                saved = Undo.of_plan(args.caller, plan, python=args.python, numpy=args.numpy)
+        except BaseException:
+            deliver()
+            raise
+        # Nothing changed yet: a Ctrl-C noted meanwhile is raised before the entry is added,
+        # and no call (no check point) comes between adding it and returning.
+        deliver()
+        self._open += [saved]
 
     def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
-        # Every line is inside the try, and the entry is dropped last (`del` runs no
-        # Python code a signal handler could interrupt): an interrupt landing anywhere
-        # here finds the entry still open and puts everything back again (idempotent).
+        # A real Ctrl-C is noted, not raised, until deliver() (devrng._sigint). An interrupt
+        # raised here all the same (a line-level one) finds the entry still open, dropped
+        # last (`del` runs no Python code), and puts everything back again (idempotent).
         try:
             saved = self._open[-1]
             if saved.__class__ is _Tensor:
@@ -152,6 +160,8 @@ class Fork:
                 else:
                     saved.run(pending=err)
             raise
+        finally:
+            deliver()
 
     def __call__(self, fn: F) -> F:
         args = self._args
@@ -196,8 +206,16 @@ class Fork:
 
     def _leave(self, err: BaseException) -> None:
         """Exit with ``err`` unless this (decorator's own) fork is not open any more."""
-        if self._open:
-            self.__exit__(type(err), err, err.__traceback__)
+        try:
+            if self._open:
+                self.__exit__(type(err), err, err.__traceback__)
+        finally:
+            deliver()
+
+
+guard(Fork.__enter__)
+guard(Fork.__exit__)
+guard(Fork._leave)
 
 
 def _listed(devices: Any, kw: str) -> list[Any]:

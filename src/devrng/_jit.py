@@ -21,6 +21,7 @@ import torch
 from devrng._compilers.runner import MakeRunner, Runner, input_types
 from devrng._lazy import load
 from devrng._seeds import MASK64, check_seed, nth_seed
+from devrng._sigint import interrupt_in, raised_count
 
 __all__ = ["COMPILER_NAMES", "SeededFunction", "auto_compiler", "seeded_jit"]
 
@@ -203,6 +204,7 @@ class SeededFunction(Generic[R]):
             runner = self._runner = _load_runner_factory(self._backend)(
                 self._fn, self._compile_kwargs)
         stream = _active_portable()
+        raised = raised_count()
         try:
             if stream is None:
                 out: R = runner(value, args, kwargs)
@@ -211,6 +213,13 @@ class SeededFunction(Generic[R]):
         except TypeError as err:
             _explain_positional_seed(self._signature, args, kwargs, err)
             raise
+        except SystemError as err:  # torch's C++ turned a Ctrl-C in a callback into this
+            interrupt = interrupt_in(err)
+            if interrupt is None:
+                raise
+            raise interrupt from None
+        if raised_count() != raised:  # a Ctrl-C taken inside, swallowed by the compiler's C++
+            raise KeyboardInterrupt
         return out
 
     def state_dict(self) -> dict[str, int]:

@@ -10,6 +10,7 @@ import torch.random
 from devrng._device_modules import register_all, unregister_all
 from devrng._fork import fork_rng
 from devrng._locks import ForkSafeLock
+from devrng._sigint import deliver, guard
 
 __all__ = ["patch_torch", "unpatch_torch"]
 
@@ -32,17 +33,25 @@ def patch_torch() -> None:
         >>> torch.random.fork_rng is devrng.fork_rng
         True
     """
-    with _lock:
-        if "fork_rng" in _saved:
-            # Device modules are idempotent too; registering again picks up a backend
-            # imported since the first call (torchax renames PrivateUse1 on import).
-            register_all()
-            return
-        _saved["fork_rng"] = torch.random.fork_rng
-        _saved["torch.fork_rng"] = getattr(torch, "fork_rng", None)
-        torch.random.fork_rng = fork_rng  # type: ignore[assignment]
-        torch.fork_rng = fork_rng  # type: ignore[attr-defined]
-        register_all()
+    try:
+        with _lock:
+            if "fork_rng" in _saved:
+                # Device modules are idempotent too; registering again picks up a backend
+                # imported since the first call (torchax renames PrivateUse1 on import).
+                register_all()
+                return
+            saved = {"fork_rng": torch.random.fork_rng,
+                     "torch.fork_rng": getattr(torch, "fork_rng", None)}
+            try:
+                torch.random.fork_rng = fork_rng  # type: ignore[assignment]
+                torch.fork_rng = fork_rng  # type: ignore[attr-defined]
+                register_all()
+                _saved.update(saved)  # recorded once applied: unpatch undoes what is recorded
+            except BaseException:
+                _put_back(saved)
+                raise
+    finally:
+        deliver()
 
 
 def unpatch_torch() -> None:
@@ -51,13 +60,27 @@ def unpatch_torch() -> None:
     Examples:
         >>> devrng.unpatch_torch()
     """
-    with _lock:
-        if "fork_rng" not in _saved:
-            return
-        torch.random.fork_rng = _saved.pop("fork_rng")
-        original = _saved.pop("torch.fork_rng")
-        if original is None:
+    try:
+        with _lock:
+            if "fork_rng" not in _saved:
+                return
+            _put_back(_saved)
+            _saved.clear()  # after everything is back: an interrupted unpatch can run again
+    finally:
+        deliver()
+
+
+def _put_back(saved: dict[str, Any]) -> None:
+    """torch's own fork_rng and device modules, as ``saved`` recorded them (idempotent)."""
+    torch.random.fork_rng = saved["fork_rng"]
+    original = saved["torch.fork_rng"]
+    if original is None:
+        if hasattr(torch, "fork_rng"):
             del torch.fork_rng  # type: ignore[attr-defined]
-        else:
-            torch.fork_rng = original  # type: ignore[attr-defined]
-        unregister_all()
+    else:
+        torch.fork_rng = original  # type: ignore[attr-defined]
+    unregister_all()
+
+
+guard(patch_torch)
+guard(unpatch_torch)

@@ -8,38 +8,55 @@ bytes, and how an unsigned 64-bit integer (XLA's seed) travels as a tensor.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
 
 from devrng._errors import DevRNGError
 
-__all__ = ["MAX_STATE_BYTES", "check_loaded", "check_plain", "describe", "feed", "signature", "tensor_bytes", "tensor_to_uint64",
+__all__ = ["MAX_STATE_BYTES", "check_depth", "check_loaded", "check_plain", "describe", "feed", "signature", "tensor_bytes", "tensor_to_uint64",
            "uint64_to_tensor"]
 
 _PLAIN_LEAVES = (torch.Tensor, bool, int, float, str, type(None))
 #: No generator state devrng knows is larger (the CPU's is 5 KB, a TPU's seed 8 bytes):
 #: a bigger tensor in a loaded file is a mistake or an attack, not a state.
 MAX_STATE_BYTES = 1 << 20
+#: Lists and dicts in a state nest a few levels deep; a file nesting them deeper is hostile.
+MAX_DEPTH = 32
+
+
+def _walk(state: Any, what: str) -> Iterator[Any]:
+    """Every value nested in ``state`` (lists, tuples, dicts), without recursion; a nesting
+    deeper than ``MAX_DEPTH`` is refused (no state devrng writes nests more than a few)."""
+    stack = [(state, 0)]
+    while stack:
+        item, depth = stack.pop()
+        yield item
+        if isinstance(item, (list, tuple, dict)):
+            if depth >= MAX_DEPTH:
+                raise DevRNGError(
+                    f"{what} nests lists and dicts more than {MAX_DEPTH} deep; devrng's states "
+                    "nest a few levels, so this was not written by devrng."
+                )
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+
+
+def check_depth(state: Any, what: str) -> None:
+    """Raise ``DevRNGError`` if ``state`` nests more than ``MAX_DEPTH`` deep."""
+    for _ in _walk(state, what):
+        pass
 
 
 def check_plain(state: Any, what: str) -> None:
     """Raise ``DevRNGError`` unless ``state`` is tensors, numbers, strings, lists and dicts."""
-    if isinstance(state, _PLAIN_LEAVES):
-        return
-    if isinstance(state, (list, tuple)):
-        for item in state:
-            check_plain(item, what)
-        return
-    if isinstance(state, dict):
-        for item in state.values():
-            check_plain(item, what)
-        return
-    raise DevRNGError(
-        f"{what} is a {type(state).__name__}, which a weights-only file cannot hold; its backend "
-        "must return tensors, numbers, strings, lists or dicts."
-    )
+    for item in _walk(state, what):
+        if not isinstance(item, (*_PLAIN_LEAVES, list, tuple, dict)):
+            raise DevRNGError(
+                f"{what} is a {type(item).__name__}, which a weights-only file cannot hold; its "
+                "backend must return tensors, numbers, strings, lists or dicts."
+            )
 
 
 def check_loaded(state: Any, what: str) -> None:
@@ -50,9 +67,7 @@ def check_loaded(state: Any, what: str) -> None:
     them. Such tensors are refused when the file is read.
     """
     check_plain(state, what)
-    stack = [state]
-    while stack:
-        item = stack.pop()
+    for item in _walk(state, what):
         if isinstance(item, torch.Tensor):
             size = item.numel() * item.element_size()
             if size > MAX_STATE_BYTES or not item.is_contiguous():
@@ -63,10 +78,6 @@ def check_loaded(state: Any, what: str) -> None:
                     + f"; generator states are compact tensors of at most {MAX_STATE_BYTES} "
                     "bytes, so this file was not written by devrng."
                 )
-        elif isinstance(item, (list, tuple)):
-            stack.extend(item)
-        elif isinstance(item, dict):
-            stack.extend(item.values())
 
 
 def tensor_bytes(t: torch.Tensor) -> bytes:

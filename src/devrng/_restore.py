@@ -24,6 +24,7 @@ from devrng._registry import (
     started_types,
 )
 from devrng._seeds import MASK64
+from devrng._sigint import deliver, guard
 from devrng._state import RNGState, check_host
 from devrng._undo import DeviceState, Undo, read_devices
 
@@ -36,8 +37,8 @@ def set_rng_state(state: RNGState) -> None:
     The whole snapshot is checked first (device types, device counts, state
     types, shapes and dtypes, and the CPU, Python and NumPy states in full); a
     mismatch raises ``DevRNGError`` before any generator changes. If setting a
-    generator still fails, or an interrupt arrives, every generator already
-    set is put back.
+    generator still fails, every generator already set is put back; a Ctrl-C
+    that arrives meanwhile is raised once the snapshot is fully restored.
 
     Args:
         state: A snapshot from ``get_rng_state`` or ``RNGState.load``.
@@ -60,10 +61,16 @@ def set_rng_state(state: RNGState) -> None:
             f"set_rng_state takes a devrng.RNGState, not a {type(state).__name__}; get one from "
             "devrng.get_rng_state() or devrng.RNGState.load(path)."
         )
-    check_host(state)
-    restore = prepare_restore(state)
-    with Undo("Restoring the snapshot") as undo:
-        restore.apply(undo)
+    try:
+        check_host(state)
+        restore = prepare_restore(state)
+        with Undo("Restoring the snapshot") as undo:
+            restore.apply(undo)
+    finally:
+        deliver()
+
+
+guard(set_rng_state)
 
 
 class Restore(NamedTuple):

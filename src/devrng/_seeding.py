@@ -10,6 +10,7 @@ from devrng._errors import check_flags
 from devrng._plan import make_plan
 from devrng._registry import available_backends, device_count, get_backend, is_initialized
 from devrng._seeds import check_seed
+from devrng._sigint import deliver, guard
 from devrng._undo import Undo, read_devices
 
 __all__ = ["manual_seed"]
@@ -21,8 +22,9 @@ def manual_seed(seed: int, *, devices: Any = None, device_type: Any = None, pyth
 
     Unlike ``torch.manual_seed`` this reaches XLA and torchax too. With
     ``devices`` / ``device_type`` only those device types are seeded (all
-    devices of each). All or nothing: if seeding one generator fails, or an
-    interrupt arrives, every generator seeded before it is put back.
+    devices of each). All or nothing: if seeding one generator fails, every
+    generator seeded before it is put back; a Ctrl-C that arrives meanwhile is
+    raised once everything is seeded.
 
     Args:
         seed: An int in ``[0, 2**64)``; all 64 bits reach every generator.
@@ -44,26 +46,32 @@ def manual_seed(seed: int, *, devices: Any = None, device_type: Any = None, pyth
         >>> devrng.manual_seed(1234)
         1234
     """
-    seed = check_seed(seed)
-    check_flags(python=python, numpy=numpy)
-    if devices is None and device_type is None:
-        backends = [get_backend(name) for name in available_backends() if name != "cpu"]
-    else:
-        backends = [b for b, _ in make_plan(devices, device_type, caller="manual_seed", warn=False)]
-    # Started devices are read first so that a failure can be undone; a device that
-    # has not started is seeded last and never read (reading would start it).
-    started = [b for b in backends if is_initialized(b)]
-    with Undo(f"manual_seed({seed})") as undo:
-        undo.save_devices(read_devices((b, range(device_count(b))) for b in started))
-        undo.save_host(python=python, numpy=numpy)
-        for backend in started:
-            backend.manual_seed(seed)
-        for backend in backends:
-            if backend not in started:
+    try:
+        seed = check_seed(seed)
+        check_flags(python=python, numpy=numpy)
+        if devices is None and device_type is None:
+            backends = [get_backend(name) for name in available_backends() if name != "cpu"]
+        else:
+            backends = [b for b, _ in make_plan(devices, device_type, caller="manual_seed", warn=False)]
+        # Started devices are read first so that a failure can be undone; a device that
+        # has not started is seeded last and never read (reading would start it).
+        started = [b for b in backends if is_initialized(b)]
+        with Undo(f"manual_seed({seed})") as undo:
+            undo.save_devices(read_devices((b, range(device_count(b))) for b in started))
+            undo.save_host(python=python, numpy=numpy)
+            for backend in started:
                 backend.manual_seed(seed)
-        _host.seed_cpu(seed)
-        if python:
-            random.seed(seed)
-        if numpy:
-            _host.seed_numpy(seed)
+            for backend in backends:
+                if backend not in started:
+                    backend.manual_seed(seed)
+            _host.seed_cpu(seed)
+            if python:
+                random.seed(seed)
+            if numpy:
+                _host.seed_numpy(seed)
+    finally:
+        deliver()
     return seed
+
+
+guard(manual_seed)

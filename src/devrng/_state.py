@@ -6,6 +6,7 @@ Restoring a snapshot lives in ``devrng._restore``, seeding in ``devrng._seeding`
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
@@ -15,8 +16,8 @@ import torch
 
 from devrng import _host
 from devrng._errors import DevRNGError, check_flags, short_repr
-from devrng._files import atomic_write, is_file_like
-from devrng._plain import check_loaded, check_plain, describe, feed
+from devrng._files import atomic_write, checked_path, is_file_like, readable_file
+from devrng._plain import check_depth, check_loaded, check_plain, describe, feed
 from devrng._plan import make_plan
 from devrng._undo import DeviceState, read_devices
 
@@ -148,6 +149,7 @@ class RNGState:
             >>> devrng.RNGState.from_dict(snap.to_dict()) == snap
             True
         """
+        check_depth(data, source)  # before anything walks it: a hostile nesting is refused
         try:
             return cls._parse(data)
         except (DevRNGError, KeyboardInterrupt, SystemExit):
@@ -178,16 +180,23 @@ class RNGState:
             f: A path, or a binary file open for writing.
 
         Raises:
-            OSError: The file could not be written.
+            TypeError: ``f`` is neither a path (``str``, ``os.PathLike``) nor a file.
+            ValueError: The path names a directory, or something that is not a
+                regular file (a FIFO, a device).
+            OSError: The file could not be written (the previous one is kept).
 
         Examples:
             >>> devrng.get_rng_state().save("step_100.rng")
         """
-        data = self.to_dict()
+        # Serialised in memory first: torch's zip writer never holds the file, so an
+        # interrupt or a full disk cannot leave it writing to a file already closed.
+        buffer = io.BytesIO()
+        torch.save(self.to_dict(), buffer)
+        data = buffer.getbuffer()
         if is_file_like(f):
-            torch.save(data, f)
+            f.write(data)  # type: ignore[union-attr]
         else:
-            atomic_write(f, lambda fh: torch.save(data, fh))  # type: ignore[arg-type]
+            atomic_write(f, lambda fh: fh.write(data))  # type: ignore[arg-type]
 
     @classmethod
     def load(cls, f: str | os.PathLike[str] | IO[bytes]) -> RNGState:
@@ -201,8 +210,6 @@ class RNGState:
 
         Raises:
             FileNotFoundError: There is no such file.
-            IsADirectoryError: The path is a directory (a checkpoint folder,
-                say), not the file ``RNGState.save`` wrote.
             DevRNGError: The file is not a snapshot (text, empty, corrupt, or
                 written by something else).
 
@@ -211,9 +218,15 @@ class RNGState:
             >>> snap = devrng.RNGState.load("step_100.rng")
             >>> devrng.set_rng_state(snap)
         """
-        where = repr(f) if is_file_like(f) else repr(os.fspath(f))  # type: ignore[arg-type]
-        if not is_file_like(f):
-            _check_snapshot_path(where, os.fspath(f))  # type: ignore[arg-type]
+        if is_file_like(f):
+            where = repr(f)
+        else:
+            where = repr(checked_path(f, "load"))
+            problem = readable_file(os.fspath(f))  # type: ignore[arg-type]
+            if problem is not None:
+                raise DevRNGError(f"{where} is not a devrng RNG snapshot: {problem}. Snapshots "
+                                  "are files that RNGState.save writes.")
+            _check_exists(where, os.fspath(f))  # type: ignore[arg-type]
         kind = _not_torch_save(f)
         if kind is not None:
             raise DevRNGError(
@@ -365,14 +378,8 @@ def check_host(state: RNGState) -> None:
     state._host_checked = True
 
 
-def _check_snapshot_path(where: str, path: str | bytes) -> None:
-    """A sentence instead of torch's traceback for a path that names no file to read."""
-    if os.path.isdir(path):
-        raise IsADirectoryError(
-            f"{where} is a directory, not an RNG snapshot: RNGState.load reads the one file "
-            "RNGState.save wrote; pass that file's path (a torch.distributed.checkpoint "
-            "folder is read with torch.distributed.checkpoint.load)."
-        )
+def _check_exists(where: str, path: str) -> None:
+    """A sentence instead of torch's traceback for a path that names no file."""
     if not os.path.exists(path):
         link = " (a symlink to a file that is gone)" if os.path.islink(path) else ""
         raise FileNotFoundError(

@@ -8,10 +8,10 @@ NumPy -- swapped in while the stream is forked.
 
 from __future__ import annotations
 
+import functools
 import hashlib
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 import torch
 
@@ -22,10 +22,13 @@ from devrng._plan import Plan, make_plan
 from devrng._registry import Backend, device_count
 from devrng._restore import prepare_restore
 from devrng._seeds import check_seed
+from devrng._sigint import deliver, guard
 from devrng._state import RNGState, parse_state, snapshot
 from devrng._undo import Undo, read_devices
 
 __all__ = ["RNGStreams"]
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 _FORMAT = "devrng.RNGStreams"
 _VERSION = 1
@@ -155,8 +158,7 @@ class RNGStreams:
                                 missing)
             stream.advance(RNGState(stream.state.cpu, {backend.name: dict(fresh)}))
 
-    @contextmanager
-    def fork(self, name: str, devices: Any = None, *, device_type: Any = None) -> Iterator[None]:
+    def fork(self, name: str, devices: Any = None, *, device_type: Any = None) -> StreamFork:
         """Draw from stream ``name`` inside the block; the caller's state comes back on exit.
 
         Covers the CPU and the device types of ``devices`` / ``device_type``
@@ -168,6 +170,10 @@ class RNGStreams:
             name: A stream added with ``RNGStreams.add``.
             devices: The devices to cover, as in ``fork_rng``.
             device_type: A device type or a sequence of them, as in ``fork_rng``.
+
+        Returns:
+            A context manager. A Ctrl-C that lands in its entry or exit is raised
+            once the swap is complete, so the stream is never left half swapped in.
 
         Raises:
             ValueError: No stream is named ``name``.
@@ -195,38 +201,7 @@ class RNGStreams:
             >>> torch.equal(first, second)
             False
         """
-        stream = self._get(name, "fork")
-        if name in self._active:
-            raise RuntimeError(
-                f"RNGStreams.fork({name!r}) is already active; forking the same stream inside "
-                "itself would replay its numbers. Use it once, or add a second stream."
-            )
-        plan = make_plan(devices, device_type, caller="RNGStreams.fork")
-        self._materialise(name, stream, plan)
-        caller = Undo(f"RNGStreams.fork({name!r})", wrap=False)
-        caller.save_cpu()
-        caller.save_devices(read_devices(plan))
-        # The caller's states are put back on every way out, also when an interrupt
-        # lands here; the stream keeps what it drew unless its states never went in.
-        swapped = False
-        advanced: RNGState | None = None
-        try:
-            self._active.add(name)
-            _swap_in(name, stream, plan)
-            swapped = True
-            yield
-            advanced = snapshot(read_devices(plan), python=False, numpy=False)
-            caller.run()
-            self._active.discard(name)
-            stream.advance(advanced)
-        except BaseException as err:
-            if swapped and advanced is None:
-                advanced = snapshot(read_devices(plan), python=False, numpy=False)
-            caller.roll_back(err)  # the error goes on; what could not be put back is a note
-            self._active.discard(name)
-            if advanced is not None:
-                stream.advance(advanced)
-            raise
+        return StreamFork(self, name, devices, device_type)
 
     # -- checkpoints ---------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -266,48 +241,51 @@ class RNGStreams:
             >>> streams.seed("dropout")
             7
         """
-        if self._active:
-            raise RuntimeError(
-                f"RNGStreams.load_state_dict was called while stream(s) "
-                f"{', '.join(map(repr, sorted(self._active)))} are forked; load it outside fork()."
-            )
-        if not isinstance(state_dict, Mapping) or state_dict.get("format") != _FORMAT:
-            tag = state_dict.get("format") if isinstance(state_dict, Mapping) else None
-            raise ValueError(
-                f"RNGStreams.load_state_dict takes the dict that RNGStreams.state_dict() returns "
-                f"(format {_FORMAT!r}); got a {type(state_dict).__name__} with format {tag!r}."
-            )
-        if state_dict.get("version") != _VERSION:
-            raise ValueError(
-                f"The RNGStreams state dict is version {state_dict.get('version')!r}; this devrng "
-                f"reads version {_VERSION}."
-            )
-        raw = state_dict.get("streams")
-        if not isinstance(raw, Mapping):
-            raise ValueError("The RNGStreams state dict has no 'streams' mapping.")
-        loaded: dict[str, _Stream] = {}
-        for name, entry in raw.items():
-            if not isinstance(name, str) or not name:
-                raise ValueError(f"The RNGStreams state dict names a stream {name!r}; stream "
-                                 "names are non-empty strings.")
-            try:
-                seed = check_seed(entry["seed"], f"stream {name!r}'s seed")
-                cpu, devices = entry["cpu"], entry["devices"]
-            except (KeyError, TypeError) as err:
+        try:
+            if self._active:
+                raise RuntimeError(
+                    f"RNGStreams.load_state_dict was called while stream(s) "
+                    f"{', '.join(map(repr, sorted(self._active)))} are forked; load it outside fork()."
+                )
+            if not isinstance(state_dict, Mapping) or state_dict.get("format") != _FORMAT:
+                tag = state_dict.get("format") if isinstance(state_dict, Mapping) else None
                 raise ValueError(
-                    f"Stream {name!r} in the RNGStreams state dict is malformed ({err}); it needs "
-                    "'seed', 'cpu' and 'devices'."
-                ) from err
-            try:
-                state = parse_state(cpu, devices)
-            except (ValueError, DevRNGError) as err:
+                    f"RNGStreams.load_state_dict takes the dict that RNGStreams.state_dict() returns "
+                    f"(format {_FORMAT!r}); got a {type(state_dict).__name__} with format {tag!r}."
+                )
+            if state_dict.get("version") != _VERSION:
                 raise ValueError(
-                    f"Stream {name!r}'s {str(err).removeprefix('its ')}; load what "
-                    "RNGStreams.state_dict() returned."
-                ) from None
-            prepare_restore(state)  # device types, counts and state layouts of this process
-            loaded[name] = _Stream(seed, RNGState(state.cpu.clone(), state.devices))
-        self._streams = loaded
+                    f"The RNGStreams state dict is version {state_dict.get('version')!r}; this devrng "
+                    f"reads version {_VERSION}."
+                )
+            raw = state_dict.get("streams")
+            if not isinstance(raw, Mapping):
+                raise ValueError("The RNGStreams state dict has no 'streams' mapping.")
+            loaded: dict[str, _Stream] = {}
+            for name, entry in raw.items():
+                if not isinstance(name, str) or not name:
+                    raise ValueError(f"The RNGStreams state dict names a stream {name!r}; stream "
+                                     "names are non-empty strings.")
+                try:
+                    seed = check_seed(entry["seed"], f"stream {name!r}'s seed")
+                    cpu, devices = entry["cpu"], entry["devices"]
+                except (KeyError, TypeError) as err:
+                    raise ValueError(
+                        f"Stream {name!r} in the RNGStreams state dict is malformed ({err}); it needs "
+                        "'seed', 'cpu' and 'devices'."
+                    ) from err
+                try:
+                    state = parse_state(cpu, devices)
+                except (ValueError, DevRNGError) as err:
+                    raise ValueError(
+                        f"Stream {name!r}'s {str(err).removeprefix('its ')}; load what "
+                        "RNGStreams.state_dict() returned."
+                    ) from None
+                prepare_restore(state)  # device types, counts and state layouts of this process
+                loaded[name] = _Stream(seed, RNGState(state.cpu.clone(), state.devices))
+            self._streams = loaded
+        finally:
+            deliver()
 
 
 def _seed_and_read(backend: Backend, seed: int, indices: list[int]) -> list[tuple[int, Any]]:
@@ -332,3 +310,84 @@ def _swap_in(name: str, stream: _Stream, plan: Plan) -> None:
             f"({type(err).__name__}: {err}); the state was probably loaded from a checkpoint "
             "taken with another torch or device. Every generator was put back."
         ) from err
+
+
+class StreamFork:
+    """``RNGStreams.fork(name)``: the stream's states in, the caller's kept aside; on exit the
+    stream keeps what it drew and the caller gets its own states back."""
+
+    __slots__ = ("_advanced", "_caller", "_device_type", "_devices", "_name", "_plan", "_stream",
+                 "_streams")
+
+    def __init__(self, streams: RNGStreams, name: str, devices: Any, device_type: Any) -> None:
+        self._streams, self._name = streams, name
+        self._devices, self._device_type = devices, device_type
+
+    def __enter__(self) -> None:
+        try:
+            streams, name = self._streams, self._name
+            stream = streams._get(name, "fork")
+            if name in streams._active:
+                raise RuntimeError(
+                    f"RNGStreams.fork({name!r}) is already active; forking the same stream "
+                    "inside itself would replay its numbers. Use it once, or add a second stream."
+                )
+            plan = make_plan(self._devices, self._device_type, caller="RNGStreams.fork")
+            streams._materialise(name, stream, plan)
+            caller = Undo(f"RNGStreams.fork({name!r})", wrap=False)
+            caller.save_cpu()
+            caller.save_devices(read_devices(plan))
+            self._stream, self._plan, self._caller = stream, plan, caller
+            self._advanced: RNGState | None = None  # what the stream drew, read on exit
+        finally:
+            deliver()  # nothing is swapped in yet: a noted Ctrl-C leaves nothing to undo
+        try:
+            streams._active.add(name)
+            _swap_in(name, stream, plan)
+            deliver()  # a Ctrl-C noted meanwhile: the block is not entered, so undo below
+        except BaseException as err:
+            caller.roll_back(err)  # the error goes on; what could not be put back is a note
+            streams._active.discard(name)
+            deliver()
+            raise
+
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        # The caller's states are put back on every way out, also when an interrupt lands
+        # here (every line is inside the try); the stream keeps what it drew.
+        try:
+            self._advanced = snapshot(read_devices(self._plan), python=False, numpy=False)
+            if exc is None:
+                self._caller.run()
+            else:
+                self._caller.roll_back(exc)
+            self._end()
+        except BaseException as err:
+            if self._advanced is None:
+                self._advanced = snapshot(read_devices(self._plan), python=False, numpy=False)
+            self._caller.roll_back(err)
+            self._end()
+            raise
+        finally:
+            deliver()
+
+    def _end(self) -> None:
+        self._streams._active.discard(self._name)
+        if self._advanced is not None:
+            self._stream.advance(self._advanced)
+
+    def __call__(self, fn: F) -> F:
+        """As a decorator: each call of ``fn`` runs inside a fork of its own."""
+        streams, name, devices, device_type = (self._streams, self._name, self._devices,
+                                               self._device_type)
+
+        @functools.wraps(fn)
+        def forked(*args: Any, **kwargs: Any) -> Any:
+            with StreamFork(streams, name, devices, device_type):
+                return fn(*args, **kwargs)
+
+        return forked  # type: ignore[return-value]
+
+
+guard(RNGStreams.load_state_dict)
+guard(StreamFork.__enter__)
+guard(StreamFork.__exit__)

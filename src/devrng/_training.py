@@ -26,12 +26,13 @@ from devrng._determinism import deterministic as turn_on_determinism
 from devrng._errors import DevRNGError, check_flags, short_repr, warn_and_log
 from devrng._lazy import load
 from devrng._loaders import describe, feeding_loader, is_stateful, resume_problems, warn_on_resume
-from devrng._plain import check_plain
+from devrng._plain import check_depth, check_loaded, check_plain
 from devrng._rank import process_rank, world_size
 from devrng._registry import started_types
 from devrng._restore import Restore, fit_devices, prepare_restore
 from devrng._seeding import manual_seed
 from devrng._seeds import SEED_VARIABLES, check_seed, nth_seed, seed_from_environment
+from devrng._sigint import deliver, guard
 from devrng._state import RNGState, get_rng_state
 from devrng._undo import Undo, read_started
 from devrng._workers import dataloader_kwargs
@@ -109,8 +110,10 @@ class TrainingRNG:
             undo.save_host(python=True, numpy=True)
             manual_seed(self._process_seed(process_rank()))
             _logger.info("devrng.TrainingRNG: seed %d (%s)", seed, source)
+            deliver()  # a Ctrl-C noted meanwhile: the caller never gets this object: undo below
         except BaseException as err:
             undo.roll_back(err)
+            deliver()
             raise
 
     def _drop_determinism(self) -> None:
@@ -322,10 +325,17 @@ class TrainingRNG:
             >>> torch.equal(a, torch.rand(2))
             True
         """
-        check_flags(strict=strict)
-        loading = _Loading(self, state_dict, strict)  # checks everything, changes nothing
-        with Undo("TrainingRNG.load_state_dict") as undo:
-            loading.apply(undo)
+        try:
+            check_flags(strict=strict)
+            loading = _Loading(self, state_dict, strict)  # checks everything, changes nothing
+            with Undo("TrainingRNG.load_state_dict") as undo:
+                loading.apply(undo)
+        finally:
+            deliver()
+
+
+guard(TrainingRNG.__init__)
+guard(TrainingRNG.load_state_dict)
 
 
 class _Loading:
@@ -394,6 +404,12 @@ class _Loading:
         if expected is None:
             raise DevRNGError(f"TrainingRNG.load_state_dict: the state is version "
                               f"{short_repr(version)}; this devrng reads {sorted(_KEYS_OF)}.")
+        # Bounded before anything reads it: a small file can nest thousands deep or hold a
+        # tensor claiming gigabytes (stride 0). Tracked objects' states are their own
+        # business, only their nesting is bounded.
+        check_loaded({k: v for k, v in data.items() if k != "tracked"},
+                     "TrainingRNG.load_state_dict: the state")
+        check_depth(data.get("tracked"), "TrainingRNG.load_state_dict: the tracked states")
         keys = set(data)
         if keys != expected:
             extra = sorted(map(short_repr, keys - expected))
@@ -407,10 +423,13 @@ class _Loading:
     def _check_rank(self, data: Mapping[str, Any]) -> bool:
         """Whether ``data`` was saved by this rank (with ``strict``: and world size)."""
         saved_rank, saved_world = data["rank"], data["world_size"]
-        for what, value in (("rank", saved_rank), ("world size", saved_world)):
-            if type(value) is not int or value < 0:
+        for what, value, low in (("world size", saved_world, 1), ("rank", saved_rank, 0)):
+            if type(value) is not int or value < low:
                 raise DevRNGError(f"TrainingRNG.load_state_dict: the saved {what} is "
-                                  f"{short_repr(value)}, not an int of 0 or more.")
+                                  f"{short_repr(value)}, not an int of {low} or more.")
+        if saved_rank >= saved_world:
+            raise DevRNGError(f"TrainingRNG.load_state_dict: the saved rank {saved_rank} is not "
+                              f"a rank of the saved world size {saved_world}.")
         rank, world = process_rank(), world_size()
         if saved_rank == rank and saved_world == world:
             return True

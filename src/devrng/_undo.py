@@ -23,6 +23,7 @@ from typing import Any
 from devrng import _host
 from devrng._errors import DevRNGError
 from devrng._registry import Backend, device_count, get_backend, started_types
+from devrng._sigint import deliver, guard
 
 __all__ = ["DeviceState", "Undo", "around_cpu", "read_devices", "read_started"]
 
@@ -216,10 +217,13 @@ class Undo:
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        if exc is None:
-            self._steps.clear()  # done: nothing to put back
-            return
-        self.roll_back(exc)
+        try:
+            if exc is None:
+                self._steps.clear()  # done: nothing to put back
+                return
+            self.roll_back(exc)
+        finally:
+            deliver()  # a Ctrl-C taken at this method's first line is raised now, not lost
 
     def roll_back(self, err: BaseException) -> None:
         """Put everything back after ``err``; the caller then raises ``err``.
@@ -245,3 +249,6 @@ class Undo:
                 f"{self.what} failed ({type(err).__name__}: {err}); every generator was put back "
                 "as it was."
             ) from err
+
+
+guard(Undo.__exit__)
