@@ -148,8 +148,7 @@ def test_corrupt_file_is_a_clear_error(tmp_path: Any) -> None:
 
 def test_a_directory_or_a_missing_path_is_a_sentence(tmp_path: Any,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    with pytest.raises(IsADirectoryError, match=r"is a directory, not an RNG snapshot: "
-                                                r"RNGState.load reads the one file"):
+    with pytest.raises(DevRNGError, match=r"is not a devrng RNG snapshot: it is a directory"):
         RNGState.load(tmp_path)
     monkeypatch.chdir(tmp_path)
     with pytest.raises(FileNotFoundError, match=r"There is no file 'step_9.rng' to load an RNG "
