@@ -5,8 +5,8 @@
   columns squeezed to a few letters each.
 - Code in a cell wraps only where a reader would. A browser wraps inline code anywhere
   once a cell is narrow (``devrng.fork_r`` / ``ng(devices=[x])``), or nowhere with
-  ``white-space: nowrap``. Here the code is cut after each ``.``, ``(``, ``,`` and ``=``
-  and at its spaces; each piece is kept whole (``<span class="nobr">``) and a ``<wbr>``
+  ``white-space: nowrap``. Here the code is cut after each ``.``, ``(``, ``,``, ``=`` and
+  ``/`` and at its spaces; each piece is kept whole (``<span class="nobr">``) and a ``<wbr>``
   (a break that copies as nothing) joins the pieces.
 """
 
@@ -21,7 +21,7 @@ _HEADING = re.compile(r"<th[^>]*>(.*?)</th>", flags=re.S)
 _CELL = re.compile(r"(<t[dh][^>]*>)(.*?)(</t[dh]>)", flags=re.S)
 _CODE = re.compile(r"(<code[^>]*>)(.*?)(</code>)", flags=re.S)
 _TAG = re.compile(r"(<[^>]+>)")
-_POINT = re.compile(r"(?<=[.(,=])(?![.)\],])")  # after these, unless more punctuation follows
+_POINT = re.compile(r"(?<=[.(,=/])(?![.)\],])")  # after these, unless more punctuation follows
 
 
 def breakable(code: str) -> str:
