@@ -35,7 +35,7 @@ from devrng._seeds import SEED_VARIABLES, seed_from_environment
 from devrng._threefry_cpu import status as kernel_status
 from devrng._versions import Problem, release, version_problems
 
-__all__ = ["doctor", "known_problems", "selftest"]
+__all__ = ["doctor", "known_problems", "selftest", "why_not_imported"]
 
 _PACKAGES = ("torch", "numpy", "torch_xla", "torchax", "jax", "jaxlib", "flax",
              "intel_extension_for_pytorch", "lightning", "accelerate", "transformers", "torchdata")
@@ -93,11 +93,11 @@ def _load_installed(versions: dict[str, str | None]) -> dict[str, str]:
             try:
                 importlib.import_module(package)
             except Exception as err:
-                failed[name] = _why_not_imported(package, err, versions)
+                failed[name] = why_not_imported(package, err, versions)
     return failed
 
 
-def _why_not_imported(package: str, err: Exception, versions: dict[str, str | None]) -> str:
+def why_not_imported(package: str, err: Exception, versions: dict[str, str | None]) -> str:
     """A sentence for a device package's failed import: the version problem that explains
     it, else what the error means, never a raw linker symbol."""
     shown = f"{package} {versions.get(package) or ''}".rstrip()
