@@ -12,7 +12,7 @@ import torch
 from devrng._errors import check_flags
 from devrng._host import get_cpu_state, set_cpu_state
 from devrng._plan import make_plan
-from devrng._sigint import deliver, guard
+from devrng._sigint import PENDING, deliver, guard
 from devrng._undo import Undo
 
 __all__ = ["fork_rng"]
@@ -87,6 +87,9 @@ def fork_rng(devices: Any = None, enabled: bool = True, _caller: str = "fork_rng
         >>> torch.equal(a, torch.rand(2))   # the block's draws were undone
         True
     """
+    if devices.__class__ is list and enabled is True and device_type is None \
+            and python is False and numpy is False:
+        return CpuFork(devices, _caller, _devices_kw)  # the common call, made cheap
     if devices is not None and devices.__class__ is not list and not isinstance(devices, _WALKED):
         devices = _listed(devices, _devices_kw)
     if python.__class__ is not bool or numpy.__class__ is not bool:
@@ -101,43 +104,53 @@ fork_rng.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
     return_annotation=inspect.signature(fork_rng).return_annotation)
 
 
+def _saved_for(args: _Args) -> Any:
+    """What a fork entered with ``args`` keeps to put back: a CPU state, an ``Undo`` of
+    every generator it covers, or None (nothing forked)."""
+    if not args.enabled or args.device_type == "meta":  # as torch: meta has no generators
+        return None
+    if (args.devices.__class__ is list and not args.devices and args.device_type is None
+            and not args.python and not args.numpy):
+        return get_cpu_state()
+    plan = make_plan(args.devices, args.device_type, caller=args.caller,
+                     devices_kw=args.devices_kw)
+    # Everything is read before anything could be restored, so an error here (a backend
+    # that cannot read its state) leaves nothing half-forked.
+    return Undo.of_plan(args.caller, plan, python=args.python, numpy=args.numpy)
+
+
 class Fork:
     """What ``fork_rng`` returns: a context manager and decorator.
 
     The same object may be entered again while open (nesting, recursion):
-    each entry keeps its own saved states, the innermost last.
+    each entry keeps its own saved states, the innermost last. A Ctrl-C taken
+    in ``__enter__`` or ``__exit__`` is raised when they end (``devrng._sigint``);
+    ``if PENDING[0]: deliver()`` is that check, inline on this hot path.
     """
 
-    __slots__ = ("_args", "_cpu_only", "_open")
+    __slots__ = ("_args", "_open")
 
     def __init__(self, args: _Args) -> None:
         self._args = args
-        # devices=[...] with nothing else: when the list is empty on entry, the CPU
-        # generator alone is forked, with no plan to make.
-        self._cpu_only = (args.devices.__class__ is list and args.enabled is True
-                          and args.device_type is None and not args.python and not args.numpy)
         self._open: list[Any] = []  # per open entry: a CPU state, an Undo, or None
+
+    def _entry(self) -> Any:
+        return _saved_for(self._args)
+
+    def _fresh(self) -> Fork:
+        """A new fork of the same arguments (one per call of a decorated function)."""
+        return Fork(self._args)
 
     def __enter__(self) -> None:
         try:
-            args = self._args
-            saved: Any
-            if self._cpu_only and not args.devices:
-                saved = get_cpu_state()
-            elif not args.enabled or args.device_type == "meta":  # as torch: meta has none
-                saved = None
-            else:
-                plan = make_plan(args.devices, args.device_type, caller=args.caller,
-                                 devices_kw=args.devices_kw)
-                # Everything is read before anything could be restored, so an error here
-                # (a backend that cannot read its state) leaves nothing half-forked.
-                saved = Undo.of_plan(args.caller, plan, python=args.python, numpy=args.numpy)
+            saved = self._entry()
         except BaseException:
             deliver()
             raise
         # Nothing changed yet: a Ctrl-C noted meanwhile is raised before the entry is added,
         # and no call (no check point) comes between adding it and returning.
-        deliver()
+        if PENDING[0]:
+            deliver()
         self._open += [saved]
 
     def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
@@ -161,10 +174,10 @@ class Fork:
                     saved.run(pending=err)
             raise
         finally:
-            deliver()
+            if PENDING[0]:
+                deliver()
 
     def __call__(self, fn: F) -> F:
-        args = self._args
         if inspect.isasyncgenfunction(fn) or inspect.isgeneratorfunction(fn):
             kind = "async generator" if inspect.isasyncgenfunction(fn) else "generator"
             raise TypeError(
@@ -178,7 +191,7 @@ class Fork:
         if inspect.iscoroutinefunction(fn):
             @functools.wraps(fn)
             async def forked_async(*a: Any, **k: Any) -> Any:
-                fork = Fork(args)
+                fork = self._fresh()
                 try:
                     fork.__enter__()
                     out = await fn(*a, **k)
@@ -192,7 +205,7 @@ class Fork:
 
         @functools.wraps(fn)
         def forked(*a: Any, **k: Any) -> Any:
-            fork = Fork(args)
+            fork = self._fresh()
             try:
                 fork.__enter__()
                 out = fn(*a, **k)
@@ -213,9 +226,41 @@ class Fork:
             deliver()
 
 
+class CpuFork(Fork):
+    """``fork_rng(devices=[...])`` and nothing else, the most common call (torch's own RNG
+    sites make it): while the list is empty on entry, the CPU generator alone, with no
+    argument record to build. A list filled after the call is honoured."""
+
+    __slots__ = ("_caller", "_devices", "_devices_kw")
+
+    def __init__(self, devices: list[Any], caller: str, devices_kw: str) -> None:
+        self._devices = devices
+        self._caller = caller
+        self._devices_kw = devices_kw
+        self._open = []
+
+    def _entry(self) -> Any:
+        return _saved_for(_Args(self._devices, True, self._caller, self._devices_kw, None,
+                                False, False))
+
+    def __enter__(self) -> None:  # Fork.__enter__ with the CPU's state read in line
+        try:
+            saved = get_cpu_state() if not self._devices else self._entry()
+        except BaseException:
+            deliver()
+            raise
+        if PENDING[0]:
+            deliver()
+        self._open += [saved]
+
+    def _fresh(self) -> Fork:
+        return CpuFork(self._devices, self._caller, self._devices_kw)
+
+
 guard(Fork.__enter__)
 guard(Fork.__exit__)
 guard(Fork._leave)
+guard(CpuFork.__enter__)
 
 
 def _listed(devices: Any, kw: str) -> list[Any]:

@@ -43,13 +43,15 @@ from collections.abc import Callable
 from types import CodeType, FrameType
 from typing import Any, TypeVar
 
-__all__ = ["deliver", "guard", "install", "installed", "interrupt_in", "raised_count"]
+__all__ = ["PENDING", "deliver", "guard", "install", "installed", "interrupt_in", "raised_count"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 #: Guarded code -> the instruction offsets at which its frame no longer counts as guarded.
 _GUARDED: dict[CodeType, frozenset[int]] = {}
-_pending = False
+#: ``PENDING[0]``: an interrupt was noted and not yet raised. Hot paths read it inline
+#: (``if PENDING[0]: deliver()``) instead of calling ``deliver`` every time.
+PENDING = [False]
 _raised = 0  # interrupts raised at once by the handler, ever (see ``raised_count``)
 # Instructions at which CPython may run a signal handler (the eval loop's check points).
 _CHECK_POINTS = ("CALL", "PRECALL", "JUMP_BACKWARD", "RESUME", "SEND", "YIELD")
@@ -58,11 +60,10 @@ _CHECK_POINTS = ("CALL", "PRECALL", "JUMP_BACKWARD", "RESUME", "SEND", "YIELD")
 def deliver() -> None:
     """End of a guarded call: raise the interrupt noted during it, unless a guarded call
     that encloses this one is still running (it will raise it when it ends)."""
-    global _pending
-    if _pending:
+    if PENDING[0]:
         if _inside_guarded(sys._getframe(2)):  # 0: here, 1: the guarded call that ends
             return
-        _pending = False
+        PENDING[0] = False
         raise KeyboardInterrupt
 
 
@@ -124,9 +125,9 @@ def _inside_guarded(frame: FrameType | None) -> bool:
 
 
 def _on_sigint(signum: int, frame: FrameType | None) -> None:
-    global _pending, _raised
+    global _raised
     if _inside_guarded(frame):
-        _pending = True
+        PENDING[0] = True
         return
     _raised += 1
     signal.default_int_handler(signum, frame)
@@ -152,7 +153,7 @@ def interrupt_in(err: BaseException) -> BaseException | None:
     return None
 
 
-_GUARDED[deliver.__code__] = _from_the_read_of(deliver.__code__, "_pending")
+_GUARDED[deliver.__code__] = _from_the_read_of(deliver.__code__, "PENDING")
 
 
 def installed() -> bool:
