@@ -20,6 +20,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -599,10 +600,20 @@ def test_handles_restored_in_any_order_end_where_the_program_started(count: int,
         start = _settings_now()
         handles = [devrng.deterministic(seed=i, warn_only=bool(i % 2),
                                         fill_uninitialized_memory=i != 1) for i in range(count)]
-        for i in order:
-            handles[i].restore()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for i in order:
+                handles[i].restore()
         assert _same_settings(start, _settings_now()), f"restore order {order}"
         assert not any(h.active for h in handles)
+        # One warning for each restore that switches off a newer active handle; none when
+        # restored newest first.
+        active, early = list(range(count)), 0
+        for i in order:
+            if i in active:
+                early += active[-1] != i
+                del active[active.index(i):]
+        assert [w.category for w in caught] == [devrng.DevRNGWarning] * early, order
 
 
 def test_nested_and_reentered_handles_end_where_they_started(clean_env: None) -> None:
@@ -625,7 +636,12 @@ def test_restoring_an_outer_handle_restores_the_inner_one_first(clean_env: None)
     start = _settings_now()
     outer = devrng.deterministic()
     inner = devrng.deterministic(warn_only=True)
-    outer.restore()
+    with pytest.warns(devrng.DevRNGWarning,
+                      match=r"Restoring <devrng.deterministic seed=None warn_only=False active> "
+                            r"first restored 1 handle\(s\) applied after it and still active "
+                            r"\(<devrng.deterministic seed=None warn_only=True active>\): their "
+                            r"settings are off from here on. Restore handles newest first"):
+        outer.restore()
     assert not inner.active
     inner.restore()  # nothing left to do
     assert _same_settings(start, _settings_now())
@@ -1357,12 +1373,18 @@ def test_an_interrupted_training_rng_changes_nothing(world: _World, inject: str)
     reset()
 
 
-class _Noise(torch.nn.Module):
-    """A tracked module: its state_dict() holds its live parameters."""
+class _Noise:
+    """A tracked object whose state_dict() holds its live tensor, as a module's would (a
+    module itself is refused: its state belongs in the model checkpoint)."""
 
     def __init__(self) -> None:
-        super().__init__()
-        self.scale = torch.nn.Parameter(torch.ones(3))
+        self.scale = torch.ones(3)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {"scale": self.scale}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self.scale.copy_(state["scale"])
 
 
 @INJECT

@@ -12,6 +12,7 @@ import logging
 import os
 import random
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -126,6 +127,23 @@ def test_track_takes_state_objects_and_refuses_others() -> None:
         rng.track("number", 5)
     with pytest.raises(TypeError, match="non-empty string name"):
         rng.track("", step)
+
+
+@pytest.mark.parametrize(("make", "what"), [
+    (lambda: torch.nn.Linear(2, 2), r"a model \(Linear\)"),
+    (lambda: torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1), r"an optimizer \(SGD\)"),
+    (lambda: torch.optim.lr_scheduler.StepLR(
+        torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1), 1),
+     r"an LR scheduler \(StepLR\)"),
+])
+def test_track_refuses_a_model_optimizer_or_scheduler(make: Callable[[], Any], what: str) -> None:
+    """Their state_dict() would put the weights inside the RNG state: refused with the fix."""
+    rng = TrainingRNG(3)
+    before = rng.state_dict()
+    with pytest.raises(TypeError, match=rf"track\('model', \.\.\.\) got {what}, whose state "
+                                        r"belongs in your checkpoint next to devrng's"):
+        rng.track("model", make())
+    assert rng.state_dict().keys() == before.keys() and not rng.state_dict()["tracked"]
 
 
 def test_state_dict_is_plain_data_that_loads_weights_only() -> None:

@@ -32,11 +32,13 @@ class DevRNGError(RuntimeError):
 
 
 class DevRNGWarning(UserWarning):
-    """A resumed run that will not continue bitwise as the uninterrupted one, and why.
+    """A result that will not be what the program asked for, and why.
 
-    devrng warns when a run resumes, naming what will differ and how to make it
-    exact; each warning is also logged on the ``"devrng"`` logger. Turn them into
-    errors with ``warnings.simplefilter("error", devrng.DevRNGWarning)``.
+    devrng warns when a run resumes and will not continue bitwise as the
+    uninterrupted one, naming what will differ and how to make it exact, and
+    when restoring a ``deterministic()`` handle switches off a newer one. Each
+    warning is also logged on the ``"devrng"`` logger. Turn them into errors
+    with ``warnings.simplefilter("error", devrng.DevRNGWarning)``.
 
     Examples:
         >>> import io, warnings

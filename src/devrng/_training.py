@@ -206,8 +206,9 @@ class TrainingRNG:
             as one line.
 
         Raises:
-            TypeError: ``name`` is not a non-empty string, or ``obj`` has no
-                state to save.
+            TypeError: ``name`` is not a non-empty string, ``obj`` has no
+                state to save, or it is a model, optimizer or LR scheduler
+                (their state belongs in the checkpoint beside devrng's).
             ValueError: ``name`` is tracked already.
 
         Examples:
@@ -226,6 +227,7 @@ class TrainingRNG:
         if name in self._tracked or name in self._generators or name in self._loaders:
             raise ValueError(f"TrainingRNG already tracks an object named {name!r}; choose "
                              "another name.")
+        _refuse_training_state(name, obj)
         given, obj = obj, feeding_loader(obj)
         plain_generator = isinstance(obj, torch.Generator)
         loader = isinstance(obj, torch.utils.data.DataLoader)
@@ -571,7 +573,7 @@ class _Loading:
         rng = self.rng
         for name, obj in rng._tracked.items():
             if name in self.tracked:
-                # A copy: an nn.Module's state_dict() holds its live parameters.
+                # A copy: a state_dict() may hold the object's live tensors.
                 undo.push(f"the tracked object {name!r}", obj.load_state_dict,
                           copy.deepcopy(own_entry(obj.state_dict())))
                 obj.load_state_dict(self.tracked[name])
@@ -658,3 +660,22 @@ def _resolve_seed(seed: int | None) -> tuple[int, str]:
         if raw.strip():
             return seed_from_environment(variable, raw), f"from {variable}"
     return secrets.randbits(32), _ENTROPY
+
+
+# What a training checkpoint saves next to devrng's state, never inside it: tracking one
+# would copy its weights (or moments) into every RNG state and put them back on load.
+_TRAINING_STATE = (("a model", torch.nn.Module), ("an optimizer", torch.optim.Optimizer),
+                   ("an LR scheduler", torch.optim.lr_scheduler.LRScheduler))
+
+
+def _refuse_training_state(name: str, obj: Any) -> None:
+    for what, kind in _TRAINING_STATE:
+        if isinstance(obj, kind):
+            raise TypeError(
+                f"TrainingRNG.track({name!r}, ...) got {what} ({type(obj).__name__}), whose "
+                "state belongs in your checkpoint next to devrng's, not inside it: save its "
+                "state_dict() beside rng.state_dict() (torch.save({'model': ..., 'rng': "
+                "rng.state_dict()}, path)) and load it back yourself. Track only what draws "
+                "random numbers: a torch.Generator, a DataLoader, a SeededFunction, an "
+                "RNGStreams, ..."
+            )
