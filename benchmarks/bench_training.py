@@ -111,7 +111,8 @@ def bench_resume_overhead(number: int, rounds: int) -> list[Row]:
          "devrng_us": m["state"], "peer": peer, "peer_us": m["step"],
          "ratio": m["state"] / m["step"], "target": None,
          "note": f"informational: once per resume (and per checkpoint for state_dict); "
-                 f"{len(str(state['loaders']))} characters of loader description"},
+                 f"{len(next(iter(state.values())))} bytes of state (with the loader's "
+                 "description)"},
         {"case": "resume: per-epoch seed for workers kept across epochs (Lightning callback)",
          "devrng_us": m["epoch"], "peer": peer, "peer_us": m["step"],
          "ratio": m["epoch"] / m["step"], "target": None,

@@ -81,7 +81,7 @@ def main() -> None:
     assert tp == 1 or not torch.equal(h_masks[0], h_masks[1]), "shard masks must differ"
     full = torch.cat(gather(h), dim=1)  # the layer's whole output, on every TP rank
     print(f"rank {rank}: tp group {rank // tp}, output {tuple(full.shape)}, "
-          f"stream state {len(streams.state_dict()['streams'])} stream(s) to checkpoint")
+          f"{len(streams.names)} stream(s) to checkpoint")
     dist.barrier()
     if rank == 0:
         print(f"OK: {world} ranks, TP groups of {tp}: same input mask in a group, own shard masks")

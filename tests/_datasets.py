@@ -53,11 +53,13 @@ class RandomDraws(Dataset[torch.Tensor]):
 
 class Augmented(Dataset[torch.Tensor]):
     """Samples whose augmentation draws from torch, NumPy and Python's random; with
-    ``per_sample``, inside ``devrng.sample_rng(index)``."""
+    ``per_sample``, inside ``devrng.sample_rng(index)``; with ``indexed``, the index in a
+    first column (to tell which sample a row is)."""
 
-    def __init__(self, size: int = 24, per_sample: bool = False) -> None:
+    def __init__(self, size: int = 24, per_sample: bool = False, indexed: bool = False) -> None:
         self.base = torch.linspace(-1, 1, size * 4).reshape(size, 4)
         self.per_sample = per_sample
+        self.indexed = indexed
 
     def __len__(self) -> int:
         return len(self.base)
@@ -65,8 +67,10 @@ class Augmented(Dataset[torch.Tensor]):
     def __getitem__(self, i: int) -> torch.Tensor:
         if self.per_sample:
             with devrng.sample_rng(i):
-                return self._augment(i)
-        return self._augment(i)
+                sample = self._augment(i)
+        else:
+            sample = self._augment(i)
+        return torch.cat([torch.tensor([float(i)]), sample]) if self.indexed else sample
 
     def _augment(self, i: int) -> torch.Tensor:
         noise = torch.randn(4) * 0.1 + float(np.random.normal()) * 0.05 + random.random() * 0.05

@@ -8,11 +8,14 @@ devrng, as plain bytes and tuples, so ``==`` compares them exactly.
 
 from __future__ import annotations
 
+import io
 import os
 import random
+import shlex
 import subprocess
 import sys
 import textwrap
+import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -100,16 +103,48 @@ def run_python(code: str, *, args: Sequence[str] = (),
                           timeout=timeout, cwd=cwd, **streams)
 
 
+def fake_distribution(where: Path, name: str, version: str, *, package_source: str | None = None
+                      ) -> dict[str, str]:
+    """Install in ``where`` the metadata of distribution ``name`` at ``version``, as pip would
+    (and, with ``package_source``, its package ``name/__init__.py``). Put first on the path, it
+    is what ``importlib.metadata`` reads, also for a package installed for real (a fake
+    ``torch`` version beside the real torch). Returns the environment (``PYTHONPATH``)."""
+    dist = where / f"{name.replace('-', '_')}-{version}.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    if package_source is not None:
+        (where / name).mkdir()
+        (where / name / "__init__.py").write_text(package_source)
+    return {"PYTHONPATH": f"{where}:{ROOT}:{ROOT / 'src'}"}
+
+
+def extra_install_command(extra: str) -> str:
+    """The pip command devrng's hints give for ``extra``: the extra's own requirements from
+    pyproject.toml (devrng is not on a package index, so not ``devrng[extra]``)."""
+    requirements = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"][extra]
+    return "pip install " + " ".join(shlex.quote(r) for r in requirements)
+
+
 def install_plugin(where: Path, entry: str, source: str, *, name: str = "devrng-plugin"
                    ) -> dict[str, str]:
     """Install a devrng backend plugin in ``where``, as pip would: the distribution ``name``,
     whose ``devrng.backends`` entry point is ``entry`` (``"name = module:attr"``), and the
     module's ``source``. Returns the environment (``PYTHONPATH``) under which Python finds it."""
-    dist = where / f"{name.replace('-', '_')}-1.0.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
-    (dist / "entry_points.txt").write_text(f"[devrng.backends]\n{entry}\n")
+    env = fake_distribution(where, name, "1.0")
+    (where / f"{name.replace('-', '_')}-1.0.dist-info" / "entry_points.txt").write_text(
+        f"[devrng.backends]\n{entry}\n")
     module = entry.split("=")[1].strip().split(":")[0]
     (where / f"{module}.py").write_text(source)
-    return {"PYTHONPATH": f"{where}:{ROOT}:{ROOT / 'src'}"}
+    return env
 
+
+
+def plain_state(state_dict: Mapping[str, Any]) -> Any:
+    """The plain state inside what a devrng object's ``state_dict()`` returns,
+    ``{"devrng_rank_<r>": entry}``: the entry's bytes read as ``torch.load`` reads them, or
+    the entry's dict (the documented format; loading it takes the single-process path)."""
+    (entry,) = state_dict.values()
+    if isinstance(entry, bytes):
+        return torch.load(io.BytesIO(entry), weights_only=True)
+    return dict(entry)

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 from tests._datasets import Augmented, small_model
+from tests._helpers import plain_state
 
 import devrng
 
@@ -188,12 +189,13 @@ def _dropped(drop: str | None, saved: dict[str, Any], rng: Any) -> tuple[dict[st
     """The saved state with one piece left out (and strict=False to let that pass)."""
     if drop in (None, "sample_rng"):
         return saved, True
+    saved = plain_state(saved)  # the plain state inside this rank's entry, to change a piece
     if drop == "generator":
         saved["generators"].clear()
     elif drop == "train_step":
         del saved["tracked"]["train_step"]
     else:  # "global": this process's own global generators instead of the saved ones
-        saved["rng"] = rng.state_dict()["rng"]
+        saved["rng"] = plain_state(rng.state_dict())["rng"]
     return saved, False
 
 

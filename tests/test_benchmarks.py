@@ -91,9 +91,14 @@ def test_the_page_shows_the_saved_results() -> None:
     page and its charts can be rendered again, and never drift from the data)."""
     assert {env for env, _ in _saved()} >= {"bench", "xla"}
     page = (report.DOCS / "benchmarks.md").read_text()
-    assert _between(page, report.BEGIN, report.END) == report.render(_saved())
+    shown = _between(page, report.BEGIN, report.END)
+    assert shown == report.render(_saved())
     for env, _ in _saved():
         assert (report.DOCS / f"benchmarks-{env}.png").is_file()
+        assert (report.DOCS / f"benchmarks-{env}-narrow.png").is_file()
+        # A phone (Material's phone layout) is given the chart drawn for its column.
+        assert (f'<source media="{report.NARROW}" srcset="../benchmarks-{env}-narrow.png">'
+                f'<img src="../benchmarks-{env}.png"') in shown
 
 
 def test_chart_labels_say_what_each_bar_compares_and_never_repeat() -> None:
@@ -114,6 +119,11 @@ def test_charts_are_drawn_for_the_docs_column() -> None:
         width, height = struct.unpack(">II", png[16:24])  # the IHDR chunk
         assert width == 1500  # 7.5 in at 200 dpi
         assert height > 150 * len(report.chart_rows(result))
+        # The phone's chart: 3.6 in at 200 dpi, read at about 360 px (2 device pixels each),
+        # with room for wrapped labels.
+        png = (report.DOCS / f"benchmarks-{env}-narrow.png").read_bytes()
+        width, height = struct.unpack(">II", png[16:24])
+        assert width == 720 and height > 150 * len(report.chart_rows(result))
 
 
 def test_table_marks_each_target_met_or_missed() -> None:

@@ -11,11 +11,12 @@ from typing import Any
 import pytest
 import torch
 from tests._fakes import MinimalBackend, registered
-from tests._helpers import install_plugin, run_env, run_python
+from tests._helpers import fake_distribution, install_plugin, run_env, run_python
 
 import devrng
 from devrng.__main__ import main
-from devrng._cli import environment_problems, known_problems
+from devrng._cli import environment_problems, known_problems, why_not_imported
+from devrng._versions import TESTED_TORCH, version_problems
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -60,7 +61,7 @@ def test_doctor_prints_every_section() -> None:
     ({"torch": "2.9.0"}, "forks 'cuda' by default"),
     ({"torch": "2.13.0", "torchax": "0.0.13"}, "bakes the PRNG key"),
     ({"torch": "2.13.0", "torch_xla": "2.9.0"}, "torch.manual_seed does not seed XLA"),
-    ({"torch": "2.13.0", "intel_extension_for_pytorch": "2.8.0"}, "imports only with torch 2.8.*"),
+    ({"torch": "2.8.0", "intel_extension_for_pytorch": "2.8.0"}, "no longer developed"),
 ])
 def test_known_problems_follow_installed_versions(versions: dict[str, str], needle: str) -> None:
     assert any(needle in line for line in known_problems(versions))  # type: ignore[arg-type]
@@ -70,9 +71,95 @@ def test_no_known_problems_for_a_clean_new_torch() -> None:
     assert known_problems({"torch": "2.13.0"}) == []
 
 
-def test_ipex_of_the_same_minor_as_torch_is_no_mismatch() -> None:
-    lines = known_problems({"torch": "2.8.0+cu128", "intel_extension_for_pytorch": "2.8.0"})
-    assert lines and not any("imports only with torch" in line for line in lines)
+# -- versions that do not work together ----------------------------------------------------
+_JAX = {"jax": "0.10.2", "flax": "0.12.8", "numpy": "2.4.6"}
+
+
+@pytest.mark.parametrize(("versions", "text", "fix"), [
+    ({"torch": "2.14.1", "torch_xla": "2.9.0"},
+     "torch_xla 2.9.0 needs torch 2.9.*, and torch 2.14.1 is installed: `import torch_xla` fails "
+     "with an undefined symbol", "pip install 'torch==2.9.*'"),
+    ({"torch": "2.9.0+cu128", "torch_xla": "2.8.1"}, "torch_xla 2.8.1 needs torch 2.8.*",
+     "pip install 'torch==2.8.*'"),
+    ({"torch": "2.13.0", "intel_extension_for_pytorch": "2.8.0"},
+     "intel_extension_for_pytorch 2.8.0 needs torch 2.8.*, and torch 2.13.0 is installed",
+     "pip install 'torch==2.8.*'"),
+    ({"torch": "2.13.0", "torchax": "0.0.13", **_JAX},
+     "torchax 0.0.13 needs torch older than 2.13 (CI tests it with 2.9)",
+     "pip install 'torch==2.9.*'"),
+    ({"torch": "2.9.0", "torchax": "0.0.13", "numpy": "2.4.6"},
+     "torchax 0.0.13 imports jax and flax, and jax and flax are not installed: torchax's "
+     "package does not declare them", "pip install 'jax>=0.10' 'flax>=0.12.8'"),
+    ({"torch": "2.9.0", "torchax": "0.0.13", "jax": "0.10.2", "numpy": "2.4.6"},
+     "and flax is not installed", "pip install 'jax>=0.10' 'flax>=0.12.8'"),
+    ({"torch": "2.7.1", "numpy": "2.4.6"}, "torch 2.7.1 is older than devrng supports",
+     "pip install 'torch>=2.8'"),
+    ({}, "torch is not installed", "pip install torch"),
+])
+def test_versions_that_do_not_work_together_are_errors_with_a_fix(
+        versions: dict[str, str], text: str, fix: str) -> None:
+    problems = version_problems(versions)
+    assert [(p.error, p.fix) for p in problems if text in p.text] == [(True, fix)], problems
+
+
+def test_an_untested_torch_and_a_missing_numpy_are_named_but_not_errors() -> None:
+    (untested,) = version_problems({"torch": "2.11.0", "numpy": "2.4.6"})
+    newest = ".".join(map(str, TESTED_TORCH[-1]))
+    assert not untested.error and untested.text.startswith(
+        "torch 2.11.0 is not a release devrng is tested with (2.8, 2.9, 2.13, 2.14)")
+    assert untested.fix == f"pip install 'torch=={newest}.*'"
+    (numpy,) = version_problems({"torch": "2.13.0"})
+    assert not numpy.error and "Failed to initialize NumPy" in numpy.text
+    assert numpy.fix == "pip install numpy"
+
+
+@pytest.mark.parametrize("versions", [
+    {"torch": "2.9.0+cu128", "torch_xla": "2.9.0", "torchax": "0.0.13", **_JAX},
+    {"torch": "2.8.0", "intel_extension_for_pytorch": "2.8.0", "numpy": "1.26.4"},
+    {"torch": "2.14.1+cu130", "numpy": "2.4.6"},
+    {"torch": "2.12.0", "torchax": "0.0.14", **_JAX},  # a newer torchax: not known to break
+])
+def test_versions_that_work_together_are_no_problem(versions: dict[str, str]) -> None:
+    assert not [p for p in version_problems(versions) if p.error]
+
+
+def test_doctor_diagnoses_a_device_package_built_for_another_torch(tmp_path: Path) -> None:
+    """A torch_xla 2.9 wheel beside torch 2.14 (what `pip install torch_xla` did to a plain
+    install): faked as pip would lay it out, first on the path -- the metadata of torch 2.14.1
+    and of torch_xla 2.9.0, whose import fails as the real one does."""
+    fake_distribution(tmp_path, "torch", "2.14.1")
+    env = fake_distribution(tmp_path, "torch_xla", "2.9.0", package_source=(
+        "raise ImportError('/venv/lib/python3.11/site-packages/_XLAC.cpython-311-x86_64-linux-"
+        "gnu.so: undefined symbol: _ZN5torch8autograd10deleteNodeEPNS0_4NodeE')\n"))
+    out = cli("doctor", "--load", env={**env, "PJRT_DEVICE": "CPU"})
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "_ZN5torch" not in out.stdout and "undefined symbol: " not in out.stdout
+    assert "Traceback" not in out.stderr
+    row = next(line for line in out.stdout.splitlines() if line.split()[:1] == ["xla"])
+    assert row.split()[1:4] == ["torch_xla", "2.9.0", "FAIL"]
+    assert "torch_xla 2.9.0 does not import with torch 2.14.1: the fix is under 'Problems" in row
+    problems = out.stdout.split("Problems in this environment:")[1].splitlines()
+    at = next(i for i, line in enumerate(problems) if "torch_xla 2.9.0 needs torch 2.9.*" in line)
+    assert problems[at].startswith("  - ERROR: torch_xla 2.9.0 needs torch 2.9.*, and torch "
+                                   "2.14.1 is installed")
+    assert problems[at + 1] == "    run: pip install 'torch==2.9.*'"
+
+
+@pytest.mark.parametrize(("error", "says"), [
+    (ImportError("_XLAC.so: undefined symbol: _ZN5torch8autograd10deleteNodeEPNS0_4NodeE"),
+     "torch_xla 2.13.0 does not import: its compiled library was built against another torch "
+     "than the installed 2.13.0; reinstall torch_xla for this torch"),
+    (ModuleNotFoundError("No module named 'jax'", name="jax"),
+     "torch_xla 2.13.0 does not import: it needs the module 'jax', which is not installed "
+     "(run: pip install jax)"),
+    (RuntimeError("PJRT init failed\nsecond line"),
+     "torch_xla 2.13.0 is installed but failed to import: RuntimeError: PJRT init failed"),
+])
+def test_a_failed_import_the_table_does_not_explain_is_still_a_sentence(
+        error: Exception, says: str) -> None:
+    # torch_xla of the installed torch's own release: no version problem explains the failure.
+    versions = {"torch": "2.13.0", "torch_xla": "2.13.0", "numpy": "2.4.6"}
+    assert why_not_imported("torch_xla", error, versions) == says
 
 
 # -- manners ------------------------------------------------------------------------

@@ -36,7 +36,9 @@ from devrng import distributed as ddist
 ROOT = Path(__file__).resolve().parents[1]
 SEED = 1234
 HAS_XLA = importlib.util.find_spec("torch_xla") is not None
-pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not built")
+# Every test starts gloo process groups in processes of its own: slow.
+pytestmark = [pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not built"),
+              pytest.mark.slow]
 
 
 # -- what every process runs --------------------------------------------------------

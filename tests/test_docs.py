@@ -1,6 +1,6 @@
 """The documentation as a user meets it: the built site, and the install story.
 
-Builds the site with mkdocs (the core environment has it) and inspects the HTML of
+Builds the site with ProperDocs (the core environment has it) and inspects the HTML of
 the API reference and the guides for what once went wrong: Sphinx roles shown
 literally, examples rendered as nested blockquotes, torch's private parameters in
 signatures, overloads repeated, and the objects users get back left undocumented.
@@ -24,13 +24,16 @@ DOCS = ROOT / "docs"
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    pytest.importorskip("mkdocs")
+    pytest.importorskip("properdocs")
     pytest.importorskip("mkdocstrings")
     out = tmp_path_factory.mktemp("site")
-    build = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet",
+    build = subprocess.run([sys.executable, "-m", "properdocs", "build", "--strict",
                             "--site-dir", str(out)], cwd=ROOT, capture_output=True, text=True,
-                           env={"PATH": "/usr/bin:/bin", "NO_MKDOCS_2_WARNING": "1"})
+                           env={"PATH": "/usr/bin:/bin"})
     assert build.returncode == 0, build.stdout + build.stderr
+    # A build says what it did and nothing else: no banner, no warning, no notice to act on.
+    said = [line for line in (build.stdout + build.stderr).splitlines() if line.strip()]
+    assert [line.split()[0] for line in said] == ["INFO"] * len(said), said
     return out
 
 
@@ -115,6 +118,44 @@ def test_the_site_wraps_long_code_lines_instead_of_cutting_them(site: Path) -> N
     css = (site / "stylesheets" / "extra.css").read_text()
     assert re.search(r"pre > code \{[^}]*white-space: pre-wrap", css)
     assert 'href="../stylesheets/extra.css"' in (site / "api" / "index.html").read_text()
+    # A wrapped line's continuation is marked (a bar from its second line down), so that the
+    # rest of a long comment does not read as a line of code.
+    line = re.search(r'span\[id\^="__span"\] \{([^}]*)\}', css)
+    assert line and "text-indent: -4ch" in line[1] and "transparent calc(1lh" in line[1]
+    assert "min-width: 0" in line[1]  # a grid item: without it a long token widens the block
+
+
+def test_code_in_a_table_cell_breaks_only_between_its_pieces(site: Path) -> None:
+    """A phone's column once split `devrng.fork_rng(devices=[x])` as `devrng.fork_r` /
+    `ng(...)`: each piece of code in a cell is kept whole and may break only after `.`,
+    `(`, `,`, `=` (docs/_hooks/tables.py), and no rule lets a cell break inside a word."""
+    home = (site / "index.html").read_text()
+    assert ('<code><span class="nobr">devrng.</span><wbr><span class="nobr">fork_rng(</span><wbr>'
+            '<span class="nobr">devices=</span><wbr><span class="nobr">[x])</span></code>') in home
+    css = (site / "stylesheets" / "extra.css").read_text()
+    assert re.search(r"table:not\(\[class\]\) code \.nobr \{\s*white-space: nowrap", css)
+    assert "anywhere" not in css
+
+
+def test_a_phone_reads_each_table_row_as_a_labelled_card(site: Path) -> None:
+    """Every body cell carries its column's heading, which the phone layout shows before it."""
+    page = (site / "reproducible-training" / "index.html").read_text()
+    table = page[page.find("<table>"):page.find("</table>")]
+    headings = re.findall(r"<th[^>]*>(.*?)</th>", table)
+    first_row = re.findall(r'<td data-label="([^"]*)"', table)[:len(headings)]
+    assert headings and first_row == [re.sub(r"<[^>]+>", "", h) for h in headings]
+    css = (site / "stylesheets" / "extra.css").read_text()
+    assert 'content: attr(data-label) ": "' in css
+    phone = css[css.find("@media screen and (max-width: 44.9375em)"):]
+    assert re.search(r"table:not\(\[class\]\) > thead \{\s*display: none", phone)
+
+
+def test_a_phone_gets_benchmark_charts_drawn_for_its_column(site: Path) -> None:
+    page = (site / "benchmarks" / "index.html").read_text()
+    for env in ("bench", "xla"):
+        assert (f'<source media="(max-width: 44.9375em)" srcset="../benchmarks-{env}-narrow.png">'
+                in page)
+        assert (site / f"benchmarks-{env}-narrow.png").is_file()
 
 
 # -- install commands ----------------------------------------------------------------------
@@ -153,21 +194,47 @@ def test_readme_and_site_show_the_same_install_commands() -> None:
     assert readme == CANONICAL
 
 
+def installs_devrng(command: str) -> bool:
+    """Whether a pip command installs devrng (its source tree, an extra, its wheel, or by
+    name) rather than a package beside it (``pip install 'torch==2.9.*'``)."""
+    return any(word.strip("\"'") in (".", "devrng") or word.strip("\"'").startswith((".[", "dist/"))
+               for word in command.split()[2:])
+
+
+def test_devrng_installs_are_told_apart_from_other_installs() -> None:
+    assert installs_devrng('pip install ".[xla]"') and installs_devrng("pip install .")
+    assert installs_devrng("pip install devrng") and installs_devrng("pip wheel --no-deps -w dist .")
+    assert not installs_devrng("pip install 'torch==2.9.*'")
+    assert not installs_devrng("pip install numpy")
+
+
 @pytest.mark.parametrize("page", SOURCES, ids=[str(p.relative_to(ROOT)) for p in SOURCES])
 def test_every_install_command_is_one_of_the_install_section(page: Path) -> None:
     """One install story: no page tells users to install devrng any other way."""
-    stray = [c for c in install_commands(page.read_text(encoding="utf-8")) if c not in CANONICAL]
+    stray = [c for c in install_commands(page.read_text(encoding="utf-8"))
+             if installs_devrng(c) and c not in CANONICAL]
     assert not stray, f"{page.name}: {stray} (the Install section of docs/index.md has {CANONICAL})"
+
+
+_CPU_TORCH = re.compile(r'pip install (torch|"torch==(\d+\.\d+)\.\*") '
+                        r"--index-url https://download\.pytorch\.org/whl/cpu")
 
 
 def test_install_commands_work_as_written() -> None:
     """devrng is not on a package index: every command installs from the source tree (``.``,
-    an extra of it, or the wheel built from it), and names only extras and files that exist."""
+    an extra of it, or the wheel built from it), and names only extras and files that exist;
+    the one other is a CPU-only torch from PyTorch's index, at a release an extra pins."""
     extras = set(PYPROJECT["project"]["optional-dependencies"])
+    pinned = {r.split("==")[1][:-2] for rs in PYPROJECT["project"]["optional-dependencies"].values()
+              for r in rs if r.startswith("torch==")}
     # The wheel carries the compiled kernel, so its tags are the platform's: a glob.
     wheel = f"dist/{PYPROJECT['project']['name']}-{PYPROJECT['project']['version']}-*.whl"
+    cpu_torch = [c for c in CANONICAL if _CPU_TORCH.fullmatch(c)]
+    assert cpu_torch and {m for c in cpu_torch if (m := _CPU_TORCH.fullmatch(c)[2])} <= pinned  # type: ignore[index]
     for command in CANONICAL:
         target = command.split()[-1].strip("\"'")
+        if command in cpu_torch:
+            continue
         if command.startswith("pip wheel"):
             assert command == "pip wheel --no-deps -w dist .", command
         elif target.startswith(".["):

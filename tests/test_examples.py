@@ -91,6 +91,7 @@ def test_markers_are_parsed(tmp_path: Path) -> None:
     assert not available("devrng_no_such_module_or_command")
 
 
+@pytest.mark.slow  # a fresh interpreter per program
 @pytest.mark.parametrize("script", SCRIPTS, ids=[s.name for s in SCRIPTS])
 def test_example_runs(script: Path) -> None:
     spec = markers(script)
@@ -133,29 +134,6 @@ def test_api_reference_documents_every_public_name() -> None:
 
 # -- the README -------------------------------------------------------------------
 README = (EXAMPLES.parent / "README.md").read_text(encoding="utf-8")
-PYTHON_BLOCKS = re.findall(r"```python\n(.*?)```", README, flags=re.S)
-
-
-def _run_snippet(code: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ)
-    env.setdefault("PJRT_DEVICE", "CPU")
-    return subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=300, check=False)
-
-
-def test_readme_first_snippet_runs_as_copied(tmp_path: Path) -> None:
-    first = PYTHON_BLOCKS[0]
-    assert "import devrng" in first and "torch_xla" not in first  # a CPU-only start
-    proc = _run_snippet(first, tmp_path)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-
-
-def test_readme_xla_snippet_runs_as_copied(tmp_path: Path) -> None:
-    xla = next(block for block in PYTHON_BLOCKS if "import torch_xla" in block)
-    if not available("torch_xla"):
-        pytest.skip("torch_xla is not installed here (the xla environment runs this)")
-    proc = _run_snippet(xla, tmp_path)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 def test_readme_commands_are_what_ci_runs() -> None:
@@ -163,6 +141,13 @@ def test_readme_commands_are_what_ci_runs() -> None:
     for command in re.findall(r"```bash\n(bash scripts/\w+\.sh)", README):
         assert command in ci, f"README says {command!r}; .ci/run does not run it"
     assert "bash scripts/test.sh" in ci and "bash scripts/run.sh" in ci
+
+
+def _run_snippet(code: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    env.setdefault("PJRT_DEVICE", "CPU")
+    return subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
 
 
 # -- the docs' code blocks ------------------------------------------------------------
@@ -204,7 +189,9 @@ def python_blocks(page: Path) -> list[Block]:
 def whole_program(code: str) -> bool:
     # A whole program starts with its imports; fragments (names from the text around
     # them, `...` for the rest) start with a comment saying where their names come from.
-    return code.lstrip().startswith(("import ", "from ")) and "..." not in code
+    # A `...` inside a comment (`torch.load(..., weights_only=True)`) leaves nothing out.
+    body = "\n".join(line.split("#")[0] for line in code.splitlines())
+    return code.lstrip().startswith(("import ", "from ")) and "..." not in body
 
 
 DOC_PAGES = sorted((EXAMPLES.parent / "docs").rglob("*.md"))
@@ -223,6 +210,7 @@ def test_there_are_whole_programs_in_the_docs() -> None:
     assert sum(b.output is not None for b in _DOC_BLOCKS) >= 2
 
 
+@pytest.mark.slow  # a fresh interpreter per program
 @pytest.mark.parametrize("block", _PROGRAMS)
 def test_docs_code_block_runs(block: Block, tmp_path: Path) -> None:
     """Each whole program runs; where a text block follows it, that is what it prints."""
@@ -269,6 +257,7 @@ sys.exit(1 if runner.run(test).failed else 0)
 """
 
 
+@pytest.mark.slow  # a fresh interpreter per program
 @pytest.mark.parametrize("block", _CONSOLE)
 def test_docs_console_block_shows_what_it_prints(block: Block, tmp_path: Path) -> None:
     """``>>>`` blocks run as doctests, each in a fresh process, with torch and devrng imported."""
@@ -282,6 +271,65 @@ def test_docs_console_block_shows_what_it_prints(block: Block, tmp_path: Path) -
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
+# -- the README's blocks, each run as copied ---------------------------------------------
+
+
+def _run_file(code: str, where: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``code`` saved as a file in ``where`` and run there, as a user runs a copied block."""
+    script = where / "block.py"
+    script.write_text(code, encoding="utf-8")
+    env = dict(os.environ)
+    env.setdefault("PJRT_DEVICE", "CPU")
+    return subprocess.run([sys.executable, str(script), *args], cwd=where, env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
+
+
+def _readme_blocks() -> list[Block]:
+    return python_blocks(EXAMPLES.parent / "README.md")
+
+
+def test_every_readme_block_is_a_whole_program() -> None:
+    """The README has no fragments: each Python block starts with its imports and leaves
+    nothing out (``...``), so that it runs as copied."""
+    blocks = _readme_blocks()
+    assert len(blocks) >= 4
+    assert [b.where for b in blocks if not whole_program(b.code)] == []
+    first = blocks[0].code
+    assert "import devrng" in first and "torch_xla" not in first  # a CPU-only start
+
+
+_RESUME = "devrng.TrainingRNG("  # the resume program, run by its own test below
+
+
+@pytest.mark.slow  # a fresh interpreter per program
+@pytest.mark.parametrize("block", [pytest.param(b, id=b.where) for b in _readme_blocks()
+                                   if _RESUME not in b.code])
+def test_readme_block_runs_as_copied(block: Block, tmp_path: Path) -> None:
+    missing = _missing(block.code)
+    if missing:  # the XLA block: the xla environment runs it
+        pytest.skip(f"needs {', '.join(missing)}, not installed here")
+    proc = _run_file(block.code, tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+
+
+@pytest.mark.slow  # a fresh interpreter per program
+def test_readme_resume_program_continues_bitwise_in_a_new_process(tmp_path: Path) -> None:
+    """README: `python train.py 2` then `python train.py 3` prints for epoch 2 what an
+    uninterrupted `python train.py 3` prints."""
+    (code,) = [b.code for b in _readme_blocks() if _RESUME in b.code]
+    stopped, whole = tmp_path / "stopped", tmp_path / "whole"
+    stopped.mkdir()
+    whole.mkdir()
+    runs = [_run_file(code, stopped, "2"), _run_file(code, stopped, "3"),
+            _run_file(code, whole, "3")]
+    for proc in runs:
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    first, resumed, uninterrupted = (proc.stdout.splitlines() for proc in runs)
+    assert [line.split(":")[0] for line in uninterrupted] == ["epoch 0", "epoch 1", "epoch 2"]
+    assert first + resumed == uninterrupted
+    assert len(set(uninterrupted)) == 3  # the losses move: the check compares real numbers
+
+
 # -- the home page ----------------------------------------------------------------------
 _NO_DEVICE_PACKAGES = """
 import importlib.abc, sys
@@ -293,6 +341,7 @@ sys.meta_path.insert(0, _Absent())
 """
 
 
+@pytest.mark.slow  # a fresh interpreter per program
 def test_home_page_starts_with_a_program_for_a_cpu_only_install(tmp_path: Path) -> None:
     first = python_blocks(EXAMPLES.parent / "docs" / "index.md")[0]
     assert whole_program(first.code), "the home page's first example must run as it is"

@@ -8,11 +8,13 @@ function, so the first (compiling) call is part of what is checked.
 
 from __future__ import annotations
 
+import re
 import sys
 from typing import Any
 
 import pytest
 import torch
+from tests._helpers import extra_install_command
 
 import devrng
 from devrng._jit import auto_compiler
@@ -95,6 +97,20 @@ def test_different_seeds_give_different_draws(case: Any) -> None:
     for a, b in ((11, 12), (11, 13), (12, 13)):
         assert not torch.equal(by_seed[a][0], by_seed[b][0]), "dropout masks did not change"
         assert not torch.equal(by_seed[a][1], by_seed[b][1]), "torch.rand did not change"
+
+
+def test_auto_and_eager_draw_their_own_numbers_for_one_seed() -> None:
+    """docs/seeded-jit.md: a seed makes each backend reproducible, not backends equal
+    (``portable`` makes them equal: tests/test_portable.py)."""
+    def noise(x: torch.Tensor) -> torch.Tensor:  # its own code object: its own compilation
+        return torch.nn.functional.dropout(x, 0.5) + torch.rand(x.shape)
+
+    auto, eager = devrng.seeded_jit(noise), devrng.seeded_jit(noise, backend="eager")
+    x = torch.ones(64)
+    a, e = auto(x, seed=3), eager(x, seed=3)
+    assert auto.backend == "inductor"
+    assert torch.equal(a, auto(x, seed=3)) and torch.equal(e, eager(x, seed=3))
+    assert not torch.equal(a, e)
 
 
 def test_new_seeds_never_recompile(case: Any) -> None:
@@ -298,5 +314,5 @@ def test_missing_package_gives_the_install_hint(monkeypatch: pytest.MonkeyPatch,
     for mod in ("torch_xla", "openxla", "torchax"):
         monkeypatch.delitem(sys.modules, f"devrng._compilers.{mod}", raising=False)
     with pytest.raises(ImportError, match=rf"backend='{backend}'\) needs .*devrng's '{extra}' extra\) "
-                                          rf"with: pip install {package}"):
+                                          rf"with: {re.escape(extra_install_command(extra))}$"):
         devrng.seeded_jit(_dropout, backend=backend)

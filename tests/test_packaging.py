@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from devrng._versions import MIN_TORCH, TESTED_TORCH, version_problems
+
 ROOT = Path(__file__).resolve().parent.parent
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 PROJECT = PYPROJECT["project"]
@@ -90,12 +92,83 @@ def test_env_files_are_read() -> None:  # the tests below must not pass on nothi
     assert all("torch" in pins for pins in TEST_ENVS.values())
 
 
-def test_torch_lower_bound_is_the_lowest_torch_ci_tests() -> None:
-    (torch_req,) = [r for r in PROJECT["dependencies"] if _parse(r)[0] == "torch"]
-    lowest_claimed = _lowest(_parse(torch_req)[1])
-    lowest_tested = min((pins["torch"] for pins in TEST_ENVS.values()), key=_release)
+@pytest.mark.parametrize("requirement", PROJECT["dependencies"])
+def test_every_lower_bound_is_the_lowest_version_ci_tests(requirement: str) -> None:
+    name, specs = _parse(requirement)
+    lowest_claimed = _lowest(specs)
+    tested = [pins[name] for pins in TEST_ENVS.values() if name in pins]
+    assert tested, f"no test environment pins {name}"
+    lowest_tested = min(tested, key=_release)
     assert _release(lowest_claimed) == _release(lowest_tested)[:len(_release(lowest_claimed))], (
-        f"pyproject says torch>={lowest_claimed}; the lowest torch CI tests is {lowest_tested}")
+        f"pyproject says {name}>={lowest_claimed}; the lowest {name} CI tests is {lowest_tested}")
+
+
+def test_core_tests_the_torch_a_plain_install_gets() -> None:
+    """`pip install .` takes the newest torch pip may install: core runs the whole suite,
+    lint and docs on it. On these machines pip's own cap says which that is."""
+    newest = max((pins["torch"] for pins in ENVS.values()), key=_release)
+    assert ENVS["core"]["torch"] == newest
+    cap = Path("/etc/xdg/pip/constraints.txt")
+    capped = re.findall(r"^torch<=([\d.]+)", cap.read_text(), flags=re.M) if cap.exists() else []
+    assert all(ENVS["core"]["torch"] == version for version in capped), (
+        f"pip here installs torch {capped[0]} for `pip install .`; core tests {newest}")
+
+
+def test_the_torch_releases_ci_tests_are_the_ones_doctor_names() -> None:
+    """devrng._versions.TESTED_TORCH (doctor: 'not a release devrng is tested with') is the
+    set of torch minors the test environments pin."""
+    tested = sorted({_release(pins["torch"])[:2] for pins in TEST_ENVS.values()})
+    assert tested == sorted(TESTED_TORCH)
+    assert _release(_lowest(_parse(PROJECT["dependencies"][0])[1]))[:2] == MIN_TORCH
+
+
+@pytest.mark.parametrize("env", sorted(ENVS))
+def test_doctor_finds_no_version_problem_in_what_ci_installs(env: str) -> None:
+    # Import names, as doctor reads them (intel-extension-for-pytorch -> intel_extension_for_pytorch).
+    versions = {name.replace("-", "_"): version for name, version in ENVS[env].items()}
+    errors = [p.text for p in version_problems(versions) if p.error]
+    assert not errors, f"envs/{env}.txt: {errors}"
+
+
+@pytest.mark.parametrize("extra", ["xla", "torchax", "ipex"])
+def test_device_extras_pin_the_torch_their_package_imports_with(extra: str) -> None:
+    """A device package's wheel does not declare the torch it is built for: its extra pins
+    one torch minor, the one an environment tests the package with, and doctor's table
+    accepts the pair."""
+    specs = dict(_parse(r) for r in PROJECT["optional-dependencies"][extra])
+    torch_spec = specs.pop("torch")
+    assert len(torch_spec) == 1 and torch_spec[0][0] == "==" and torch_spec[0][1].endswith(".*")
+    minor = torch_spec[0][1][:-2]
+    homes = [env for env, pins in TEST_ENVS.items() if all(name in pins for name in specs)]
+    assert homes and all(_admits(torch_spec, ENVS[env]["torch"]) for env in homes), (
+        f"the {extra} extra pins torch {minor}.*; CI tests it with "
+        f"{[ENVS[env]['torch'] for env in homes]}")
+    for name, package_specs in specs.items():
+        pinned = [v for op, v in package_specs if op == "=="]
+        if name in ("torch-xla", "intel-extension-for-pytorch"):  # X.Y needs torch X.Y.*
+            assert pinned == [minor + ".*"], f"{name}: {package_specs}, torch {minor}.*"
+
+
+def test_doctors_fix_for_torchax_without_jax_is_the_torchax_extras_jax_and_flax() -> None:
+    (problem,) = [p for p in version_problems({"torch": "2.9.0", "torchax": "0.0.13",
+                                              "numpy": "2.4.6"}) if p.package == "torchax"]
+    wanted = [r for r in PROJECT["optional-dependencies"]["torchax"]
+              if _parse(r)[0] in ("jax", "flax")]
+    assert problem.fix == "pip install " + " ".join(f"'{r}'" for r in wanted)
+
+
+def test_doctor_catches_each_device_extra_beside_the_torch_of_a_plain_install() -> None:
+    """What issue 32 saw: `pip install .` then `pip install ".[xla]"` without the pin leaves
+    torch_xla 2.9 beside the newest torch; doctor names it an error."""
+    newest = ENVS["core"]["torch"]
+    for extra, package in (("xla", "torch_xla"), ("torchax", "torchax"),
+                           ("ipex", "intel_extension_for_pytorch")):
+        home = next(pins for env, pins in TEST_ENVS.items()
+                    if _name(package) in pins or package in pins)
+        version = home.get(_name(package)) or home[package]
+        problems = version_problems({"torch": newest, package: version, "numpy": "2.4.6",
+                                     "jax": "0.10.2", "flax": "0.12.8"})
+        assert any(p.error and p.package == package for p in problems), (extra, problems)
 
 
 def test_python_claims_agree_with_each_other_and_admit_this_python() -> None:
@@ -123,13 +196,6 @@ def test_torchax_extra_brings_what_import_torchax_needs() -> None:
     # torchax 0.0.13 declares no dependencies but imports jax and flax at import time.
     names = {_parse(r)[0] for r in PROJECT["optional-dependencies"]["torchax"]}
     assert {"torchax", "jax", "flax"} <= names
-
-
-def test_ipex_extra_pins_the_torch_of_its_own_minor_release() -> None:
-    # IPEX's wheel does not declare torch, but its import refuses any other torch minor.
-    specs = dict(_parse(r) for r in PROJECT["optional-dependencies"]["ipex"])
-    ipex, torch_ = specs["intel-extension-for-pytorch"], specs["torch"]
-    assert ipex[0][0] == torch_[0][0] == "==" and ipex[0][1] == torch_[0][1]
 
 
 def test_installed_extras_need_no_newer_python_than_devrng_claims() -> None:

@@ -29,7 +29,9 @@ from torch.multiprocessing.spawn import ProcessException, ProcessExitedException
 
 import devrng
 
-pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not built")
+# Every test starts gloo process groups in processes of its own: slow.
+pytestmark = [pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not built"),
+              pytest.mark.slow]
 SEED = 31
 RUN_SEED = 2024
 SHAPE = (6, 5)  # uneven on 4 ranks: one of the shards along dim 0 is smaller, one is empty

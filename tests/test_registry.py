@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 import textwrap
 from collections.abc import Iterator
@@ -11,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 from tests._fakes import MinimalBackend
-from tests._helpers import install_plugin, run_python
+from tests._helpers import extra_install_command, install_plugin, run_python
 
 import devrng
 from devrng import _registry
@@ -75,7 +76,7 @@ def test_missing_torch_xla_hint_names_the_extra() -> None:
     _registry.unregister_backend("xla")  # back to the built-in lazy entry
     # devrng is not on a package index: the hint installs what its extra holds.
     with pytest.raises(ImportError, match=r"install it \(devrng's 'xla' extra\) with: "
-                                          r"pip install torch_xla$"):
+                                          + re.escape(extra_install_command("xla")) + "$"):
         devrng.get_backend("xla")
 
 

@@ -5,16 +5,18 @@ tests/integrations/test_resume_matrix.py)."""
 from __future__ import annotations
 
 import logging
+import re
 import warnings
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import torch
+from tests._helpers import plain_state
 from torch.utils.data import DataLoader, Dataset
 
 import devrng
-from devrng import _loaders, _workers
+from devrng import _host, _loaders, _workers
 
 
 class PerSample(Dataset[torch.Tensor]):
@@ -67,12 +69,141 @@ def test_a_tracked_loader_is_described_in_the_state() -> None:
     rng = devrng.TrainingRNG(seed=0)
     loader = rng.track("loader", DataLoader(range(8), batch_size=4, shuffle=True,
                                             **rng.dataloader_kwargs()))
-    record = rng.state_dict()["loaders"]["loader"]
+    record = plain_state(rng.state_dict())["loaders"]["loader"]
     assert record == {"kind": "DataLoader", "stateful": False, "num_workers": 0,
                       "batch_size": 4, "persistent_workers": False, "sampler": "RandomSampler",
-                      "private_shuffle": False, "devrng_seeded": True, "sample_rng": False}
+                      "private_shuffle": False, "devrng_seeded": True, "sample_rng": False,
+                      "sampler_args": {"replacement": False, "num_samples": None},
+                      "batch_sampler": "BatchSampler", "drop_last": False,
+                      "dataset_length": 8, "epoch_length": 8}
     assert _loaders.describe(loader) == record
     rng.load_state_dict(rng.state_dict())  # the same loader: nothing to warn about
+
+
+class Buckets(torch.utils.data.BatchSampler):
+    """A batch sampler of the user's own (here batching as torch's does)."""
+
+
+def _distributed(**kwargs: Any) -> Any:
+    options = {"num_replicas": 2, "rank": 0, "shuffle": True, "seed": 0, "drop_last": False}
+    return torch.utils.data.DistributedSampler(range(64), **{**options, **kwargs})
+
+
+# What decides which samples each step sees, changed between the saved run and the resumed
+# one: (the saved loader's arguments, the resumed one's, what the warning says).
+_CHANGES = {
+    "shuffle": ({"shuffle": True}, {"shuffle": False},
+                r"drew its indices from a RandomSampler \(shuffle=True\) and now from a "
+                r"SequentialSampler \(shuffle=False\).*resume with shuffle=True"),
+    "dataset length": ({}, {"dataset": range(72)},
+                       r"the dataset of the loader 'loader' had 64 samples and has 72, so the "
+                       r"sampler draws other indices.*resume with the dataset of 64 samples"),
+    "drop_last": ({"dataset": range(66)}, {"dataset": range(66), "drop_last": True},
+                  r"had drop_last=False and has drop_last=True, so an epoch's last, incomplete "
+                  r"batch is now dropped.*resume with drop_last=False"),
+    "replacement": ({"sampler": torch.utils.data.RandomSampler(range(64))},
+                    {"sampler": torch.utils.data.RandomSampler(range(64), replacement=True)},
+                    r"the RandomSampler of the loader 'loader' had replacement=False and has "
+                    r"replacement=True.*resume with replacement=False"),
+    "num_samples": ({"sampler": torch.utils.data.RandomSampler(range(64), num_samples=32)},
+                    {"sampler": torch.utils.data.RandomSampler(range(64))},
+                    r"had num_samples=32 and has num_samples=None.*resume with num_samples=32"),
+    "weights": ({"sampler": torch.utils.data.WeightedRandomSampler([1.0] * 64, 64)},
+                {"sampler": torch.utils.data.WeightedRandomSampler([1.0] * 63 + [2.0], 64)},
+                r"the WeightedRandomSampler of the loader 'loader' had weights='64 values, "
+                r"sha256 [0-9a-f]{16}' and has weights='64 values, sha256 [0-9a-f]{16}'.*resume "
+                r"with the weights it had"),
+    "weighted num_samples": (
+        {"sampler": torch.utils.data.WeightedRandomSampler([1.0] * 64, 64)},
+        {"sampler": torch.utils.data.WeightedRandomSampler([1.0] * 64, 48)},
+        r"had num_samples=64 and has num_samples=48"),
+    "subset": ({"sampler": torch.utils.data.SubsetRandomSampler(range(32))},
+               {"sampler": torch.utils.data.SubsetRandomSampler(range(1, 33))},
+               r"the SubsetRandomSampler of the loader 'loader' had indices='32 values, sha256 "
+               r"[0-9a-f]{16}' and has .*resume with the indices it had"),
+    "sampler kind": ({"sampler": torch.utils.data.RandomSampler(range(64))},
+                     {"sampler": torch.utils.data.WeightedRandomSampler([1.0] * 64, 64)},
+                     r"drew its indices from a RandomSampler \(shuffle=True\) and now from a "
+                     r"WeightedRandomSampler.*resume with a RandomSampler as before"),
+    "rank": ({"sampler": _distributed()}, {"sampler": _distributed(rank=1)},
+             r"the DistributedSampler of the loader 'loader' had rank=0 and has rank=1"),
+    "num_replicas": ({"sampler": _distributed()}, {"sampler": _distributed(num_replicas=4)},
+                     r"had num_replicas=2 and has num_replicas=4.*resume with num_replicas=2"),
+    "distributed seed": ({"sampler": _distributed()}, {"sampler": _distributed(seed=7)},
+                         r"had seed=0 and has seed=7.*resume with seed=0"),
+    "distributed shuffle": ({"sampler": _distributed()}, {"sampler": _distributed(shuffle=False)},
+                            r"had shuffle=True and has shuffle=False.*resume with shuffle=True"),
+    "batch sampler": ({}, {"batch_sampler": Buckets(torch.utils.data.SequentialSampler(range(64)),
+                                                    4, False)},
+                      r"made its batches with a BatchSampler and now with a Buckets.*resume "
+                      r"with a BatchSampler"),
+}
+
+
+def _loader(options: dict[str, Any]) -> DataLoader[Any]:
+    options = {"dataset": range(64), "batch_size": 4, **options}
+    if "batch_sampler" in options:
+        del options["batch_size"]
+    return DataLoader(**options)
+
+
+@pytest.mark.parametrize("change", list(_CHANGES))
+def test_what_decides_the_samples_is_compared_and_named(
+        caplog: pytest.LogCaptureFixture, change: str) -> None:
+    saved, now, match = _CHANGES[change]
+    [message] = resumed(_loader(saved), _loader(now), caplog)
+    assert re.search(match, message), message
+    assert resumed(_loader(now), _loader(now), caplog) == []  # unchanged: nothing to say
+
+
+def test_a_fingerprint_is_the_same_without_numpy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Weights and indices are fingerprinted from their bytes: through NumPy where it is
+    installed, else through Python; a state saved in one environment compares in the other."""
+    weights = torch.rand(50, dtype=torch.float64)
+
+    def fingerprints() -> list[str]:
+        data = torch.utils.data
+        samplers = [data.WeightedRandomSampler(weights, 8),
+                    data.WeightedRandomSampler(weights[::2], 8),  # a view: its own values
+                    data.SubsetRandomSampler([3, 1, 2])]
+        args = [_loaders.describe(DataLoader(range(50), sampler=s))["sampler_args"]
+                for s in samplers]
+        return [a.get("weights", a.get("indices")) for a in args]
+
+    with_numpy = fingerprints()
+    monkeypatch.setattr(_host, "numpy_or_none", lambda: None)
+    assert fingerprints() == with_numpy
+    assert with_numpy[0].startswith("50 values, sha256 ") and len(set(with_numpy)) == 3
+
+
+def test_drop_last_that_drops_nothing_is_not_a_difference(caplog: pytest.LogCaptureFixture
+                                                          ) -> None:
+    """64 samples in batches of 4: drop_last=True leaves every batch as it was."""
+    assert resumed(_loader({}), _loader({"drop_last": True}), caplog) == []
+    assert resumed(_loader({"dataset": range(66)}), _loader({"dataset": range(66),
+                                                             "drop_last": True}), caplog) != []
+
+
+def test_a_record_of_an_older_devrng_is_compared_on_what_it_holds(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Version-2 states of devrng 0.1 recorded kind, batch size and workers only (and named
+    the loader's `sampler`, a placeholder where accelerate wraps the batch sampler): they
+    load, and only what they hold is compared."""
+    rng = devrng.TrainingRNG(seed=0)
+    rng.track("loader", _loader({"shuffle": True}))
+    state = plain_state(rng.state_dict())
+    for key in ("sampler_args", "batch_sampler", "drop_last", "dataset_length", "epoch_length"):
+        del state["loaders"]["loader"][key]
+    other = devrng.TrainingRNG(seed=0)
+    other.track("loader", _loader({"dataset": range(72), "drop_last": True}))
+    caplog.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", devrng.DevRNGWarning)
+        other.load_state_dict(state)  # nothing it can compare has changed
+    batch = devrng.TrainingRNG(seed=0)
+    batch.track("loader", _loader({"batch_size": 8}))
+    with pytest.warns(devrng.DevRNGWarning, match="had batch size 4 and has 8"):
+        batch.load_state_dict(state)
 
 
 def test_the_same_loader_resumes_without_a_warning(caplog: pytest.LogCaptureFixture) -> None:
@@ -116,7 +247,7 @@ def test_a_persistent_loader_in_a_plain_loop_warns(caplog: pytest.LogCaptureFixt
 
 def test_another_world_size_warns_with_strict_false(caplog: pytest.LogCaptureFixture) -> None:
     rng = devrng.TrainingRNG(seed=0)
-    state = rng.state_dict()
+    state = plain_state(rng.state_dict())
     state["world_size"] = 2  # saved by rank 0 of 2: the same rank, so no generator is lost
     with pytest.raises(devrng.DevRNGError, match="rank 0 of 2"):
         rng.load_state_dict(state)
@@ -129,7 +260,7 @@ def test_another_world_size_warns_with_strict_false(caplog: pytest.LogCaptureFix
 
 def test_a_version_1_state_loads_and_unknown_versions_are_refused(no_warnings: None) -> None:
     rng = devrng.TrainingRNG(seed=0)
-    state = rng.state_dict()
+    state = plain_state(rng.state_dict())
     del state["loaders"]
     state["version"] = 1  # devrng 0.1 wrote no loader records
     a = torch.rand(2)  # drawn after the state was taken
@@ -141,16 +272,18 @@ def test_a_version_1_state_loads_and_unknown_versions_are_refused(no_warnings: N
             rng.load_state_dict(state)
 
 
-def test_corrupt_loader_records_are_ignored_not_fatal(no_warnings: None) -> None:
+def test_records_that_are_not_records_are_ignored_and_odd_values_refused(no_warnings: None) -> None:
     rng = devrng.TrainingRNG(seed=0)
     rng.track("loader", DataLoader(range(4)))
     for bad in ([1, 2], {"loader": "not a record"}, {"loader": [4]}):
-        state = rng.state_dict()
+        state = plain_state(rng.state_dict())
         state["loaders"] = bad
         rng.load_state_dict(state)  # nothing to compare with: no warning, no error
-    state = rng.state_dict()
-    state["loaders"] = {"loader": {"batch_size": [1]}}  # a record of odd values: compared
-    with pytest.warns(devrng.DevRNGWarning, match=r"had batch size \[1\] and has 1"):
+    state = plain_state(rng.state_dict())
+    # A record of values describe() never writes: refused before it is compared or quoted.
+    state["loaders"] = {"loader": {"batch_size": [1]}}
+    with pytest.raises(devrng.DevRNGError, match=r"The saved record of the loader 'loader' "
+                                                 r"holds \[1\] under 'batch_size'"):
         rng.load_state_dict(state)
 
 
@@ -179,7 +312,7 @@ def test_an_xla_device_loader_is_tracked_by_the_loader_it_feeds_from(
     device_loader = MpDeviceLoader(inner, "xla:0")
     assert rng.track("loader", device_loader) is device_loader
     assert _loaders.describe(device_loader) == _loaders.describe(inner)  # as trainers pass it
-    assert rng.state_dict()["loaders"]["loader"]["batch_size"] == 4
+    assert plain_state(rng.state_dict())["loaders"]["loader"]["batch_size"] == 4
     [message] = resumed(device_loader, MpDeviceLoader(DataLoader(range(8), batch_size=2),
                                                       "xla:0"), caplog)
     assert "the loader 'loader' had batch size 4 and has 2" in message
@@ -196,16 +329,37 @@ def test_a_stateful_loader_without_a_generator_has_a_private_shuffle() -> None:
     assert not _loaders.describe(DataLoader(range(8), shuffle=True))["private_shuffle"]
 
 
+def _kept_epochs(workers: int, epochs: int, *, seeded: bool = True) -> list[dict[int, float]]:
+    """Each epoch's draws by index, from a loader whose workers are kept across epochs
+    (generator seeded alike in every call: epochs equal across calls are the same epochs)."""
+    kwargs: dict[str, Any] = {"generator": torch.Generator().manual_seed(3)}
+    if seeded:
+        kwargs["worker_init_fn"] = devrng.seed_worker
+    loader = DataLoader(PerSample(), batch_size=2, num_workers=workers, persistent_workers=True,
+                        **kwargs)
+    return [by_index(loader) for _ in range(epochs)]
+
+
+def test_kept_workers_seeded_by_devrng_augment_anew_each_epoch() -> None:
+    """sample_rng in workers kept across epochs: their base seed is the first epoch's, so
+    without devrng's seeding every epoch repeats each sample's draws (the control); with it
+    each later epoch has a seed of its own -- the same whichever worker loads the sample."""
+    two = _kept_epochs(2, 3)
+    assert len({tuple(sorted(epoch.items())) for epoch in two}) == 3
+    assert _kept_epochs(1, 3) == two  # independent of the number of workers
+    plain = _kept_epochs(2, 2, seeded=False)
+    assert plain[0] == plain[1] == two[0]  # the same first epoch; then repeated
+
+
 def test_the_epoch_seed_reaches_persistent_workers() -> None:
-    """sample_rng in workers kept across epochs: without an epoch seed every epoch repeats the
-    same draws per sample; set_epoch_seed gives the workers a new one, and None goes back."""
+    """set_epoch_seed (what the Lightning callback gives kept workers each epoch) decides the
+    epoch's draws alone; None goes back to the workers' own."""
     rng = devrng.TrainingRNG(seed=0)
     kwargs = rng.dataloader_kwargs()
     loader = DataLoader(PerSample(), batch_size=2, num_workers=2, persistent_workers=True,
                         **kwargs)
     seeding: _workers.WorkerSeeding = kwargs["worker_init_fn"]
-    first, again = by_index(loader), by_index(loader)
-    assert first == again  # the kept workers' base seed: the same augmentation each epoch
+    first = by_index(loader)
     seeding.set_epoch_seed(12345)
     epoch_seeded = by_index(loader)
     assert epoch_seeded != first and set(epoch_seeded) == set(first)
@@ -214,4 +368,5 @@ def test_the_epoch_seed_reaches_persistent_workers() -> None:
     seeding.set_epoch_seed(12345)
     assert by_index(loader) == epoch_seeded  # the epoch seed alone decides
     seeding.set_epoch_seed(None)
-    assert by_index(loader) == first
+    own = by_index(loader)  # the workers' own seed of their fifth epoch
+    assert own not in (first, epoch_seeded) and set(own) == set(first)

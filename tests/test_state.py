@@ -146,6 +146,20 @@ def test_corrupt_file_is_a_clear_error(tmp_path: Any) -> None:
         RNGState.load(path)
 
 
+def test_a_directory_or_a_missing_path_is_a_sentence(tmp_path: Any,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(DevRNGError, match=r"is not a devrng RNG snapshot: it is a directory"):
+        RNGState.load(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError, match=r"There is no file 'step_9.rng' to load an RNG "
+                                                rf"snapshot from; .* current directory, '{tmp_path}'"):
+        RNGState.load("step_9.rng")
+    (tmp_path / "dangling.rng").symlink_to(tmp_path / "gone.rng")
+    with pytest.raises(FileNotFoundError, match=r"'dangling.rng' \(a symlink to a file that is "
+                                                r"gone\) to load"):
+        RNGState.load("dangling.rng")
+
+
 def test_other_file_is_a_clear_error(tmp_path: Any) -> None:
     torch.save({"weights": torch.zeros(2)}, tmp_path / "model.pt")
     with pytest.raises(DevRNGError, match=r"is not a valid devrng RNG snapshot: its format tag"):

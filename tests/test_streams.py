@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+from tests._helpers import plain_state
 
 import devrng
 from devrng import RNGStreams
@@ -267,7 +268,7 @@ def test_load_state_dict_checks_everything_and_changes_nothing_on_error(mutate: 
                                                                         match: str) -> None:
     streams = RNGStreams()
     streams.add("a", 1)
-    sd = streams.state_dict()
+    sd = plain_state(streams.state_dict())
     mutate(sd)
     target = RNGStreams()
     target.add("keep", 9)
@@ -321,7 +322,7 @@ def test_simulated_cuda_state_dict_resumes_on_a_fresh_device(simulate_device: An
     with streams.fork("tp", devices=["cuda:0", "cuda:1"]):
         fake.draw(0)
         fake.draw(1)
-    sd = _roundtrip(streams.state_dict())
+    sd = plain_state(_roundtrip(streams.state_dict()))
     assert set(sd["streams"]["tp"]["devices"]["cuda"]) == {0, 1}
     fresh = simulate_device("cuda", count=2)  # as a new process would have it
     restored = RNGStreams()

@@ -12,13 +12,14 @@ import logging
 import os
 import random
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
 from tests._fakes import FaultyBackend, MinimalBackend, registered
-from tests._helpers import generator_states
+from tests._helpers import generator_states, plain_state
 
 import devrng
 from devrng import DevRNGError, TrainingRNG
@@ -107,7 +108,7 @@ def test_each_loader_gets_its_own_generator_in_the_state() -> None:
     rng = TrainingRNG(3)
     a, b = rng.dataloader_kwargs()["generator"], rng.dataloader_kwargs()["generator"]
     assert not torch.equal(a.get_state(), b.get_state())
-    assert set(rng.state_dict()["generators"]) == {"dataloader0", "dataloader1"}
+    assert set(plain_state(rng.state_dict())["generators"]) == {"dataloader0", "dataloader1"}
 
 
 def test_track_takes_state_objects_and_refuses_others() -> None:
@@ -117,7 +118,7 @@ def test_track_takes_state_objects_and_refuses_others() -> None:
     streams = rng.track("streams", devrng.RNGStreams())
     streams.add("dropout", 1)
     gen = rng.track("noise", torch.Generator().manual_seed(8))
-    state = rng.state_dict()
+    state = plain_state(rng.state_dict())
     assert state["tracked"]["step"] == step.state_dict()
     assert torch.equal(state["generators"]["noise"], gen.get_state())
     with pytest.raises(ValueError, match="already tracks an object named 'step'"):
@@ -126,6 +127,23 @@ def test_track_takes_state_objects_and_refuses_others() -> None:
         rng.track("number", 5)
     with pytest.raises(TypeError, match="non-empty string name"):
         rng.track("", step)
+
+
+@pytest.mark.parametrize(("make", "what"), [
+    (lambda: torch.nn.Linear(2, 2), r"a model \(Linear\)"),
+    (lambda: torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1), r"an optimizer \(SGD\)"),
+    (lambda: torch.optim.lr_scheduler.StepLR(
+        torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1), 1),
+     r"an LR scheduler \(StepLR\)"),
+])
+def test_track_refuses_a_model_optimizer_or_scheduler(make: Callable[[], Any], what: str) -> None:
+    """Their state_dict() would put the weights inside the RNG state: refused with the fix."""
+    rng = TrainingRNG(3)
+    before = rng.state_dict()
+    with pytest.raises(TypeError, match=rf"track\('model', \.\.\.\) got {what}, whose state "
+                                        r"belongs in your checkpoint next to devrng's"):
+        rng.track("model", make())
+    assert rng.state_dict().keys() == before.keys() and not rng.state_dict()["tracked"]
 
 
 def test_state_dict_is_plain_data_that_loads_weights_only() -> None:
@@ -137,8 +155,10 @@ def test_state_dict_is_plain_data_that_loads_weights_only() -> None:
     buffer.seek(0)
     loaded = torch.load(buffer, weights_only=True)
     rng.load_state_dict(loaded)
-    assert loaded["format"] == "devrng.TrainingRNG" and loaded["version"] == 2
-    assert loaded["loaders"]["loader"]["kind"] == "DataLoader"  # the loader, as plain data
+    assert list(loaded) == ["devrng_rank_0"]  # one rank's entry, which DCP keeps apart
+    plain = plain_state(loaded)
+    assert plain["format"] == "devrng.TrainingRNG" and plain["version"] == 2
+    assert plain["loaders"]["loader"]["kind"] == "DataLoader"  # the loader, as plain data
 
 
 def test_a_tracked_object_with_an_opaque_state_is_refused() -> None:
@@ -163,7 +183,7 @@ def setup() -> tuple[TrainingRNG, Any, Any, dict[str, Any]]:
     loader = torch.utils.data.DataLoader(range(6), shuffle=True, **rng.dataloader_kwargs())
     step = rng.track("step", devrng.seeded_jit(lambda x: x + torch.rand(1), backend="eager"))
     step(torch.zeros(1))
-    return rng, loader, step, rng.state_dict()
+    return rng, loader, step, plain_state(rng.state_dict())
 
 
 def _snapshot(loader: Any, step: Any) -> tuple[Any, ...]:
@@ -219,7 +239,7 @@ def test_something_that_is_not_a_state_is_named_in_the_error(state: Any, got: st
 def test_a_failure_while_applying_puts_tracked_objects_back(setup: Any) -> None:
     rng, loader, step, saved = setup
     with registered("faulty", FaultyBackend("faulty")) as faulty:
-        saved = rng.state_dict()  # now with the faulty backend's two devices
+        saved = plain_state(rng.state_dict())  # now with the faulty backend's two devices
         step(torch.zeros(1))
         before = _snapshot(loader, step)
         faulty.faults["set"] = RuntimeError("device lost")
@@ -233,7 +253,7 @@ def test_fewer_devices_strict_refuses_and_lenient_resumes_with_a_warning() -> No
     big = MinimalBackend(count=8, name="simdev")
     with registered("simdev", big):  # SIMULATED: 8 devices when saved
         rng = TrainingRNG(21)
-        saved = rng.state_dict()
+        saved = plain_state(rng.state_dict())
     small = MinimalBackend(count=4, name="simdev")
     with registered("simdev", small):  # ... and 4 on resume
         rng = TrainingRNG(21)
@@ -252,7 +272,7 @@ def test_fewer_devices_strict_refuses_and_lenient_resumes_with_a_warning() -> No
 
 def test_more_devices_lenient_seeds_the_new_ones_from_the_seed() -> None:
     with registered("simdev", MinimalBackend(count=2, name="simdev")):  # SIMULATED: 2 devices when saved
-        saved = TrainingRNG(21).state_dict()
+        saved = plain_state(TrainingRNG(21).state_dict())
     grown = MinimalBackend(count=4, name="simdev")
     with registered("simdev", grown):  # ... and 4 on resume
         rng = TrainingRNG(21)
@@ -307,14 +327,14 @@ def test_a_resume_warning_made_an_error_changes_nothing() -> None:
     DevRNGError naming the warning and leaves every generator, tracked object and the seed
     as they were: the warnings are the last step of the load, inside its undo."""
     with registered("simdev", MinimalBackend(count=2, name="simdev")):  # SIMULATED device
-        saved = TrainingRNG(21).state_dict()
+        saved = plain_state(TrainingRNG(21).state_dict())
     grown = MinimalBackend(count=4, name="simdev")
     with registered("simdev", grown):
         rng = TrainingRNG(5)
         loader = rng.track("loader", torch.utils.data.DataLoader(
             range(8), batch_size=2, shuffle=True, **rng.dataloader_kwargs()))
         step = rng.track("noise", torch.Generator().manual_seed(9))
-        saved_here = rng.state_dict()
+        saved_here = plain_state(rng.state_dict())
         saved_here["rng"] = saved["rng"]  # the 2-device state: devices 2 and 3 seeded anew
         torch.rand(5)
         before = generator_states(grown, loader.generator, step)

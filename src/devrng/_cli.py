@@ -33,10 +33,11 @@ from devrng._registry import (
 )
 from devrng._seeds import SEED_VARIABLES, seed_from_environment
 from devrng._threefry_cpu import status as kernel_status
+from devrng._versions import Problem, release, version_problems
 
-__all__ = ["doctor", "known_problems", "selftest"]
+__all__ = ["doctor", "known_problems", "selftest", "why_not_imported"]
 
-_PACKAGES = ("torch", "numpy", "torch_xla", "torchax", "jax", "jaxlib",
+_PACKAGES = ("torch", "numpy", "torch_xla", "torchax", "jax", "jaxlib", "flax",
              "intel_extension_for_pytorch", "lightning", "accelerate", "transformers", "torchdata")
 _ENV_VARS = ("CUBLAS_WORKSPACE_CONFIG", "PYTHONHASHSEED", "CUDA_VISIBLE_DEVICES",
              "HIP_VISIBLE_DEVICES", "ZE_AFFINITY_MASK", "PJRT_DEVICE", "XLA_FLAGS",
@@ -63,20 +64,10 @@ def _version(dist: str) -> str | None:
             return None
 
 
-def _release(version: str | None) -> tuple[int, ...]:
-    if version is None:
-        return ()
-    parts = []
-    for piece in version.split("+")[0].split(".")[:3]:
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        parts.append(int(digits or 0))
-    return tuple(parts)
-
-
 def known_problems(versions: dict[str, str | None]) -> list[str]:
     """Problems of the installed versions that devrng works around, one sentence each."""
     out = []
-    torch_v = _release(versions.get("torch"))
+    torch_v = release(versions.get("torch"))
     if torch_v and torch_v < (2, 13):
         out.append(f"torch {versions['torch']}: torch.random.fork_rng() forks 'cuda' by default "
                    "and ignores the device types of `devices`; use devrng.fork_rng.")
@@ -86,20 +77,15 @@ def known_problems(versions: dict[str, str | None]) -> list[str]:
         out.append("torch_xla: torch.utils.checkpoint fails on XLA tensors (torch has no "
                    "torch.xla module) unless devrng.patch_torch() is called.")
     tx = versions.get("torchax")
-    if tx and _release(tx) <= (0, 0, 13):
+    if tx and release(tx) <= (0, 0, 13):
         out.append(f"torchax {tx}: interop.jax_jit bakes the PRNG key into the compiled program "
                    "(the same dropout mask every call, pytorch/xla#8636); use devrng.seeded_jit.")
-    ipex = versions.get("intel_extension_for_pytorch")
-    if ipex:
+    if versions.get("intel_extension_for_pytorch"):
         out.append("IPEX is no longer developed after 2.8; devrng uses native torch.xpu.")
-    if ipex and torch_v and _release(ipex)[:2] != torch_v[:2]:
-        out.append(f"IPEX {ipex} imports only with torch {'.'.join(map(str, _release(ipex)[:2]))}"
-                   f".*; with torch {versions['torch']} `import intel_extension_for_pytorch` "
-                   "fails (AttributeError: module 'os' has no attribute 'exit').")
     return out
 
 
-def _load_installed() -> dict[str, str]:
+def _load_installed(versions: dict[str, str | None]) -> dict[str, str]:
     """Import the installed device packages; name -> why it failed, for those that did."""
     failed = {}
     for name, package in _DEVICE_PACKAGES.items():
@@ -107,9 +93,27 @@ def _load_installed() -> dict[str, str]:
             try:
                 importlib.import_module(package)
             except Exception as err:
-                failed[name] = f"{package} is installed but failed to import: " \
-                               f"{type(err).__name__}: {_first_line(err)}"
+                failed[name] = why_not_imported(package, err, versions)
     return failed
+
+
+def why_not_imported(package: str, err: Exception, versions: dict[str, str | None]) -> str:
+    """A sentence for a device package's failed import: the version problem that explains
+    it, else what the error means, never a raw linker symbol."""
+    shown = f"{package} {versions.get(package) or ''}".rstrip()
+    if any(p.package == package and p.error for p in version_problems(versions)):
+        return f"{shown} does not import with torch {versions.get('torch')}: the fix is " \
+               "under 'Problems in this environment'"
+    text = str(err)
+    if "undefined symbol" in text:
+        return f"{shown} does not import: its compiled library was built against another " \
+               f"torch than the installed {versions.get('torch')}; reinstall {package} " \
+               "for this torch"
+    missing = getattr(err, "name", None) if isinstance(err, ModuleNotFoundError) else None
+    if missing:
+        return f"{shown} does not import: it needs the module {missing!r}, which is not " \
+               f"installed (run: pip install {missing.split('.')[0]})"
+    return f"{shown} is installed but failed to import: {type(err).__name__}: {_first_line(err)}"
 
 
 def _first_line(err: BaseException) -> str:
@@ -145,10 +149,11 @@ def _works(name: str, backend: Any) -> str:
     return f"works ({count} device{'s' if count != 1 else ''}; {checked})"
 
 
-def _backend_rows(load: bool, everything: bool) -> tuple[list[tuple[str, ...]], list[str]]:
+def _backend_rows(load: bool, everything: bool, versions: dict[str, str | None]
+                  ) -> tuple[list[tuple[str, ...]], list[str]]:
     rows: list[tuple[str, ...]] = []
     hidden: list[str] = []
-    load_failed = _load_installed() if load else {}
+    load_failed = _load_installed(versions) if load else {}
     for name in backend_names():
         package = requirement(name)
         version = _version(package) if package else None
@@ -271,7 +276,7 @@ def doctor(*, load: bool = False, everything: bool = False) -> int:
     held: list[str] = []
     # Loading torch_xla or a plugin may print warnings of its own: after the table, not in it.
     with _stderr_held(held) if load else contextlib.nullcontext():
-        rows, hidden = _backend_rows(load, everything)
+        rows, hidden = _backend_rows(load, everything, versions)
     _table(rows, ("backend", "package", "status", "notes"))
     if hidden:
         _out(f"  (not listed: {'; '.join(hidden)}; `devrng doctor --all` lists them)")
@@ -294,8 +299,11 @@ def doctor(*, load: bool = False, everything: bool = False) -> int:
     for var in _ENV_VARS:
         _out(f"  {var:25} {os.environ.get(var, '(unset)')}")
     errors, warnings = environment_problems(versions)
-    if errors or warnings:
+    mismatched = version_problems(versions)
+    if errors or warnings or mismatched:
         _out("\nProblems in this environment:")
+        for problem in mismatched:
+            _print_problem(problem)
         for line in errors:
             _out(f"  - ERROR: {line}")
         for line in warnings:
@@ -304,7 +312,12 @@ def doctor(*, load: bool = False, everything: bool = False) -> int:
     for line in known_problems(versions) or ["none known"]:
         _out(f"  - {line}")
     failed = any(row[2] == "FAIL" for row in rows)
-    return 1 if (load and failed) or errors else 0
+    return 1 if (load and failed) or errors or any(p.error for p in mismatched) else 0
+
+
+def _print_problem(problem: Problem) -> None:
+    _out(f"  - {'ERROR: ' if problem.error else ''}{problem.text}")
+    _out(f"    run: {problem.fix}")
 
 
 # -- selftest ----------------------------------------------------------------------
@@ -433,7 +446,7 @@ _CHECKS: dict[str, Callable[[str], None]] = {
 
 def selftest() -> int:
     """Run every check on every available backend, printing each row as it finishes."""
-    load_failed = _load_installed()
+    load_failed = _load_installed({p: _version(p) for p in _PACKAGES})
     names = devrng.available_backends()
     skipped = _skipped(names, load_failed)
     _out(f"{'backend':10}  {'check':10}  result")

@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 import torch
 import torch.utils.deterministic
 
-from devrng._errors import DevRNGError, check_flags
+from devrng._errors import DevRNGError, check_flags, warn_and_log
 from devrng._locks import ForkSafeLock
 from devrng._registry import backend_names, loaded_backend
 from devrng._seeding import manual_seed
@@ -430,7 +430,9 @@ class DeterministicHandle:
         """Put back every flag, environment variable and RNG state this handle changed.
 
         Handles applied after this one and still active are restored first,
-        newest first. Restoring a handle twice does nothing the second time.
+        newest first, with a ``DevRNGWarning`` naming them: code that counts on
+        them runs without their settings from then on. Restoring a handle twice
+        does nothing the second time.
 
         Examples:
             >>> handle = devrng.deterministic()
@@ -438,14 +440,22 @@ class DeterministicHandle:
             >>> handle.active
             False
         """
+        shown = repr(self)
         try:
             try:
-                failures = self._restore()
+                failures, inner = self._restore()
             except BaseException as err:  # interrupted: finish the job (idempotent), go on
                 if isinstance(err, Exception):
                     raise
                 self._restore()
                 raise
+            if inner:
+                # Its owner (a with-block, a TrainingRNG) still counts on it: say so, once.
+                warn_and_log(
+                    f"Restoring {shown} first restored {len(inner)} handle(s) applied after "
+                    f"it and still active ({', '.join(inner)}): their settings are off from "
+                    "here on. Restore handles newest first (with-blocks do) to keep each "
+                    "one's settings while its code runs.", stacklevel=2)
             if failures:
                 raise DevRNGError(
                     "deterministic() could not restore " + "; ".join(failures)
@@ -454,17 +464,21 @@ class DeterministicHandle:
         finally:
             deliver()
 
-    def _restore(self) -> list[str]:
+    def _restore(self) -> tuple[list[str], list[str]]:
+        """Restore this handle and those applied after it: (failures, the others' reprs)."""
         failures: list[str] = []
+        inner: list[str] = []
         with _stack_lock:
             while self._active and _active:
                 newest = _active[-1]
+                if newest is not self:
+                    inner.append(repr(newest))
                 try:
                     newest._undo.run()  # its last entry takes it off the stack
                 except DevRNGError as err:  # everything else of it was put back
                     failures.append(str(err).removeprefix("deterministic() could not restore "))
                 _deactivate(newest)
-        return failures
+        return failures, inner
 
     def __enter__(self) -> DeterministicHandle:
         try:

@@ -32,18 +32,21 @@ class DevRNGError(RuntimeError):
 
 
 class DevRNGWarning(UserWarning):
-    """A resumed run that will not continue bitwise as the uninterrupted one, and why.
+    """A result that will not be what the program asked for, and why.
 
-    devrng warns when a run resumes, naming what will differ and how to make it
-    exact; each warning is also logged on the ``"devrng"`` logger. Turn them into
-    errors with ``warnings.simplefilter("error", devrng.DevRNGWarning)``.
+    devrng warns when a run resumes and will not continue bitwise as the
+    uninterrupted one, naming what will differ and how to make it exact, and
+    when restoring a ``deterministic()`` handle switches off a newer one. Each
+    warning is also logged on the ``"devrng"`` logger. Turn them into errors
+    with ``warnings.simplefilter("error", devrng.DevRNGWarning)``.
 
     Examples:
-        >>> import warnings
+        >>> import io, warnings
         >>> with warnings.catch_warnings():
         ...     warnings.simplefilter("error", devrng.DevRNGWarning)
         ...     rng = devrng.TrainingRNG(seed=1)
-        ...     state = rng.state_dict()
+        ...     entry = rng.state_dict()["devrng_rank_0"]    # this rank's plain state, saved
+        ...     state = torch.load(io.BytesIO(entry), weights_only=True)
         ...     state["world_size"] = 2           # saved by one of two ranks
         ...     try:
         ...         rng.load_state_dict(state, strict=False)

@@ -25,7 +25,7 @@ import inspect
 import sys
 import warnings
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -35,9 +35,14 @@ from devrng import _threefry as tf
 from devrng._errors import DevRNGError, check_flags, short_repr
 from devrng._lazy import load
 from devrng._portable_ops import ENTRIES, Args, Kwargs, Op, aten_entry, entry_name, redispatch
+from devrng._rank import world_size
+from devrng._ranked import Apply, Summary, identity_of, is_ranked, load_ranked, ranked
 from devrng._seeds import MASK64, check_seed
 
 __all__ = ["PortableRNG", "TracedStream", "active", "call_stream", "portable"]
+
+if TYPE_CHECKING:
+    from devrng._undo import Undo
 
 C = TypeVar("C", bound=Callable[..., Any])
 
@@ -111,8 +116,8 @@ class PortableRNG(TorchFunctionMode):
         >>> rng = devrng.portable(seed=7)
         >>> with rng:
         ...     a = torch.rand(3)
-        >>> rng.state_dict()
-        {'seed': 7, 'counter': 1}
+        >>> rng.seed, rng.counter
+        (7, 1)
     """
 
     def __init__(self, seed: int, strict: bool = True, *, stream: Any = None) -> None:
@@ -133,53 +138,81 @@ class PortableRNG(TorchFunctionMode):
         """How many random ops the stream has answered (the next one is number ``counter``)."""
         return self._stream.get()[1]  # type: ignore[no-any-return]
 
-    def state_dict(self) -> dict[str, int]:
-        """The stream's position, for checkpoints.
+    def state_dict(self) -> dict[str, dict[str, int]]:
+        """The stream's position, for checkpoints, under a key that names this process's rank.
+
+        The rank in the key keeps every rank's stream apart in a
+        ``torch.distributed.checkpoint`` save (``dcp.save({"rng": stream})``).
 
         Returns:
-            ``{"seed": ..., "counter": ...}``: plain ints (``counter`` random ops
-            answered so far).
+            ``{"devrng_rank_<r>": {"seed": ..., "counter": ..., "world_size": ...}}``:
+            plain ints (``counter`` random ops answered so far).
 
         Examples:
             >>> rng = devrng.portable(seed=3)
             >>> with rng:
             ...     _ = torch.randn(2); _ = torch.rand(2)
             >>> rng.state_dict()
-            {'seed': 3, 'counter': 2}
+            {'devrng_rank_0': {'seed': 3, 'counter': 2, 'world_size': 1}}
         """
         seed, counter = self._stream.get()
-        return {"seed": seed, "counter": counter}
+        return ranked({"seed": seed, "counter": counter, "world_size": world_size()})
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Continue the stream saved by ``state_dict`` (checked first; nothing changes on error).
 
+        In a job of several processes every process calls this (as
+        ``torch.distributed.checkpoint.load`` does) and all of them load or all
+        of them raise. There, the saved stream must have this stream's seed (which
+        names whose stream a rank holds), and
+        a rank of a job with more ranks than the one that saved continues the
+        stream of the saved rank at its place (rank modulo the saved number)
+        when it has the same seed -- as every rank has for a DTensor's shards:
+        a portable stream is a function of seed, counter and position in the
+        full tensor, so it then continues exactly on any number of ranks.
+
         Args:
-            state_dict: What ``state_dict()`` returned.
+            state_dict: What ``state_dict()`` returned, or ``{"seed": ...,
+                "counter": ...}``.
 
         Raises:
-            ValueError: The keys are not exactly ``seed`` and ``counter``, the seed is
-                outside ``[0, 2**64)`` or the counter outside ``[0, 2**63)``.
+            ValueError: The keys are not ``seed`` and ``counter`` (and ``world_size``),
+                the seed is outside ``[0, 2**64)`` or the counter outside ``[0, 2**63)``.
             TypeError: The seed is not an int.
+            DevRNGError: In a job of several processes, the state of some rank
+                does not fit (the message names the rank).
 
         Examples:
             >>> rng = devrng.portable(seed=0)
             >>> rng.load_state_dict({"seed": 3, "counter": 2})
-            >>> rng.state_dict()
-            {'seed': 3, 'counter': 2}
+            >>> rng.seed, rng.counter
+            (3, 2)
         """
-        if not isinstance(state_dict, Mapping) or set(state_dict) != {"seed", "counter"}:
-            got = sorted(map(str, state_dict)) if isinstance(state_dict, Mapping) \
-                else type(state_dict).__name__
-            raise ValueError(
-                f"PortableRNG.load_state_dict needs a mapping with exactly the keys 'seed' and "
-                f"'counter' (from PortableRNG.state_dict()), not {got!r}."
-            )
-        seed = check_seed(state_dict["seed"], "state_dict['seed']")
-        counter = state_dict["counter"]
-        if isinstance(counter, bool) or not isinstance(counter, int) or not 0 <= counter < 1 << 63:
-            raise ValueError(f"state_dict['counter'] must be an int in [0, 2**63), not "
-                             f"{short_repr(counter)}.")
-        self._stream.set(seed, counter)
+        if is_ranked(state_dict):
+            load_ranked(state_dict, what="PortableRNG.load_state_dict", read=_read_entry,
+                        facts=_facts, prepare=self._prepare)
+        else:
+            self._stream.set(*_parse(state_dict))
+
+    def _prepare(self, plain: tuple[int, int, int], summary: Summary
+                 ) -> tuple[Apply, str | None]:
+        """Check one rank's stream in a load of all ranks; the change to make."""
+        what = "PortableRNG.load_state_dict"
+        seed, counter, _ = plain
+        if seed != self.seed and summary.world > 1:
+            whose = (f"rank {summary.source}'s, at this rank's place in the saved layout, "
+                     if summary.borrowed else "")
+            raise DevRNGError(
+                f"{what}: this stream has seed {self.seed} and the checkpoint's {whose}has seed "
+                f"{seed}: another run's stream, or another rank's (the ranks held different "
+                "streams and the world or the mesh changed). Make the stream with the saved "
+                "seed to continue it, or start it afresh instead of loading it.")
+
+        def apply(undo: Undo) -> None:
+            undo.push("the portable stream", self._stream.set, *self._stream.get())
+            self._stream.set(seed, counter)
+
+        return apply, None
 
     def __repr__(self) -> str:
         try:
@@ -260,6 +293,39 @@ class PortableRNG(TorchFunctionMode):
                 f"devrng.portable(strict=False): {name} draws from the device's own generator "
                 f"(not covered{why}); its numbers differ between devices.",
                 UserWarning, stacklevel=4)
+
+
+def _parse(state_dict: Any) -> tuple[int, int]:
+    """The seed and counter of a saved stream (``ValueError`` / ``TypeError`` if it is none)."""
+    keys = set(state_dict) if isinstance(state_dict, Mapping) else None
+    if keys not in ({"seed", "counter"}, {"seed", "counter", "world_size"}):
+        got = sorted(map(str, state_dict)) if isinstance(state_dict, Mapping) \
+            else type(state_dict).__name__
+        raise ValueError(
+            f"PortableRNG.load_state_dict needs a mapping with exactly the keys 'seed' and "
+            f"'counter' (and 'world_size', from PortableRNG.state_dict()), not {got!r}."
+        )
+    seed = check_seed(state_dict["seed"], "state_dict['seed']")
+    counter = state_dict["counter"]
+    if isinstance(counter, bool) or not isinstance(counter, int) or not 0 <= counter < 1 << 63:
+        raise ValueError(f"state_dict['counter'] must be an int in [0, 2**63), not "
+                         f"{short_repr(counter)}.")
+    return seed, counter
+
+
+def _read_entry(entry: Any) -> tuple[int, int, int]:
+    """Seed, counter and the world size recorded (-1: none) of one rank's entry."""
+    try:
+        seed, counter = _parse(entry)
+    except (TypeError, ValueError) as err:
+        raise DevRNGError(f"PortableRNG.load_state_dict: its entry is not a stream's state "
+                          f"({err})") from None
+    world = entry.get("world_size", -1)
+    return seed, counter, world if type(world) is int else -1
+
+
+def _facts(plain: tuple[int, int, int]) -> tuple[int, int]:
+    return plain[2], identity_of(list(plain[:2]))
 
 
 def portable(seed: int | None = None, *, strict: bool = True) -> PortableRNG:

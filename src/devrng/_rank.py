@@ -15,7 +15,7 @@ import torch
 
 from devrng._seeds import MASK64
 
-__all__ = ["dist_or_none", "env_rank", "process_rank", "world_size"]
+__all__ = ["collective_device", "dist_or_none", "env_rank", "process_rank", "world_size"]
 
 
 def dist_or_none() -> Any:
@@ -73,3 +73,16 @@ def world_size() -> int:
         return int(dist.get_world_size())
     raw = os.environ.get("WORLD_SIZE", "").strip()
     return int(raw) if raw.isdigit() and int(raw) > 0 else 1
+
+
+def collective_device(group: Any = None) -> torch.device:
+    """The device a group's collectives take tensors on (CPU for gloo, CUDA for nccl, ...)."""
+    dist = torch.distributed
+    pick = getattr(dist.distributed_c10d, "_get_object_coll_device", None)
+    if pick is not None:
+        try:
+            return torch.device(pick(group))
+        except Exception:  # a group type that private helper does not know
+            pass
+    backend = str(dist.get_backend(group))
+    return torch.device({"nccl": "cuda", "xccl": "xpu"}.get(backend, "cpu"))

@@ -226,6 +226,7 @@ class RNGState:
             if problem is not None:
                 raise DevRNGError(f"{where} is not a devrng RNG snapshot: {problem}. Snapshots "
                                   "are files that RNGState.save writes.")
+            _check_exists(where, os.fspath(f))  # type: ignore[arg-type]
         kind = _not_torch_save(f)
         if kind is not None:
             raise DevRNGError(
@@ -375,6 +376,17 @@ def check_host(state: RNGState) -> None:
                     f"The snapshot's {label} state is not one that {accepts}: {err}."
                 ) from None
     state._host_checked = True
+
+
+def _check_exists(where: str, path: str) -> None:
+    """A sentence instead of torch's traceback for a path that names no file."""
+    if not os.path.exists(path):
+        link = " (a symlink to a file that is gone)" if os.path.islink(path) else ""
+        raise FileNotFoundError(
+            f"There is no file {where}{link} to load an RNG snapshot from; pass the path that "
+            "RNGState.save wrote (relative paths start from the current directory, "
+            f"{os.getcwd()!r})."
+        )
 
 
 def _not_torch_save(f: Any) -> str | None:

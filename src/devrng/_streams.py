@@ -19,6 +19,18 @@ from devrng import _host
 from devrng._errors import DevRNGError
 from devrng._plain import check_plain
 from devrng._plan import Plan, make_plan
+from devrng._rank import world_size
+from devrng._ranked import (
+    Apply,
+    Summary,
+    decode,
+    encode,
+    identity_of,
+    is_ranked,
+    load_ranked,
+    ranked,
+    ranks_text,
+)
 from devrng._registry import Backend, device_count
 from devrng._restore import prepare_restore
 from devrng._seeds import check_seed
@@ -205,7 +217,12 @@ class RNGStreams:
 
     # -- checkpoints ---------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Every stream's seed and states as plain data (``torch.load(weights_only=True)`` safe).
+        """Every stream's seed and states, under a key that names this process's rank.
+
+        ``{"devrng_rank_<r>": bytes}``: the bytes are what ``torch.save`` makes
+        of a dict of plain data (``torch.load(io.BytesIO(b), weights_only=True)``
+        reads it). The rank in the key keeps every rank's streams apart in a
+        ``torch.distributed.checkpoint`` save.
 
         Examples:
             >>> streams = devrng.RNGStreams()
@@ -217,20 +234,30 @@ class RNGStreams:
             devices = {t: dict(per) for t, per in s.state.devices.items() if per}
             check_plain(devices, f"stream {name!r}'s device states")
             streams[name] = {"seed": s.seed, "cpu": s.state.cpu.clone(), "devices": devices}
-        return {"format": _FORMAT, "version": _VERSION, "streams": streams}
+        return ranked(encode({"format": _FORMAT, "version": _VERSION, "streams": streams,
+                              "world_size": world_size()}))
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Replace every stream with those ``RNGStreams.state_dict`` saved.
 
-        The whole dict is checked first, each stream's states as fully as
-        ``set_rng_state`` checks a snapshot against this
-        process; on any problem nothing changes.
+        The whole state is checked first, each stream's states as fully as
+        ``set_rng_state`` checks a snapshot against this process; on any
+        problem nothing changes. In a job of several processes every process
+        calls this (as ``torch.distributed.checkpoint.load`` does) and all of
+        them load or all of them raise. There, if this object already has
+        streams, the saved ones must have the same names and seeds (a rank
+        given another rank's streams after the world or the mesh changed is
+        refused), and a job with more ranks than the one that saved continues
+        only streams that every saved rank held alike.
 
         Args:
-            state_dict: What ``RNGStreams.state_dict`` returned.
+            state_dict: What ``RNGStreams.state_dict`` returned, or the dict that
+                devrng 0.1 saved.
 
         Raises:
             ValueError: ``state_dict`` is not such a dict, or a part is malformed.
+            DevRNGError: In a job of several processes, the state of some rank
+                does not fit (the message names the rank).
             RuntimeError: A stream is forked right now.
 
         Examples:
@@ -245,47 +272,105 @@ class RNGStreams:
             if self._active:
                 raise RuntimeError(
                     f"RNGStreams.load_state_dict was called while stream(s) "
-                    f"{', '.join(map(repr, sorted(self._active)))} are forked; load it outside fork()."
+                    f"{', '.join(map(repr, sorted(self._active)))} are forked; load it outside "
+                    "fork()."
                 )
-            if not isinstance(state_dict, Mapping) or state_dict.get("format") != _FORMAT:
-                tag = state_dict.get("format") if isinstance(state_dict, Mapping) else None
-                raise ValueError(
-                    f"RNGStreams.load_state_dict takes the dict that RNGStreams.state_dict() returns "
-                    f"(format {_FORMAT!r}); got a {type(state_dict).__name__} with format {tag!r}."
-                )
-            if state_dict.get("version") != _VERSION:
-                raise ValueError(
-                    f"The RNGStreams state dict is version {state_dict.get('version')!r}; this devrng "
-                    f"reads version {_VERSION}."
-                )
-            raw = state_dict.get("streams")
-            if not isinstance(raw, Mapping):
-                raise ValueError("The RNGStreams state dict has no 'streams' mapping.")
-            loaded: dict[str, _Stream] = {}
-            for name, entry in raw.items():
-                if not isinstance(name, str) or not name:
-                    raise ValueError(f"The RNGStreams state dict names a stream {name!r}; stream "
-                                     "names are non-empty strings.")
-                try:
-                    seed = check_seed(entry["seed"], f"stream {name!r}'s seed")
-                    cpu, devices = entry["cpu"], entry["devices"]
-                except (KeyError, TypeError) as err:
-                    raise ValueError(
-                        f"Stream {name!r} in the RNGStreams state dict is malformed ({err}); it needs "
-                        "'seed', 'cpu' and 'devices'."
-                    ) from err
-                try:
-                    state = parse_state(cpu, devices)
-                except (ValueError, DevRNGError) as err:
-                    raise ValueError(
-                        f"Stream {name!r}'s {str(err).removeprefix('its ')}; load what "
-                        "RNGStreams.state_dict() returned."
-                    ) from None
-                prepare_restore(state)  # device types, counts and state layouts of this process
-                loaded[name] = _Stream(seed, RNGState(state.cpu.clone(), state.devices))
-            self._streams = loaded
+            if is_ranked(state_dict):
+                load_ranked(state_dict, what="RNGStreams.load_state_dict", read=_read_entry,
+                            facts=_facts, prepare=self._prepare)
+            else:
+                self._streams = _parse(state_dict)
         finally:
             deliver()
+
+    def _prepare(self, plain: Any, summary: Summary) -> tuple[Apply, str | None]:
+        """Check one rank's streams in a load of all ranks; the change to make."""
+        what = "RNGStreams.load_state_dict"
+        here = {name: s.seed for name, s in self._streams.items()}
+        if summary.borrowed and not here and not summary.uniform:
+            raise DevRNGError(
+                f"{what}: this job has {summary.world} ranks and the checkpoint holds the "
+                f"streams of {summary.missing[0] if summary.missing else '?'}, which differ from "
+                "rank to rank, so devrng cannot tell which of them "
+                f"{ranks_text(*summary.missing or (summary.rank, summary.rank))} should "
+                "continue. Add this rank's streams (names and seeds) before loading, and the "
+                "saved streams of the rank at its place in the saved layout are taken if they "
+                "are the same; or add the streams afresh instead of loading them.")
+        try:
+            loaded = _parse(plain)
+        except ValueError as err:
+            raise DevRNGError(f"{what}: {err}") from None
+        saved = {name: s.seed for name, s in loaded.items()}
+        if here and here != saved:
+            source = (f"rank {summary.source}'s entry" if summary.borrowed
+                      else f"the entry of rank {summary.rank}")
+            raise DevRNGError(
+                f"{what}: this rank's streams are {_names(here)} and {source} holds "
+                f"{_names(saved)}: it was saved by a rank that held other streams (another "
+                "layout of the ranks, or another run). Add the streams as the saved run did, "
+                "or load into an RNGStreams without streams to take whatever was saved.")
+
+        def apply(undo: Undo) -> None:
+            undo.push("the streams", setattr, self, "_streams", self._streams)
+            self._streams = loaded
+
+        return apply, None
+
+
+def _names(seeds: Mapping[str, int]) -> str:
+    return ", ".join(f"{n!r} (seed {s})" for n, s in seeds.items()) or "none"
+
+
+def _read_entry(entry: Any) -> Any:
+    return decode(entry, "RNGStreams.load_state_dict: its entry")
+
+
+def _facts(plain: Any) -> tuple[int, int]:
+    """The world size a plain state records (-1: none) and a hash of its streams."""
+    world = plain.get("world_size") if isinstance(plain, Mapping) else None
+    streams = plain.get("streams") if isinstance(plain, Mapping) else None
+    return (world if type(world) is int else -1), identity_of(streams)
+
+
+def _parse(state_dict: Any) -> dict[str, _Stream]:
+    """The streams a plain state holds, checked against this process (``ValueError``)."""
+    if not isinstance(state_dict, Mapping) or state_dict.get("format") != _FORMAT:
+        tag = state_dict.get("format") if isinstance(state_dict, Mapping) else None
+        raise ValueError(
+            f"RNGStreams.load_state_dict takes the dict that RNGStreams.state_dict() returns "
+            f"(format {_FORMAT!r}); got a {type(state_dict).__name__} with format {tag!r}."
+        )
+    if state_dict.get("version") != _VERSION:
+        raise ValueError(
+            f"The RNGStreams state dict is version {state_dict.get('version')!r}; this devrng "
+            f"reads version {_VERSION}."
+        )
+    raw = state_dict.get("streams")
+    if not isinstance(raw, Mapping):
+        raise ValueError("The RNGStreams state dict has no 'streams' mapping.")
+    loaded: dict[str, _Stream] = {}
+    for name, entry in raw.items():
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"The RNGStreams state dict names a stream {name!r}; stream "
+                             "names are non-empty strings.")
+        try:
+            seed = check_seed(entry["seed"], f"stream {name!r}'s seed")
+            cpu, devices = entry["cpu"], entry["devices"]
+        except (KeyError, TypeError) as err:
+            raise ValueError(
+                f"Stream {name!r} in the RNGStreams state dict is malformed ({err}); it needs "
+                "'seed', 'cpu' and 'devices'."
+            ) from err
+        try:
+            state = parse_state(cpu, devices)
+        except (ValueError, DevRNGError) as err:
+            raise ValueError(
+                f"Stream {name!r}'s {str(err).removeprefix('its ')}; load what "
+                "RNGStreams.state_dict() returned."
+            ) from None
+        prepare_restore(state)  # device types, counts and state layouts of this process
+        loaded[name] = _Stream(seed, RNGState(state.cpu.clone(), state.devices))
+    return loaded
 
 
 def _seed_and_read(backend: Backend, seed: int, indices: list[int]) -> list[tuple[int, Any]]:

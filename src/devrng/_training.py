@@ -28,6 +28,18 @@ from devrng._lazy import load
 from devrng._loaders import describe, feeding_loader, is_stateful, resume_problems, warn_on_resume
 from devrng._plain import check_depth, check_loaded, check_plain
 from devrng._rank import process_rank, world_size
+from devrng._ranked import (
+    Apply,
+    Summary,
+    decode,
+    encode,
+    identity_of,
+    is_ranked,
+    load_ranked,
+    own_entry,
+    ranked,
+    ranks_text,
+)
 from devrng._registry import started_types
 from devrng._restore import Restore, fit_devices, prepare_restore
 from devrng._seeding import manual_seed
@@ -37,7 +49,8 @@ from devrng._state import RNGState, get_rng_state
 from devrng._undo import Undo, read_started
 from devrng._workers import dataloader_kwargs
 
-__all__ = ["TrainingRNG", "generator_states", "set_generator_states"]
+__all__ = ["TrainingRNG", "generator_states", "load_training_state", "set_generator_states",
+           "tracked_loaders"]
 
 _FORMAT = "devrng.TrainingRNG"
 _VERSION = 2
@@ -47,6 +60,9 @@ _KEYS_OF = {1: _KEYS - {"loaders"}, 2: _KEYS}  # version 1 (devrng 0.1) has no l
 _LOADER_NAME = re.compile(r"dataloader\d+")  # the generators dataloader_kwargs() makes
 _PORTABLE_STREAM = 1 << 34  # nth_seed index of the run's portable stream (loaders use 2**32 + i)
 _logger = logging.getLogger("devrng")
+_ENTROPY = "drawn from OS entropy"
+# How a program that loads through torch.distributed.checkpoint resumes anyway.
+_LENIENT = "strict=False (TrainingRNG(..., strict=False) when torch.distributed.checkpoint loads it)"
 
 
 class TrainingRNG:
@@ -69,6 +85,9 @@ class TrainingRNG:
             ``devrng.distributed.rank_seed``. By default every rank gets
             ``seed``, as with Lightning's ``seed_everything``; DataLoader
             workers differ per rank either way.
+        strict: What ``load_state_dict`` does when called without ``strict``
+            (as ``torch.distributed.checkpoint.load`` calls it): ``False``
+            resumes on another world size or device count with a warning.
 
     Raises:
         TypeError: ``seed`` is not an int, or a flag is not ``True`` / ``False``.
@@ -87,12 +106,14 @@ class TrainingRNG:
     """
 
     def __init__(self, seed: int | None = None, *, deterministic: bool = False,
-                 per_rank: bool = False) -> None:
+                 per_rank: bool = False, strict: bool = True) -> None:
         """Seed everything now; the arguments are described in ``help(devrng.TrainingRNG)``."""
-        check_flags(deterministic=deterministic, per_rank=per_rank)
+        check_flags(deterministic=deterministic, per_rank=per_rank, strict=strict)
         seed, source = _resolve_seed(seed)
         self._seed = seed
+        self._seed_chosen = source != _ENTROPY  # a checkpoint of another seed is then refused
         self._per_rank = per_rank
+        self.strict = strict
         self._generators: dict[str, torch.Generator] = {}
         self._tracked: dict[str, Any] = {}
         self._loaders: dict[str, Any] = {}  # tracked DataLoaders, described in the state
@@ -185,8 +206,9 @@ class TrainingRNG:
             as one line.
 
         Raises:
-            TypeError: ``name`` is not a non-empty string, or ``obj`` has no
-                state to save.
+            TypeError: ``name`` is not a non-empty string, ``obj`` has no
+                state to save, or it is a model, optimizer or LR scheduler
+                (their state belongs in the checkpoint beside devrng's).
             ValueError: ``name`` is tracked already.
 
         Examples:
@@ -205,6 +227,7 @@ class TrainingRNG:
         if name in self._tracked or name in self._generators or name in self._loaders:
             raise ValueError(f"TrainingRNG already tracks an object named {name!r}; choose "
                              "another name.")
+        _refuse_training_state(name, obj)
         given, obj = obj, feeding_loader(obj)
         plain_generator = isinstance(obj, torch.Generator)
         loader = isinstance(obj, torch.utils.data.DataLoader)
@@ -248,8 +271,8 @@ class TrainingRNG:
             >>> stream = rng.portable()
             >>> with stream:
             ...     mask = torch.nn.functional.dropout(torch.ones(4), 0.5)
-            >>> stream.state_dict() == rng.state_dict()["tracked"].get("portable")
-            True
+            >>> stream.counter                  # saved with rng.state_dict()
+            1
         """
         make = load("devrng._portable:portable", what="TrainingRNG.portable")
         return self.track("portable", make(nth_seed(self._seed, _PORTABLE_STREAM),
@@ -257,25 +280,30 @@ class TrainingRNG:
 
     # -- state ------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """This process's RNG as plain data that ``torch.load(weights_only=True)`` reads.
+        """This process's RNG, under a key that names its rank: ``{"devrng_rank_<r>": bytes}``.
 
-        Holds the global generators (CPU, every started device, Python, NumPy),
-        every DataLoader generator and every tracked object's state. One per
-        rank: save each rank's next to its model shard.
+        The bytes are what ``torch.save`` makes of a versioned dict of plain
+        data (``torch.load(io.BytesIO(b), weights_only=True)`` reads it): the
+        global generators (CPU, every started device, Python, NumPy), every
+        DataLoader generator and every tracked object's state. The rank in the
+        key keeps every rank's state apart in a ``torch.distributed.checkpoint``
+        save (``dcp.save({"rng": rng, ...})``), and the state is taken when this
+        is called (also by ``dcp.async_save``). Save one per rank with
+        ``torch.save``, or all of them with DCP.
 
         Returns:
-            A versioned dict of tensors, numbers, strings, lists and dicts.
+            ``{"devrng_rank_<this rank>": bytes}``.
 
         Examples:
-            >>> sorted(devrng.TrainingRNG(seed=0).state_dict())
-            ['format', 'generators', 'loaders', 'rank', 'rng', 'seed', 'tracked', 'version', 'world_size']
+            >>> list(devrng.TrainingRNG(seed=0).state_dict())
+            ['devrng_rank_0']
         """
         tracked = {}
         for name, obj in self._tracked.items():
-            state = obj.state_dict()
+            state = own_entry(obj.state_dict())  # devrng's own objects: their plain state
             check_plain(state, f"the state of the tracked object {name!r}")
             tracked[name] = state
-        return {
+        return ranked(encode({
             "format": _FORMAT,
             "version": _VERSION,
             "seed": self._seed,
@@ -285,14 +313,20 @@ class TrainingRNG:
             "generators": {name: g.get_state() for name, g in self._generators.items()},
             "tracked": tracked,
             "loaders": {name: describe(loader) for name, loader in self._loaders.items()},
-        }
+        }))
 
-    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True) -> None:
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool | None = None) -> None:
         """Put back everything ``state_dict()`` saved: all of it, or, on any error, nothing.
 
         Everything that can be checked without changing state is checked first
         (format, keys, device types and counts, every generator state); tracked
         objects are loaded next and put back if anything later fails.
+
+        In a job of several processes, every process calls this (as
+        ``torch.distributed.checkpoint.load`` does): the ranks check their
+        states together, and all of them load or all of them raise the error
+        of the lowest rank that cannot (naming it); on another world size each
+        rank warns of what was seeded afresh on any rank.
 
         ``strict=False`` resumes where the run cannot continue exactly: on
         another number of devices, another rank or world size, or with objects
@@ -304,16 +338,19 @@ class TrainingRNG:
         lists everything that was not restored.
 
         Args:
-            state_dict: What ``TrainingRNG.state_dict`` returned, for example
-                read back with ``torch.load(path, weights_only=True)``.
+            state_dict: What ``TrainingRNG.state_dict`` returned (read back with
+                ``torch.load(path, weights_only=True)`` or filled in by
+                ``dcp.load``), or the dict devrng 0.1 saved.
             strict: ``False`` resumes with a warning where the run cannot
-                continue exactly (see above).
+                continue exactly (see above); ``None`` takes the ``strict``
+                the object was made with.
 
         Raises:
             DevRNGError: The state does not fit (another format or version,
-                missing or unknown keys, other devices, rank or tracked names
-                with ``strict=True``, a corrupt generator state). Nothing
-                changed.
+                missing or unknown keys, other devices, rank, world size or
+                tracked names with ``strict=True``, another run's seed, a corrupt
+                generator state) -- here or, in a job of several processes, on
+                any rank. Nothing changed on any rank.
 
         Examples:
             >>> rng = devrng.TrainingRNG(seed=5)
@@ -324,16 +361,71 @@ class TrainingRNG:
             True
         """
         try:
+            strict = self.strict if strict is None else strict
             check_flags(strict=strict)
-            loading = _Loading(self, state_dict, strict)  # checks everything, changes nothing
-            with Undo("TrainingRNG.load_state_dict") as undo:
-                loading.apply(undo)
+            if is_ranked(state_dict):
+                load_ranked(state_dict, what="TrainingRNG.load_state_dict", read=_read_entry,
+                            facts=_facts, prepare=lambda plain, summary: self._prepare(
+                                plain, summary, strict))
+                return
+            load_training_state(self, state_dict, strict=strict)
         finally:
             deliver()
+
+    def _prepare(self, plain: Any, summary: Summary, strict: bool) -> tuple[Apply, str | None]:
+        """Check one rank's plain state (its own, or the lowest rank's if the checkpoint has
+        none for it) in a load of all ranks; the change, and what every rank warns of."""
+        what = "TrainingRNG.load_state_dict"
+        if not summary.uniform:
+            raise DevRNGError(f"{what}: the checkpoint's entries hold the states of runs with "
+                              "different seeds; they do not come from one run.")
+        saved_world = summary.saved_world or summary.world
+        missing = summary.missing
+        if missing is not None and strict:
+            raise DevRNGError(
+                f"{what}: the checkpoint holds the states of {missing[0]} rank(s) and this job "
+                f"has {summary.world}, so {ranks_text(*missing)} "
+                f"{'has' if missing[0] == missing[1] else 'have'} none. Make the "
+                "TrainingRNG with strict=False to resume with those ranks' generators seeded "
+                "afresh (with a warning).")
+        loading = _Loading(self, plain, strict, _LENIENT)  # checks everything, changes nothing
+        if self._seed_chosen and loading.seed != self._seed and summary.world > 1:
+            problem = (f"this TrainingRNG was made with seed {self._seed} and the checkpoint's "
+                       f"run used seed {loading.seed}")
+            if strict:
+                raise DevRNGError(f"{what}: {problem}; make it with seed={loading.seed}, or "
+                                  "with seed=None to take the checkpoint's seed.")
+            loading.skipped.append(f"this process's seed ({problem}: the run continues with "
+                                   f"seed {loading.seed})")
+        if saved_world == summary.world and missing is None:
+            return loading.apply, None
+        warning = (f"{what}(strict=False): the checkpoint was saved by {saved_world} ranks and "
+                   f"this job has {summary.world}, so every rank's global generators (CPU, "
+                   "devices, Python, NumPy) were seeded afresh from the run's seed and the rank")
+        if missing is not None:
+            warning += (f"; {ranks_text(*missing)} had no saved state and took the DataLoader "
+                        f"generators and tracked objects of the saved rank at their place (rank "
+                        f"modulo {missing[0]})")
+        return loading.apply, warning + "."
+
+
+def load_training_state(rng: TrainingRNG, state_dict: Mapping[str, Any], *, strict: bool = True,
+                        lenient: str = "strict=False") -> None:
+    """``rng.load_state_dict(state_dict, strict)``, whose errors name ``lenient`` as the way
+    to resume anyway: what passes strict=False where the user calls devrng (the trainer
+    integrations': ``DevRNGCallback(strict=False)``, ...)."""
+    try:
+        check_flags(strict=strict)
+        loading = _Loading(rng, state_dict, strict, lenient)  # checks everything, changes nothing
+        with Undo("TrainingRNG.load_state_dict") as undo:
+            loading.apply(undo)
+    finally:
+        deliver()
 
 
 guard(TrainingRNG.__init__)
 guard(TrainingRNG.load_state_dict)
+guard(load_training_state)
 
 
 class _Loading:
@@ -342,12 +434,13 @@ class _Loading:
     makes every change, each pushed on an undo stack first, then warns of what was not
     restored and of what will not be exact."""
 
-    def __init__(self, rng: TrainingRNG, data: Mapping[str, Any], strict: bool) -> None:
+    def __init__(self, rng: TrainingRNG, data: Mapping[str, Any], strict: bool,
+                 lenient: str) -> None:
         self.rng = rng
         self.strict = strict
         self.skipped: list[str] = []
         self.hint = "" if not strict else (
-            " Pass strict=False to resume anyway with a warning listing what was not restored.")
+            f" Pass {lenient} to resume anyway with a warning listing what was not restored.")
         self._check_format(data)
         self.same_rank = self._check_rank(data)
         self._check_names("generators", data["generators"], rng._generators)
@@ -480,9 +573,9 @@ class _Loading:
         rng = self.rng
         for name, obj in rng._tracked.items():
             if name in self.tracked:
-                # A copy: an nn.Module's state_dict() holds its live parameters.
+                # A copy: a state_dict() may hold the object's live tensors.
                 undo.push(f"the tracked object {name!r}", obj.load_state_dict,
-                          copy.deepcopy(obj.state_dict()))
+                          copy.deepcopy(own_entry(obj.state_dict())))
                 obj.load_state_dict(self.tracked[name])
                 _materialise(obj)
         # Generators after the tracked loaders: a resumed StatefulDataLoader sets its
@@ -505,15 +598,35 @@ class _Loading:
         # everything back too.
         if self.skipped:
             warn_and_log("TrainingRNG.load_state_dict(strict=False) did not restore: "
-                         + "; ".join(self.skipped) + ".", stacklevel=3)
+                         + "; ".join(self.skipped) + ".", stacklevel=4)
         warn_on_resume(resume_problems(self.saved_world, self.records, rng._loaders),
-                       stacklevel=3)
+                       stacklevel=4)
+
+
+def _read_entry(entry: Any) -> Any:
+    plain = decode(entry, "TrainingRNG.load_state_dict: its entry")
+    if not isinstance(plain, Mapping) or plain.get("format") != _FORMAT:
+        tag = plain.get("format") if isinstance(plain, Mapping) else type(plain).__name__
+        raise DevRNGError("TrainingRNG.load_state_dict: its entry holds no TrainingRNG state "
+                          f"(it is tagged {short_repr(tag)}, not {_FORMAT!r}).")
+    return plain
+
+
+def _facts(plain: Mapping[str, Any]) -> tuple[int, int]:
+    """The world size a plain state records (-1: none) and its run's seed, hashed."""
+    world = plain.get("world_size")
+    return (world if type(world) is int else -1), identity_of(plain.get("seed"))
 
 
 def generator_states(rng: TrainingRNG) -> dict[str, torch.Tensor]:
     """The states of ``rng``'s DataLoader and tracked generators, by name (for the trainer
     integrations, which put them back once the trainer has built its resumed loaders)."""
     return {name: g.get_state() for name, g in rng._generators.items()}
+
+
+def tracked_loaders(rng: TrainingRNG) -> dict[str, Any]:
+    """The DataLoaders ``rng`` tracks, by name (for the trainer integrations)."""
+    return dict(rng._loaders)
 
 
 def set_generator_states(rng: TrainingRNG, states: Mapping[str, torch.Tensor]) -> None:
@@ -546,4 +659,23 @@ def _resolve_seed(seed: int | None) -> tuple[int, str]:
         raw = os.environ.get(variable, "")
         if raw.strip():
             return seed_from_environment(variable, raw), f"from {variable}"
-    return secrets.randbits(32), "drawn from OS entropy"
+    return secrets.randbits(32), _ENTROPY
+
+
+# What a training checkpoint saves next to devrng's state, never inside it: tracking one
+# would copy its weights (or moments) into every RNG state and put them back on load.
+_TRAINING_STATE = (("a model", torch.nn.Module), ("an optimizer", torch.optim.Optimizer),
+                   ("an LR scheduler", torch.optim.lr_scheduler.LRScheduler))
+
+
+def _refuse_training_state(name: str, obj: Any) -> None:
+    for what, kind in _TRAINING_STATE:
+        if isinstance(obj, kind):
+            raise TypeError(
+                f"TrainingRNG.track({name!r}, ...) got {what} ({type(obj).__name__}), whose "
+                "state belongs in your checkpoint next to devrng's, not inside it: save its "
+                "state_dict() beside rng.state_dict() (torch.save({'model': ..., 'rng': "
+                "rng.state_dict()}, path)) and load it back yourself. Track only what draws "
+                "random numbers: a torch.Generator, a DataLoader, a SeededFunction, an "
+                "RNGStreams, ..."
+            )

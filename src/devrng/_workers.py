@@ -72,6 +72,8 @@ def seed_worker(worker_id: int, *, rank: int | None = None) -> int:
     if rank is not None:
         rank = check_seed(rank, "rank")
     info = torch.utils.data.get_worker_info()
+    if info is not None:
+        _count_epochs()
     base = int(info.seed) if info is not None else int(torch.initial_seed())
     torch_seed, python_seed, np_words = worker_seeds(
         base, worker_id, process_rank(strict=False) if rank is None else rank)
@@ -109,6 +111,8 @@ def dataloader_kwargs(seed: int | None, worker_init_fn: Callable[[int], Any] | N
 _SAMPLE_RNG_USED, _EPOCH_SEED_SET, _EPOCH_SEED = range(3)
 _shared: Any = None  # in a worker: its loader's WorkerSeeding.shared, as a NumPy view (fast)
 _marked = False  # in a worker: _SAMPLE_RNG_USED is written
+_fetchers = 0  # in a worker: the fetchers its loop made, one per epoch it served
+_KEPT_EPOCHS = 0x6B657074_65706F63  # mixed into the seeds of the later epochs of kept workers
 
 
 class WorkerSeeding:
@@ -167,6 +171,27 @@ class WorkerSeeding:
         self.shared[_EPOCH_SEED_SET] = 1
 
 
+def _count_epochs() -> None:
+    """Count, in this worker, the fetchers torch's worker loop makes (torch's and torchdata's
+    loops alike): one after ``worker_init_fn``, and one more each time a worker kept across
+    epochs (``persistent_workers=True``) starts the next epoch -- the only sign of a new
+    epoch such a worker gets."""
+    global _fetchers
+    _fetchers = 0
+    kinds: Any = getattr(torch.utils.data, "_DatasetKind", None)
+    make = getattr(kinds, "create_fetcher", None)
+    if make is None or getattr(make, "_devrng_counts", False):
+        return  # (a torch without it: kept workers repeat their first epoch's seed)
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        global _fetchers
+        _fetchers += 1
+        return make(*args, **kwargs)
+
+    counted._devrng_counts = True  # type: ignore[attr-defined]
+    kinds.create_fetcher = staticmethod(counted)
+
+
 def _worker_epoch_seed(info: Any) -> int:
     """The seed ``sample_rng`` derives a sample's streams from, in a worker."""
     global _marked
@@ -177,7 +202,9 @@ def _worker_epoch_seed(info: Any) -> int:
             _marked = True
         if shared[_EPOCH_SEED_SET]:
             return int(shared[_EPOCH_SEED]) & MASK64
-    return (int(info.seed) - int(info.id)) & MASK64  # the loader's base seed, per epoch
+    base = (int(info.seed) - int(info.id)) & MASK64  # the loader's base seed, per iterator
+    # A kept worker's later epochs: the iterator, and so its base seed, is the first epoch's.
+    return base if _fetchers < 2 else nth_seed(base ^ _KEPT_EPOCHS, _fetchers - 1)
 
 
 @contextlib.contextmanager
@@ -193,6 +220,13 @@ def sample_rng(index: int) -> Iterator[None]:
     still draws exactly what the uninterrupted run drew. In the main process
     (``num_workers=0``) it changes nothing: there the global generators, which
     ``TrainingRNG`` saves, already resume exactly.
+
+    Workers kept across epochs (``persistent_workers=True``) keep the base seed
+    of the epoch that started them. Where devrng seeds them (``dataloader_kwargs``
+    or ``worker_init_fn=devrng.seed_worker``), each later epoch derives a seed of
+    its own from that one and the epoch's number, so every epoch augments anew
+    (Lightning's ``DevRNGCallback`` hands them each epoch's seed instead, which a
+    resumed run draws again).
 
     Args:
         index: The sample's index, as ``Dataset.__getitem__`` receives it.

@@ -27,9 +27,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from devrng._errors import DevRNGError
+from devrng._lazy import load
 from devrng._plain import feed, tensor_bytes
 from devrng._plan import Plan, make_plan
-from devrng._rank import dist_or_none, process_rank
+from devrng._rank import collective_device, dist_or_none, process_rank
 from devrng._registry import current_index, default_types, get_backend
 from devrng._restore import set_rng_state
 from devrng._seeding import manual_seed
@@ -44,6 +45,7 @@ __all__ = [
     "RNGSyncError",
     "assert_rng_in_sync",
     "broadcast_rng_state",
+    "load_planner",
     "manual_seed_ranks",
     "rank_seed",
 ]
@@ -66,6 +68,41 @@ class RNGSyncError(DevRNGError):
         super().__init__(message)
         self.ranks = tuple(ranks)
         self.fingerprints = dict(fingerprints)
+
+
+def load_planner(**kwargs: Any) -> Any:
+    """A DCP load planner for a job with more ranks than the checkpoint was saved by.
+
+    ``torch.distributed.checkpoint.load`` with its default planner fails on every
+    rank ("Missing key in checkpoint state_dict") when a rank asks for an entry
+    no saved rank wrote, as every rank of a grown world does for devrng's
+    per-rank entries. This planner is DCP's ``DefaultLoadPlanner`` except that
+    devrng's missing entries are marked as not found, and devrng then decides on
+    every rank together: continue exactly (a stream the saved rank at this
+    rank's place held, with the same seed), seed afresh with a warning
+    (``TrainingRNG(strict=False)``), or refuse with a ``DevRNGError`` on every
+    rank. Every other key is planned as ``DefaultLoadPlanner`` plans it.
+    ``torch.distributed.checkpoint`` is imported when this is first called.
+
+    Args:
+        **kwargs: ``DefaultLoadPlanner``'s (``allow_partial_load=True`` also lets
+            other keys be missing, as DCP's own option does).
+
+    Returns:
+        The planner, for ``dcp.load(..., planner=...)``.
+
+    Examples:
+        >>> import torch.distributed.checkpoint as dcp
+        >>> stream = devrng.portable(seed=7)
+        >>> writer = dcp.FileSystemWriter("ckpt", thread_count=2)  # (see the note below)
+        >>> _ = dcp.save({"rng": stream}, storage_writer=writer, no_dist=True)
+        >>> dcp.load({"rng": stream}, checkpoint_id="ckpt", no_dist=True,
+        ...          planner=devrng.distributed.load_planner())
+
+        (``thread_count=2``: torch 2.9's single-threaded writer asks any registered
+        device module for ``current_stream``, which torchax 0.0.13's lacks.)
+    """
+    return load("devrng._dcp:Planner", what="devrng.distributed.load_planner")(**kwargs)
 
 
 # -- seeds ---------------------------------------------------------------------
@@ -168,18 +205,6 @@ def _group_ranks(dist: Any, group: ProcessGroup | None) -> list[int]:
     if group is None:
         return list(range(dist.get_world_size()))
     return [int(r) for r in dist.get_process_group_ranks(group)]
-
-
-def _coll_device(dist: Any, group: ProcessGroup | None) -> torch.device:
-    """The device a group's collectives take tensors on (CPU for gloo, CUDA for nccl, ...)."""
-    pick = getattr(dist.distributed_c10d, "_get_object_coll_device", None)
-    if pick is not None:
-        try:
-            return torch.device(pick(group))
-        except Exception:  # a group type that private helper does not know
-            pass
-    backend = str(dist.get_backend(group))
-    return torch.device({"nccl": "cuda", "xccl": "xpu"}.get(backend, "cpu"))
 
 
 # -- what a rank covers ---------------------------------------------------------
@@ -315,7 +340,7 @@ def broadcast_rng_state(src: int = 0, *, group: ProcessGroup | None = None, devi
                                         "size": len(payload)})
     _check_coverage(records, "broadcast_rng_state")
     size = next(rec["size"] for rec in records if rec["rank"] == src)
-    device = _coll_device(dist, group)
+    device = collective_device(group)
     if me == src:
         data = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(device)
     else:

@@ -7,7 +7,15 @@ The loop the accelerate page documents: ``register`` before the model, a DataLoa
 registered for checkpointing, ``skip_first_batches`` to resume inside an epoch. 48
 samples whose augmentation draws inside ``devrng.sample_rng``, batch 4, 2 workers, dropout,
 label noise; 2 epochs of 12 steps. The uninterrupted run saves after each epoch's loop
-(``epoch1``) and inside the loop after step 6 (``step6``).
+(``epoch1``) and inside the loop after step 6 (``step6``; ``save_at`` names other steps).
+
+Some configurations add: ``seedable`` -- ``DataLoaderConfiguration(use_seedable_sampler=
+True)``; ``accumulate`` -- ``gradient_accumulation_steps`` with ``accelerator.accumulate``;
+``epochs`` -- more epochs; ``alone`` -- accelerate's own seeding (``set_seed``), no devrng
+at all. Every run records each epoch's order of sample indices (the result's
+``samples``). A resume with ``chain`` resumes twice: a first resumed run (a process of
+its own) saves after each epoch's loop too, and the second resumes from its state
+``chain`` (see ``tests/integrations/_runs.py``).
 """
 
 from __future__ import annotations
@@ -33,6 +41,10 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "unregistered": {"register": False},
     "stateful": {"register": True, "stateful": True},
     "persistent": {"register": True, "persistent": True},
+    "seedable": {"register": True, "seedable": True},
+    "seedable-alone": {"alone": True, "seedable": True},
+    "accumulate": {"register": True, "accumulate": 2, "save_at": [5]},
+    "epochs3": {"register": True, "epochs": 3},
 }
 
 
@@ -51,42 +63,58 @@ class Progress:
 
 def train(config: dict[str, Any], out: Path, resume: Path | None = None) -> Result:
     with devrng_messages() as (found, logged):
-        accelerator = accelerate.Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(
-            use_stateful_dataloader=bool(config.get("stateful"))))
-        # register seeds now, before the model; without it, accelerate does not save the rng
-        rng = register(accelerator, seed=SEED) if config["register"] else devrng.TrainingRNG(SEED)
+        accelerator = accelerate.Accelerator(
+            cpu=True, gradient_accumulation_steps=config.get("accumulate", 1),
+            dataloader_config=DataLoaderConfiguration(
+                use_stateful_dataloader=bool(config.get("stateful")),
+                use_seedable_sampler=bool(config.get("seedable"))))
+        kwargs: dict[str, Any] = {}
+        if config.get("alone"):
+            accelerate.utils.set_seed(SEED)
+        else:
+            # register seeds now, before the model; without it, accelerate does not save the rng
+            rng = register(accelerator, seed=SEED) if config["register"] \
+                else devrng.TrainingRNG(SEED)
+            kwargs = rng.dataloader_kwargs()
         model = small_model(seeded=False)
         opt = torch.optim.SGD(model.parameters(), lr=0.05)
         workers = config.get("workers", 2)
         loader = torch.utils.data.DataLoader(
-            Augmented(size=48, per_sample=True), batch_size=config.get("batch", 4), shuffle=True,
-            num_workers=workers, persistent_workers=bool(config.get("persistent")),
-            **rng.dataloader_kwargs())
+            Augmented(size=48, per_sample=True, indexed=True), batch_size=config.get("batch", 4),
+            shuffle=True, num_workers=workers, persistent_workers=bool(config.get("persistent")),
+            **kwargs)
         model, opt, loader = accelerator.prepare(model, opt, loader)
-        rng.track("loader", loader)
+        if not config.get("alone"):
+            rng.track("loader", loader)
         progress = Progress()
         accelerator.register_for_checkpointing(progress)
         if resume is not None:
             accelerator.load_state(str(resume))
-        losses = []
-        while progress.epoch < EPOCHS:
+        losses, order = [], []
+        saves = resume is None or config.get("saves")
+        while progress.epoch < config.get("epochs", EPOCHS):
             done = progress.step - progress.epoch * len(loader)  # batches of this epoch done
             batches = accelerator.skip_first_batches(loader, done) if done else loader
-            for x in batches:
-                opt.zero_grad()
-                y = x.sum(dim=1, keepdim=True) * 0.5 + torch.randn(len(x), 1) * 0.01
-                loss = torch.nn.functional.mse_loss(model(x), y)
-                accelerator.backward(loss)
-                opt.step()
+            order.append([])
+            for batch in batches:
+                index, x = batch[:, 0], batch[:, 1:]
+                order[-1] += index.long().tolist()
+                with accelerator.accumulate(model):
+                    y = x.sum(dim=1, keepdim=True) * 0.5 + torch.randn(len(x), 1) * 0.01
+                    loss = torch.nn.functional.mse_loss(model(x), y)
+                    accelerator.backward(loss)
+                    opt.step()
+                    opt.zero_grad()
                 losses.append(float(loss).hex())
                 progress.step += 1
-                if progress.step == 6 and resume is None:
-                    accelerator.save_state(str(out / "ck" / "step6"))
+                if progress.step in config.get("save_at", [6]) and resume is None:
+                    accelerator.save_state(str(out / "ck" / f"step{progress.step}"))
             progress.epoch += 1
-            if resume is None:
+            if saves:
                 accelerator.save_state(str(out / "ck" / f"epoch{progress.epoch}"))
     result = Result(losses, [], digest(model), progress.step)
     result.warnings, result.logged = found, logged
+    result.samples = [",".join(map(str, epoch)) for epoch in order]
     return result
 
 

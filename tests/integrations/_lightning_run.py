@@ -7,16 +7,31 @@ augmentation draws from torch, NumPy and Python (inside ``devrng.sample_rng`` wh
 configuration says so), batch 4, 2 workers, 2 epochs of 12 steps. The uninterrupted run
 checkpoints with ``ModelCheckpoint(every_n_train_steps=6)`` (``step=6`` is the middle of
 epoch 0, ``step=12`` its last batch) and at every epoch's end (``epoch=0``).
+
+Some configurations add: ``save_at`` -- ``trainer.save_checkpoint`` at the end of those
+batches of epoch 0 (``batch5.ckpt``: after its fifth batch); ``signal`` -- the run is a
+task of a SLURM job with Lightning's auto-requeue on (``SLURMEnvironment``; ``scontrol`` a
+stand-in that records the requeue), and the uninterrupted run gets a real SIGUSR1, as SLURM
+sends before a time limit, inside the training step of batch 4 and at the end of batch 8
+(Lightning's handler writes ``hpc_ckpt_1.ckpt`` and ``hpc_ckpt_2.ckpt``); a resume with
+``requeued`` picks the newest as a requeued job does (``fit()`` without ``ckpt_path``);
+``ddp`` -- ``strategy="ddp"`` on 2 CPU processes (Lightning starts the second; its result
+goes to ``*.rank1.json``); ``indexed`` -- each epoch's order of sample indices in the
+result's ``samples``.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.plugins.environments import SLURMEnvironment
 from tests._datasets import Augmented, small_model
 from tests.integrations._runs import SEED, Result, devrng_messages, digest, main, target
 from torchdata.stateful_dataloader import StatefulDataLoader
@@ -28,9 +43,9 @@ EPOCHS = 2
 # seed); kwargs: the loaders take callback.rng.dataloader_kwargs(), made before fit.
 CONFIGS: dict[str, dict[str, Any]] = {
     "stateful": {"devrng": True, "loader": "stateful", "val": "stateful", "kwargs": True,
-                 "sample_rng": True},
+                 "sample_rng": True, "signal": {"step": 4, "end": 8}},
     "stateful-plain": {"devrng": False, "loader": "stateful", "val": "stateful",
-                       "sample_rng": True},
+                       "sample_rng": True, "signal": {"step": 4, "end": 8}},
     "stateful-nokwargs": {"devrng": True, "loader": "stateful", "val": "stateful",
                           "sample_rng": True},
     "dataloader": {"devrng": True, "loader": "plain", "val": "plain"},
@@ -45,6 +60,15 @@ CONFIGS: dict[str, dict[str, Any]] = {
                             "kwargs": True, "sample_rng": True},
     "accumulate": {"devrng": True, "loader": "plain", "workers": 0, "accumulate": 2},
     "accumulate-plain": {"devrng": False, "loader": "plain", "workers": 0, "accumulate": 2},
+    # a checkpoint inside an accumulation window (after batch 5) and where one ends (6)
+    "stateful-accumulate": {"devrng": True, "loader": "stateful", "kwargs": True,
+                            "sample_rng": True, "accumulate": 2, "save_at": [5, 6]},
+    "stateful-accumulate-plain": {"devrng": False, "loader": "stateful", "sample_rng": True,
+                                  "accumulate": 2, "save_at": [6]},
+    # DDP on 2 processes, a DataLoader with 1 worker (Lightning's DistributedSampler)
+    "ddp": {"devrng": True, "loader": "plain", "ddp": True, "workers": 1, "indexed": True},
+    "ddp-plain": {"devrng": False, "loader": "plain", "ddp": True, "workers": 1,
+                  "indexed": True},
 }
 
 
@@ -56,10 +80,17 @@ class Net(pl.LightningModule):
         self.net = small_model(seeded=False)  # initialised from the run's seed
         self.losses: list[str] = []
         self.val_losses: list[str] = []
+        self.order: dict[int, list[int]] = {}  # epoch -> sample indices, with "indexed"
+        self.signal_step: int | None = None  # the batch of epoch 0 whose step gets SIGUSR1
 
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        if self.config.get("indexed"):
+            self.order.setdefault(self.current_epoch, []).extend(batch[:, 0].long().tolist())
+            batch = batch[:, 1:]
         y = batch.sum(dim=1, keepdim=True) * 0.5 + torch.randn(len(batch), 1) * 0.01
         loss = torch.nn.functional.mse_loss(self.net(batch), y)
+        if self.current_epoch == 0 and batch_idx + 1 == self.signal_step:
+            os.kill(os.getpid(), signal.SIGUSR1)  # in the middle of the step: loss, no backward
         self.losses.append(float(loss).hex())
         return loss
 
@@ -76,7 +107,8 @@ class Net(pl.LightningModule):
                    "num_workers": workers,
                    "persistent_workers": bool(self.config.get("persistent")) and workers > 0,
                    **kwargs}
-        data = Augmented(size=size, per_sample=bool(self.config.get("sample_rng")))
+        data = Augmented(size=size, per_sample=bool(self.config.get("sample_rng")),
+                         indexed=bool(self.config.get("indexed")))
         if kind == "stateful":
             return StatefulDataLoader(data, **options)
         return torch.utils.data.DataLoader(data, **options)
@@ -89,9 +121,49 @@ class Net(pl.LightningModule):
             else []
 
 
+class SaveAt(pl.Callback):
+    """Saves at the end of the given batches of epoch 0, as a user's own callback would; sends
+    SIGUSR1 at the end of ``signal``'s batch."""
+
+    def __init__(self, out: Path, batches: list[int], signal_at: int | None) -> None:
+        self.out, self.batches, self.signal_at = out, batches, signal_at
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                           outputs: Any, batch: Any, batch_idx: int) -> None:
+        if trainer.current_epoch == 0 and batch_idx + 1 in self.batches:
+            trainer.save_checkpoint(self.out / f"batch{batch_idx + 1}.ckpt")
+        if trainer.current_epoch == 0 and batch_idx + 1 == self.signal_at:
+            os.kill(os.getpid(), signal.SIGUSR1)
+
+
+def slurm_job(out: Path) -> None:
+    """This process as a task of SLURM job 4242 (one task), with a stand-in for ``scontrol``
+    that records the requeue Lightning asks for in ``OUT/requeued``."""
+    bin_dir = out / "bin"
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    scontrol = bin_dir / "scontrol"
+    scontrol.write_text(f'#!/bin/sh\necho "$@" >> {out / "requeued"}\n')
+    scontrol.chmod(0o755)
+    os.environ.update({"SLURM_JOB_ID": "4242", "SLURM_JOB_NAME": "train", "SLURM_NTASKS": "1",
+                       "SLURM_NTASKS_PER_NODE": "1", "SLURM_PROCID": "0", "SLURM_LOCALID": "0",
+                       "SLURM_NODEID": "0", "SLURM_NNODES": "1",
+                       "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"})
+
+
 def fit(config: dict[str, Any], out: Path, *, resume: Path | None = None,
         checkpoints: bool = True, epochs: int = EPOCHS) -> tuple[Result, pl.Trainer]:
     callbacks: list[Any] = []
+    ckpt_path: Path | str | None = resume
+    root = out / "ck"
+    if "signal" in config and checkpoints:  # (a "first" part would resume from A's hpc_ckpt)
+        slurm_job(out)
+        if resume is not None and config.get("requeued"):
+            # the requeued job: fit() finds the newest hpc_ckpt_N.ckpt in its root itself
+            root, ckpt_path = resume.parent, None
+    whole = resume is None and checkpoints  # the uninterrupted run (not a "first" part)
+    if whole and (config.get("save_at") or "signal" in config):
+        callbacks.append(SaveAt(out / "ck", config.get("save_at", []),
+                                config.get("signal", {}).get("end")))
     kwargs: dict[str, Any] = {}
     val_kwargs: dict[str, Any] = {}
     with devrng_messages() as (found, logged):
@@ -104,35 +176,49 @@ def fit(config: dict[str, Any], out: Path, *, resume: Path | None = None,
         else:
             pl.seed_everything(SEED, workers=True, verbose=False)
         model = Net(config, kwargs, val_kwargs)
+        if whole:
+            model.signal_step = config.get("signal", {}).get("step")
         if checkpoints:
             callbacks += [
                 pl.callbacks.ModelCheckpoint(dirpath=out / "ck", filename="{step}",
                                              every_n_train_steps=6, save_top_k=-1),
                 pl.callbacks.ModelCheckpoint(dirpath=out / "ck", filename="{epoch}",
                                              save_top_k=-1)]
-        trainer = pl.Trainer(max_epochs=epochs, accelerator="cpu", devices=1, logger=False,
+        ddp = {"devices": 2, "strategy": "ddp"} if config.get("ddp") else {"devices": 1}
+        plugins = [SLURMEnvironment(auto_requeue=True)] if "signal" in config and checkpoints \
+            else []
+        trainer = pl.Trainer(max_epochs=epochs, accelerator="cpu", logger=False,
                              enable_checkpointing=checkpoints, enable_progress_bar=False,
                              enable_model_summary=False, num_sanity_val_steps=0,
                              limit_val_batches=1.0 if "val" in config else 0,
                              accumulate_grad_batches=config.get("accumulate", 1),
-                             callbacks=callbacks)
-        trainer.fit(model, ckpt_path=resume)
+                             callbacks=callbacks, default_root_dir=root, plugins=plugins,
+                             **ddp)
+        trainer.fit(model, ckpt_path=ckpt_path)
+        for process in getattr(trainer.strategy.launcher, "procs", []):  # DDP: rank 1's result
+            process.wait()
     result = Result(model.losses, model.val_losses, digest(model), trainer.global_step)
     result.warnings, result.logged = found, logged
+    result.samples = [",".join(map(str, model.order[e])) for e in sorted(model.order)]
     return result, trainer
 
 
 def run_job(out: Path, job: dict[str, Any]) -> None:
     name = job["name"]
+    # Lightning's DDP starts rank 1 as this program with this process's arguments: this job
+    sys.argv[1:] = [str(out), json.dumps([job])]
     if job["mode"] == "A":
-        result, _ = fit(CONFIGS[name], out / name)
+        result, trainer = fit(CONFIGS[name], out / name)
     elif job["mode"] == "B":
         config = {**CONFIGS[name], **job.get("changes", {})}
-        result, _ = fit(config, out / name / job["tag"], resume=Path(job["checkpoint"]))
+        result, trainer = fit(config, out / name / job["tag"], resume=Path(job["checkpoint"]))
     else:  # "first": one epoch, then Trainer.save_checkpoint, as the Lightning docs did it
         result, trainer = fit(CONFIGS[name], out / name, checkpoints=False, epochs=1)
         trainer.save_checkpoint(out / name / "first.ckpt")
-    result.write(target(out, job))
+    path = target(out, job)
+    if trainer.global_rank:
+        path = path.with_name(f"{path.stem}.rank{trainer.global_rank}.json")
+    result.write(path)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import sys
 import traceback
 import warnings
@@ -63,6 +64,7 @@ class Result:
     steps: int
     warnings: list[str] = field(default_factory=list)
     logged: list[str] = field(default_factory=list)
+    samples: list[str] = field(default_factory=list)  # per epoch, where a program records them
 
     @classmethod
     def read(cls, path: Path) -> Result:
@@ -74,6 +76,31 @@ class Result:
     def write(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(self.__dict__))
+
+
+def is_exact(whole: Result, resumed: Result) -> bool:
+    """Whether the resumed run continued the whole one bitwise: every resumed step's loss,
+    every later validation loss, the step count and the final weights."""
+    n, v = len(resumed.losses), len(resumed.val)
+    return (resumed.losses == whole.losses[len(whole.losses) - n:]
+            and resumed.val == whole.val[len(whole.val) - v:]
+            and resumed.steps == whole.steps and resumed.weights == whole.weights)
+
+
+def check_resumed(whole: Result, resumed: Result, expect: str, match: str = "") -> None:
+    """Assert what a cell of a resume matrix expects of the resumed run: "exact" (or "exact
+    alone": a control that is) with no warning; "differs" (a control without devrng); or
+    "warned": a DevRNGWarning matching ``match``, logged on "devrng" too, and indeed not exact."""
+    if expect in ("exact", "exact alone"):
+        assert is_exact(whole, resumed), (whole, resumed)
+        assert resumed.warnings == [] and resumed.logged == []
+    elif expect == "differs":
+        assert not is_exact(whole, resumed)
+    else:
+        assert expect == "warned", expect
+        assert any(re.search(match, w) for w in resumed.warnings), resumed.warnings
+        assert any(re.search(match, m) for m in resumed.logged), resumed.logged
+        assert not is_exact(whole, resumed), "warned, but the resumed run is exact"
 
 
 def digest(model: torch.nn.Module) -> str:
@@ -123,10 +150,31 @@ def job_runner(train: Callable[..., Result], configs: dict[str, dict[str, Any]]
             result = train(configs[name], out / name)
         else:
             config = {**configs[name], **job.get("changes", {})}
-            result = train(config, out / name / job["tag"], resume=Path(job["checkpoint"]))
+            resume = Path(job["checkpoint"])
+            if "chain" in config:  # a resume of a resumed run, saved as the whole run saves
+                first = out / name / f"{job['tag']}-first"
+                in_child(lambda: train({**config, "saves": True}, first, resume=resume))
+                resume = first / "ck" / config["chain"]
+            result = train(config, out / name / job["tag"], resume=resume)
         result.write(target(out, job))
 
     return run_job
+
+
+def in_child(work: Callable[[], Any]) -> None:
+    """Run ``work`` in a process forked from this one (before it changed anything: a new
+    process of its own), and wait for it."""
+    sys.stdout.flush()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            work()
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert status == 0, f"the first resumed run failed (status {status})"
 
 
 def main(argv: list[str], run_job: Callable[[Path, dict[str, Any]], None]) -> None:

@@ -64,3 +64,42 @@ def test_register_seeds_at_once() -> None:
     first = torch.rand(3)
     register(accelerate.Accelerator(cpu=True), seed=11)
     assert torch.equal(first, torch.rand(3))  # a model built after register is seeded
+
+
+def test_the_errors_name_registers_own_strict_false() -> None:
+    registered = _registered(_accelerator_with())
+    state = registered.state_dict()
+    state["ranks"][0]["world_size"] = 2  # rank 0 of a run of 2
+    with pytest.raises(devrng.DevRNGError, match=r"rank 0 of 2, and this is rank 0 of 1\. Pass "
+                                                 r"register\(accelerator, strict=False\)"):
+        registered.load_state_dict(state)
+
+
+def _accelerator_with(**config: Any) -> accelerate.Accelerator:
+    """An Accelerator (its DataLoaderConfiguration from ``config``) with devrng registered."""
+    accelerator = accelerate.Accelerator(
+        cpu=True, dataloader_config=accelerate.utils.DataLoaderConfiguration(**config))
+    register(accelerator, seed=3)
+    return accelerator
+
+
+def test_a_prepared_loaders_epoch_count_is_saved_and_put_back() -> None:
+    """accelerate's seedable sampler shuffles by the prepared loader's epoch count, which
+    save_state leaves out for a map-style dataset: the registered state carries it."""
+    def prepared(accelerator: accelerate.Accelerator) -> Any:
+        registered = _registered(accelerator)
+        loader = accelerator.prepare(torch.utils.data.DataLoader(
+            range(8), batch_size=2, shuffle=True, **registered.rng.dataloader_kwargs()))
+        registered.rng.track("loader", loader)
+        return registered, loader
+
+    registered, loader = prepared(_accelerator_with(use_seedable_sampler=True))
+    epoch0 = [b.tolist() for b in loader]
+    epoch1 = [b.tolist() for b in loader]
+    assert epoch0 != epoch1
+    state = registered.state_dict()
+    assert state["epochs"] == {"loader": 2}
+    registered, loader = prepared(_accelerator_with(use_seedable_sampler=True))
+    state["epochs"] = {"loader": 1}  # as saved after the first epoch's loop
+    registered.load_state_dict(state)
+    assert loader.iteration == 1

@@ -7,6 +7,7 @@ tests/integrations/test_resume_matrix.py.
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import numpy as np
 import pytest
@@ -43,7 +44,8 @@ def test_a_checkpoint_from_fewer_ranks_is_refused_unless_lenient(
     state = callback.state_dict()
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")
-    with pytest.raises(devrng_error(), match="holds the RNG of 1 rank"):
+    with pytest.raises(devrng_error(), match=r"holds the RNG of 1 rank.*pass "
+                                             r"DevRNGCallback\(strict=False\) to resume on more"):
         callback.load_state_dict(state)
     lenient = DevRNGCallback(5, strict=False)
     with pytest.warns(devrng_warning()) as caught:
@@ -51,6 +53,17 @@ def test_a_checkpoint_from_fewer_ranks_is_refused_unless_lenient(
     messages = [str(w.message) for w in caught]
     assert any("did not restore: the global generators of rank 0" in m for m in messages)
     assert any("written by a run of 1 process(es) and this run has 2" in m for m in messages)
+
+
+def test_the_errors_name_the_callbacks_own_strict_false() -> None:
+    """A callback user passes strict=False to DevRNGCallback, not to a load_state_dict they
+    never call: the error says so."""
+    state = DevRNGCallback(5).state_dict()
+    state["ranks"][0]["world_size"] = 2  # rank 0 of a run of 2
+    with pytest.raises(devrng_error(), match=r"saved by rank 0 of 2, and this is rank 0 of 1\. "
+                                             r"Pass DevRNGCallback\(strict=False\) to resume "
+                                             r"anyway"):
+        DevRNGCallback(5).load_state_dict(state)
 
 
 def devrng_error() -> type[Exception]:
@@ -105,3 +118,75 @@ def test_resuming_from_a_checkpoint_saved_without_the_callback_is_not_silent(tmp
         trainer(2, DevRNGCallback(5)).fit(_Tiny(), ckpt_path=path)
     with pytest.warns(devrng_warning(), match=r"it has no DevRNGCallback entry"):
         trainer(2, DevRNGCallback(5, strict=False)).fit(_Tiny(), ckpt_path=path)
+
+
+class _Ordered(pl.LightningModule):  # type: ignore[misc]
+    """Records the order of its samples; its loader shuffles with a DistributedSampler of its
+    own (one process; use_distributed_sampler=False) and one worker."""
+
+    def __init__(self, persistent: bool) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 1)
+        self.persistent = persistent
+        self.order: list[int] = []
+
+    def training_step(self, batch: torch.Tensor, _index: int) -> torch.Tensor:
+        self.order += batch[:, 0].long().tolist()
+        return self.layer(batch[:, 1:]).pow(2).mean()
+
+    def train_dataloader(self) -> torch.utils.data.DataLoader:
+        return torch.utils.data.DataLoader(_ROWS, batch_size=4, sampler=_sampler(), num_workers=1,
+                                           persistent_workers=self.persistent)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+_ROWS = torch.cat([torch.arange(16.0).unsqueeze(1), torch.linspace(-1, 1, 32).reshape(16, 2)], 1)
+
+
+def _sampler() -> torch.utils.data.DistributedSampler:
+    return torch.utils.data.DistributedSampler(_ROWS, num_replicas=1, rank=0, seed=3)
+
+
+def _epoch_order(epoch: int) -> list[int]:
+    sampler = _sampler()
+    sampler.set_epoch(epoch)
+    return list(sampler)
+
+
+def _resume_at_epoch_1(tmp_path: Any, persistent: bool, devrng_callback: bool) -> list[int]:
+    """The order of samples in epoch 1 of a run resumed from a checkpoint of its epoch 0."""
+    def trainer(epochs: int) -> pl.Trainer:
+        callbacks = [DevRNGCallback(5)] if devrng_callback else []
+        return pl.Trainer(max_epochs=epochs, callbacks=callbacks, logger=False,
+                          enable_checkpointing=False, enable_progress_bar=False,
+                          enable_model_summary=False, default_root_dir=tmp_path,
+                          use_distributed_sampler=False, accelerator="cpu")
+
+    first = trainer(1)
+    first.fit(_Ordered(persistent))
+    first.save_checkpoint(tmp_path / "epoch0.ckpt")
+    resumed = _Ordered(persistent)
+    trainer(2).fit(resumed, ckpt_path=tmp_path / "epoch0.ckpt")
+    return resumed.order
+
+
+@pytest.mark.parametrize("devrng_callback", [True, False])
+def test_a_resumed_epoch_with_workers_shuffles_as_its_epoch(tmp_path: Any, devrng_callback: bool
+                                                            ) -> None:
+    """Lightning makes a resumed run's first iterator before it sets the sampler's epoch; a
+    loader with workers draws its order at once. The callback makes the iterator again at the
+    right epoch; without it (the control) the resumed epoch 1 is epoch 0's order again."""
+    assert _epoch_order(0) != _epoch_order(1)
+    order = _resume_at_epoch_1(tmp_path, persistent=False, devrng_callback=devrng_callback)
+    assert order == _epoch_order(1 if devrng_callback else 0)
+
+
+def test_a_resumed_epoch_whose_workers_persist_warns(tmp_path: Any) -> None:
+    """Kept workers cannot be made again: the resumed epoch's order is another epoch's, said."""
+    with pytest.warns(devrng_warning(), match=r"made the resumed epoch's first iterator of a "
+                                              r"loader with workers before it set its sampler's "
+                                              r"epoch to 1"):
+        order = _resume_at_epoch_1(tmp_path, persistent=True, devrng_callback=True)
+    assert order == _epoch_order(0)

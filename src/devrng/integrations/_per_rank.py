@@ -12,9 +12,20 @@ from typing import Any
 
 from devrng._errors import DevRNGError, short_repr
 from devrng._rank import dist_or_none, process_rank
-from devrng._training import TrainingRNG
+from devrng._ranked import own_entry
+from devrng._training import TrainingRNG, load_training_state
 
-__all__ = ["PerRankState"]
+__all__ = ["PerRankState", "gather"]
+
+
+def gather(obj: Any) -> list[Any]:
+    """``obj`` of every rank, in rank order (a collective: every rank calls it)."""
+    dist = dist_or_none()
+    if dist is None or not dist.is_initialized() or dist.get_world_size() == 1:
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
 
 
 class PerRankState:
@@ -28,19 +39,16 @@ class PerRankState:
         >>> state.load_state_dict(saved)
     """
 
-    def __init__(self, rng: TrainingRNG, *, strict: bool = True, owner: str = "devrng") -> None:
+    def __init__(self, rng: TrainingRNG, *, strict: bool = True, owner: str = "devrng",
+                 lenient: str = "strict=False") -> None:
         self.rng = rng
         self.strict = strict
         self.owner = owner
+        self.lenient = lenient  # how the user passes strict=False to the owner
 
     def state_dict(self) -> dict[str, Any]:
-        state = self.rng.state_dict()
-        dist = dist_or_none()
-        if dist is None or not dist.is_initialized() or dist.get_world_size() == 1:
-            return {"ranks": [state]}
-        out: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(out, state)
-        return {"ranks": out}
+        # Each rank's plain state (not its DCP entry): one per rank in the list.
+        return {"ranks": gather(own_entry(self.rng.state_dict()))}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         ranks = state_dict.get("ranks") if isinstance(state_dict, dict) else None
@@ -54,12 +62,12 @@ class PerRankState:
             )
         rank = process_rank()
         if rank < len(ranks):
-            self.rng.load_state_dict(ranks[rank], strict=self.strict)
+            load_training_state(self.rng, ranks[rank], strict=self.strict, lenient=self.lenient)
         elif self.strict:
             raise DevRNGError(
                 f"{self.owner}: the checkpoint holds the RNG of {len(ranks)} rank(s), and this is "
-                f"rank {rank}; pass strict=False to resume on more ranks (the new ranks' "
+                f"rank {rank}; pass {self.lenient} to resume on more ranks (the new ranks' "
                 "generators are then seeded from the seed and their rank)."
             )
         else:  # another rank's state: TrainingRNG derives this rank's own streams
-            self.rng.load_state_dict(ranks[0], strict=False)
+            load_training_state(self.rng, ranks[0], strict=False)

@@ -10,8 +10,16 @@ accelerate's own states, so devrng's is what the resumed run continues from.
 
 A checkpoint written inside an epoch's loop cannot be resumed exactly with
 accelerate 1.15 (measured): ``skip_first_batches`` starts the epoch again with a
-new shuffle, and a loader prepared with ``use_stateful_dataloader=True`` does not
-come back at its saved place. ``load_state`` then warns (``DevRNGWarning``).
+new shuffle, a loader prepared with ``use_stateful_dataloader=True`` does not
+come back at its saved place, and under gradient accumulation the gradient
+accumulated since the last optimizer step is not saved. ``load_state`` then warns
+(``DevRNGWarning``).
+
+A prepared loader counts its epochs (``iteration``; a seedable sampler,
+``use_seedable_sampler=True``, shuffles by it), and ``save_state`` does not keep
+the count for a map-style dataset: a resumed run would shuffle its next epoch as
+the first. The registered state keeps each tracked loader's count and
+``load_state`` puts it back.
 """
 
 from __future__ import annotations
@@ -23,7 +31,7 @@ import accelerate
 
 from devrng._loaders import describe, position_problem, warn_on_resume
 from devrng._rank import process_rank
-from devrng._training import TrainingRNG
+from devrng._training import TrainingRNG, tracked_loaders
 from devrng.integrations._per_rank import PerRankState
 
 __all__ = ["register"]
@@ -68,7 +76,8 @@ class _Registered(PerRankState):
     """What ``register_for_checkpointing`` stores (it needs only the two methods)."""
 
     def __init__(self, rng: TrainingRNG, strict: bool, gradient_state: Any) -> None:
-        super().__init__(rng, strict=strict, owner="devrng.integrations.accelerate")
+        super().__init__(rng, strict=strict, owner="devrng.integrations.accelerate",
+                         lenient="register(accelerator, strict=False)")
         self.gradient_state = gradient_state  # tells which prepared loader is being iterated
 
     def __repr__(self) -> str:  # accelerate logs it by name
@@ -76,14 +85,31 @@ class _Registered(PerRankState):
 
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
-        active = self.gradient_state.active_dataloader if self.gradient_state.in_dataloader \
-            else None
+        gradients = self.gradient_state
+        active = gradients.active_dataloader if gradients.in_dataloader else None
         state["inside_epoch"] = None if active is None else describe(active)
+        # Batches whose gradient is accumulated and not yet applied (save_state keeps no .grad)
+        state["accumulating"] = gradients.num_steps if gradients.num_steps > 1 \
+            and not gradients.sync_gradients else None
+        state["epochs"] = {name: loader.iteration
+                           for name, loader in tracked_loaders(self.rng).items()
+                           if _counts_epochs(loader)}
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)
+        epochs = state_dict.get("epochs")
+        loaders = tracked_loaders(self.rng)
+        for name, epoch in (epochs.items() if isinstance(epochs, Mapping) else ()):
+            if _counts_epochs(loaders.get(name)) and type(epoch) is int and epoch >= 0:
+                loaders[name].set_epoch(epoch)  # the count the next epoch shuffles by
         warn_on_resume(_problems(state_dict), stacklevel=2)
+
+
+def _counts_epochs(loader: Any) -> bool:
+    """Whether ``loader`` is a prepared loader that counts its epochs (``iteration``)."""
+    return type(getattr(loader, "iteration", None)) is int \
+        and callable(getattr(loader, "set_epoch", None))
 
 
 def _problems(saved: Mapping[str, Any]) -> Iterable[str]:
@@ -99,6 +125,13 @@ def _problems(saved: Mapping[str, Any]) -> Iterable[str]:
             yield position_problem("the loader", str(inside.get("kind")),
                                    "in its loop over the loader",
                                    "accelerate's skip_first_batches starts the epoch again")
+    steps = saved.get("accumulating")
+    if type(steps) is int:
+        yield (f"the checkpoint was written inside a window of gradient_accumulation_steps="
+               f"{steps}: the gradient accumulated since the last optimizer step is not in it "
+               "(save_state keeps weights and optimizer state, not .grad), so the first "
+               "optimizer step after the resume differs; save right after an optimizer step "
+               "(when accelerator.sync_gradients is True)")
     ranks = saved.get("ranks")
     rank = process_rank()
     own = ranks[rank] if isinstance(ranks, list) and rank < len(ranks) else None

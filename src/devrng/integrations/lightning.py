@@ -38,7 +38,7 @@ from devrng._seeding import manual_seed
 from devrng._training import TrainingRNG, generator_states, set_generator_states
 from devrng._workers import WorkerSeeding
 from devrng.distributed import rank_seed
-from devrng.integrations._per_rank import PerRankState
+from devrng.integrations._per_rank import PerRankState, gather
 
 __all__ = ["DevRNGCallback"]
 
@@ -109,8 +109,10 @@ class DevRNGCallback(pl.Callback):
             # the loader's generator; the run's state is the one it ended with.
             return self._ended
         state = self._per_rank().state_dict()
-        state["loaders"] = {stage: [describe(loader) for loader in loaders]
-                            for stage, loaders in self._loaders().items()}
+        # One description per rank (each rank has its own DistributedSampler), as the states.
+        state["loaders"] = gather({stage: [describe(loader) for loader in loaders]
+                                   for stage, loaders in self._loaders().items()})
+        state["position"] = _position(self._trainer)
         return state
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -123,12 +125,18 @@ class DevRNGCallback(pl.Callback):
         self._per_rank().load_state_dict(state_dict)
         self._ended = None
         loaders = state_dict.get("loaders")
+        if isinstance(loaders, list):  # one per rank (devrng 0.1 wrote rank 0's alone)
+            rank = process_rank()
+            loaders = loaders[rank] if rank < len(loaders) else None
+        position = state_dict.get("position")
         self._resumed = {"cpu": torch.get_rng_state(),
                          "generators": generator_states(self.rng),
-                         "loaders": loaders if isinstance(loaders, Mapping) else {}}
+                         "loaders": loaders if isinstance(loaders, Mapping) else {},
+                         "position": position if isinstance(position, Mapping) else {}}
 
     def _per_rank(self) -> PerRankState:
-        return PerRankState(self.rng, strict=self.strict, owner="DevRNGCallback")
+        return PerRankState(self.rng, strict=self.strict, owner="DevRNGCallback",
+                            lenient="DevRNGCallback(strict=False)")
 
     def _no_state(self, why: str) -> None:
         """The run resumes from a checkpoint that holds no devrng state: refuse (strict), or
@@ -163,14 +171,50 @@ class DevRNGCallback(pl.Callback):
             return
         stateful = bool(loaders["training"]) and all(describe(loader)["stateful"]
                                                      for loader in loaders["training"])
+        problems = []
         if mid_epoch and stateful:
             # Lightning built the resumed loaders' iterators after the restore, and they drew
             # what the loaders' saved positions then replaced (a base seed, the sampler's
             # seed, a permutation): undo those draws.
             torch.set_rng_state(resumed["cpu"])
             set_generator_states(self.rng, resumed["generators"])
-        warn_on_resume(_problems(trainer, loaders, resumed["loaders"], mid_epoch),
-                       stacklevel=2)
+        elif not mid_epoch:
+            problems += self._start_at_the_epoch(trainer, loaders["training"], resumed)
+        problems += _problems(trainer, loaders, resumed["loaders"], mid_epoch)
+        problems += _position_problems(resumed["position"])
+        warn_on_resume(problems, stacklevel=2)
+
+    def _start_at_the_epoch(self, trainer: pl.Trainer, loaders: list[Any],
+                            resumed: Mapping[str, Any]) -> list[str]:
+        """Make the resumed epoch's first iterator draw its indices from the epoch's order.
+
+        Lightning 2.6 makes a resumed run's first iterator before it tells the samplers
+        the epoch (``set_epoch``); a loader with workers draws its first indices at once,
+        so a ``DistributedSampler`` yields epoch 0's order again. Undo the iterator's draws,
+        tell the samplers their epoch, and have Lightning make the iterator again; where
+        that cannot be undone, say so (the sentences returned).
+        """
+        epoch = trainer.fit_loop.epoch_progress.current.processed
+        infos = [describe(loader) for loader in loaders]
+        stale = [loader for loader, info in zip(loaders, infos, strict=True)
+                 if info["num_workers"] and _samplers_behind(loader, epoch)]
+        if not stale:
+            return []
+        fetcher = getattr(trainer.fit_loop, "_data_fetcher", None)  # Lightning 2.6's
+        if fetcher is None or any(info["persistent_workers"] or info["stateful"]
+                                  for info in infos):
+            return [f"Lightning {pl.__version__} made the resumed epoch's first iterator of a "
+                    f"loader with workers before it set its sampler's epoch to {epoch}, so it "
+                    "yields the order of another epoch, and devrng cannot make it again for a "
+                    "loader that keeps its workers or its position; build the training loader "
+                    "with persistent_workers=False (a torch DataLoader), or num_workers=0"]
+        torch.set_rng_state(resumed["cpu"])
+        set_generator_states(self.rng, resumed["generators"])
+        for loader in stale:
+            for sampler in _samplers_behind(loader, epoch):
+                sampler.set_epoch(epoch)
+        iter(fetcher)  # as Lightning's fit loop does: the loaders' new iterators
+        return []
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         for loader in self._loaders()["training"]:
@@ -183,6 +227,56 @@ class DevRNGCallback(pl.Callback):
                 base = torch.empty((), dtype=torch.int64).random_(generator=loader.generator)
                 seeding.set_epoch_seed(int(base.item()))
             self._iterated.add(id(loader))
+
+
+def _samplers_behind(loader: Any, epoch: int) -> list[Any]:
+    """The samplers of ``loader`` with ``set_epoch`` (a DistributedSampler) whose epoch is
+    not ``epoch`` (where Lightning's ``_set_sampler_epoch`` looks for them)."""
+    found = [getattr(loader, "sampler", None),
+             getattr(getattr(loader, "batch_sampler", None), "sampler", None)]
+    unique = {id(s): s for s in found if callable(getattr(s, "set_epoch", None))}
+    return [s for s in unique.values() if getattr(s, "epoch", epoch) != epoch]
+
+
+def _position(trainer: pl.Trainer | None) -> dict[str, Any] | None:
+    """Where in its epoch a checkpoint written while fitting is: the batch, whether that
+    batch's step was under way (a signal handler's save), and how many batches' gradients
+    were accumulated and not yet applied."""
+    if trainer is None or trainer.state.fn != "fit":
+        return None
+    progress = trainer.fit_loop.epoch_loop.batch_progress
+    ready, processed = progress.current.ready, progress.current.processed
+    batches = trainer.num_training_batches
+    accumulate = trainer.accumulate_grad_batches
+    in_step = ready > processed
+    ended = progress.is_last_batch or ready >= batches  # Lightning steps on the last batch
+    return {"batch": ready, "batches": int(batches) if batches != float("inf") else None,
+            "in_step": in_step, "accumulate": accumulate,
+            "accumulated": 0 if in_step or ended else ready % accumulate}
+
+
+def _position_problems(position: Mapping[str, Any]) -> list[str]:
+    """The sentences for a checkpoint written inside a step or an accumulation window."""
+    batch, batches = position.get("batch"), position.get("batches")
+    where = f"batch {batch}" + (f" of {batches}" if batches else "")
+    if position.get("in_step"):
+        return [f"the checkpoint was written during the training step of {where} (a save from "
+                "a signal handler, such as Lightning's SIGUSR1 auto-requeue for SLURM, lands "
+                "wherever the signal arrives): its weights, optimizer state and generators are "
+                "those of a step half done, which no resume continues exactly (with or without "
+                "devrng); requeue from a checkpoint written at a batch's or an epoch's end "
+                "(ModelCheckpoint(save_last=True, every_n_train_steps=N) and "
+                "fit(ckpt_path='last'))"]
+    accumulated = position.get("accumulated")
+    if isinstance(accumulated, int) and accumulated > 0:
+        return [f"the checkpoint was written after {where}, inside a window of "
+                f"accumulate_grad_batches={position.get('accumulate')}: the gradient of "
+                f"{accumulated} batch{'es' if accumulated > 1 else ''} accumulated since the "
+                "last optimizer step is not in the checkpoint (Lightning saves weights and "
+                "optimizer state, not .grad), so the first optimizer step after the resume "
+                "differs (with or without devrng); save where a window ends "
+                "(every_n_train_steps counts optimizer steps) or at the ends of epochs"]
+    return []
 
 
 def _epoch_reseeded(loader: Any) -> WorkerSeeding | None:
