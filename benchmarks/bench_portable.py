@@ -1,10 +1,15 @@
 """devrng.portable against the native generators and JAX, timed interleaved in one process.
 
-    python -m benchmarks.bench_portable [--quick]
+    python -m benchmarks.bench_portable [--quick] [--json portable-<env>.json]
 
-- eager CPU: ``torch.rand(2**20)`` and ``F.dropout`` on 2**20 elements, inside
-  ``portable`` vs plain torch (target 4x: the same numbers everywhere cost a
-  counter-based generator, here one fused CPU loop);
+- eager CPU, every op family on 2**20 elements (rand and randn in float32 and
+  float64, randint, uniform_ and normal_ with bounds, exponential_, bernoulli_,
+  dropout; randperm and multinomial for information), inside ``portable`` vs
+  plain torch (target 4x: the same numbers everywhere cost a counter-based
+  generator, here one fused CPU loop);
+- the same without the C kernel (``DEVRNG_CPU_KERNEL=0``, as after an install
+  without a compiler: the tensor ops), in a child process (no target: it says
+  what that costs);
 - against the anchor: portable ``torch.rand(2**20)`` vs ``jax.jit`` of
   ``jax.random.uniform`` for the same shape on the CPU (target 1.5x; needs JAX);
 - a training step of an MLP with dropout (256 wide, batch 128) under
@@ -14,15 +19,21 @@
   compile time of each.
 
 ``--quick`` uses tiny counts and skips inductor (tens of seconds to compile).
+``--json`` writes the rows and the machine, which ``benchmarks.report`` renders into
+docs/benchmarks.md and the cost table of docs/portable.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
+import os
+import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -48,33 +59,92 @@ def _skipped(case: str, peer: str, why: str, target: float) -> Row:
             "target": target, "note": f"skipped: {why}"}
 
 
-def bench_eager_cpu(number: int, rounds: int) -> list[Row]:
-    x = torch.ones(N)
-    rng = devrng.portable(0)
+def ops(n: int) -> list[tuple[str, Callable[[], object], float | None]]:
+    """Every op family on ``n`` elements: (what, the call, target). Each runs inside portable
+    and as plain torch; randperm and multinomial are for information (JAX's permutation
+    sorts by random keys, devrng's multinomial scans prefix sums: not a fused loop)."""
+    size = f"2**{n.bit_length() - 1}"
+    x, w = torch.ones(n), torch.rand(1000)
+    return [
+        (f"torch.rand({size})", lambda: torch.rand(n), 4.0),
+        (f"torch.rand({size}, dtype=float64)", lambda: torch.rand(n, dtype=torch.float64), 4.0),
+        (f"torch.randn({size})", lambda: torch.randn(n), 4.0),
+        (f"torch.randn({size}, dtype=float64)", lambda: torch.randn(n, dtype=torch.float64),
+         4.0),
+        (f"torch.randint(0, 1000, ({size},))", lambda: torch.randint(0, 1000, (n,)), 4.0),
+        (f"Tensor.uniform_(-0.1, 0.1) on {size} (nn.init's uniform draws)",
+         lambda: torch.empty(n).uniform_(-0.1, 0.1), 4.0),
+        (f"Tensor.normal_(0, 0.02) on {size} (nn.init's normal draws)",
+         lambda: torch.empty(n).normal_(0.0, 0.02), 4.0),
+        (f"Tensor.exponential_() on {size}", lambda: torch.empty(n).exponential_(), 4.0),
+        (f"Tensor.bernoulli_(0.3) on {size}", lambda: torch.empty(n).bernoulli_(0.3), 4.0),
+        (f"F.dropout(x, 0.5) on {size}", lambda: F.dropout(x, 0.5), 4.0),
+        (f"torch.randperm({size})", lambda: torch.randperm(n), None),
+        (f"torch.multinomial(1000 weights, {size}, replacement=True)",
+         lambda: torch.multinomial(w, n, True), None),
+    ]
 
-    def rand_ours() -> object:
-        with rng:
-            return torch.rand(N)
 
-    def dropout_ours() -> object:
-        with rng:
-            return F.dropout(x, 0.5)
+# The op families the no-kernel rows measure (the tensor ops behind every op above).
+NO_KERNEL = ("torch.rand(", "torch.randn(", "torch.randint(", "F.dropout(")
 
-    # One intra-op thread: torch.rand is single-threaded anyway, and on a shared 2-core
-    # machine threads waiting on each other swing the elementwise ops of dropout.
+
+def _one_thread() -> Callable[[], None]:
+    # One intra-op thread: torch's draws are single-threaded anyway, and on a shared 2-core
+    # machine threads waiting on each other swing the elementwise ops around them.
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
+    return lambda: torch.set_num_threads(threads)
+
+
+def _eager_rows(n: int, number: int, rounds: int, *, kernel: bool) -> list[Row]:
+    rng = devrng.portable(0)
+    rows = []
+    restore = _one_thread()
     try:
-        r = interleaved({"ours": rand_ours, "peer": lambda: torch.rand(N)}, number=number,
-                        rounds=rounds)
-        d = interleaved({"ours": dropout_ours, "peer": lambda: F.dropout(x, 0.5)},
-                        number=number, rounds=rounds)
+        for name, call, goal in ops(n):
+            if not kernel and not name.startswith(NO_KERNEL):
+                continue
+
+            def ours(call: Callable[[], object] = call) -> object:
+                with rng:
+                    return call()
+
+            m = interleaved({"ours": ours, "peer": call}, number=number, rounds=rounds)
+            where = ", eager CPU" if kernel else ", eager CPU, without the C kernel"
+            rows.append(_row(f"portable {name}{where}", goal if kernel else None, m["ours"],
+                             "the same call with torch's generator", m["peer"]))
     finally:
-        torch.set_num_threads(threads)
-    return [_row("portable torch.rand(2**20), eager CPU", 4.0, r["ours"], "torch.rand(2**20)",
-                 r["peer"]),
-            _row("portable F.dropout on 2**20 elements, eager CPU", 4.0, d["ours"],
-                 "F.dropout (torch's generator)", d["peer"])]
+        restore()
+    if not kernel:
+        rows[0]["note"] = ("informational: the same numbers from tensor ops (no C compiler "
+                           "at install time, or DEVRNG_CPU_KERNEL=0), for this and the rows "
+                           "below marked without the C kernel")
+    return rows
+
+
+def bench_eager_cpu(n: int, number: int, rounds: int) -> list[Row]:
+    return _eager_rows(n, number, rounds, kernel=True)
+
+
+def bench_no_kernel(n: int, number: int, rounds: int) -> list[Row]:
+    """The eager rows again in a child process without the C kernel (DEVRNG_CPU_KERNEL=0):
+    what an install without a C compiler gets."""
+    code = (f"import json; from benchmarks.bench_portable import no_kernel_rows; "
+            f"print(json.dumps(no_kernel_rows({n}, {number}, {rounds})))")
+    env = {**os.environ, "DEVRNG_CPU_KERNEL": "0"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         check=True, timeout=3600, cwd=Path(__file__).resolve().parent.parent)
+    return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def no_kernel_rows(n: int, number: int, rounds: int) -> list[Row]:
+    """Run by ``bench_no_kernel`` in the child process."""
+    from devrng._threefry_cpu import status
+
+    if status()[0]:
+        raise RuntimeError("the C kernel is in use; run with DEVRNG_CPU_KERNEL=0")
+    return _eager_rows(n, number, rounds, kernel=False)
 
 
 def bench_eager_step(number: int, rounds: int) -> list[Row]:
@@ -260,7 +330,9 @@ def run(quick: bool = False) -> list[Row]:
         import torch_xla
 
         torch_xla.device()  # before the first backward pass (see bench_jit)
-    rows += bench_eager_cpu(number, rounds)
+    n = 1 << 14 if quick else N  # quick: a smoke run, not a measurement
+    rows += bench_eager_cpu(n, number, rounds)
+    rows += bench_no_kernel(n, max(1, number // 5), rounds)
     rows += bench_eager_step(number, rounds)
     rows += bench_jax_anchor(number, rounds)
     if quick:
@@ -276,10 +348,16 @@ def run(quick: bool = False) -> list[Row]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="devrng.portable against native draws and JAX")
     parser.add_argument("--quick", action="store_true", help="tiny iteration counts, no inductor")
+    parser.add_argument("--json", help="also write the results here (portable-<env>.json)")
     args = parser.parse_args(argv)
     from benchmarks.report import format_table
+    from benchmarks.run import machine
 
-    print(format_table(run(quick=args.quick)))
+    rows = run(quick=args.quick)
+    print(format_table(rows))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"machine": machine(), "rows": rows}, fh, indent=1)
     return 0
 
 

@@ -1,11 +1,15 @@
-"""Render benchmark results (JSON files from benchmarks.run) into docs/benchmarks.md and charts.
+"""Render benchmark results (JSON files from benchmarks.run and benchmarks.bench_portable)
+into docs/benchmarks.md, its charts and the cost table of docs/portable.md.
 
-    python -m benchmarks.report results-bench.json results-xla.json   # new results
-    python -m benchmarks.report                                       # again, from the saved ones
+    python -m benchmarks.report results-bench.json portable-core.json ...   # new results
+    python -m benchmarks.report                                             # again, saved
 
-New results are kept in benchmarks/results/ (one file per environment), so the page and
-its charts can be rendered again, after a change to this module, without running the
-benchmarks. Each environment gets its table and its chart (docs/benchmarks-<env>.png).
+New results are kept in benchmarks/results/ (one file per environment and kind:
+``results-<env>.json``, ``portable-<env>.json``), so the pages and charts can be
+rendered again, after a change to this module, without running the benchmarks. Each
+environment gets its table and its chart (docs/benchmarks-<env>.png); the portable
+results get a table per environment in docs/benchmarks.md and one cost table with a
+column per environment in docs/portable.md.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 SAVED = Path(__file__).resolve().parent / "results"
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
+PORTABLE_BEGIN, PORTABLE_END = "<!-- portable:begin -->", "<!-- portable:end -->"
+COSTS_BEGIN, COSTS_END = "<!-- costs:begin -->", "<!-- costs:end -->"
 
 
 def format_table(rows: list[Row], footnote_prefix: str = "") -> str:
@@ -133,6 +139,11 @@ def chart(env: str, result: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+def _machine_line(m: dict[str, Any]) -> str:
+    versions = ", ".join(f"{k} {v}" for k, v in m["versions"].items())
+    return f"Python {m['python']}, {m['cores']} cores ({m['cpu']}); {versions}."
+
+
 NARROW = "(max-width: 44.9375em)"  # the site's phone layout (Material's breakpoint)
 
 
@@ -186,14 +197,12 @@ def narrow_chart(env: str, result: dict[str, Any], path: Path) -> None:
 def render(results: list[tuple[str, dict[str, Any]]]) -> str:
     parts = []
     for env, result in results:
-        m = result["machine"]
-        versions = ", ".join(f"{k} {v}" for k, v in m["versions"].items())
         image, narrow = f"benchmarks-{env}.png", f"benchmarks-{env}-narrow.png"
         alt = f"{env} environment: devrng time / the compared tool's time, per case"
         # The div lets the site's stylesheet keep ratios and targets whole on a phone; a
         # phone gets the chart drawn for its column, not the wide one shrunk to a third.
-        parts.append(f"### {env} environment\n\nPython {m['python']}, {m['cores']} cores "
-                     f"({m['cpu']}); {versions}.\n\n<div class=\"bench-results\" markdown>\n\n"
+        parts.append(f"### {env} environment\n\n{_machine_line(result['machine'])}\n\n"
+                     f"<div class=\"bench-results\" markdown>\n\n"
                      f"{format_table(result['rows'], f'{env}-')}\n\n</div>\n\n"
                      f"<a href=\"../{image}\"><picture><source media=\"{NARROW}\" "
                      f"srcset=\"../{narrow}\"><img src=\"../{image}\" alt=\"{alt}\">"
@@ -201,28 +210,71 @@ def render(results: list[tuple[str, dict[str, Any]]]) -> str:
     return "\n".join(parts)
 
 
+def render_portable(results: list[tuple[str, dict[str, Any]]]) -> str:
+    """devrng.portable's table per environment (docs/benchmarks.md)."""
+    return "\n".join(f"#### {env} environment\n\n{_machine_line(result['machine'])}\n\n"
+                     f"<div class=\"bench-results\" markdown>\n\n"
+                     f"{format_table(result['rows'], f'p{env}-')}\n\n</div>\n"
+                     for env, result in results)
+
+
+def render_costs(results: list[tuple[str, dict[str, Any]]]) -> str:
+    """One table, a column per environment: portable's time over the native draw's for each
+    case that ran (docs/portable.md)."""
+    ratios: dict[str, dict[str, float]] = {}
+    for env, result in results:
+        for r in result["rows"]:
+            if r["ratio"] is not None:
+                ratios.setdefault(r["case"].removeprefix("portable "), {})[env] = r["ratio"]
+    envs = [env for env, _ in results]
+    lines = ["| case | " + " | ".join(f"{env} environment" for env in envs) + " |",
+             "|---|" + "---|" * len(envs)]
+    for case, by_env in ratios.items():
+        cells = [f"{by_env[env]:.2f}×" if env in by_env else "-" for env in envs]
+        lines.append(f"| {case} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _replace(page: Path, begin: str, end: str, body: str) -> None:
+    text = page.read_text()
+    head, _, rest = text.partition(begin)
+    _, _, tail = rest.partition(end)
+    page.write_text(f"{head}{begin}\n{body}\n{end}{tail}")
+
+
+def _load(files: list[Path], save: bool) -> dict[str, list[tuple[str, dict[str, Any]]]]:
+    """The results of each kind ("results", "portable"), per environment, in file order."""
+    kinds: dict[str, list[tuple[str, dict[str, Any]]]] = {"results": [], "portable": []}
+    for path in files:
+        kind, _, env = path.stem.partition("-")
+        if kind not in kinds:
+            raise ValueError(f"{path.name}: results files are named results-<env>.json or "
+                             "portable-<env>.json")
+        data = json.loads(path.read_text())
+        kinds[kind].append((env, data))
+        if save:  # keep new results, so that the pages can be rendered again without a run
+            SAVED.mkdir(exist_ok=True)
+            (SAVED / path.name).write_text(json.dumps(data, indent=1) + "\n")
+    return kinds
+
+
 def main(argv: list[str]) -> int:
-    files = [Path(name) for name in argv] or sorted(SAVED.glob("results-*.json"))
+    files = [Path(name) for name in argv] or sorted(
+        [*SAVED.glob("results-*.json"), *SAVED.glob("portable-*.json")])
     if not files:
         print(f"no results given and none saved in {SAVED}; run scripts/bench.sh", file=sys.stderr)
         return 1
-    results = []
-    for path in files:
-        env = path.stem.removeprefix("results-")
-        data = json.loads(path.read_text())
-        results.append((env, data))
-        if argv:  # keep new results, so that the page can be rendered again without a run
-            SAVED.mkdir(exist_ok=True)
-            (SAVED / path.name).write_text(json.dumps(data, indent=1) + "\n")
+    kinds = _load(files, save=bool(argv))
     page = DOCS / "benchmarks.md"
-    text = page.read_text()
-    head, _, rest = text.partition(BEGIN)
-    _, _, tail = rest.partition(END)
-    page.write_text(f"{head}{BEGIN}\n{render(results)}\n{END}{tail}")
-    for env, result in results:
-        chart(env, result, DOCS / f"benchmarks-{env}.png")
-        narrow_chart(env, result, DOCS / f"benchmarks-{env}-narrow.png")
-    print(f"wrote {page} and its charts")
+    if kinds["results"]:
+        _replace(page, BEGIN, END, render(kinds["results"]))
+        for env, result in kinds["results"]:
+            chart(env, result, DOCS / f"benchmarks-{env}.png")
+            narrow_chart(env, result, DOCS / f"benchmarks-{env}-narrow.png")
+    if kinds["portable"]:
+        _replace(page, PORTABLE_BEGIN, PORTABLE_END, render_portable(kinds["portable"]))
+        _replace(DOCS / "portable.md", COSTS_BEGIN, COSTS_END, render_costs(kinds["portable"]))
+    print(f"wrote {page}, its charts and the costs in docs/portable.md")
     return 0
 
 

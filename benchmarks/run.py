@@ -3,8 +3,9 @@
     python -m benchmarks.run [--quick] [--json out.json]
 
 Cases that need what this environment lacks (torch_xla, Lightning) are reported as
-skipped with the reason. ``scripts/bench.sh`` runs this in the bench and xla
-environments and renders docs/benchmarks.md and its chart.
+skipped with the reason. ``scripts/bench.sh`` runs this and ``benchmarks.bench_portable``
+(devrng.portable's draws, long enough to run on their own) in the bench and xla
+environments and renders docs/benchmarks.md, its charts and docs/portable.md's costs.
 """
 
 from __future__ import annotations
@@ -245,12 +246,6 @@ def bench_jit(quick: bool) -> list[Row]:
     return bench_jit.run(quick)
 
 
-def bench_portable(quick: bool) -> list[Row]:
-    from benchmarks import bench_portable
-
-    return bench_portable.run(quick)
-
-
 def run(quick: bool = False) -> dict[str, Any]:
     number, rounds = (200, 3) if quick else (20_000, 15)
     rows: list[Row] = []
@@ -263,11 +258,11 @@ def run(quick: bool = False) -> dict[str, Any]:
     rows += bench_import(1 if quick else 9)
     rows += bench_training(quick)
     rows += bench_jit(quick)
-    rows += bench_portable(quick)
-    return {"machine": _machine(), "rows": rows}
+    return {"machine": machine(), "rows": rows}
 
 
-def _machine() -> dict[str, Any]:
+def machine() -> dict[str, Any]:
+    """Python, CPU, cores and package versions, as the report prints them."""
     versions = {}
     for name in ("torch", "numpy", "torch_xla", "torchax", "jax", "lightning"):
         try:

@@ -8,7 +8,7 @@ import struct
 from typing import Any
 
 import pytest
-from benchmarks import report
+from benchmarks import bench_portable, report
 from benchmarks.report import format_table
 from benchmarks.run import run
 
@@ -37,12 +37,53 @@ def test_runner_produces_a_row_per_case_with_numbers_or_a_reason() -> None:
     assert table.count("[^") == 2 * len(noted)  # each note is a footnote, referenced once
 
 
+def test_portable_benchmark_times_every_op_family_with_and_without_the_kernel() -> None:
+    rows = bench_portable.run(quick=True)
+    cases = [r["case"] for r in rows]
+    families = [name for name, _, _ in bench_portable.ops(1 << 14)]
+    for family in families:
+        assert f"portable {family}, eager CPU" in cases
+    without = [c for c in cases if c.endswith("without the C kernel")]
+    assert [c.removeprefix("portable ").split(",")[0] for c in without] == [
+        f.split(",")[0] for f in families if f.startswith(bench_portable.NO_KERNEL)]
+    assert len(without) == 6  # rand and randn in two dtypes, randint, dropout
+    for r in rows:
+        if r["ratio"] is None:
+            assert r["note"].startswith("skipped: ")
+        else:
+            assert math.isfinite(r["ratio"]) and r["ratio"] > 0
+    table_rows = format_table(rows).splitlines()
+    assert sum(line.startswith("| portable") and "without the C kernel" in line
+               for line in table_rows) == len(without)
+
+
 # -- the report: tables and charts from saved results -----------------------------------
 SAVED = sorted(report.SAVED.glob("results-*.json"))
+PORTABLE = sorted(report.SAVED.glob("portable-*.json"))
 
 
-def _saved() -> list[tuple[str, dict[str, Any]]]:
-    return [(p.stem.removeprefix("results-"), json.loads(p.read_text())) for p in SAVED]
+def _saved(files: list[Any] = SAVED) -> list[tuple[str, dict[str, Any]]]:
+    return [(p.stem.partition("-")[2], json.loads(p.read_text())) for p in files]
+
+
+def _between(page: str, begin: str, end: str) -> str:
+    return page.split(begin + "\n", 1)[1].split("\n" + end, 1)[0]
+
+
+def test_the_portable_tables_and_costs_show_the_saved_results() -> None:
+    """The portable tables of docs/benchmarks.md and the cost table of docs/portable.md are
+    what the report renders from benchmarks/results/portable-*.json."""
+    saved = _saved(PORTABLE)
+    assert {env for env, _ in saved} >= {"core", "xla"}
+    bench_page = (report.DOCS / "benchmarks.md").read_text()
+    assert _between(bench_page, report.PORTABLE_BEGIN, report.PORTABLE_END) == \
+        report.render_portable(saved)
+    costs = _between((report.DOCS / "portable.md").read_text(), report.COSTS_BEGIN,
+                     report.COSTS_END)
+    assert costs == report.render_costs(saved)
+    for family in ("torch.randn(2**20)", "torch.randint(0, 1000, (2**20,))",
+                   "torch.rand(2**20, dtype=float64)", "without the C kernel"):
+        assert family in costs
 
 
 def test_the_page_shows_the_saved_results() -> None:
@@ -50,7 +91,7 @@ def test_the_page_shows_the_saved_results() -> None:
     page and its charts can be rendered again, and never drift from the data)."""
     assert {env for env, _ in _saved()} >= {"bench", "xla"}
     page = (report.DOCS / "benchmarks.md").read_text()
-    shown = page.split(report.BEGIN + "\n", 1)[1].split("\n" + report.END, 1)[0]
+    shown = _between(page, report.BEGIN, report.END)
     assert shown == report.render(_saved())
     for env, _ in _saved():
         assert (report.DOCS / f"benchmarks-{env}.png").is_file()

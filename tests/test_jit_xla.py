@@ -160,10 +160,14 @@ def _training_setup() -> tuple[Any, dict[str, torch.Tensor], Any, torch.Tensor, 
     return model, init, opt, x, y
 
 
-def test_torch_xla_training_step_with_dropout_is_reproducible() -> None:
+@pytest.mark.parametrize("backend", ["torch_xla", "openxla"])
+def test_xla_training_step_with_dropout_and_optimizer_is_reproducible(backend: str) -> None:
+    # The whole step inside the compiled function, returning loss.detach(): with openxla,
+    # dynamo compiles that detach alone after the graph break at backward(), a graph with
+    # no XLA computation that torch_xla's bridge fails to look up ("cachedComputation").
     model, init, opt, x, y = _training_setup()
 
-    @devrng.seeded_jit(backend="torch_xla")
+    @devrng.seeded_jit(backend=backend)
     def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         opt.zero_grad()
         loss = torch.nn.functional.mse_loss(model(x), y)
@@ -180,15 +184,18 @@ def test_torch_xla_training_step_with_dropout_is_reproducible() -> None:
         return losses, weights
 
     _check_training(train)
-    assert step.compile_count == 1
+    first = step.compile_count
+    assert first >= 1
+    _check_training(train)
+    assert step.compile_count == first  # 30 more steps, 8 seeds: nothing recompiled
 
 
-def test_openxla_training_step_with_dropout_is_reproducible() -> None:
-    # openxla cannot compile loss.backward() inside the function (torch_xla 2.9 fails
-    # with or without devrng): compile the forward, run backward and the optimizer after.
+def test_openxla_forward_only_training_step_is_reproducible() -> None:
+    # The other split: compile the forward, run backward and the optimizer after the call
+    # (an L1 loss: a graph XLA has not compiled for the test above).
     model, init, opt, x, y = _training_setup()
     forward = devrng.seeded_jit(
-        lambda x, y: torch.nn.functional.mse_loss(model(x), y), backend="openxla")
+        lambda x, y: torch.nn.functional.l1_loss(model(x), y), backend="openxla")
 
     def one(seed: int) -> torch.Tensor:
         loss = forward(x, y, seed=seed)

@@ -22,7 +22,22 @@ import torch
 from tests import _threefry_ref as ref
 from tests._helpers import ROOT, run_python
 
-from devrng._threefry_cpu import BITS, UNIFORM, WORDS, kernel, status
+from devrng import _threefry as tf
+from devrng._threefry_cpu import (
+    BITS,
+    EXPONENTIAL,
+    KNOWN_COUNT,
+    KNOWN_DIGESTS,
+    KNOWN_START,
+    NORMAL,
+    NORMAL_AT,
+    UNIFORM,
+    UNIFORM64,
+    UNIFORM_AT,
+    WORDS,
+    kernel,
+    status,
+)
 
 SOURCE = ROOT / "src" / "devrng" / "_threefry_kernel.c"
 SUFFIX = sysconfig.get_config_var("EXT_SUFFIX")
@@ -70,6 +85,62 @@ def test_the_installed_kernel_is_in_use_and_equals_the_reference_in_every_mode()
         uniform = torch.empty(37, dtype=torch.float32)
         cpu.run(key, UNIFORM, uniform, start=0)
         assert np.array_equal(uniform.numpy(), ref.uniform(key, (37,)))
+        wide = torch.empty(37, dtype=torch.float64)
+        cpu.run(key, UNIFORM64, wide, start=start)
+        bits64 = (x0.astype(np.uint64) << np.uint64(32)) | x1.astype(np.uint64)
+        assert np.array_equal(wide.numpy(), (bits64 >> np.uint64(12)).astype(np.float64) * 2.0**-52)
+
+
+def _tensor_ops(key: tuple[int, int], counters: torch.Tensor) -> tf.Source:
+    """A source drawing with the tensor ops (its key a tensor: no kernel), at ``counters``."""
+    return tf.Source(tf.key_tensor(key), torch.device("cpu"), counters)
+
+
+def test_the_kernels_float_and_integer_draws_are_the_tensor_ops_bit_for_bit() -> None:
+    # The transforms (normal, exponential, float64 uniforms, randint) against devrng's tensor
+    # ops, which other devices run: 2**16 draws per key, so every branch (erfinv's tails,
+    # randint's spans above and below 2**16) is hit many times.
+    cpu = kernel()
+    assert cpu is not None
+    n = 1 << 16
+    for key, start in (((0, 0), 0), ((0x9E3779B9, 0x7F4A7C15), (1 << 32) - n // 2)):
+        counters = torch.arange(start, start + n)
+        ops = _tensor_ops(key, counters)
+        # uniform_(-0.3, 0.7) scales by float32(1.0) from float32(-0.3); normal_(0.5, 0.02).
+        low = tf.round_to(-0.3, torch.float32)
+        span = tf.round_to(tf.round_to(0.7, torch.float32) - low, torch.float32)
+        for mode, scale, shift, want in (
+                (NORMAL, 1.0, 0.0, tf.normal(ops, (n,), torch.float32)),
+                (EXPONENTIAL, 1.0, 0.0, tf.exponential(ops, (n,), torch.float32)),
+                (UNIFORM64, 1.0, 0.0, tf.unit(ops, (n,), torch.float64)),
+                (UNIFORM_AT, span, low, tf.uniform(ops, (n,), torch.float32, -0.3, 0.7)),
+                (NORMAL_AT, 0.02, 0.5, tf.normal(ops, (n,), torch.float32, 0.5, 0.02))):
+            got = torch.empty(n, dtype=want.dtype)
+            cpu.run(key, mode, got, start=start, scale=scale, shift=shift)
+            assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), mode
+        for low, high in ((0, 10), (-5, 1000), (0, 65536), (3, 65539), (-2**31, 2**31 - 1)):
+            want = tf.randint(ops, (n,), low, high, torch.int64)
+            span = high - low
+            multiplier = ((((1 << 16) % span) ** 2) & 0xFFFFFFFF) % span
+            for dtype in (torch.int64, torch.int32):
+                got = torch.empty(n, dtype=dtype)
+                cpu.randint((tf.fold_in(key, 0), tf.fold_in(key, 1)), span, multiplier, low, got,
+                            counters=counters)
+                assert torch.equal(got.to(torch.int64), want), (low, high, dtype)
+
+
+def test_the_known_digests_are_the_tensor_ops_draws() -> None:
+    # The digests the kernel must reproduce before first use come from the tensor ops.
+    import hashlib
+
+    ops = _tensor_ops((0, 0), torch.arange(KNOWN_START, KNOWN_START + KNOWN_COUNT))
+    draws = {NORMAL: tf.normal, EXPONENTIAL: tf.exponential,
+             NORMAL_AT: lambda *a: tf.normal(*a, 0.5, 0.02)}
+    assert set(KNOWN_DIGESTS) == {(NORMAL, 1.0, 0.0), (EXPONENTIAL, 1.0, 0.0),
+                                  (NORMAL_AT, 0.02, 0.5)}
+    for (mode, _, _), digest in KNOWN_DIGESTS.items():
+        values = draws[mode](ops, (KNOWN_COUNT,), torch.float32).numpy()
+        assert hashlib.sha256(values.tobytes()).hexdigest() == digest
 
 
 @pytest.mark.parametrize("how", ["DEVRNG_CPU_KERNEL=0", "extension absent"])
@@ -169,13 +240,15 @@ def _damaged_kernel(tmp_path: Path, change: str) -> Path:
     if change == "wrong rotation":
         source = source.replace("ROUND(13) ROUND(15)", "ROUND(12) ROUND(15)", 1)
     elif change == "no entry point":
-        source = source.replace('{"fill", ', '{"fi11", ')
+        source = source.replace('{"randint", ', '{"rand1nt", ')
     folder = tmp_path / change.replace(" ", "-")
     folder.mkdir()
     built = folder / f"_threefry_kernel{SUFFIX}"
     include = sysconfig.get_paths()["include"]
     (folder / "k.c").write_text(source)
-    subprocess.run(["cc", "-shared", "-fPIC", "-O1", f"-I{include}", "-o", str(built),
+    # Fused multiply-adds round the float transforms' steps once where torch rounds twice.
+    flags = ["-O2", "-mfma", "-ffp-contract=fast"] if change == "fused multiply-adds" else ["-O1"]
+    subprocess.run(["cc", "-shared", "-fPIC", *flags, f"-I{include}", "-o", str(built),
                     str(folder / "k.c")], check=True, capture_output=True)
     # The digest a build records; the file is damaged after it was recorded.
     digest = Path(f"{built}.sha256")
@@ -191,9 +264,18 @@ def _damaged_kernel(tmp_path: Path, change: str) -> Path:
     return folder
 
 
+def _has_fma() -> bool:
+    try:
+        return " fma " in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+
+
 @pytest.mark.parametrize(("change", "said"), [
-    ("wrong rotation", "gave wrong answers for Random123's known test vectors"),
-    ("no entry point", "has no fill()"),
+    ("wrong rotation", "gave wrong answers for the known test vectors"),
+    pytest.param("fused multiply-adds", "gave wrong answers for the known test vectors",
+                 marks=pytest.mark.skipif(not _has_fma(), reason="this CPU has no FMA")),
+    ("no entry point", "has no fill() or randint()"),
     ("truncated", "does not match the SHA-256 recorded when it was built"),
     ("one bit flipped", "does not match the SHA-256 recorded when it was built"),
     ("no digest", "cannot be checked"),

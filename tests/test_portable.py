@@ -99,6 +99,74 @@ def test_other_float_widths_agree_between_kernel_and_tensor_ops(dtype: torch.dty
     assert len(torch.unique(a)) >= min(distinct, 1000) * 0.5  # the whole mantissa is random
 
 
+FLOATS = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
+
+
+def dtype_table(n: int = 4099) -> dict[str, torch.Tensor]:
+    """Every covered op family in every dtype the docs name, from one stream (run with and
+    without the CPU kernel by the test below)."""
+    out: dict[str, torch.Tensor] = {}
+    with devrng.portable(21):
+        for dt in [*FLOATS, torch.complex64, torch.complex128]:
+            out[f"rand {dt}"] = torch.rand(n, dtype=dt)
+            out[f"randn {dt}"] = torch.randn(n, dtype=dt)
+        for dt in FLOATS:
+            out[f"uniform_ {dt}"] = torch.empty(n, dtype=dt).uniform_(-0.3, 0.7)
+            out[f"normal_ {dt}"] = torch.empty(n, dtype=dt).normal_(0.5, 0.02)
+            out[f"exponential_ {dt}"] = torch.empty(n, dtype=dt).exponential_(3.0)
+            out[f"bernoulli_ {dt}"] = torch.empty(n, dtype=dt).bernoulli_(0.3)
+            out[f"dropout {dt}"] = F.dropout(torch.ones(n, dtype=dt), 0.1)
+            out[f"multinomial {dt}"] = torch.multinomial(torch.arange(1.0, 9.0, dtype=dt), n, True)
+        for dt in (torch.int64, torch.int32, torch.int16, torch.uint8, torch.float32):
+            out[f"randint {dt}"] = torch.randint(-3 if dt.is_signed else 0, 100, (n,), dtype=dt)
+        out["randint wide"] = torch.randint(-2**40, 2**40, (n,))
+        out["random_"] = torch.empty(n, dtype=torch.int64).random_()
+        out["randperm"] = torch.randperm(n)
+        out["rrelu"] = F.rrelu(-torch.ones(n), training=True)
+    return out
+
+
+def test_every_op_and_dtype_draws_the_same_with_and_without_the_cpu_kernel(tmp_path: Any
+                                                                           ) -> None:
+    # Without the kernel (no compiler at install time) the tensor ops make the numbers: the
+    # same bits, which is also what every other device computes.
+    from tests._helpers import run_python
+
+    path = tmp_path / "no-kernel.pt"
+    out = run_python(f"import torch\nfrom tests.test_portable import dtype_table\n"
+                     f"torch.save(dtype_table(), {str(path)!r})",
+                     env={"DEVRNG_CPU_KERNEL": "0"})
+    assert out.returncode == 0, out.stderr
+    without = torch.load(path)
+    with_kernel = dtype_table()
+    assert sorted(without) == sorted(with_kernel)
+    for name, values in with_kernel.items():
+        assert values.dtype == without[name].dtype and torch.equal(values, without[name]), name
+
+
+def test_half_precision_normals_are_the_float32_draw_rounded() -> None:
+    # The documented exception to following jax.random (which draws float16 normals from
+    # 10-bit uniforms): devrng draws float32 and rounds, as torch's own randn does.
+    for dtype in (torch.float16, torch.bfloat16):
+        with devrng.portable(5):
+            narrow = torch.randn(10_000, dtype=dtype)
+        with devrng.portable(5):
+            wide = torch.randn(10_000)
+        assert torch.equal(narrow, wide.to(dtype))
+        assert float(narrow.abs().max()) > 3.5  # tails a 7- or 10-bit uniform cannot reach
+
+
+def test_complex_normals_split_the_key_as_jax_does() -> None:
+    # jax.random.normal for complex dtypes: real and imaginary parts from split(key)[0] and
+    # [1], each divided by sqrt(2).
+    with devrng.portable(6):
+        z = torch.randn(1000, dtype=torch.complex64)
+    source = host(6, 0)
+    root2 = tf.round_to(math.sqrt(2.0), torch.float32)
+    assert torch.equal(z.real, tf.normal(source.split(0), (1000,), torch.float32) / root2)
+    assert torch.equal(z.imag, tf.normal(source.split(1), (1000,), torch.float32) / root2)
+
+
 def test_large_draws_use_the_high_counter_word() -> None:
     # Counters past 2**32 carry into the high word (JAX's iota_2x32_shape).
     key = ref.stream_key(1, 0)
@@ -332,6 +400,117 @@ def test_native_dropout_returns_output_and_mask() -> None:
     with devrng.portable(3):
         out, mask = torch.native_dropout(x, 0.5, True)
     assert mask.dtype == torch.bool and torch.equal(out, mask.float() * 2.0)
+
+
+RRELU_NOISE = [
+    ("torch._C._nn.rrelu_with_noise", lambda x, n: torch._C._nn.rrelu_with_noise(
+        x, n, 0.1, 0.3, True)),
+    ("aten.rrelu_with_noise", lambda x, n: torch.ops.aten.rrelu_with_noise(x, n, 0.1, 0.3, True)),
+    ("aten.rrelu_with_noise.default", lambda x, n: torch.ops.aten.rrelu_with_noise.default(
+        x, n, 0.1, 0.3, True)),
+    ("aten.rrelu_with_noise.out", lambda x, n: torch.ops.aten.rrelu_with_noise.out(
+        x, n, 0.1, 0.3, True, out=torch.empty_like(x))),
+    ("torch._C._nn.rrelu_with_noise_", lambda x, n: torch._C._nn.rrelu_with_noise_(
+        x, n, 0.1, 0.3, True)),
+    ("aten.rrelu_with_noise_functional", lambda x, n: torch.ops.aten.rrelu_with_noise_functional(
+        x, n, 0.1, 0.3, True)[0]),
+]
+
+
+@pytest.mark.parametrize("call", [c for _, c in RRELU_NOISE], ids=[n for n, _ in RRELU_NOISE])
+def test_private_rrelu_with_noise_draws_the_slopes_from_the_stream(
+        call: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
+    # The op behind F.rrelu, called directly: the same slopes as F.rrelu from the same
+    # stream position, written into noise as torch writes them; torch's generator untouched.
+    x = torch.randn(1000, generator=torch.Generator().manual_seed(0))
+    with devrng.portable(4):
+        want = F.rrelu(x, 0.1, 0.3, training=True)
+    before = torch.get_rng_state()
+    noise = torch.full_like(x, -1.0)
+    with devrng.portable(4) as rng:
+        got = call(x.clone(), noise)
+    assert torch.equal(got, want) and rng.counter == 1
+    assert torch.equal(before, torch.get_rng_state())
+    functional = call is RRELU_NOISE[-1][1]
+    negative = x <= 0
+    if functional:  # returns the noise instead of writing it
+        assert bool((noise == -1).all())
+    else:  # the slopes where x <= 0 (in [0.1, 0.3)), 1 elsewhere
+        assert torch.equal(got, torch.where(negative, x * noise, x))
+        assert bool((noise[~negative] == 1).all()) and float(noise[negative].min()) >= 0.1
+    with devrng.portable(4):  # not training: leaky ReLU with the mean slope, no draw
+        assert torch.equal(torch._C._nn.rrelu_with_noise(x, noise, 0.1, 0.3, False),
+                           F.leaky_relu(x, 0.2))
+
+
+def test_private_rrelu_with_noise_is_covered_in_compiled_code_too() -> None:
+    def fn(x: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        return torch._C._nn.rrelu_with_noise(x, noise, 0.1, 0.3, True) + \
+            torch.ops.aten.rrelu_with_noise.default(x, noise, 0.1, 0.3, True)
+
+    compiled = torch.compile(fn, backend="aot_eager", fullgraph=True)
+    x = torch.randn(64, generator=torch.Generator().manual_seed(1))
+    with devrng.portable(2) as a:
+        got = compiled(x, torch.empty(64))
+    with devrng.portable(2) as b:
+        want = fn(x, torch.empty(64))
+    assert torch.equal(got, want) and a.counter == b.counter == 2
+
+
+def _random_aten_bindings() -> list[tuple[str, Any]]:
+    """Every Python binding (torch.X, torch._C._nn.X, Tensor.X, F.X) of a registered aten op
+    that torch tags as drawing random numbers (``nondeterministic_seeded``)."""
+    names = {n.split("::")[1].split(".")[0] for n in torch._C._dispatch_get_all_op_names()
+             if n.startswith("aten::")}
+    found = []
+    for name in sorted(names):
+        packet = getattr(torch.ops.aten, name, None)
+        if not isinstance(packet, torch._ops.OpOverloadPacket) or not any(
+                torch.Tag.nondeterministic_seeded in getattr(packet, o).tags
+                for o in packet.overloads()):
+            continue
+        for owner, prefix in ((torch, "torch."), (torch._C._nn, "torch._C._nn."),
+                              (torch.Tensor, "Tensor."), (F, "F.")):
+            binding = getattr(owner, name, None)
+            if callable(binding):  # not the module torch.random
+                found.append((prefix + name, binding))
+    return found
+
+
+# Tagged as random, but draw nothing from a generator: what portable lets through.
+NOT_FROM_A_GENERATOR = {
+    "torch._flash_attention_forward_no_dropout_inplace": "no dropout",
+    "torch._fused_sdp_choice": "picks an attention kernel",
+    "torch._nested_tensor_softmax_with_shape": "a softmax",
+    "torch._fill_mem_eff_dropout_mask_": "draws from the seed and offset it is given",
+    "torch._cudnn_init_dropout_state": "draws from the seed it is given",
+}
+
+
+def test_every_binding_of_a_random_aten_op_is_covered_or_refused() -> None:
+    # A random op portable does not know would draw from the native generator without a
+    # word; torch marks its random ops, so a new one in a new torch fails here.
+    from devrng._portable_ops import ENTRIES
+
+    bindings = _random_aten_bindings()
+    assert len(bindings) > 40
+    missing = [name for name, f in bindings
+               if f not in ENTRIES and name not in NOT_FROM_A_GENERATOR]
+    assert missing == []
+
+
+@pytest.mark.parametrize(("name", "call"), [
+    ("torch.ops.aten.uniform_.default", lambda: torch.ops.aten.uniform_.default(torch.empty(3))),
+    ("torch.ops.aten.bernoulli", lambda: torch.ops.aten.bernoulli(torch.ones(3))),
+    ("torch._scaled_dot_product_flash_attention_for_cpu", lambda:
+     torch._scaled_dot_product_flash_attention_for_cpu(*torch.ones(3, 1, 1, 2, 4), dropout_p=0.5)),
+])
+def test_private_and_aten_random_ops_are_refused(name: str, call: Callable[[], Any]) -> None:
+    with pytest.raises(devrng.DevRNGError, match=rf"{name}.*does not cover.*generator="):
+        with devrng.portable(0):
+            call()
+    with devrng.portable(0):  # the same kernel without dropout draws nothing: it passes
+        torch._scaled_dot_product_flash_attention_for_cpu(*torch.ones(3, 1, 1, 2, 4))
 
 
 def test_rrelu_gumbel_and_fractional_pooling_are_covered() -> None:
@@ -776,6 +955,32 @@ def test_inductor_training_step_with_dropout_compiles_once_and_equals_eager() ->
         for step_got, step_want in zip(got, want, strict=True):
             for g, w in zip(step_got, step_want, strict=True):
                 assert torch.equal(g, w)
+    assert counter.frame_count == 1
+
+
+@pytest.mark.slow
+def test_inductor_normal_and_exponential_draws_equal_eager_bit_for_bit() -> None:
+    # The transcendental steps run eager's code inside inductor's graph (devrng::draw):
+    # inductor's own sqrt and erfinv made 91 of 2**18 float32 and 72,747 float64 draws differ.
+    n = 1 << 18
+
+    def draws() -> list[torch.Tensor]:
+        return [torch.randn(n), torch.randn(n, dtype=torch.float64),
+                torch.empty(n).normal_(0.3, 1.7), torch.empty(n, dtype=torch.float64).normal_(0.3, 1.7),
+                torch.empty(n).exponential_(2.0), torch.empty(n, dtype=torch.float64).exponential_(),
+                torch.randn(n, dtype=torch.bfloat16)]
+
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    counter = CompileCounterWithBackend("inductor")
+    compiled = torch.compile(draws, backend=counter, fullgraph=True)
+    for seed in (3, 4):
+        with devrng.portable(seed):
+            got = compiled()
+        with devrng.portable(seed):
+            want = draws()
+        for g, w in zip(got, want, strict=True):
+            assert g.dtype == w.dtype and torch.equal(g, w), (seed, w.dtype)
     assert counter.frame_count == 1
 
 

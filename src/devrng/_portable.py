@@ -34,7 +34,7 @@ from devrng import _portable_ops
 from devrng import _threefry as tf
 from devrng._errors import DevRNGError, check_flags, short_repr
 from devrng._lazy import load
-from devrng._portable_ops import ENTRIES, Args, Kwargs, Op, entry_name, redispatch
+from devrng._portable_ops import ENTRIES, Args, Kwargs, Op, aten_entry, entry_name, redispatch
 from devrng._rank import world_size
 from devrng._ranked import Apply, Summary, identity_of, is_ranked, load_ranked, ranked
 from devrng._seeds import MASK64, check_seed
@@ -264,6 +264,8 @@ class PortableRNG(TorchFunctionMode):
         if not _dynamo_taught[0] and _DYNAMO_TABLE in sys.modules:
             _teach_dynamo()  # torch.compile may have been called inside the block
         entry = ENTRIES.get(func)
+        if entry is None and isinstance(func, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+            entry = aten_entry(func)  # torch.ops.aten.<random op> called directly
         if entry is not None:
             return entry.handle(self, func, types, args, kwargs)
         if redispatch is not None and inspect.isfunction(func) \
@@ -331,8 +333,8 @@ def portable(seed: int | None = None, *, strict: bool = True) -> PortableRNG:
 
     Inside it, torch's random ops -- ``rand``, ``randn``, ``randint``,
     ``randperm``, ``bernoulli``, ``normal``, ``uniform_``, ``random_``,
-    ``exponential_``, ``multinomial``, dropout and so every ``nn.init``
-    function -- draw from a Threefry-2x32 counter-based stream computed with
+    ``exponential_``, ``multinomial``, dropout and so the ``nn.init``
+    functions -- draw from a Threefry-2x32 counter-based stream computed with
     the output device's own integer ops: op number n of the stream uses the
     key ``jax.random.fold_in(jax.random.key(seed), n)`` and element i of a
     draw comes from counter i (its row-major index), as in JAX. The CPU,

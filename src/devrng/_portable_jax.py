@@ -34,6 +34,15 @@ def key_data(key: HostKey) -> Any:
     return jnp.array(key, dtype=jnp.uint32)
 
 
+def _check_float64(dtype: torch.dtype) -> None:
+    if dtype == torch.float64 and not jax.config.jax_enable_x64:
+        raise DevRNGError(
+            "devrng.portable cannot draw float64 numbers on torchax while JAX has no 64-bit "
+            "floats: JAX would make float32 numbers instead, not the float64 draws of every "
+            "other device. Call jax.config.update('jax_enable_x64', True) before drawing, or "
+            "draw float32.")
+
+
 class JaxSource(Source):
     """``Source`` whose numbers come from ``jax.random`` (``key``: host words or key data)."""
 
@@ -65,8 +74,27 @@ class JaxSource(Source):
 
     def uniform(self, shape: Sequence[int], dtype: torch.dtype, low: float = 0.0,
                 high: float = 1.0) -> torch.Tensor:
+        _check_float64(dtype)  # every float64 draw starts here, or in the two below
         values = jax.random.uniform(self.jax_key, tuple(shape), _JNP[dtype], low, high)
         return interop.torch_view(values)  # type: ignore[no-any-return]
+
+    # float64 normal and exponential draws in JAX itself: torchax 0.0.13 multiplies float64
+    # tensors in float32, which would round their scaling to float32 precision.
+    def normal(self, shape: Sequence[int], dtype: torch.dtype, mean: float = 0.0,
+               std: float = 1.0) -> torch.Tensor:
+        if dtype != torch.float64:
+            return super().normal(shape, dtype, mean, std)
+        _check_float64(dtype)
+        values = jax.random.normal(self.jax_key, tuple(shape), jnp.float64)
+        return interop.torch_view(values * std + mean)  # type: ignore[no-any-return]
+
+    def exponential(self, shape: Sequence[int], dtype: torch.dtype,
+                    lambd: float = 1.0) -> torch.Tensor:
+        if dtype != torch.float64:
+            return super().exponential(shape, dtype, lambd)
+        _check_float64(dtype)
+        values = jax.random.exponential(self.jax_key, tuple(shape), jnp.float64)
+        return interop.torch_view(values / lambd)  # type: ignore[no-any-return]
 
     def randint(self, shape: Sequence[int], low: int, high: int,
                 dtype: torch.dtype) -> torch.Tensor:

@@ -31,6 +31,7 @@ __all__ = [
     "Op",
     "Stream",
     "Uncovered",
+    "aten_entry",
     "entry_name",
     "redispatch",
 ]
@@ -303,11 +304,9 @@ def _uniform_(rng: Stream, func: Any, args: Args, kwargs: Kwargs) -> torch.Tenso
 
 def _normal_values(source: Any, shape: tuple[int, ...], dtype: torch.dtype, mean: Any,
                    std: Any) -> torch.Tensor:
-    z = source.normal(shape, dtype)
-    if not isinstance(std, torch.Tensor) and not isinstance(mean, torch.Tensor) \
-            and std == 1.0 and mean == 0.0:
-        return z  # type: ignore[no-any-return]
-    return tf.affine(z, std, mean, dtype)  # torch's z * std + mean, rounded once
+    if not isinstance(std, torch.Tensor) and not isinstance(mean, torch.Tensor):
+        return source.normal(shape, dtype, float(mean), float(std))  # type: ignore[no-any-return]
+    return tf.affine(source.normal(shape, dtype), std, mean, dtype)  # z * std + mean, rounded once
 
 
 def _readable(t: torch.Tensor) -> bool:
@@ -618,6 +617,16 @@ def _gumbel_softmax(rng: Stream, func: Any, args: Args, kwargs: Kwargs) -> torch
     return one_hot - soft.detach() + soft  # straight-through: hard forward, soft gradient
 
 
+def _rrelu_train(rng: Stream, x: torch.Tensor, lower: float, upper: float
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """RReLU in training, as torch's rrelu_with_noise: each element at or below zero is
+    scaled by its slope, drawn uniformly from [lower, upper). Returns the output and the
+    noise (the slopes there, 1 elsewhere)."""
+    slope = _like(rng, x, lambda s, shape: s.uniform(shape, x.dtype, lower, upper))
+    negative = x <= 0
+    return torch.where(negative, x * slope, x), torch.where(negative, slope, 1.0)
+
+
 def _rrelu(inplace: bool) -> Callable[[Stream, Any, Args, Kwargs], torch.Tensor]:
     def run(rng: Stream, func: Any, args: Args, kwargs: Kwargs) -> torch.Tensor:
         x = args[0] if args else kwargs["input"]
@@ -627,9 +636,31 @@ def _rrelu(inplace: bool) -> Callable[[Stream, Any, Args, Kwargs], torch.Tensor]
         in_place = inplace or bool(_arg(args, kwargs, 4, "inplace", False))
         if not training:
             return func(*args, **kwargs)  # type: ignore[no-any-return]  # no randomness
-        slope = _like(rng, x, lambda s, shape: s.uniform(shape, x.dtype, lower, upper))
-        out = torch.where(x >= 0, x, x * slope)
+        out = _rrelu_train(rng, x, lower, upper)[0]
         return x.copy_(out) if in_place else out
+
+    return run
+
+
+def _rrelu_with_noise(form: str) -> Callable[[Stream, Any, Args, Kwargs], Any]:
+    """The private op behind rrelu, ``(self, noise, lower, upper, training, generator)``:
+    ``form`` "" writes the slopes into ``noise`` and returns the output (``out=`` too),
+    "_" does that in place on ``self``, "_functional" returns both and leaves ``noise``."""
+    def run(rng: Stream, func: Any, args: Args, kwargs: Kwargs) -> Any:
+        x = args[0] if args else kwargs["self"]
+        noise = _arg(args, kwargs, 1, "noise")
+        lower = float(_arg(args, kwargs, 2, "lower", 1.0 / 8))
+        upper = float(_arg(args, kwargs, 3, "upper", 1.0 / 3))
+        if not bool(_arg(args, kwargs, 4, "training", False)):
+            return func(*args, **kwargs)  # no randomness: leaky ReLU with the mean slope
+        out, values = _rrelu_train(rng, x, lower, upper)
+        if form == "_functional":
+            return out, values
+        with torch.no_grad():
+            noise.copy_(values)
+        if form == "_":
+            return x.copy_(out)
+        return _finish_factory(out, {"out": kwargs.get("out")})
 
     return run
 
@@ -710,6 +741,12 @@ _cover([torch.nn.init.kaiming_uniform_], _init_kaiming_uniform_, generator_at=4)
 _cover([F.gumbel_softmax], _gumbel_softmax)
 _cover([F.rrelu, torch.rrelu], _rrelu(False))
 _cover([F.rrelu_, torch.rrelu_], _rrelu(True))
+for _form in ("", "_", "_functional"):
+    # The Python binding, the aten op (torch.ops.aten.X) and each of its overloads.
+    _packet = getattr(torch.ops.aten, "rrelu_with_noise" + _form, None)
+    _funcs = [getattr(torch._C._nn, "rrelu_with_noise" + _form, None), _packet,
+              *(getattr(_packet, o) for o in (_packet.overloads() if _packet else ()))]
+    _cover([f for f in _funcs if f is not None], _rrelu_with_noise(_form), generator_at=5)
 _cover([F.fractional_max_pool2d, F.fractional_max_pool2d_with_indices], _fractional_max_pool(2))
 _cover([F.fractional_max_pool3d, F.fractional_max_pool3d_with_indices], _fractional_max_pool(3))
 
@@ -770,6 +807,59 @@ for _name in ("lstm", "gru", "rnn_relu", "rnn_tanh"):
     _register([getattr(torch, _name)], Uncovered(
         f"torch.{_name} (a recurrent layer with dropout)", _rnn_dropout,
         " (the dropout between its layers runs inside one C++ kernel)"))
+
+
+def _schema_draws(schema: Any) -> Callable[[Args, Kwargs], bool]:
+    """Whether a call of an aten op draws, read from its schema: not when its dropout
+    probability is 0 or its train flag False (the fused attention and RNN kernels)."""
+    checks = [(i, a.name, a.default_value) for i, a in enumerate(schema.arguments)
+              if a.name in ("dropout_p", "dropout", "train", "training")]
+
+    def draws(args: Args, kwargs: Kwargs) -> bool:
+        for i, name, default in checks:
+            value = args[i] if i < len(args) else kwargs.get(name, default)
+            if value is False or (name.startswith("dropout") and value == 0):
+                return False
+        return True
+
+    return draws
+
+
+def _seeded_schema(op: Any) -> Any:
+    """The schema of an aten op (an OpOverload, or a packet's first overload) if it is tagged
+    as drawing random numbers (``nondeterministic_seeded``), else None."""
+    if isinstance(op, torch._ops.OpOverloadPacket):
+        op = next((getattr(op, name) for name in op.overloads()), None)  # type: ignore[no-untyped-call]
+    if op is None or torch.Tag.nondeterministic_seeded not in op.tags:
+        return None
+    return op._schema
+
+
+# torch's private bindings of aten ops tagged as random (fused attention, cuDNN and MIOpen
+# RNNs): tests/test_portable.py checks that every binding of such an op is in the tables.
+for _name in ("_cudnn_rnn", "miopen_rnn", "_lstm_mps", "_scaled_dot_product_attention_math",
+              "_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_for_cpu",
+              "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
+              "_scaled_dot_product_attention_math_for_mps", "_triton_scaled_dot_attention"):
+    _binding = getattr(torch, _name, None)
+    _schema = _seeded_schema(getattr(torch.ops.aten, _name, None))
+    if _binding is not None and _schema is not None:
+        _register([_binding], Uncovered(f"torch.{_name}", _schema_draws(_schema)))
+_ATEN: dict[Any, Any] = {}  # torch.ops.aten ops seen that the tables do not list
+
+
+def aten_entry(func: Any) -> Any:
+    """For an op of ``torch.ops.aten`` (an OpOverload or a packet) the tables do not list:
+    an ``Uncovered`` if it is tagged as drawing random numbers, else None (cached)."""
+    try:
+        return _ATEN[func]
+    except KeyError:
+        schema = _seeded_schema(func)
+        entry = _ATEN[func] = None if schema is None else Uncovered(f"torch.ops.{func}",
+                                                                    _schema_draws(schema))
+        return entry
+
+
 _register([F.scaled_dot_product_attention], Uncovered(
     "F.scaled_dot_product_attention with dropout_p > 0", _sdpa_dropout,
     " (its attention dropout runs inside the fused kernel)"))

@@ -17,7 +17,15 @@ logical right shift is an arithmetic shift plus a mask.
 The distributions follow ``jax.random`` where JAX has one (uniform, bits,
 bernoulli, randint, permutation, normal, exponential), so that they equal
 it; multinomial is devrng's own (a fixed-order prefix sum, so every device
-adds in the same order).
+adds in the same order). Float16 and bfloat16 normal draws are the float32
+draw rounded (as torch draws them; JAX draws them from 10- and 7-bit uniforms).
+
+On the CPU the fused kernel (``devrng._threefry_cpu``) makes the common draws
+in one pass, the same bits as the tensor ops here. In compiled code the
+draws with a transcendental step (normal, exponential) are one opaque op,
+``devrng::draw``, that runs this module's eager code: the compiler cannot
+substitute its own ``log``, ``sqrt`` or ``erfinv`` (or fuse their
+arithmetic), so compiled draws are eager's, bit for bit.
 """
 
 from __future__ import annotations
@@ -29,7 +37,18 @@ from collections.abc import Callable, Sequence
 import torch
 
 from devrng._lazy import load
-from devrng._threefry_cpu import BITS, UNIFORM, WORDS, kernel
+from devrng._threefry_cpu import (
+    BITS,
+    DTYPES,
+    EXPONENTIAL,
+    NORMAL,
+    NORMAL_AT,
+    UNIFORM,
+    UNIFORM64,
+    UNIFORM_AT,
+    WORDS,
+    kernel,
+)
 
 __all__ = [
     "M32",
@@ -51,6 +70,7 @@ __all__ = [
     "search_right",
     "seed_key",
     "shr",
+    "sqrt32",
     "threefry2x32",
     "threefry_host",
     "uniform",
@@ -127,11 +147,14 @@ def unsigned(words: torch.Tensor) -> torch.Tensor:
 def shr(x: torch.Tensor, k: int) -> torch.Tensor:
     """Logical right shift of int32 or int64 bit patterns by ``k`` (1 <= k < width).
 
-    Only non-negative values are ever shifted right: torch's ``>>`` is
-    arithmetic on the CPU, and torch_xla computes it as a division, which
-    rounds negative values towards zero. The sign bit is moved separately.
+    torch's ``>>`` is arithmetic: the copies of the sign bit it shifts in are
+    masked off. torch_xla computes ``>>`` as a division, which rounds negative
+    values towards zero, so there only non-negative values are shifted right
+    and the sign bit is moved separately.
     """
     width = 8 * x.element_size()
+    if x.device.type != "xla":
+        return (x >> k) & ((1 << (width - k)) - 1)
     magnitude = (x & ((1 << (width - 1)) - 1)) >> k
     return magnitude | ((x < 0).to(x.dtype) << (width - 1 - k))
 
@@ -190,24 +213,41 @@ def _chain(key: torch.Tensor, shape: tuple[int, ...], words: int,
     return torch.stack([x0, x1]).reshape(2, *shape)
 
 
+def _cpu_counters(counters: torch.Tensor | None) -> torch.Tensor | None:
+    return None if counters is None else counters.to(device="cpu",
+                                                     dtype=torch.int64).contiguous()
+
+
 def _kernel_fill(key: HostKey, shape: tuple[int, ...], mode: int,
-                 counters: torch.Tensor | None) -> torch.Tensor | None:
+                 counters: torch.Tensor | None, scale: float = 1.0, shift: float = 0.0
+                 ) -> torch.Tensor | None:
     """The fused CPU kernel's output, or None where it cannot run (no compiler, or a
     FakeTensor without memory to fill)."""
     cpu = kernel()
     if cpu is None:
         return None
-    if counters is not None:
-        counters = counters.to(device="cpu", dtype=torch.int64).contiguous()
-    dtype = torch.float32 if mode == UNIFORM else torch.int32
-    out = torch.empty((2, *shape) if mode == WORDS else shape, dtype=dtype)
+    out = torch.empty((2, *shape) if mode == WORDS else shape, dtype=DTYPES[mode])
     if type(out) is not torch.Tensor:
         return None
     if mode == WORDS:
-        cpu.run(key, WORDS, out[0], out[1], counters=counters)
+        cpu.run(key, WORDS, out[0], out[1], counters=_cpu_counters(counters))
     else:
-        cpu.run(key, mode, out, counters=counters)
+        cpu.run(key, mode, out, counters=_cpu_counters(counters), scale=scale, shift=shift)
     return out
+
+
+def _kernel_randint(key: HostKey, shape: tuple[int, ...], span: int, multiplier: int, low: int,
+                    dtype: torch.dtype, counters: torch.Tensor | None) -> torch.Tensor | None:
+    """``randint``'s int32-bounds case from the fused CPU kernel, or None (as ``_kernel_fill``)."""
+    cpu = kernel()
+    if cpu is None:
+        return None
+    out = torch.empty(shape, dtype=dtype if dtype == torch.int32 else torch.int64)
+    if type(out) is not torch.Tensor:
+        return None
+    cpu.randint((fold_in(key, 0), fold_in(key, 1)), span, multiplier, low, out,
+                counters=_cpu_counters(counters))
+    return out if out.dtype == dtype else out.to(dtype)
 
 
 class Source:
@@ -228,6 +268,14 @@ class Source:
         self.key = key
         self.device = device
         self.counters = counters
+
+    def fused(self, mode: int, shape: Sequence[int], scale: float = 1.0, shift: float = 0.0
+              ) -> torch.Tensor | None:
+        """The fused CPU kernel's draw in ``mode`` (``devrng._threefry_cpu``), or None where
+        it does not run (another device, a key in a compiled graph, no kernel)."""
+        if isinstance(self.key, tuple) and self.device.type == "cpu":
+            return _kernel_fill(self.key, tuple(shape), mode, self.counters, scale, shift)
+        return None
 
     def split(self, i: int) -> Source:
         """The source of ``jax.random.split(key)[i]`` (which is ``fold_in(key, i)``)."""
@@ -260,23 +308,32 @@ class Source:
 
     def unit_float32(self, shape: Sequence[int]) -> torch.Tensor:
         """float32 in [0, 1) from 23 of the bits, as ``jax.random.uniform``."""
-        if isinstance(self.key, tuple) and self.device.type == "cpu":
-            out = _kernel_fill(self.key, tuple(shape), UNIFORM, self.counters)
-            if out is not None:
-                return out
+        out = self.fused(UNIFORM, shape)
+        if out is not None:
+            return out
         return _scaled(shr(self.bits(shape), 9), 23, torch.float32)
+
+    def _draw_op(self, distribution: str, shape: Sequence[int], dtype: torch.dtype,
+                 params: Sequence[float]) -> torch.Tensor:
+        """``_DISTRIBUTIONS[distribution]`` of this source: as the opaque ``devrng::draw``
+        when the key is a tensor of a compiled graph, else directly."""
+        if isinstance(self.key, torch.Tensor):
+            return torch.ops.devrng.draw(  # type: ignore[no-any-return]
+                self.key, list(shape), distribution, dtype, list(params), self.counters)
+        return _DISTRIBUTIONS[distribution](self, shape, dtype, *params)
 
     # The distributions, as methods so that JAX's own (devrng._portable_jax) can stand in.
     def uniform(self, shape: Sequence[int], dtype: torch.dtype, low: float = 0.0,
                 high: float = 1.0) -> torch.Tensor:
         return uniform(self, shape, dtype, low, high)
 
-    def normal(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
-        return normal(self, shape, dtype)
+    def normal(self, shape: Sequence[int], dtype: torch.dtype, mean: float = 0.0,
+               std: float = 1.0) -> torch.Tensor:
+        return self._draw_op("normal", shape, dtype, (mean, std))
 
     def exponential(self, shape: Sequence[int], dtype: torch.dtype,
                     lambd: float = 1.0) -> torch.Tensor:
-        return exponential(self, shape, dtype, lambd)
+        return self._draw_op("exponential", shape, dtype, (lambd,))
 
     def bernoulli(self, shape: Sequence[int], p: float | torch.Tensor) -> torch.Tensor:
         return bernoulli_mask(self, shape, p)
@@ -310,6 +367,9 @@ def unit(source: Source, shape: Sequence[int], dtype: torch.dtype) -> torch.Tens
     if dtype == torch.float32:
         return source.unit_float32(shape)
     if dtype == torch.float64:
+        fused = source.fused(UNIFORM64, shape)
+        if fused is not None:
+            return fused
         hi, lo = source.words(shape)
         wide = (hi.to(torch.int64) << 32) | unsigned(lo)
         return _scaled(shr(wide, 12), 52, dtype)
@@ -359,12 +419,15 @@ def affine(x: torch.Tensor, scale: float | torch.Tensor, shift: float | torch.Te
 def uniform(source: Source, shape: Sequence[int], dtype: torch.dtype, low: float = 0.0,
             high: float = 1.0) -> torch.Tensor:
     """``jax.random.uniform(key, shape, dtype, low, high)``: ``max(low, u * (high - low) + low)``."""
-    u = unit(source, shape, dtype)
     if low == 0.0 and high == 1.0:
-        return u  # u * 1 + 0, exactly
+        return unit(source, shape, dtype)  # u * 1 + 0, exactly
     lo = round_to(low, dtype)
     span = round_to(round_to(high, dtype) - lo, dtype)  # exact in float64, then rounded
-    return torch.clamp_min(affine(u, span, lo, dtype), lo)
+    if dtype == torch.float32:
+        fused = source.fused(UNIFORM_AT, shape, span, lo)
+        if fused is not None:
+            return fused
+    return torch.clamp_min(affine(unit(source, shape, dtype), span, lo, dtype), lo)
 
 
 # Giles, "Approximating the erfinv function" (GPU Computing Gems, 2011), single precision:
@@ -407,27 +470,66 @@ def log32(t: torch.Tensor) -> torch.Tensor:
     return s * series + exponent.to(torch.float32) * _LN2
 
 
+def sqrt32(w: torch.Tensor) -> torch.Tensor:
+    """The correctly rounded square root of non-negative float32 values, from the device's
+    ``torch.sqrt``, which need not be (torch's eager CPU kernel, MKL's, is 1 ulp off for
+    about one value in five): a neighbour of the device's root replaces it where ``w``
+    lies beyond the midpoint between them. Each midpoint has 25 significant bits, so its
+    square is exact in float64; so is every comparison. Without float64 (MPS, JAX without
+    x64) the device's root is kept: JAX's (XLA's) is correctly rounded."""
+    r = torch.sqrt(w)
+    if w.device.type in ("mps", "jax"):
+        return r
+    wide = w.to(torch.float64)
+    result = r
+    for towards in (math.inf, 0.0):
+        neighbour = torch.nextafter(r, torch.full_like(r, towards))
+        mid = (r.to(torch.float64) + neighbour.to(torch.float64)) * 0.5
+        beyond = wide > mid * mid if towards > 0 else wide < mid * mid
+        result = torch.where(beyond, neighbour, result)
+    return result
+
+
 def erfinv32(x: torch.Tensor) -> torch.Tensor:
-    """erfinv in float32 from one log, one sqrt and two polynomials (Giles' single-precision
-    method), the same formula on every device: with ``log32`` and the correctly rounded
-    ``sqrt``, only a compiler's fused multiply-adds (XLA, Triton) move the last bits.
-    (``torch.erfinv`` is a different method on each device: 87 ulp apart from XLA's near
-    zero.)"""
+    """erfinv in float32 from one log, one square root and two polynomials (Giles'
+    single-precision method), the same formula on every device: ``log32`` and ``sqrt32``
+    are IEEE operations, each correctly rounded, so only a compiler's fused multiply-adds
+    (XLA, Triton) move the last bits. (``torch.erfinv`` is a different method on each
+    device: 87 ulp apart from XLA's near zero.) ``x`` is in (-1, 1)."""
     w = -log32((1.0 - x) * (1.0 + x))
     central = _horner(_ERFINV_CENTRAL, w - 2.5)
-    tail = _horner(_ERFINV_TAIL, torch.sqrt(w) - 3.0)
+    tail = _horner(_ERFINV_TAIL, sqrt32(w) - 3.0)
     return torch.where(w < 5.0, central, tail) * x
 
 
-def normal(source: Source, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+def normal(source: Source, shape: Sequence[int], dtype: torch.dtype, mean: float = 0.0,
+           std: float = 1.0) -> torch.Tensor:
+    """``mean + std * z`` for a standard normal z (``affine``: rounded once)."""
+    if mean == 0.0 and std == 1.0:
+        return _standard_normal(source, shape, dtype)
+    if dtype == torch.float32:
+        fused = source.fused(NORMAL_AT, shape, std, mean)
+        if fused is not None:
+            return fused
+    z = _standard_normal(source, shape, dtype)
+    return z * std + mean if dtype.is_complex else affine(z, std, mean, dtype)
+
+
+def _standard_normal(source: Source, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
     """Standard normal, as ``jax.random.normal`` makes it: ``sqrt(2) * erfinv(u)`` with u
-    uniform on (-1, 1) (float32 math for float16 and bfloat16; float64 uses the device's
-    ``torch.erfinv``)."""
+    uniform on (-1, 1). Float16 and bfloat16 take the float32 draw, rounded; float64 uses
+    the device's ``torch.erfinv``; complex dtypes draw the real and imaginary parts from
+    ``split(key)``'s two keys and divide them by sqrt(2), as JAX does."""
     if dtype.is_complex:
         real = torch.float32 if dtype == torch.complex64 else torch.float64
-        both = normal(source, (2, *shape), real) * round_to(math.sqrt(0.5), real)
-        return torch.complex(both[0], both[1])
+        root2 = round_to(math.sqrt(2.0), real)
+        return torch.complex(_standard_normal(source.split(0), shape, real) / root2,
+                             _standard_normal(source.split(1), shape, real) / root2)
     work = torch.float64 if dtype == torch.float64 else torch.float32
+    if work == torch.float32:
+        fused = source.fused(NORMAL, shape)
+        if fused is not None:
+            return fused.to(dtype)
     lo = -1.0 + torch.finfo(work).eps / 2  # nextafter(-1, 0): the next float towards 0
     u = source.uniform(shape, work, lo, 1.0)
     z = torch.erfinv(u) if work == torch.float64 else erfinv32(u)
@@ -442,18 +544,26 @@ def exponential(source: Source, shape: Sequence[int], dtype: torch.dtype,
     if dtype == torch.float64:
         e = -torch.log1p(-source.uniform(shape, dtype))
     else:
-        e = -log32(1.0 - source.uniform(shape, torch.float32))
+        fused = source.fused(EXPONENTIAL, shape)
+        e = -log32(1.0 - source.uniform(shape, torch.float32)) if fused is None else fused
     e = e if lambd == 1.0 else e / lambd
     return e.to(dtype)
 
 
+# The draws devrng::draw makes in compiled code, by name: f(source, shape, dtype, *params).
+_DISTRIBUTIONS: dict[str, Callable[..., torch.Tensor]] = {"normal": normal,
+                                                          "exponential": exponential}
+
+
 def bernoulli_mask(source: Source, shape: Sequence[int], p: float | torch.Tensor
                    ) -> torch.Tensor:
-    """``jax.random.bernoulli(key, p, shape)``: ``uniform < p`` (float32 for a number ``p``,
-    ``p``'s dtype for a floating tensor)."""
+    """``jax.random.bernoulli(key, p, shape)``: ``uniform < p`` in float32 for a number ``p``
+    (rounded to float32 first, as JAX converts it: XLA would compare a float32 draw with a
+    Python number in float64, and keep the draws equal to float32(p) that the CPU and JAX
+    drop), in ``p``'s dtype for a floating tensor."""
     if isinstance(p, torch.Tensor) and p.dtype.is_floating_point:
         return source.uniform(shape, p.dtype) < p
-    return source.uniform(shape, torch.float32) < p
+    return source.uniform(shape, torch.float32) < round_to(float(p), torch.float32)
 
 
 def randint(source: Source, shape: Sequence[int], low: int, high: int,
@@ -468,10 +578,15 @@ def randint(source: Source, shape: Sequence[int], low: int, high: int,
     """
     span = high - low
     if low >= -(1 << 31) and high <= 1 << 31 and span < 1 << 32:
-        higher = unsigned(source.split(0).bits(shape))
-        lower = unsigned(source.split(1).bits(shape))
         # JAX squares 2**16 % span in uint32: for spans above 2**16 that wraps to 0.
         multiplier = ((((1 << 16) % span) ** 2) & M32) % span
+        if isinstance(source.key, tuple) and source.device.type == "cpu":
+            fused = _kernel_randint(source.key, tuple(shape), span, multiplier, low, dtype,
+                                    source.counters)
+            if fused is not None:
+                return fused
+        higher = unsigned(source.split(0).bits(shape))
+        lower = unsigned(source.split(1).bits(shape))
         # (higher % span) * multiplier mod 2**32, split so that no product leaves int64.
         a = higher % span
         product = (a * (multiplier & 0xFFFF) + (((a * (multiplier >> 16)) & 0xFFFF) << 16)) & M32
@@ -560,7 +675,9 @@ def multinomial(source: Source, weights: torch.Tensor, num_samples: int,
 # Inductor took more than 5 minutes to compile the ~130 unrolled integer ops of one
 # draw; as one op with a fake (shape-only) implementation it compiles in no time and
 # runs the fused CPU kernel, or the tensor ops on other devices (on XLA they become
-# part of the XLA graph).
+# part of the XLA graph). devrng::draw does the same for the draws with a
+# transcendental step, so that they run eager's code: inductor would compile its own
+# sqrt and erfinv (91 of 2**18 float32 normal draws differed, 72,747 float64 ones).
 def _bits_cpu(key: torch.Tensor, shape: Sequence[int], words: int) -> torch.Tensor:
     host = key.tolist()
     return Source((host[0] & M32, host[1] & M32), key.device)._draw(shape, words)
@@ -572,6 +689,26 @@ def _bits_any(key: torch.Tensor, shape: Sequence[int], words: int) -> torch.Tens
 
 def _bits_fake(key: torch.Tensor, shape: Sequence[int], words: int) -> torch.Tensor:
     return key.new_empty((2, *shape) if words == 2 else tuple(shape))
+
+
+def _draw_cpu(key: torch.Tensor, shape: Sequence[int], distribution: str, dtype: torch.dtype,
+              params: Sequence[float], counters: torch.Tensor | None) -> torch.Tensor:
+    host = key.tolist()
+    source = Source((host[0] & M32, host[1] & M32), key.device, counters)
+    return _DISTRIBUTIONS[distribution](source, tuple(shape), dtype, *params)
+
+
+def _draw_any(key: torch.Tensor, shape: Sequence[int], distribution: str, dtype: torch.dtype,
+              params: Sequence[float], counters: torch.Tensor | None) -> torch.Tensor:
+    # The module's function, not Source's method of the same name (which would call this
+    # op again): its bits come from devrng::bits, run eagerly here.
+    source = Source(key, key.device, counters)
+    return _DISTRIBUTIONS[distribution](source, tuple(shape), dtype, *params)
+
+
+def _draw_fake(key: torch.Tensor, shape: Sequence[int], distribution: str, dtype: torch.dtype,
+               params: Sequence[float], counters: torch.Tensor | None) -> torch.Tensor:
+    return key.new_empty(tuple(shape), dtype=dtype)
 
 
 def _next_key_cpu(state: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -597,6 +734,11 @@ def _define_ops() -> None:
     torch.library.impl("devrng::bits", "CPU")(_bits_cpu)
     torch.library.impl("devrng::bits", "CompositeExplicitAutograd")(_bits_any)
     torch.library.register_fake("devrng::bits")(_bits_fake)
+    torch.library.define("devrng::draw", "(Tensor key, SymInt[] shape, str distribution, "
+                         "ScalarType dtype, float[] params, Tensor? counters) -> Tensor")
+    torch.library.impl("devrng::draw", "CPU")(_draw_cpu)
+    torch.library.impl("devrng::draw", "CompositeExplicitAutograd")(_draw_any)
+    torch.library.register_fake("devrng::draw")(_draw_fake)
     torch.library.define("devrng::next_key", "(Tensor(a!) state, Device device) -> Tensor")
     torch.library.impl("devrng::next_key", "CPU")(_next_key_cpu)
     torch.library.register_fake("devrng::next_key")(_next_key_fake)

@@ -8,6 +8,12 @@ same seed. Here the graph is built by devrng's own forward/backward compiler,
 which puts the XLA seeds back after building it, so the first run reads the
 seed it was given. Later runs read the seed from the device at run time (the
 bridge feeds it as graph input), so a new seed never recompiles.
+
+A graph whose ops are all views (the ``return loss.detach()`` that dynamo
+compiles on its own after the graph break at ``loss.backward()``) makes no XLA
+computation, and torch_xla 2.9's bridge then fails looking it up ("Check failed:
+cachedComputation"; plain ``torch.compile(backend="openxla")`` too). Such a graph
+draws nothing and computes nothing: it runs as it is, on lazy tensors.
 """
 
 from __future__ import annotations
@@ -26,7 +32,15 @@ from devrng._compilers.torch_xla import xla_devices, xla_runner
 __all__ = ["make_runner", "seeded_openxla"]
 
 
+def _only_views(model: torch.fx.GraphModule) -> bool:
+    """Whether every op of ``model`` is a view (detach, alias, reshape...) of its inputs."""
+    return all(node.op != "call_function" or getattr(node.target, "is_view", False)
+               for node in model.graph.nodes)
+
+
 def _graph_compiler(model: torch.fx.GraphModule, fake_inputs: list[Any]) -> Callable[..., Any]:
+    if _only_views(model):
+        return make_boxed_func(model)
     compiled: Callable[..., Any] | None = None
 
     def run(*args: Any) -> Any:
