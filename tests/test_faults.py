@@ -810,7 +810,7 @@ def test_streams_refuse_a_zero_cpu_state_and_junk_device_states(faulty: FaultyBa
     good = plain_state(streams.state_dict())
     cases = [
         (lambda sd: sd["streams"]["a"].update(cpu=torch.zeros(5056, dtype=torch.uint8)),
-         ValueError, r"Stream 'a''s CPU state is not a valid MT19937 state"),
+         DevRNGError, r"Stream 'a''s CPU state is not a valid MT19937 state"),
         (lambda sd: sd["streams"]["a"]["devices"]["faulty"].update({0: torch.zeros(3)}),
          DevRNGError, r"The snapshot's faulty:0 state is a torch.float32 tensor of shape \(3,\)"),
         (lambda sd: sd["streams"]["a"]["devices"]["faulty"].update({7: faulty.states()[0]}),
@@ -818,7 +818,7 @@ def test_streams_refuse_a_zero_cpu_state_and_junk_device_states(faulty: FaultyBa
         (lambda sd: sd["streams"]["a"]["devices"].update(nodev={0: torch.zeros(1)}),
          DevRNGError, r"holds nodev states, but this process cannot reach nodev devices"),
         (lambda sd: sd["streams"]["a"]["devices"]["faulty"].update({"0": faulty.states()[0]}),
-         ValueError, r"names the faulty device index '0'"),
+         DevRNGError, r"names the faulty device index '0'"),
     ]
     for change, error, message in cases:
         sd = copy.deepcopy(good)

@@ -31,10 +31,10 @@ import torch.utils.deterministic
 from devrng._errors import DevRNGError, check_flags, warn_and_log
 from devrng._locks import ForkSafeLock
 from devrng._registry import backend_names, loaded_backend
-from devrng._seeding import manual_seed
+from devrng._seeding import reseed
 from devrng._seeds import check_seed
 from devrng._sigint import deliver, guard
-from devrng._undo import Undo, read_started
+from devrng._undo import Undo
 from devrng._workers import dataloader_kwargs
 
 __all__ = ["CUBLAS_DETERMINISTIC", "DeterministicHandle", "Setting", "current_settings", "deterministic",
@@ -388,9 +388,7 @@ class DeterministicHandle:
                         self._previous[setting.name] = setting.read()
                         setting.apply(setting.target(self.options), undo)
                 if self.seed is not None:
-                    undo.save_devices(read_started())
-                    undo.save_host(python=True, numpy=True)
-                    manual_seed(self.seed)
+                    reseed(undo, self.seed)
                 _active.append(self)
                 self._active = True
                 _made.handle = self

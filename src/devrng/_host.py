@@ -20,7 +20,7 @@ import torch
 from devrng._plain import describe
 
 __all__ = ["check_cpu_state", "check_numpy_state", "check_python_state", "cpu_state_numel",
-           "get_cpu_state", "get_numpy_state", "get_python_state", "numpy_or_none",
+           "draw_seed", "get_cpu_state", "get_numpy_state", "get_python_state", "numpy_or_none",
            "seed_cpu", "seed_numpy", "set_cpu_state", "set_numpy_state", "set_python_state"]
 
 get_cpu_state = torch.default_generator.get_state
@@ -30,6 +30,20 @@ get_python_state = random.getstate
 set_python_state = random.setstate
 
 _MT_WORDS = 624
+
+
+def draw_seed() -> int:
+    """A 64-bit seed drawn from torch's CPU generator: what ``seeded_jit`` and ``portable``
+    take without a seed of their own, so that ``torch.manual_seed`` at program start fixes
+    them too.
+
+    Examples:
+        >>> _ = torch.manual_seed(0); a = draw_seed()
+        >>> _ = torch.manual_seed(0); a == draw_seed()
+        True
+    """
+    hi, lo = torch.randint(0, 1 << 32, (2,), dtype=torch.int64).tolist()
+    return int((hi << 32) | lo)
 _scratch = random.Random(0)  # states are tried here first, never on the global generator
 _scratch_cpu = torch.Generator()  # likewise for torch's CPU generator
 _cpu_numel: list[int] = []  # the size of this torch's CPU generator state, read once

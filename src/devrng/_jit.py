@@ -19,8 +19,10 @@ from typing import Any, Generic, TypeVar, overload
 import torch
 
 from devrng._compilers.runner import MakeRunner, Runner, input_types
+from devrng._errors import DevRNGError
+from devrng._host import draw_seed
 from devrng._lazy import load
-from devrng._seeds import MASK64, check_seed, nth_seed
+from devrng._seeds import MASK64, check_counter, check_seed, nth_seed
 from devrng._sigint import interrupt_in, raised_count
 
 __all__ = ["COMPILER_NAMES", "SeededFunction", "auto_compiler", "seeded_jit"]
@@ -170,8 +172,7 @@ class SeededFunction(Generic[R]):
             # Drawn from torch's default generator once everything else succeeded (a wrap
             # that fails leaves the generator alone), so torch.manual_seed at program start
             # fixes every seeded function's stream too.
-            hi, lo = torch.randint(0, 1 << 32, (2,), dtype=torch.int64).tolist()
-            seed = (hi << 32) | lo
+            seed = draw_seed()
         self._base_seed: int = seed
         functools.update_wrapper(self, fn, updated=())  # type: ignore[arg-type]
 
@@ -239,9 +240,8 @@ class SeededFunction(Generic[R]):
             state_dict: ``{"base_seed": ..., "counter": ...}``.
 
         Raises:
-            ValueError: The keys are not exactly those two, or a value is out
-                of range.
-            TypeError: The base seed is not an int.
+            DevRNGError: The keys are not exactly those two, or a value is not
+                an int in range.
 
         Examples:
             >>> step = devrng.seeded_jit(lambda x: x, backend="eager")
@@ -252,16 +252,15 @@ class SeededFunction(Generic[R]):
         if not isinstance(state_dict, Mapping) or set(state_dict) != {"base_seed", "counter"}:
             got = (f"a mapping with the keys {', '.join(sorted(map(repr, state_dict)))}"
                    if isinstance(state_dict, Mapping) else f"a {type(state_dict).__name__}")
-            raise ValueError(
+            raise DevRNGError(
                 f"load_state_dict needs a mapping with exactly the keys 'base_seed' and 'counter' "
                 f"(from SeededFunction.state_dict()), not {got}."
             )
-        base = check_seed(state_dict["base_seed"], "state_dict['base_seed']")
-        counter = state_dict["counter"]
-        if isinstance(counter, bool) or not isinstance(counter, int) or counter < 0:
-            raise ValueError(
-                f"state_dict['counter'] must be a non-negative int, not {counter!r}."
-            )
+        try:
+            base = check_seed(state_dict["base_seed"], "state_dict['base_seed']")
+            counter = check_counter(state_dict["counter"], "state_dict['counter']")
+        except (TypeError, ValueError) as err:
+            raise DevRNGError(f"SeededFunction.load_state_dict: {err}") from None
         self._base_seed = base
         self._counter = int(counter)
 

@@ -8,14 +8,14 @@ bytes, and how an unsigned 64-bit integer (XLA's seed) travels as a tensor.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from typing import Any
 
 import torch
 
-from devrng._errors import DevRNGError
+from devrng._errors import DevRNGError, short_repr
 
-__all__ = ["MAX_STATE_BYTES", "check_depth", "check_loaded", "check_plain", "describe", "feed", "signature", "tensor_bytes", "tensor_to_uint64",
+__all__ = ["MAX_STATE_BYTES", "check_depth", "check_header", "check_loaded", "check_plain", "describe", "feed", "signature", "tensor_bytes", "tensor_to_uint64",
            "uint64_to_tensor"]
 
 _PLAIN_LEAVES = (torch.Tensor, bool, int, float, str, type(None))
@@ -78,6 +78,35 @@ def check_loaded(state: Any, what: str) -> None:
                     + f"; generator states are compact tensors of at most {MAX_STATE_BYTES} "
                     "bytes, so this file was not written by devrng."
                 )
+
+
+def check_header(data: Any, *, tag: str, versions: Collection[int], what: str, made_by: str,
+                 source: str | None = None) -> int:
+    """The version of a saved state tagged ``tag`` (``{"format": tag, "version": v, ...}``),
+    or one ``DevRNGError`` sentence naming what ``data`` is instead: every
+    ``load_state_dict`` and ``load`` reads its header here. ``source`` names a file
+    ``data`` came from.
+
+    Examples:
+        >>> check_header({"format": "devrng.RNGState", "version": 1}, tag="devrng.RNGState",
+        ...              versions=(1,), what="RNGState.from_dict", made_by="RNGState.to_dict()")
+        1
+    """
+    if not isinstance(data, Mapping) or data.get("format") != tag:
+        got = (f"its format tag is {short_repr(data.get('format'))}, not {tag!r}"
+               if isinstance(data, Mapping) else "it is None" if data is None
+               else f"it is {short_repr(data)} (of type {type(data).__name__})")
+        if source is not None:
+            raise DevRNGError(f"{source} is not a valid devrng state for {what}: {got}. Write it "
+                              f"with {made_by}.")
+        raise DevRNGError(f"{what} takes the dict that {made_by} returns; {got}.")
+    version = data.get("version")
+    if type(version) is not int or version not in versions:
+        known = sorted(versions)
+        raise DevRNGError(f"{what}: {source or 'the state'} is version {short_repr(version)}; "
+                          f"this devrng reads version{'s' if len(known) > 1 else ''} "
+                          f"{', '.join(map(str, known))}.")
+    return version
 
 
 def tensor_bytes(t: torch.Tensor) -> bytes:

@@ -32,12 +32,13 @@ from torch.overrides import TorchFunctionMode
 
 from devrng import _portable_ops
 from devrng import _threefry as tf
-from devrng._errors import DevRNGError, check_flags, short_repr
+from devrng._errors import DevRNGError, check_flags
+from devrng._host import draw_seed
 from devrng._lazy import load
 from devrng._portable_ops import ENTRIES, Args, Kwargs, Op, aten_entry, entry_name, redispatch
 from devrng._rank import world_size
 from devrng._ranked import Apply, Summary, identity_of, is_ranked, load_ranked, ranked
-from devrng._seeds import MASK64, check_seed
+from devrng._seeds import MASK64, check_counter, check_seed
 
 __all__ = ["PortableRNG", "TracedStream", "active", "call_stream", "portable"]
 
@@ -176,11 +177,11 @@ class PortableRNG(TorchFunctionMode):
                 "counter": ...}``.
 
         Raises:
-            ValueError: The keys are not ``seed`` and ``counter`` (and ``world_size``),
-                the seed is outside ``[0, 2**64)`` or the counter outside ``[0, 2**63)``.
-            TypeError: The seed is not an int.
-            DevRNGError: In a job of several processes, the state of some rank
-                does not fit (the message names the rank).
+            DevRNGError: The keys are not ``seed`` and ``counter`` (and
+                ``world_size``), the seed is not an int in ``[0, 2**64)`` or the
+                counter not one in ``[0, 2**63)``; or, in a job of several
+                processes, the state of some rank does not fit (the message names
+                the rank).
 
         Examples:
             >>> rng = devrng.portable(seed=0)
@@ -296,30 +297,30 @@ class PortableRNG(TorchFunctionMode):
 
 
 def _parse(state_dict: Any) -> tuple[int, int]:
-    """The seed and counter of a saved stream (``ValueError`` / ``TypeError`` if it is none)."""
+    """The seed and counter of a saved stream, or a ``DevRNGError`` sentence."""
     keys = set(state_dict) if isinstance(state_dict, Mapping) else None
     if keys not in ({"seed", "counter"}, {"seed", "counter", "world_size"}):
         got = sorted(map(str, state_dict)) if isinstance(state_dict, Mapping) \
             else type(state_dict).__name__
-        raise ValueError(
+        raise DevRNGError(
             f"PortableRNG.load_state_dict needs a mapping with exactly the keys 'seed' and "
             f"'counter' (and 'world_size', from PortableRNG.state_dict()), not {got!r}."
         )
-    seed = check_seed(state_dict["seed"], "state_dict['seed']")
-    counter = state_dict["counter"]
-    if isinstance(counter, bool) or not isinstance(counter, int) or not 0 <= counter < 1 << 63:
-        raise ValueError(f"state_dict['counter'] must be an int in [0, 2**63), not "
-                         f"{short_repr(counter)}.")
-    return seed, counter
+    try:
+        return (check_seed(state_dict["seed"], "state_dict['seed']"),
+                check_counter(state_dict["counter"], "state_dict['counter']"))
+    except (TypeError, ValueError) as err:
+        raise DevRNGError(f"PortableRNG.load_state_dict: {err}") from None
 
 
 def _read_entry(entry: Any) -> tuple[int, int, int]:
     """Seed, counter and the world size recorded (-1: none) of one rank's entry."""
     try:
         seed, counter = _parse(entry)
-    except (TypeError, ValueError) as err:
+    except DevRNGError as err:
         raise DevRNGError(f"PortableRNG.load_state_dict: its entry is not a stream's state "
-                          f"({err})") from None
+                          f"({str(err).removeprefix('PortableRNG.load_state_dict: ')})"
+                          ) from None
     world = entry.get("world_size", -1)
     return seed, counter, world if type(world) is int else -1
 
@@ -372,12 +373,7 @@ def portable(seed: int | None = None, *, strict: bool = True) -> PortableRNG:
         tensor([0.7026, 0.2348, 0.8179])
     """
     check_flags(strict=strict)
-    if seed is None:
-        # As seeded_jit: from torch's default generator, so torch.manual_seed fixes it.
-        hi, lo = torch.randint(0, 1 << 32, (2,), dtype=torch.int64).tolist()
-        seed = (hi << 32) | lo
-    else:
-        seed = check_seed(seed, "portable's seed")
+    seed = draw_seed() if seed is None else check_seed(seed, "portable's seed")
     return PortableRNG(seed & MASK64, strict)
 
 

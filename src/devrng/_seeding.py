@@ -11,9 +11,9 @@ from devrng._plan import make_plan
 from devrng._registry import available_backends, device_count, get_backend, is_initialized
 from devrng._seeds import check_seed
 from devrng._sigint import deliver, guard
-from devrng._undo import Undo, read_devices
+from devrng._undo import Undo, read_devices, read_started
 
-__all__ = ["manual_seed"]
+__all__ = ["manual_seed", "reseed"]
 
 
 def manual_seed(seed: int, *, devices: Any = None, device_type: Any = None, python: bool = True,
@@ -75,3 +75,17 @@ def manual_seed(seed: int, *, devices: Any = None, device_type: Any = None, pyth
 
 
 guard(manual_seed)
+
+
+def reseed(undo: Undo, seed: int) -> None:
+    """``manual_seed(seed)`` as one step of a larger change: every started generator, and
+    Python's and NumPy's, saved on ``undo`` first, so that the caller can put them back.
+
+    Examples:
+        >>> undo = Undo("example")
+        >>> reseed(undo, 3)
+        >>> undo.run()       # every generator as before
+    """
+    undo.save_devices(read_started())
+    undo.save_host(python=True, numpy=True)
+    manual_seed(seed)

@@ -1,16 +1,21 @@
-"""Seeds: what devrng accepts as one, and the one mixer it derives new seeds with.
+"""Seeds: what devrng accepts as one, the one mixer it derives new seeds with, and every
+derivation a training run's resume depends on.
 
 A seed is an int in ``[0, 2**64)``. New seeds (per call of ``seeded_jit``, per
 rank, per DataLoader worker) come from SplitMix64 (Steele, Lea and Flood,
-2014), so every derivation in devrng shares one well-studied mixer.
+2014), so every derivation in devrng shares one well-studied mixer. The
+derivations from a run's seed (``rank_seed``, ``loader_seed``, ...) are named
+here, once: a resumed run continues exactly only if it derives the same numbers,
+so none of them may change without a new checkpoint version.
 """
 
 from __future__ import annotations
 
 import numbers
 
-__all__ = ["GAMMA", "MASK64", "SEED_VARIABLES", "check_seed", "mix64", "nth_seed",
-           "seed_from_environment", "splitmix64"]
+__all__ = ["GAMMA", "MASK64", "SEED_VARIABLES", "check_counter", "check_seed", "loader_seed", "mix64",
+           "nth_seed", "portable_seed", "rank_seed", "reseed_seed", "seed_from_environment",
+           "splitmix64"]
 
 MASK64 = (1 << 64) - 1
 GAMMA = 0x9E3779B97F4A7C15  # SplitMix64's increment: odd, so i * GAMMA is injective mod 2**64
@@ -33,6 +38,18 @@ def check_seed(seed: object, name: str = "seed") -> int:
     if not 0 <= value <= MASK64:
         raise ValueError(f"{name}={value} is out of range; it must be an int in [0, 2**64).")
     return value
+
+
+def check_counter(counter: object, name: str = "counter") -> int:
+    """``counter`` (how far a seed stream has gone) as an int in [0, 2**63), or a ValueError.
+
+    Examples:
+        >>> check_counter(3)
+        3
+    """
+    if isinstance(counter, bool) or not isinstance(counter, int) or not 0 <= counter < 1 << 63:
+        raise ValueError(f"{name} must be an int in [0, 2**63), not {counter!r}.")
+    return counter
 
 
 def seed_from_environment(variable: str, raw: str) -> int:
@@ -77,3 +94,26 @@ def nth_seed(seed: int, n: int) -> int:
         True
     """
     return mix64((mix64(seed) + (n + 1) * GAMMA) & MASK64)
+
+
+# -- what a run derives from its seed: one index range of nth_seed each, never shared --------
+def rank_seed(seed: int, rank: int) -> int:
+    """The seed of ``rank``'s generators (index ``rank``): ``devrng.distributed.rank_seed``,
+    and a per-rank ``TrainingRNG``."""
+    return nth_seed(seed, rank)
+
+
+def loader_seed(seed: int, index: int) -> int:
+    """The seed of the ``index``-th DataLoader generator a run makes (index 2**32 + index)."""
+    return nth_seed(seed, (1 << 32) + index)
+
+
+def reseed_seed(seed: int, rank: int) -> int:
+    """What a resumed rank seeds the devices its saved state has no state for with
+    (index 2**33 + rank): never a stream any rank had in the saved run."""
+    return nth_seed(seed, (1 << 33) + rank)
+
+
+def portable_seed(seed: int) -> int:
+    """The seed of a run's portable stream (``TrainingRNG.portable``; index 2**34)."""
+    return nth_seed(seed, 1 << 34)

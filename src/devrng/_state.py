@@ -17,7 +17,7 @@ import torch
 from devrng import _host
 from devrng._errors import DevRNGError, check_flags, short_repr
 from devrng._files import atomic_write, checked_path, is_file_like, readable_file
-from devrng._plain import check_depth, check_loaded, check_plain, describe, feed
+from devrng._plain import check_depth, check_header, check_loaded, check_plain, describe, feed
 from devrng._plan import make_plan
 from devrng._undo import DeviceState, read_devices
 
@@ -151,7 +151,7 @@ class RNGState:
         """
         check_depth(data, source)  # before anything walks it: a hostile nesting is refused
         try:
-            return cls._parse(data)
+            return cls._parse(data, None if source == "the data" else source)
         except (DevRNGError, KeyboardInterrupt, SystemExit):
             raise
         except Exception as err:  # hostile input may fail in any way: one error class for it
@@ -161,14 +161,11 @@ class RNGState:
             ) from err
 
     @classmethod
-    def _parse(cls, data: Any) -> RNGState:
-        if not isinstance(data, Mapping):
-            raise ValueError(f"it is a {type(data).__name__}, not a dict")
-        if data.get("format") != _FORMAT:
-            raise ValueError(f"its format tag is {short_repr(data.get('format'))}, not {_FORMAT!r}")
-        if data.get("version") != _VERSION:
-            raise ValueError(f"it is version {short_repr(data.get('version'))}; this devrng reads "
-                             f"{_VERSION}")
+    def _parse(cls, data: Any, source: str | None) -> RNGState:
+        check_header(data, tag=_FORMAT, versions=(_VERSION,),
+                     what="RNGState.from_dict" if source is None else "RNGState.load",
+                     made_by="RNGState.to_dict()" if source is None else "RNGState.save",
+                     source=source)
         return parse_state(data["cpu"], data["devices"], data["python"], data["numpy"])
 
     def save(self, f: str | os.PathLike[str] | IO[bytes]) -> None:

@@ -16,8 +16,8 @@ from typing import Any, TypeVar
 import torch
 
 from devrng import _host
-from devrng._errors import DevRNGError
-from devrng._plain import check_plain
+from devrng._errors import DevRNGError, short_repr
+from devrng._plain import check_header, check_plain
 from devrng._plan import Plan, make_plan
 from devrng._rank import world_size
 from devrng._ranked import (
@@ -255,9 +255,9 @@ class RNGStreams:
                 devrng 0.1 saved.
 
         Raises:
-            ValueError: ``state_dict`` is not such a dict, or a part is malformed.
-            DevRNGError: In a job of several processes, the state of some rank
-                does not fit (the message names the rank).
+            DevRNGError: ``state_dict`` is not such a dict, a part is malformed,
+                or (in a job of several processes) the state of some rank does not
+                fit (the message names the rank).
             RuntimeError: A stream is forked right now.
 
         Examples:
@@ -298,7 +298,7 @@ class RNGStreams:
                 "are the same; or add the streams afresh instead of loading them.")
         try:
             loaded = _parse(plain)
-        except ValueError as err:
+        except DevRNGError as err:
             raise DevRNGError(f"{what}: {err}") from None
         saved = {name: s.seed for name, s in loaded.items()}
         if here and here != saved:
@@ -333,38 +333,29 @@ def _facts(plain: Any) -> tuple[int, int]:
 
 
 def _parse(state_dict: Any) -> dict[str, _Stream]:
-    """The streams a plain state holds, checked against this process (``ValueError``)."""
-    if not isinstance(state_dict, Mapping) or state_dict.get("format") != _FORMAT:
-        tag = state_dict.get("format") if isinstance(state_dict, Mapping) else None
-        raise ValueError(
-            f"RNGStreams.load_state_dict takes the dict that RNGStreams.state_dict() returns "
-            f"(format {_FORMAT!r}); got a {type(state_dict).__name__} with format {tag!r}."
-        )
-    if state_dict.get("version") != _VERSION:
-        raise ValueError(
-            f"The RNGStreams state dict is version {state_dict.get('version')!r}; this devrng "
-            f"reads version {_VERSION}."
-        )
+    """The streams a plain state holds, checked against this process (``DevRNGError``)."""
+    check_header(state_dict, tag=_FORMAT, versions=(_VERSION,), what="RNGStreams.load_state_dict",
+                 made_by="RNGStreams.state_dict()")
     raw = state_dict.get("streams")
     if not isinstance(raw, Mapping):
-        raise ValueError("The RNGStreams state dict has no 'streams' mapping.")
+        raise DevRNGError("The RNGStreams state dict has no 'streams' mapping.")
     loaded: dict[str, _Stream] = {}
     for name, entry in raw.items():
         if not isinstance(name, str) or not name:
-            raise ValueError(f"The RNGStreams state dict names a stream {name!r}; stream "
-                             "names are non-empty strings.")
+            raise DevRNGError(f"The RNGStreams state dict names a stream {short_repr(name)}; "
+                              "stream names are non-empty strings.")
         try:
             seed = check_seed(entry["seed"], f"stream {name!r}'s seed")
             cpu, devices = entry["cpu"], entry["devices"]
-        except (KeyError, TypeError) as err:
-            raise ValueError(
+        except (KeyError, TypeError, ValueError) as err:
+            raise DevRNGError(
                 f"Stream {name!r} in the RNGStreams state dict is malformed ({err}); it needs "
-                "'seed', 'cpu' and 'devices'."
+                "'seed' (an int in [0, 2**64)), 'cpu' and 'devices'."
             ) from err
         try:
             state = parse_state(cpu, devices)
         except (ValueError, DevRNGError) as err:
-            raise ValueError(
+            raise DevRNGError(
                 f"Stream {name!r}'s {str(err).removeprefix('its ')}; load what "
                 "RNGStreams.state_dict() returned."
             ) from None

@@ -26,7 +26,7 @@ from devrng._determinism import deterministic as turn_on_determinism
 from devrng._errors import DevRNGError, check_flags, short_repr, warn_and_log
 from devrng._lazy import load
 from devrng._loaders import describe, feeding_loader, is_stateful, resume_problems, warn_on_resume
-from devrng._plain import check_depth, check_loaded, check_plain
+from devrng._plain import check_depth, check_header, check_loaded, check_plain
 from devrng._rank import process_rank, world_size
 from devrng._ranked import (
     Apply,
@@ -42,11 +42,19 @@ from devrng._ranked import (
 )
 from devrng._registry import started_types
 from devrng._restore import Restore, fit_devices, prepare_restore
-from devrng._seeding import manual_seed
-from devrng._seeds import SEED_VARIABLES, check_seed, nth_seed, seed_from_environment
+from devrng._seeding import reseed
+from devrng._seeds import (
+    SEED_VARIABLES,
+    check_seed,
+    loader_seed,
+    portable_seed,
+    rank_seed,
+    reseed_seed,
+    seed_from_environment,
+)
 from devrng._sigint import deliver, guard
 from devrng._state import RNGState, get_rng_state
-from devrng._undo import Undo, read_started
+from devrng._undo import Undo
 from devrng._workers import dataloader_kwargs
 
 __all__ = ["TrainingRNG", "generator_states", "load_training_state", "set_generator_states",
@@ -58,7 +66,6 @@ _KEYS = frozenset({"format", "version", "seed", "rank", "world_size", "rng", "ge
                    "tracked", "loaders"})
 _KEYS_OF = {1: _KEYS - {"loaders"}, 2: _KEYS}  # version 1 (devrng 0.1) has no loader records
 _LOADER_NAME = re.compile(r"dataloader\d+")  # the generators dataloader_kwargs() makes
-_PORTABLE_STREAM = 1 << 34  # nth_seed index of the run's portable stream (loaders use 2**32 + i)
 _logger = logging.getLogger("devrng")
 _ENTROPY = "drawn from OS entropy"
 # How a program that loads through torch.distributed.checkpoint resumes anyway.
@@ -127,9 +134,7 @@ class TrainingRNG:
             if deterministic:
                 undo.push("deterministic()", self._drop_determinism)
                 self.determinism = turn_on_determinism()
-            undo.save_devices(read_started())
-            undo.save_host(python=True, numpy=True)
-            manual_seed(self._process_seed(process_rank()))
+            reseed(undo, self._process_seed(process_rank()))
             _logger.info("devrng.TrainingRNG: seed %d (%s)", seed, source)
             deliver()  # a Ctrl-C noted meanwhile: the caller never gets this object: undo below
         except BaseException as err:
@@ -148,7 +153,7 @@ class TrainingRNG:
         return self._seed
 
     def _process_seed(self, rank: int) -> int:
-        return nth_seed(self._seed, rank) if self._per_rank else self._seed
+        return rank_seed(self._seed, rank) if self._per_rank else self._seed
 
     def __repr__(self) -> str:
         names = dict.fromkeys([*self._generators, *self._tracked, *self._loaders])
@@ -178,7 +183,7 @@ class TrainingRNG:
             ['generator', 'worker_init_fn']
         """
         index = len(self._generators)
-        kwargs = dataloader_kwargs(nth_seed(self._seed, (1 << 32) + index),
+        kwargs = dataloader_kwargs(loader_seed(self._seed, index),
                                    worker_init_fn=worker_init_fn)
         self._generators[f"dataloader{index}"] = kwargs["generator"]
         return kwargs
@@ -275,7 +280,7 @@ class TrainingRNG:
             1
         """
         make = load("devrng._portable:portable", what="TrainingRNG.portable")
-        return self.track("portable", make(nth_seed(self._seed, _PORTABLE_STREAM),
+        return self.track("portable", make(portable_seed(self._seed),
                                            strict=strict))
 
     # -- state ------------------------------------------------------------------
@@ -455,7 +460,8 @@ class _Loading:
         # What is not restored is seeded from the seed and this rank: all of it for another
         # rank's state (ranks must never share a stream), else the devices the state lacks.
         rank = process_rank()
-        self.reseed_seed = nth_seed(self.seed, rank if not self.same_rank else (1 << 33) + rank)
+        self.reseed_seed = (reseed_seed(self.seed, rank) if self.same_rank
+                            else rank_seed(self.seed, rank))
         state = RNGState.from_dict(data["rng"], source="the saved global RNG state")
         for name, saved in self.generators.items():
             if name in rng._generators:
@@ -482,19 +488,10 @@ class _Loading:
 
     # -- check ----------------------------------------------------------------------
     def _check_format(self, data: Any) -> None:
-        if not isinstance(data, Mapping) or data.get("format") != _FORMAT:
-            got = (f"a dict whose 'format' is {short_repr(data.get('format'))}"
-                   if isinstance(data, Mapping) else "None" if data is None
-                   else f"{short_repr(data)} (of type {type(data).__name__})")
-            raise DevRNGError(
-                f"TrainingRNG.load_state_dict takes the dict that TrainingRNG.state_dict() "
-                f"returns, whose 'format' is {_FORMAT!r}; it got {got}."
-            )
-        version = data.get("version")
-        expected = _KEYS_OF.get(version) if type(version) is int else None
-        if expected is None:
-            raise DevRNGError(f"TrainingRNG.load_state_dict: the state is version "
-                              f"{short_repr(version)}; this devrng reads {sorted(_KEYS_OF)}.")
+        version = check_header(data, tag=_FORMAT, versions=_KEYS_OF,
+                               what="TrainingRNG.load_state_dict",
+                               made_by="TrainingRNG.state_dict()")
+        expected = _KEYS_OF[version]
         # Bounded before anything reads it: a small file can nest thousands deep or hold a
         # tensor claiming gigabytes (stride 0). Tracked objects' states are their own
         # business, only their nesting is bounded.
@@ -587,9 +584,7 @@ class _Loading:
         if self.restore is not None:
             self.restore.apply(undo)
         else:  # another rank's state: this rank's generators seeded anew
-            undo.save_devices(read_started())
-            undo.save_host(python=True, numpy=True)
-            manual_seed(self.reseed_seed)
+            reseed(undo, self.reseed_seed)
         undo.push("the seed", setattr, rng, "_seed", rng._seed)
         rng._seed = self.seed
         _push_env(undo, "DEVRNG_SEED")

@@ -34,7 +34,8 @@ from devrng._rank import collective_device, dist_or_none, process_rank
 from devrng._registry import current_index, default_types, get_backend
 from devrng._restore import set_rng_state
 from devrng._seeding import manual_seed
-from devrng._seeds import check_seed, nth_seed
+from devrng._seeds import check_seed
+from devrng._seeds import rank_seed as derive_rank_seed
 from devrng._state import RNGState, snapshot, with_devices
 from devrng._undo import read_devices
 
@@ -138,8 +139,8 @@ def rank_seed(seed: int, rank: int | None = None) -> int:
         raise TypeError(f"rank must be an int of 0 or more, not {rank!r} (a {type(rank).__name__}).")
     elif not 0 <= rank < 2**64:
         raise ValueError(f"rank={rank} is out of range; a rank is an int of 0 or more.")
-    # Distinct ranks can never share a seed: see nth_seed.
-    return nth_seed(seed, rank)
+    # Distinct ranks can never share a seed: see devrng._seeds.nth_seed.
+    return derive_rank_seed(seed, rank)
 
 
 def manual_seed_ranks(seed: int, *, group: ProcessGroup | None = None) -> int:
