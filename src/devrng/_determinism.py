@@ -29,6 +29,7 @@ import torch
 import torch.utils.deterministic
 
 from devrng._errors import DevRNGError, check_flags, warn_and_log
+from devrng._host import put_env
 from devrng._locks import ForkSafeLock
 from devrng._registry import backend_names, loaded_backend
 from devrng._seeding import reseed
@@ -55,13 +56,6 @@ class Options(NamedTuple):
     warn_only: bool
     fill_uninitialized_memory: bool
     cublas_workspace_config: str | None
-
-
-def _set_env(name: str, value: str | None) -> None:
-    if value is None:
-        os.environ.pop(name, None)
-    else:
-        os.environ[name] = value
 
 
 # --------------------------------------------------------------------------- settings
@@ -172,12 +166,11 @@ class _Inductor(Setting):
             setattr(module, "deterministic", bool(value))  # noqa: B010
             return
         # Not imported yet: inductor reads the variable when it is.
-        undo.push(self.name, _undo_inductor_env, os.environ.get(_INDUCTOR_ENV))
-        os.environ[_INDUCTOR_ENV] = "1" if value else "0"
+        undo.push(self.name, _undo_inductor_module, os.environ.get(_INDUCTOR_ENV))
+        undo.set_env(_INDUCTOR_ENV, "1" if value else "0")
 
 
-def _undo_inductor_env(previous_env: str | None) -> None:
-    _set_env(_INDUCTOR_ENV, previous_env)
+def _undo_inductor_module(previous_env: str | None) -> None:
     loaded = sys.modules.get(_INDUCTOR_MODULE)
     if loaded is not None and hasattr(loaded, "deterministic"):
         # Imported inside the block, so it read our value: put its old one back.
@@ -207,8 +200,7 @@ class _Cublas(Setting):
         # cuBLAS keeps the old one: leave it as it is (deterministic() warned).
         if value is None or _cuda_initialized() or previous == value:
             return
-        undo.push(self.name, _set_env, _CUBLAS, previous)
-        os.environ[_CUBLAS] = value
+        undo.set_env(_CUBLAS, value)
 
 
 class _BackendSwitch(Setting):
@@ -248,7 +240,7 @@ class _BackendSwitch(Setting):
         keys = changed[0] if changed else set(env_before) | set(os.environ)
         for key in keys:  # put variables back byte for byte
             if env_before.get(key) != os.environ.get(key):
-                _set_env(key, env_before.get(key))
+                put_env(key, env_before.get(key))
 
 
 def _cudnn() -> Any:

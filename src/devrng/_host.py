@@ -11,6 +11,7 @@ torch takes any uint8 tensor of the right size as a CPU state.
 from __future__ import annotations
 
 import math
+import os
 import random
 import sys
 from typing import Any
@@ -158,3 +159,11 @@ def check_cpu_state(state: Any) -> None:
         _scratch_cpu.set_state(state)  # checks the MT19937 position and key
     except RuntimeError as err:
         raise ValueError(f"its CPU state is not a valid MT19937 state ({err})") from None
+
+
+def put_env(name: str, value: str | None) -> None:
+    """Set environment variable ``name`` to ``value``; ``None`` removes it."""
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value

@@ -129,8 +129,7 @@ class TrainingRNG:
         # `with`: an interrupt after it, before the caller has this object, must undo too.)
         undo = Undo("TrainingRNG")
         try:
-            _push_env(undo, "DEVRNG_SEED")
-            os.environ["DEVRNG_SEED"] = str(seed)
+            undo.set_env("DEVRNG_SEED", str(seed))
             if deterministic:
                 undo.push("deterministic()", self._drop_determinism)
                 self.determinism = turn_on_determinism()
@@ -587,8 +586,7 @@ class _Loading:
             reseed(undo, self.reseed_seed)
         undo.push("the seed", setattr, rng, "_seed", rng._seed)
         rng._seed = self.seed
-        _push_env(undo, "DEVRNG_SEED")
-        os.environ["DEVRNG_SEED"] = str(self.seed)
+        undo.set_env("DEVRNG_SEED", str(self.seed))
         # The warnings last, inside the undo: a warning turned into an error puts
         # everything back too.
         if self.skipped:
@@ -636,15 +634,6 @@ def _materialise(obj: Any) -> None:
     ``state_dict()`` does that), so that it resets its generator before we set it."""
     if isinstance(obj, torch.utils.data.DataLoader) and hasattr(obj, "next_iter_state"):
         obj.state_dict()  # type: ignore[attr-defined]
-
-
-def _push_env(undo: Undo, name: str) -> None:
-    """Push what puts environment variable ``name`` back as it is now."""
-    previous = os.environ.get(name)
-    if previous is None:
-        undo.push(name, os.environ.pop, name, None)
-    else:
-        undo.push(name, os.environ.__setitem__, name, previous)
 
 
 def _resolve_seed(seed: int | None) -> tuple[int, str]:

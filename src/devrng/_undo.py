@@ -16,6 +16,7 @@ is interrupted anywhere, every pushed entry is put back before the error goes on
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable
 from types import TracebackType
 from typing import Any
@@ -113,6 +114,11 @@ class Undo:
     def push(self, label: str, setter: Callable[..., object], *args: Any) -> None:
         """Remember that ``setter(*args)`` puts ``label`` back as it is now."""
         self._steps.append((label, setter, args))
+
+    def set_env(self, name: str, value: str | None) -> None:
+        """Set environment variable ``name`` (``None``: remove it), remembering it first."""
+        self._steps.append((name, _host.put_env, (name, os.environ.get(name))))
+        _host.put_env(name, value)
 
     def save_cpu(self) -> None:
         """Torch's CPU generator."""
