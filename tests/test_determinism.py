@@ -17,7 +17,7 @@ from tests._fakes import registered
 from tests._helpers import generator_states, set_environ
 
 import devrng
-from devrng import _determinism
+from devrng._training import determinism as _determinism
 
 CUBLAS = "CUBLAS_WORKSPACE_CONFIG"
 INDUCTOR_ENV = "TORCHINDUCTOR_DETERMINISTIC"

@@ -1188,7 +1188,8 @@ def _trials(inject: str, op: Callable[[], Any], reset: Callable[[], Any],
             *backends: FaultyBackend) -> Iterator[Any]:
     if inject == "every line":
         return at_every_line(op, reset)
-    from devrng import _fork, _host
+    from devrng._backends import host as _host
+    from devrng._generators import fork as _fork
 
     setters: list[tuple[Any, str]] = [(_host, "set_cpu_state"), (_fork, "set_cpu_state"),
                                       (_host, "seed_cpu"),
@@ -1641,9 +1642,9 @@ def test_devrngs_sigint_handler_is_installed_only_over_pythons_own() -> None:
         import devrng                       # a program's own handler stays
         assert signal.getsignal(signal.SIGINT) is mine
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        from devrng import _sigint
-        _sigint.install()                   # over Python's own: devrng's
-        assert _sigint.installed()
+        from devrng._base import sigint
+        sigint.install()                   # over Python's own: devrng's
+        assert sigint.installed()
         try:
             signal.raise_signal(signal.SIGINT)   # outside devrng: raised at once, as always
         except KeyboardInterrupt:

@@ -13,8 +13,8 @@ import warnings
 import torch
 import torch_xla
 
-from devrng._host import put_env
-from devrng._plain import tensor_to_uint64, uint64_to_tensor
+from devrng._backends.host import put_env
+from devrng._base.plain import tensor_to_uint64, uint64_to_tensor
 
 __all__ = ["XLABackend", "backend", "get_seed", "set_seed"]
 
