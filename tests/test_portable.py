@@ -721,10 +721,17 @@ def test_non_strict_lets_it_draw_natively_and_warns_once_per_op() -> None:
 
 
 def test_random_free_calls_of_conditionally_random_ops_pass() -> None:
-    with devrng.portable(0):
-        F.scaled_dot_product_attention(*torch.ones(3, 1, 2, 4))  # dropout_p=0
-        torch.nn.LSTM(2, 2, num_layers=2, dropout=0.5).eval()(torch.ones(3, 1, 2))
-        F.rrelu(torch.ones(3), training=False)
+    torch.manual_seed(0)
+    lstm = torch.nn.LSTM(2, 2, num_layers=2, dropout=0.5).eval()
+    q = torch.arange(24.0).reshape(3, 1, 2, 4)
+    want = (F.scaled_dot_product_attention(q, q, q), lstm(torch.ones(3, 1, 2))[0],
+            F.rrelu(torch.tensor([-2.0, 3.0]), training=False))
+    with devrng.portable(0) as rng:  # strict: a draw from a native generator would be refused
+        got = (F.scaled_dot_product_attention(q, q, q),  # dropout_p=0
+               lstm(torch.ones(3, 1, 2))[0],
+               F.rrelu(torch.tensor([-2.0, 3.0]), training=False))
+    assert rng.counter == 0  # nothing random was drawn ...
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))  # ... nor changed
 
 
 def test_bad_arguments_are_refused_with_sentences() -> None:
@@ -1011,11 +1018,15 @@ def test_seeded_jit_inside_portable_draws_the_stream_of_each_calls_seed(backend:
 
 
 def test_warnings_are_not_raised_by_covered_ops() -> None:
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        with devrng.portable(0):
-            F.dropout(torch.ones(4), 0.5)
-            torch.nn.Linear(4, 4)
+    runs = []
+    for _ in range(2):
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            with devrng.portable(0) as rng:
+                runs.append((F.dropout(torch.ones(64), 0.5), torch.nn.Linear(4, 4).weight))
+        assert [str(w.message) for w in seen] == []
+        assert rng.counter >= 2  # the dropout and the layer's init were answered by the stream
+    assert all(torch.equal(a, b) for a, b in zip(runs[0], runs[1], strict=True))
 
 
 def test_multihead_attention_dropout_is_covered_or_refused() -> None:
