@@ -46,6 +46,6 @@ class DigestBuildExt(build_ext):
 # exception flags are read, which lets the transforms' loops vectorise; values are the same.
 flags = [] if sys.platform == "win32" else ["-O3", "-fno-strict-aliasing", "-ffp-contract=off",
                                              "-fno-math-errno", "-fno-trapping-math"]
-setup(ext_modules=[Extension("devrng._threefry_kernel", ["src/devrng/_threefry_kernel.c"],
+setup(ext_modules=[Extension("devrng._portable._threefry_kernel", ["src/devrng/_portable/_threefry_kernel.c"],
                              extra_compile_args=flags, optional=True)],
       cmdclass={"build_ext": DigestBuildExt})

@@ -73,6 +73,8 @@ def _met(ok: bool, target: str) -> str:
 
 
 def _time(us: float) -> str:
+    if us >= 1e6:
+        return f"{us / 1e6:.1f} s"
     return f"{us / 1000:.2f} ms" if us >= 1000 else f"{us:.2f} µs"
 
 

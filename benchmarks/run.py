@@ -57,7 +57,7 @@ def bench_fork_cpu(number: int, rounds: int) -> list[Row]:
     m = interleaved({"ours": ours, "peer": peer, "floor": floor}, number=number, rounds=rounds)
     return [
         _row("fork_rng(devices=[])", 0.8, m["ours"], "torch.random.fork_rng(devices=[])", m["peer"]),
-        _row("fork_rng(devices=[])", 1.8, m["ours"], "floor: get_state + set_state", m["floor"]),
+        _row("fork_rng(devices=[])", 1.5, m["ours"], "floor: get_state + set_state", m["floor"]),
     ]
 
 

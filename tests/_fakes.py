@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 import devrng
-from devrng._registry import unregister_backend
+from devrng._backends.registry import unregister_backend
 
 HAS_XLA = importlib.util.find_spec("torch_xla") is not None
 HAS_TORCHAX = importlib.util.find_spec("torchax") is not None

@@ -19,7 +19,7 @@ import torch
 import torch.utils.checkpoint as tcp
 
 import devrng
-from devrng._device_modules import DeviceRNGModule
+from devrng._backends.device_modules import DeviceRNGModule
 
 torch_xla = pytest.importorskip("torch_xla")
 xm = pytest.importorskip("torch_xla.core.xla_model")

@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader
 
 import devrng
 from _datasets import INDEX, NORMAL, NUMPY, PYTHON, RANK, TORCH, UNIFORM, WORKER, RandomDraws
-from devrng import _workers
+from devrng._training import workers as _workers
 
 DRAWS = (TORCH, NUMPY, PYTHON, NORMAL, UNIFORM)
 

@@ -17,7 +17,7 @@ from tests._fakes import registered
 from tests._helpers import generator_states, set_environ
 
 import devrng
-from devrng import _determinism
+from devrng._training import determinism as _determinism
 
 CUBLAS = "CUBLAS_WORKSPACE_CONFIG"
 INDUCTOR_ENV = "TORCHINDUCTOR_DETERMINISTIC"
@@ -251,10 +251,12 @@ def test_simulated_initialised_cuda_with_right_value_is_silent(
         simulate_device: Callable[..., Any], monkeypatch: pytest.MonkeyPatch) -> None:
     simulate_device("cuda", initialized=True)
     monkeypatch.setenv(CUBLAS, ":4096:8")
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
         with devrng.deterministic():
-            pass
+            assert os.environ[CUBLAS] == ":4096:8"
+            assert torch.are_deterministic_algorithms_enabled()
+    assert [str(w.message) for w in seen] == []
 
 
 # ------------------------------------------------------------------ bad arguments

@@ -19,8 +19,8 @@ import torch
 import torch.utils.checkpoint as tcp
 
 import devrng
-from devrng import _device_modules, _registry
-from devrng._device_modules import DeviceRNGModule
+from devrng._backends import device_modules, registry
+from devrng._backends.device_modules import DeviceRNGModule
 
 TORCH_FORK_RNG = torch.random.fork_rng  # torch's own, captured before any patching
 
@@ -98,7 +98,7 @@ def _add_backend(name: str, backend: Any) -> None:
 
 
 def _drop_backend(name: str) -> None:
-    _registry.unregister_backend(name)
+    registry.unregister_backend(name)
 
 
 @pytest.fixture
@@ -132,7 +132,7 @@ def test_patch_registers_module_and_unpatch_removes_it_simulated(ve: IntSeedBack
     assert sys.modules["torch.ve"] is module
     assert torch.get_device_module("ve") is module
     assert module._initialized is True
-    assert "ve" in _device_modules.registered_types()
+    assert "ve" in device_modules.registered_types()
 
     devrng.unpatch_torch()
     devrng.unpatch_torch()  # idempotent
@@ -174,7 +174,7 @@ def test_backend_for_a_name_torch_does_not_know_gets_no_module_simulated() -> No
         _drop_backend("mydev")
 
 
-@pytest.mark.skipif("torch_xla" in sys.modules or _registry.package_installed("torch_xla"),
+@pytest.mark.skipif("torch_xla" in sys.modules or registry.package_installed("torch_xla"),
                     reason="torch_xla is installed here: test_checkpoint_xla.py covers it")
 def test_no_xla_module_without_torch_xla() -> None:
     devrng.patch_torch()

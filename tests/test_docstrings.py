@@ -23,7 +23,7 @@ import pytest
 import torch
 
 import devrng
-from devrng._registry import registry, unregister_backend
+from devrng._backends.registry import registry, unregister_backend
 
 HEAVY = ("torch_xla", "torchax")
 
@@ -130,7 +130,7 @@ def test_help_of_a_class_says_how_it_is_made(obj: type) -> None:
 
 def test_the_help_check_sees_private_names_and_links() -> None:
     def leaky(_caller: str = "x") -> None:
-        """See [`fork_rng`][devrng.fork_rng] in devrng._fork."""
+        """See [`fork_rng`][devrng.fork_rng] in devrng._generators.fork."""
 
     with pytest.raises(AssertionError, match=r"\]\["):
         test_help_text_has_no_link_syntax_and_no_private_names(leaky)

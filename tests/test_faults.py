@@ -810,7 +810,7 @@ def test_streams_refuse_a_zero_cpu_state_and_junk_device_states(faulty: FaultyBa
     good = plain_state(streams.state_dict())
     cases = [
         (lambda sd: sd["streams"]["a"].update(cpu=torch.zeros(5056, dtype=torch.uint8)),
-         ValueError, r"Stream 'a''s CPU state is not a valid MT19937 state"),
+         DevRNGError, r"Stream 'a''s CPU state is not a valid MT19937 state"),
         (lambda sd: sd["streams"]["a"]["devices"]["faulty"].update({0: torch.zeros(3)}),
          DevRNGError, r"The snapshot's faulty:0 state is a torch.float32 tensor of shape \(3,\)"),
         (lambda sd: sd["streams"]["a"]["devices"]["faulty"].update({7: faulty.states()[0]}),
@@ -818,7 +818,7 @@ def test_streams_refuse_a_zero_cpu_state_and_junk_device_states(faulty: FaultyBa
         (lambda sd: sd["streams"]["a"]["devices"].update(nodev={0: torch.zeros(1)}),
          DevRNGError, r"holds nodev states, but this process cannot reach nodev devices"),
         (lambda sd: sd["streams"]["a"]["devices"]["faulty"].update({"0": faulty.states()[0]}),
-         ValueError, r"names the faulty device index '0'"),
+         DevRNGError, r"names the faulty device index '0'"),
     ]
     for change, error, message in cases:
         sd = copy.deepcopy(good)
@@ -1188,7 +1188,8 @@ def _trials(inject: str, op: Callable[[], Any], reset: Callable[[], Any],
             *backends: FaultyBackend) -> Iterator[Any]:
     if inject == "every line":
         return at_every_line(op, reset)
-    from devrng import _fork, _host
+    from devrng._backends import host as _host
+    from devrng._generators import fork as _fork
 
     setters: list[tuple[Any, str]] = [(_host, "set_cpu_state"), (_fork, "set_cpu_state"),
                                       (_host, "seed_cpu"),
@@ -1641,9 +1642,9 @@ def test_devrngs_sigint_handler_is_installed_only_over_pythons_own() -> None:
         import devrng                       # a program's own handler stays
         assert signal.getsignal(signal.SIGINT) is mine
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        from devrng import _sigint
-        _sigint.install()                   # over Python's own: devrng's
-        assert _sigint.installed()
+        from devrng._base import sigint
+        sigint.install()                   # over Python's own: devrng's
+        assert sigint.installed()
         try:
             signal.raise_signal(signal.SIGINT)   # outside devrng: raised at once, as always
         except KeyboardInterrupt:

@@ -9,7 +9,7 @@ import torch
 from tests._fakes import fake_tensor
 
 from devrng import infer_device_types
-from devrng._infer import collect_devices
+from devrng._generators.infer import collect_devices
 
 fake = fake_tensor
 

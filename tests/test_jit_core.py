@@ -17,8 +17,9 @@ import torch
 from tests._helpers import extra_install_command
 
 import devrng
-from devrng._jit import auto_compiler
-from devrng._seeds import nth_seed
+from devrng import DevRNGError
+from devrng._base.seeds import nth_seed
+from devrng._jit.seeded import auto_compiler
 
 SEEDS = (11, 12, 11, 13, 12)
 BACKENDS = ("eager", "inductor")
@@ -292,14 +293,14 @@ def test_compile_options_reach_torch_compile() -> None:
 
 def test_bad_state_dict_is_refused() -> None:
     step = devrng.seeded_jit(_dropout, backend="eager", seed=1)
-    with pytest.raises(ValueError, match=r"exactly the keys 'base_seed' and 'counter'.*not a "
+    with pytest.raises(DevRNGError, match=r"exactly the keys 'base_seed' and 'counter'.*not a "
                        r"mapping with the keys 'base_seed'\."):
         step.load_state_dict({"base_seed": 1})
-    with pytest.raises(ValueError, match=r"state_dict\['counter'\] must be a non-negative int, not -1"):
+    with pytest.raises(DevRNGError, match=r"state_dict\['counter'\] must be an int in \[0, 2\*\*63\), not -1"):
         step.load_state_dict({"base_seed": 1, "counter": -1})
-    with pytest.raises(TypeError, match=r"state_dict\['base_seed'\] must be an int"):
+    with pytest.raises(DevRNGError, match=r"state_dict\['base_seed'\] must be an int"):
         step.load_state_dict({"base_seed": "x", "counter": 0})
-    with pytest.raises(ValueError, match=r"not a mapping with the keys 'base_seed', 1\."):
+    with pytest.raises(DevRNGError, match=r"not a mapping with the keys 'base_seed', 1\."):
         step.load_state_dict({1: 0, "base_seed": 0})  # keys of mixed types
     assert step.state_dict() == {"base_seed": 1, "counter": 0}
 
@@ -312,7 +313,7 @@ def test_missing_package_gives_the_install_hint(monkeypatch: pytest.MonkeyPatch,
                                                 package: str, extra: str) -> None:
     monkeypatch.setitem(sys.modules, package, None)  # makes `import package` fail
     for mod in ("torch_xla", "openxla", "torchax"):
-        monkeypatch.delitem(sys.modules, f"devrng._compilers.{mod}", raising=False)
+        monkeypatch.delitem(sys.modules, f"devrng._jit.compilers.{mod}", raising=False)
     with pytest.raises(ImportError, match=rf"backend='{backend}'\) needs .*devrng's '{extra}' extra\) "
                                           rf"with: {re.escape(extra_install_command(extra))}$"):
         devrng.seeded_jit(_dropout, backend=backend)

@@ -1,6 +1,6 @@
 """The portable streams' CPU kernel: built at install time, proven on load, never loaded from a cache.
 
-The kernel is the C extension ``devrng._threefry_kernel`` that ``pip install`` compiles.
+The kernel is the C extension ``devrng._portable._threefry_kernel`` that ``pip install`` compiles.
 These tests build real wheels with and without a compiler, plant libraries where an old
 devrng cached its kernel, and compile damaged kernels (a wrong rotation, a missing entry
 point, a truncated file) that devrng must refuse, each in a fresh interpreter.
@@ -22,8 +22,8 @@ import torch
 from tests import _threefry_ref as ref
 from tests._helpers import ROOT, run_python
 
-from devrng import _threefry as tf
-from devrng._threefry_cpu import (
+from devrng._portable import threefry
+from devrng._portable.threefry_cpu import (
     BITS,
     EXPONENTIAL,
     KNOWN_COUNT,
@@ -39,12 +39,12 @@ from devrng._threefry_cpu import (
     status,
 )
 
-SOURCE = ROOT / "src" / "devrng" / "_threefry_kernel.c"
+SOURCE = ROOT / "src" / "devrng" / "_portable" / "_threefry_kernel.c"
 SUFFIX = sysconfig.get_config_var("EXT_SUFFIX")
 # What a child prints: whether the kernel is used, doctor's sentence, and a portable draw.
 PROBE = """
 import torch, devrng
-from devrng._threefry_cpu import status
+from devrng._portable.threefry_cpu import status
 with devrng.portable(1):
     drawn = torch.rand(5).tolist()
 print(status()[0], repr(status()[1]), drawn, sep="\\n")
@@ -91,9 +91,9 @@ def test_the_installed_kernel_is_in_use_and_equals_the_reference_in_every_mode()
         assert np.array_equal(wide.numpy(), (bits64 >> np.uint64(12)).astype(np.float64) * 2.0**-52)
 
 
-def _tensor_ops(key: tuple[int, int], counters: torch.Tensor) -> tf.Source:
+def _tensor_ops(key: tuple[int, int], counters: torch.Tensor) -> threefry.Source:
     """A source drawing with the tensor ops (its key a tensor: no kernel), at ``counters``."""
-    return tf.Source(tf.key_tensor(key), torch.device("cpu"), counters)
+    return threefry.Source(threefry.key_tensor(key), torch.device("cpu"), counters)
 
 
 def test_the_kernels_float_and_integer_draws_are_the_tensor_ops_bit_for_bit() -> None:
@@ -107,24 +107,24 @@ def test_the_kernels_float_and_integer_draws_are_the_tensor_ops_bit_for_bit() ->
         counters = torch.arange(start, start + n)
         ops = _tensor_ops(key, counters)
         # uniform_(-0.3, 0.7) scales by float32(1.0) from float32(-0.3); normal_(0.5, 0.02).
-        low = tf.round_to(-0.3, torch.float32)
-        span = tf.round_to(tf.round_to(0.7, torch.float32) - low, torch.float32)
+        low = threefry.round_to(-0.3, torch.float32)
+        span = threefry.round_to(threefry.round_to(0.7, torch.float32) - low, torch.float32)
         for mode, scale, shift, want in (
-                (NORMAL, 1.0, 0.0, tf.normal(ops, (n,), torch.float32)),
-                (EXPONENTIAL, 1.0, 0.0, tf.exponential(ops, (n,), torch.float32)),
-                (UNIFORM64, 1.0, 0.0, tf.unit(ops, (n,), torch.float64)),
-                (UNIFORM_AT, span, low, tf.uniform(ops, (n,), torch.float32, -0.3, 0.7)),
-                (NORMAL_AT, 0.02, 0.5, tf.normal(ops, (n,), torch.float32, 0.5, 0.02))):
+                (NORMAL, 1.0, 0.0, threefry.normal(ops, (n,), torch.float32)),
+                (EXPONENTIAL, 1.0, 0.0, threefry.exponential(ops, (n,), torch.float32)),
+                (UNIFORM64, 1.0, 0.0, threefry.unit(ops, (n,), torch.float64)),
+                (UNIFORM_AT, span, low, threefry.uniform(ops, (n,), torch.float32, -0.3, 0.7)),
+                (NORMAL_AT, 0.02, 0.5, threefry.normal(ops, (n,), torch.float32, 0.5, 0.02))):
             got = torch.empty(n, dtype=want.dtype)
             cpu.run(key, mode, got, start=start, scale=scale, shift=shift)
             assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), mode
         for low, high in ((0, 10), (-5, 1000), (0, 65536), (3, 65539), (-2**31, 2**31 - 1)):
-            want = tf.randint(ops, (n,), low, high, torch.int64)
+            want = threefry.randint(ops, (n,), low, high, torch.int64)
             span = high - low
             multiplier = ((((1 << 16) % span) ** 2) & 0xFFFFFFFF) % span
             for dtype in (torch.int64, torch.int32):
                 got = torch.empty(n, dtype=dtype)
-                cpu.randint((tf.fold_in(key, 0), tf.fold_in(key, 1)), span, multiplier, low, got,
+                cpu.randint((threefry.fold_in(key, 0), threefry.fold_in(key, 1)), span, multiplier, low, got,
                             counters=counters)
                 assert torch.equal(got.to(torch.int64), want), (low, high, dtype)
 
@@ -134,8 +134,8 @@ def test_the_known_digests_are_the_tensor_ops_draws() -> None:
     import hashlib
 
     ops = _tensor_ops((0, 0), torch.arange(KNOWN_START, KNOWN_START + KNOWN_COUNT))
-    draws = {NORMAL: tf.normal, EXPONENTIAL: tf.exponential,
-             NORMAL_AT: lambda *a: tf.normal(*a, 0.5, 0.02)}
+    draws = {NORMAL: threefry.normal, EXPONENTIAL: threefry.exponential,
+             NORMAL_AT: lambda *a: threefry.normal(*a, 0.5, 0.02)}
     assert set(KNOWN_DIGESTS) == {(NORMAL, 1.0, 0.0), (EXPONENTIAL, 1.0, 0.0),
                                   (NORMAL_AT, 0.02, 0.5)}
     for (mode, _, _), digest in KNOWN_DIGESTS.items():
@@ -149,7 +149,7 @@ def test_without_the_kernel_the_same_numbers_come_from_tensor_ops(how: str) -> N
         lines = _probe({"DEVRNG_CPU_KERNEL": "0"})
         assert "switched off by DEVRNG_CPU_KERNEL=0" in lines[1]
     else:  # as after an install without a compiler: the module cannot be imported
-        lines = _probe(prelude="import sys; sys.modules['devrng._threefry_kernel'] = None\n")
+        lines = _probe(prelude="import sys; sys.modules['devrng._portable._threefry_kernel'] = None\n")
         assert "not available (devrng was installed without it)" in lines[1]
         assert "C compiler" in lines[1]
     assert lines[0] == "False"
@@ -185,7 +185,7 @@ def test_pip_builds_the_kernel_into_the_wheel_and_installs_without_a_compiler(
     env = {k: v for k, v in os.environ.items() if k not in ("CC", "PYTHONPATH")}
     with_cc = _wheel(tmp_path, "with", env)
     names = zipfile.ZipFile(with_cc).namelist()
-    assert f"devrng/_threefry_kernel{SUFFIX}" in names
+    assert f"devrng/_portable/_threefry_kernel{SUFFIX}" in names
     assert not any(n.endswith(".c") for n in names)  # the build, not the source
 
     without_cc = _wheel(tmp_path, "without", {**env, "CC": "/nonexistent/cc"})
@@ -284,7 +284,7 @@ def test_a_damaged_kernel_is_refused_with_a_sentence_and_the_numbers_stay_right(
         tmp_path: Path, change: str, said: str) -> None:
     folder = _damaged_kernel(tmp_path, change)
     # The damaged build is found first, as if it had replaced the installed one.
-    out = run_python(f"import devrng; devrng.__path__.insert(0, {str(folder)!r})\n" + PROBE)
+    out = run_python(f"import devrng._portable as p; p.__path__.insert(0, {str(folder)!r})\n" + PROBE)
     assert out.returncode == 0, out.stderr
     used, why, drawn = out.stdout.strip().splitlines()
     assert used == "False"

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ import pytest
 SRC = Path(__file__).resolve().parent.parent / "src" / "devrng"
 # The deliberate lazy kinds: the package face, registry targets, the command line (so that
 # `devrng --help` never waits for torch).
-LAZY_IMPORTS_ALLOWED = {"devrng", "devrng._registry", "devrng.__main__"}
+LAZY_IMPORTS_ALLOWED = {"devrng", "devrng._backends.registry", "devrng.__main__"}
 
 
 def _module_name(path: Path) -> str:
@@ -141,16 +142,16 @@ def test_top_level_imports_form_no_cycle() -> None:
 
 
 def test_the_checks_see_violations() -> None:
-    bad = ("from devrng._registry import _resolved, get_backend\n"
-           "from devrng import _registry\n"
+    bad = ("from devrng._backends.registry import _resolved, get_backend\n"
+           "from devrng._backends import registry\n"
            "import devrng\n"
-           "x = _registry._entries\n"
+           "x = registry._entries\n"
            "y = devrng._LAZY\n"
            "def f():\n"
-           "    from devrng._plan import make_plan\n")
+           "    from devrng._generators.plan import make_plan\n")
     assert [v.split(": ")[1] for v in private_names_used(bad)] == [
-        "from devrng._registry import _resolved", "_registry._entries", "devrng._LAZY"]
-    assert nested_sibling_imports(bad) == ["line 7: devrng._plan"]
+        "from devrng._backends.registry import _resolved", "registry._entries", "devrng._LAZY"]
+    assert nested_sibling_imports(bad) == ["line 7: devrng._generators.plan"]
     graph = import_graph({"devrng._a": "from devrng import _b\n",
                           "devrng._b": "import devrng._a\n", **MODULES})
     assert find_cycle(graph) == ["devrng._a", "devrng._b", "devrng._a"]
@@ -170,9 +171,93 @@ def test_tests_reach_no_private_name_of_devrng(path: Path) -> None:
 
 def test_every_lock_is_fork_safe() -> None:
     """A plain threading lock held by another thread at os.fork() (DataLoader workers) stays
-    held in the child forever; devrng's locks are devrng._locks.ForkSafeLock."""
-    made_here = [name for name, source in MODULES.items() if name != "devrng._locks"
+    held in the child forever; devrng's locks are devrng._base.locks.ForkSafeLock."""
+    made_here = [name for name, source in MODULES.items() if name != "devrng._base.locks"
                  for node in ast.walk(ast.parse(source))
                  if isinstance(node, ast.Call) and ast.unparse(node.func) in (
                      "threading.Lock", "threading.RLock", "Lock", "RLock")]
     assert not made_here, f"plain threading locks in {made_here}; use ForkSafeLock"
+
+
+# The capability packages, bottom up. A module imports (at import time) only modules on its
+# own floor or below, and the three capabilities on floor 3 do not import one another: each
+# can be read, and changed, knowing only the floors beneath it.
+FLOORS = {"_base": 0, "_backends": 1, "_generators": 2, "_portable": 3, "_jit": 3, "_training": 3}
+TOP = 4  # the package face, the public modules, the command line, the integrations
+
+
+def floor_of(module: str) -> tuple[int, str]:
+    """(floor, package) of a devrng module: ``devrng._generators.fork`` -> (2, '_generators')."""
+    parts = module.split(".")
+    package = parts[1] if len(parts) > 2 else ""
+    return FLOORS.get(package, TOP), package
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    bad = []
+    for module, deps in sorted(graph.items()):
+        floor, package = floor_of(module)
+        for dep in sorted(deps):
+            dep_floor, dep_package = floor_of(dep)
+            if dep_floor > floor or (dep_floor == floor < TOP and dep_package != package):
+                bad.append(f"{module} (floor {floor}) imports {dep} (floor {dep_floor})")
+    return bad
+
+
+def test_every_module_lives_in_a_capability_package() -> None:
+    flat = [m for m in MODULES if m.count(".") == 1 and m.split(".")[1].startswith("_")
+            and m.split(".")[1] not in FLOORS and m not in ("devrng.__main__", "devrng._cli",
+                                                            "devrng._versions")]
+    assert not flat, f"private modules outside the capability packages: {flat}"
+
+
+def test_no_module_imports_a_higher_floor_or_a_sibling_capability() -> None:
+    bad = upward_imports(import_graph(MODULES))
+    assert not bad, "\n".join(bad)
+
+
+def test_the_floor_check_sees_violations() -> None:
+    graph = {"devrng._base.errors": {"devrng._generators.fork"},
+             "devrng._jit.seeded": {"devrng._portable.rng"},
+             "devrng._training.dcp": {"devrng._base.errors", "devrng._training.loaders"}}
+    assert upward_imports(graph) == [
+        "devrng._base.errors (floor 0) imports devrng._generators.fork (floor 2)",
+        "devrng._jit.seeded (floor 3) imports devrng._portable.rng (floor 3)"]
+
+
+_DOTTED = re.compile(r"^devrng(?:\.\w+)+(?::\w+)?$")
+
+
+def string_module_paths() -> list[tuple[str, str]]:
+    """(module, string) for every string constant in devrng's source that names one of its
+    own modules, as the registry's lazy targets, the compiler table, ``_lazy.load`` calls and
+    ``sys.modules.get`` do."""
+    found = []
+    for name, source in MODULES.items():
+        for node in ast.walk(ast.parse(source)):
+            if (isinstance(node, ast.Constant) and isinstance(node.value, str)
+                    and _DOTTED.match(node.value) and node.value.split(":")[0].split(".")[1]
+                    .startswith("_") and not node.value.startswith("devrng.__")):
+                found.append((name, node.value))
+    return found
+
+
+def test_module_paths_written_as_strings_name_real_modules_and_attributes() -> None:
+    paths = string_module_paths()
+    assert len(paths) >= 20  # the registry, the package face, the compilers, lazy loads
+    missing = []
+    for where, path in paths:
+        module, _, attr = path.partition(":")
+        relative = Path(*module.split(".")[1:])
+        file = SRC / relative.with_suffix(".py")
+        package = SRC / relative / "__init__.py"
+        source = file if file.exists() else package if package.exists() else None
+        if source is None:
+            # A C extension built at install time: its source sits beside the package.
+            if not list((SRC / relative).parent.glob(f"{relative.name}.c")):
+                missing.append(f"{where}: {path!r} names no module")
+            continue
+        if attr and not re.search(rf"^(def|class) {attr}\b|^{attr}\b.*=", source.read_text(),
+                                  re.M):
+            missing.append(f"{where}: {path!r}: {module} defines no {attr}")
+    assert not missing, "\n".join(missing)

@@ -3,7 +3,7 @@ op's semantics and statistics, refusals, state, nn.init, compiled code (inductor
 aot_eager) and seeded_jit's eager and inductor compilers.
 
 CUDA, XPU and MPS cannot run here. The generator never reads a device's own RNG: off the
-CPU it is the tensor ops of ``devrng._threefry`` run on that device, which the
+CPU it is the tensor ops of ``devrng._portable.threefry`` run on that device, which the
 ``tensor_ops`` tests below run on the CPU against the fused CPU kernel and the NumPy
 reference; SIMULATED devices (fake tensors and generators) show that no device generator
 is touched and that draws land on the requested device.
@@ -26,19 +26,19 @@ from tests import _threefry_ref as ref
 from tests._helpers import plain_state
 
 import devrng
-from devrng import _threefry as tf
+from devrng._portable import threefry
 
 CPU = torch.device("cpu")
 
 
-def host(seed: int, n: int = 0) -> tf.Source:
+def host(seed: int, n: int = 0) -> threefry.Source:
     """The source of op n of portable(seed), through the fused CPU kernel."""
-    return tf.Source(tf.fold_in(tf.seed_key(seed), n), CPU)
+    return threefry.Source(threefry.fold_in(threefry.seed_key(seed), n), CPU)
 
 
-def tensor_ops(seed: int, n: int = 0) -> tf.Source:
+def tensor_ops(seed: int, n: int = 0) -> threefry.Source:
     """The same source with its key as a tensor: the chain of tensor ops other devices run."""
-    return tf.Source(tf.key_tensor(tf.fold_in(tf.seed_key(seed), n)), CPU)
+    return threefry.Source(threefry.key_tensor(threefry.fold_in(threefry.seed_key(seed), n)), CPU)
 
 
 def as_uint32(t: torch.Tensor) -> np.ndarray:
@@ -49,21 +49,21 @@ def as_uint32(t: torch.Tensor) -> np.ndarray:
 @pytest.mark.parametrize("seed", [0, 1, 42, 2**32 - 1, 2**40 + 3, 2**64 - 1])
 def test_stream_keys_are_fold_in_of_the_seed_key(seed: int) -> None:
     for n in (0, 1, 2, 1000, 2**32 + 5):
-        assert tf.fold_in(tf.seed_key(seed), n) == ref.stream_key(seed, n)
+        assert threefry.fold_in(threefry.seed_key(seed), n) == ref.stream_key(seed, n)
 
 
 def test_threefry_matches_the_published_test_vector() -> None:
     # Salmon et al. 2011 known-answer test, Threefry-2x32 with 20 rounds: key 0, counter 0.
-    assert tf.threefry_host((0, 0), (0, 0)) == (0x6B200159, 0x99BA4EFE)
+    assert threefry.threefry_host((0, 0), (0, 0)) == (0x6B200159, 0x99BA4EFE)
     ones = (0xFFFFFFFF, 0xFFFFFFFF)
-    assert tf.threefry_host(ones, ones) == (0x1CB996FC, 0xBB002BE7)
-    assert tf.threefry_host((0x13198A2E, 0x03707344), (0x243F6A88, 0x85A308D3)) == (
+    assert threefry.threefry_host(ones, ones) == (0x1CB996FC, 0xBB002BE7)
+    assert threefry.threefry_host((0x13198A2E, 0x03707344), (0x243F6A88, 0x85A308D3)) == (
         0xC4923A9C, 0x483DF7A0)
 
 
 @pytest.mark.parametrize("make", [host, tensor_ops], ids=["cpu_kernel", "tensor_ops"])
 @pytest.mark.parametrize("shape", [(1,), (7,), (3, 5), (2, 3, 4), (1000,), (0,)])
-def test_bits_words_and_uniform_equal_the_reference(make: Callable[..., tf.Source],
+def test_bits_words_and_uniform_equal_the_reference(make: Callable[..., threefry.Source],
                                                      shape: tuple[int, ...]) -> None:
     for seed, n in ((0, 0), (7, 3), (2**33 + 1, 12)):
         key = ref.stream_key(seed, n)
@@ -77,22 +77,22 @@ def test_bits_words_and_uniform_equal_the_reference(make: Callable[..., tf.Sourc
 
 
 @pytest.mark.parametrize("make", [host, tensor_ops], ids=["cpu_kernel", "tensor_ops"])
-def test_explicit_counters_draw_that_slice_of_the_full_draw(make: Callable[..., tf.Source]
+def test_explicit_counters_draw_that_slice_of_the_full_draw(make: Callable[..., threefry.Source]
                                                             ) -> None:
     key = ref.stream_key(5, 2)
     counters = np.array([[3, 0, 2**33 + 7], [41, 41, 9]], dtype=np.int64)
     source = make(5, 2)
-    shard = tf.Source(source.key, CPU, torch.from_numpy(counters))
+    shard = threefry.Source(source.key, CPU, torch.from_numpy(counters))
     assert np.array_equal(as_uint32(shard.bits((2, 3))), ref.bits(key, (2, 3), counters))
     full = make(5, 2).unit_float32((50,))
-    sliced = tf.Source(source.key, CPU, torch.tensor([[49, 0], [7, 8]])).unit_float32((2, 2))
+    sliced = threefry.Source(source.key, CPU, torch.tensor([[49, 0], [7, 8]])).unit_float32((2, 2))
     assert torch.equal(sliced, full[torch.tensor([[49, 0], [7, 8]])])
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
 def test_other_float_widths_agree_between_kernel_and_tensor_ops(dtype: torch.dtype) -> None:
-    a = tf.unit(host(3, 1), (1000,), dtype)
-    b = tf.unit(tensor_ops(3, 1), (1000,), dtype)
+    a = threefry.unit(host(3, 1), (1000,), dtype)
+    b = threefry.unit(tensor_ops(3, 1), (1000,), dtype)
     assert a.dtype == dtype and torch.equal(a, b)
     assert float(a.min()) >= 0.0 and float(a.max()) < 1.0
     distinct = {torch.float16: 1024, torch.bfloat16: 128, torch.float64: 1000}[dtype]
@@ -162,31 +162,31 @@ def test_complex_normals_split_the_key_as_jax_does() -> None:
     with devrng.portable(6):
         z = torch.randn(1000, dtype=torch.complex64)
     source = host(6, 0)
-    root2 = tf.round_to(math.sqrt(2.0), torch.float32)
-    assert torch.equal(z.real, tf.normal(source.split(0), (1000,), torch.float32) / root2)
-    assert torch.equal(z.imag, tf.normal(source.split(1), (1000,), torch.float32) / root2)
+    root2 = threefry.round_to(math.sqrt(2.0), torch.float32)
+    assert torch.equal(z.real, threefry.normal(source.split(0), (1000,), torch.float32) / root2)
+    assert torch.equal(z.imag, threefry.normal(source.split(1), (1000,), torch.float32) / root2)
 
 
 def test_large_draws_use_the_high_counter_word() -> None:
     # Counters past 2**32 carry into the high word (JAX's iota_2x32_shape).
     key = ref.stream_key(1, 0)
     counters = np.array([2**32 - 1, 2**32, 2**32 + 1], dtype=np.int64)
-    got = tf.Source(tf.fold_in(tf.seed_key(1), 0), CPU, torch.from_numpy(counters)).bits((3,))
+    got = threefry.Source(threefry.fold_in(threefry.seed_key(1), 0), CPU, torch.from_numpy(counters)).bits((3,))
     assert np.array_equal(as_uint32(got), ref.bits(key, (3,), counters))
 
 
 def test_logical_shift_is_right_for_negative_patterns() -> None:
     x = torch.tensor([-1, -2**31, 2**31 - 1, 12345, -7], dtype=torch.int32)
     want = (x.to(torch.int64) & 0xFFFFFFFF) >> 9
-    assert torch.equal(tf.shr(x, 9).to(torch.int64), want)
+    assert torch.equal(threefry.shr(x, 9).to(torch.int64), want)
     wide = torch.tensor([-1, -2**63, 2**63 - 1], dtype=torch.int64)
-    assert tf.shr(wide, 12).tolist() == [2**52 - 1, 2**51, 2**51 - 1]
+    assert threefry.shr(wide, 12).tolist() == [2**52 - 1, 2**51, 2**51 - 1]
 
 
 def test_log32_is_within_3_ulp_of_the_true_log() -> None:
     t = torch.cat([torch.rand(100_000, generator=torch.Generator().manual_seed(0)) + 6e-8,
                    torch.logspace(-7, 0, 10_000)]).float()
-    got, want = tf.log32(t).double(), torch.log(t.double())
+    got, want = threefry.log32(t).double(), torch.log(t.double())
     ulp = torch.from_numpy(np.spacing(want.float().abs().numpy())).double()
     assert float(((got - want).abs() / ulp).max()) < 3
 
@@ -348,7 +348,7 @@ def test_multinomial_forms() -> None:
 def test_multinomial_prefix_sums_never_decrease_and_skip_zero_weights() -> None:
     w = torch.rand(3, 4096, generator=torch.Generator().manual_seed(0)) ** 8
     w[:, ::3] = 0.0
-    scan = tf.prefix_sums(w)
+    scan = threefry.prefix_sums(w)
     assert bool((scan[:, 1:] >= scan[:, :-1]).all())
     zero = (w == 0)[:, 1:]
     assert bool((scan[:, 1:][zero] == scan[:, :-1][zero]).all())
@@ -490,7 +490,7 @@ NOT_FROM_A_GENERATOR = {
 def test_every_binding_of_a_random_aten_op_is_covered_or_refused() -> None:
     # A random op portable does not know would draw from the native generator without a
     # word; torch marks its random ops, so a new one in a new torch fails here.
-    from devrng._portable_ops import ENTRIES
+    from devrng._portable.ops import ENTRIES
 
     bindings = _random_aten_bindings()
     assert len(bindings) > 40
@@ -721,10 +721,17 @@ def test_non_strict_lets_it_draw_natively_and_warns_once_per_op() -> None:
 
 
 def test_random_free_calls_of_conditionally_random_ops_pass() -> None:
-    with devrng.portable(0):
-        F.scaled_dot_product_attention(*torch.ones(3, 1, 2, 4))  # dropout_p=0
-        torch.nn.LSTM(2, 2, num_layers=2, dropout=0.5).eval()(torch.ones(3, 1, 2))
-        F.rrelu(torch.ones(3), training=False)
+    torch.manual_seed(0)
+    lstm = torch.nn.LSTM(2, 2, num_layers=2, dropout=0.5).eval()
+    q = torch.arange(24.0).reshape(3, 1, 2, 4)
+    want = (F.scaled_dot_product_attention(q, q, q), lstm(torch.ones(3, 1, 2))[0],
+            F.rrelu(torch.tensor([-2.0, 3.0]), training=False))
+    with devrng.portable(0) as rng:  # strict: a draw from a native generator would be refused
+        got = (F.scaled_dot_product_attention(q, q, q),  # dropout_p=0
+               lstm(torch.ones(3, 1, 2))[0],
+               F.rrelu(torch.tensor([-2.0, 3.0]), training=False))
+    assert rng.counter == 0  # nothing random was drawn ...
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))  # ... nor changed
 
 
 def test_bad_arguments_are_refused_with_sentences() -> None:
@@ -781,7 +788,7 @@ def test_state_dict_round_trip_continues_the_stream() -> None:
 ])
 def test_bad_state_dict_is_refused_and_changes_nothing(state: Any, match: str) -> None:
     rng = devrng.portable(4)
-    with pytest.raises((TypeError, ValueError), match=match):
+    with pytest.raises(devrng.DevRNGError, match=match):
         rng.load_state_dict(state)
     assert (rng.seed, rng.counter) == (4, 0)
 
@@ -821,7 +828,7 @@ def test_nested_streams_are_independent() -> None:
 
 
 def test_active_finds_the_innermost_stream() -> None:
-    from devrng._portable import active
+    from devrng._portable.rng import active
 
     assert active() is None
     with devrng.portable(1) as a:
@@ -855,9 +862,9 @@ def test_off_the_cpu_draws_run_tensor_ops_and_never_read_a_simulated_cuda_genera
 
 def test_mps_keeps_float32_math_for_bounds() -> None:
     # MPS has no float64: affine() rounds twice there, at most 1 ulp from the others.
-    u = tf.unit(host(1), (10_000,), torch.float32)
+    u = threefry.unit(host(1), (10_000,), torch.float32)
     span, low = float(torch.tensor(0.7)), float(torch.tensor(-0.35))  # float32 values
-    fused = tf.affine(u, span, low, torch.float32)
+    fused = threefry.affine(u, span, low, torch.float32)
     twice = u * span + low
     # Two roundings: at most one ulp of the larger term (a cancelling sum can be tiny).
     scale = torch.maximum((u * span).abs(), torch.tensor(abs(low)))
@@ -1011,11 +1018,15 @@ def test_seeded_jit_inside_portable_draws_the_stream_of_each_calls_seed(backend:
 
 
 def test_warnings_are_not_raised_by_covered_ops() -> None:
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        with devrng.portable(0):
-            F.dropout(torch.ones(4), 0.5)
-            torch.nn.Linear(4, 4)
+    runs = []
+    for _ in range(2):
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            with devrng.portable(0) as rng:
+                runs.append((F.dropout(torch.ones(64), 0.5), torch.nn.Linear(4, 4).weight))
+        assert [str(w.message) for w in seen] == []
+        assert rng.counter >= 2  # the dropout and the layer's init were answered by the stream
+    assert all(torch.equal(a, b) for a, b in zip(runs[0], runs[1], strict=True))
 
 
 def test_multihead_attention_dropout_is_covered_or_refused() -> None:

@@ -71,14 +71,14 @@ def x64() -> Iterator[None]:
 @pytest.mark.parametrize("shape", [(7,), (3, 5), (2, 3, 4), (4096,)])
 def test_uniform_and_bits_equal_jax_for_the_stream_keys(seed: int, shape: tuple[int, ...]
                                                         ) -> None:
-    from devrng import _threefry as tf
+    from devrng._portable import threefry
 
     with devrng.portable(seed):
         u0 = torch.rand(shape)
         u1 = torch.empty(shape).uniform_()
     assert np.array_equal(u0.numpy(), np.asarray(jax.random.uniform(jkey(seed, 0), shape)))
     assert np.array_equal(u1.numpy(), np.asarray(jax.random.uniform(jkey(seed, 1), shape)))
-    bits = tf.Source(tf.fold_in(tf.seed_key(seed), 2), torch.device("cpu")).bits(shape)
+    bits = threefry.Source(threefry.fold_in(threefry.seed_key(seed), 2), torch.device("cpu")).bits(shape)
     assert np.array_equal(bits.numpy().view(np.uint32), np.asarray(jax.random.bits(
         jkey(seed, 2), shape, jnp.uint32)))
 
@@ -174,11 +174,11 @@ def test_float64_normal_and_exponential_are_close_to_jax(x64: None) -> None:
 def test_dropout_ties_at_one_minus_p_are_dropped_on_xla_as_on_the_cpu_and_in_jax() -> None:
     # A uniform draw equal to float32(1 - p) is dropped (JAX compares in float32); XLA
     # compared the float32 draw with the Python float 0.9 in float64 and kept it.
-    from devrng import _threefry as tf
+    from devrng._portable import threefry
 
     n = 2**24 + 3
-    u = tf.Source(tf.fold_in(tf.seed_key(1), 0), torch.device("cpu")).uniform((n,), torch.float32)
-    ties = u == tf.round_to(0.9, torch.float32)
+    u = threefry.Source(threefry.fold_in(threefry.seed_key(1), 0), torch.device("cpu")).uniform((n,), torch.float32)
+    ties = u == threefry.round_to(0.9, torch.float32)
     assert int(ties.sum()) == 7  # seed 1 has seven
     with devrng.portable(1):
         cpu = F.dropout(torch.ones(n), 0.1)
@@ -444,11 +444,11 @@ def test_openxla_training_step_inside_portable_draws_eagers_masks() -> None:
 def test_the_xla_computation_equals_the_reference_and_is_one_node(shape: tuple[int, ...]) -> None:
     from tests import _threefry_ref as ref
 
-    from devrng import _threefry as tf
-    from devrng._threefry_xla import xla_bits
+    from devrng._portable import threefry
+    from devrng._portable.threefry_xla import xla_bits
 
-    key = tf.fold_in(tf.seed_key(11), 4)
-    on_xla = tf.key_tensor(key, XLA)
+    key = threefry.fold_in(threefry.seed_key(11), 4)
+    on_xla = threefry.key_tensor(key, XLA)
     bits = xla_bits(on_xla, shape, 1)
     words = xla_bits(on_xla, shape, 2)
     assert np.array_equal(np_of(bits).view(np.uint32), ref.bits(key, shape))
@@ -456,5 +456,5 @@ def test_the_xla_computation_equals_the_reference_and_is_one_node(shape: tuple[i
     assert np.array_equal(np_of(words[0]).view(np.uint32), hi)
     assert np.array_equal(np_of(words[1]).view(np.uint32), lo)
     # Tracing cost: the draw is a handful of IR nodes, not the ~250 ops of the rounds.
-    fresh = xla_bits(tf.key_tensor(key, XLA), shape, 1)
+    fresh = xla_bits(threefry.key_tensor(key, XLA), shape, 1)
     assert len(torch_xla._XLAC._get_xla_tensors_text([fresh]).splitlines()) < 20

@@ -15,7 +15,7 @@ from tests._fakes import MinimalBackend
 from tests._helpers import extra_install_command, install_plugin, run_python
 
 import devrng
-from devrng import _registry
+from devrng._backends import registry as _registry
 
 
 @pytest.fixture

@@ -162,11 +162,13 @@ def test_a_directory_or_a_missing_path_is_a_sentence(tmp_path: Any,
 
 def test_other_file_is_a_clear_error(tmp_path: Any) -> None:
     torch.save({"weights": torch.zeros(2)}, tmp_path / "model.pt")
-    with pytest.raises(DevRNGError, match=r"is not a valid devrng RNG snapshot: its format tag"):
+    with pytest.raises(DevRNGError, match=r"model.pt' is not a valid devrng state for RNGState.load: "
+                                          r"its format tag is None, not 'devrng.RNGState'\. Write "
+                                          r"it with RNGState.save\."):
         RNGState.load(tmp_path / "model.pt")
     torch.save([1, 2], tmp_path / "list.pt")
-    with pytest.raises(DevRNGError, match=r"is not a valid devrng RNG snapshot: it is a list, "
-                                          r"not a dict"):
+    with pytest.raises(DevRNGError, match=r"list.pt' is not a valid devrng state for RNGState.load: "
+                                          r"it is \[1, 2\] \(of type list\)"):
         RNGState.load(tmp_path / "list.pt")
 
 

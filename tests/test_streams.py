@@ -15,7 +15,7 @@ import torch
 from tests._helpers import plain_state
 
 import devrng
-from devrng import RNGStreams
+from devrng import DevRNGError, RNGStreams
 
 
 def _roundtrip(sd: dict[str, Any]) -> Any:
@@ -272,7 +272,7 @@ def test_load_state_dict_checks_everything_and_changes_nothing_on_error(mutate: 
     mutate(sd)
     target = RNGStreams()
     target.add("keep", 9)
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(DevRNGError, match=match):
         target.load_state_dict(sd)
     assert target.names == ("keep",)
 

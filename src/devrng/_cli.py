@@ -19,9 +19,8 @@ from typing import Any
 import torch
 
 import devrng
-from devrng._determinism import CUBLAS_DETERMINISTIC, current_settings
-from devrng._draw import draw
-from devrng._registry import (
+from devrng._backends.draw import draw
+from devrng._backends.registry import (
     backend_names,
     broken_backends,
     device_count,
@@ -31,8 +30,9 @@ from devrng._registry import (
     package_installed,
     requirement,
 )
-from devrng._seeds import SEED_VARIABLES, seed_from_environment
-from devrng._threefry_cpu import status as kernel_status
+from devrng._base.seeds import SEED_VARIABLES, seed_from_environment
+from devrng._portable.threefry_cpu import status as kernel_status
+from devrng._training.determinism import CUBLAS_DETERMINISTIC, current_settings
 from devrng._versions import Problem, release, version_problems
 
 __all__ = ["doctor", "known_problems", "selftest", "why_not_imported"]

@@ -26,17 +26,18 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from devrng._errors import DevRNGError
-from devrng._lazy import load
-from devrng._plain import feed, tensor_bytes
-from devrng._plan import Plan, make_plan
-from devrng._rank import collective_device, dist_or_none, process_rank
-from devrng._registry import current_index, default_types, get_backend
-from devrng._restore import set_rng_state
-from devrng._seeding import manual_seed
-from devrng._seeds import check_seed, nth_seed
-from devrng._state import RNGState, snapshot, with_devices
-from devrng._undo import read_devices
+from devrng._backends.registry import current_index, default_types, get_backend
+from devrng._base.errors import DevRNGError
+from devrng._base.lazy import load
+from devrng._base.plain import hash_into, tensor_bytes
+from devrng._base.rank import collective_device, dist_or_none, process_rank
+from devrng._base.seeds import check_seed
+from devrng._base.seeds import rank_seed as derive_rank_seed
+from devrng._generators.plan import Plan, make_plan
+from devrng._generators.restore import set_rng_state
+from devrng._generators.seeding import manual_seed
+from devrng._generators.snapshot import RNGState, snapshot, with_devices
+from devrng._generators.undo import read_devices
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -102,7 +103,7 @@ def load_planner(**kwargs: Any) -> Any:
         (``thread_count=2``: torch 2.9's single-threaded writer asks any registered
         device module for ``current_stream``, which torchax 0.0.13's lacks.)
     """
-    return load("devrng._dcp:Planner", what="devrng.distributed.load_planner")(**kwargs)
+    return load("devrng._training.dcp:Planner", what="devrng.distributed.load_planner")(**kwargs)
 
 
 # -- seeds ---------------------------------------------------------------------
@@ -138,8 +139,8 @@ def rank_seed(seed: int, rank: int | None = None) -> int:
         raise TypeError(f"rank must be an int of 0 or more, not {rank!r} (a {type(rank).__name__}).")
     elif not 0 <= rank < 2**64:
         raise ValueError(f"rank={rank} is out of range; a rank is an int of 0 or more.")
-    # Distinct ranks can never share a seed: see nth_seed.
-    return nth_seed(seed, rank)
+    # Distinct ranks can never share a seed: see devrng._base.seeds.nth_seed.
+    return derive_rank_seed(seed, rank)
 
 
 def manual_seed_ranks(seed: int, *, group: ProcessGroup | None = None) -> int:
@@ -245,7 +246,7 @@ def _part_fingerprints(state: RNGState) -> dict[str, str]:
     out = {}
     for label, value in parts.items():
         h = hashlib.sha256()
-        feed(h, value)
+        hash_into(h, value)
         out[label] = h.hexdigest()[:16]
     return out
 

@@ -24,15 +24,15 @@ from typing import Any
 import torch
 from torch.testing._comparison import default_tolerances
 
-from devrng._errors import check_flags, short_repr
-from devrng._infer import arg_devices
-from devrng._lazy import load
-from devrng._plain import describe
-from devrng._registry import current_accelerator, default_types, loaded_backend
-from devrng._restore import set_rng_state
-from devrng._seeding import manual_seed
-from devrng._seeds import check_seed
-from devrng._state import RNGState, get_rng_state
+from devrng._backends.registry import current_accelerator, default_types, loaded_backend
+from devrng._base.errors import check_flags, short_repr
+from devrng._base.lazy import load
+from devrng._base.plain import describe
+from devrng._base.seeds import check_seed
+from devrng._generators.infer import arg_devices
+from devrng._generators.restore import set_rng_state
+from devrng._generators.seeding import manual_seed
+from devrng._generators.snapshot import RNGState, get_rng_state
 
 __all__ = [
     "LeafReport",
@@ -583,7 +583,7 @@ def compare_devices(fn: Callable[..., Any], inputs: Any,
 
 
 def _portable_stream(seed: int) -> Any:
-    return load("devrng._portable:portable", what="compare_devices(portable=True)")(seed)
+    return load("devrng._portable.rng:portable", what="compare_devices(portable=True)")(seed)
 
 
 def _default_devices() -> tuple[str, str]:

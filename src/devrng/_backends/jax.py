@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import torchax
 
-from devrng._threefry import seed_key
+from devrng._base.seeds import seed_key
 
 __all__ = ["JaxBackend", "backend"]
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from devrng._errors import DevRNGError, short_repr
-from devrng._rank import dist_or_none, process_rank
-from devrng._ranked import own_entry
-from devrng._training import TrainingRNG, load_training_state
+from devrng._base.errors import DevRNGError, short_repr
+from devrng._base.rank import dist_or_none, process_rank
+from devrng._generators.ranked import own_entry
+from devrng._training.training_rng import TrainingRNG, load_training_state
 
 __all__ = ["PerRankState", "gather"]
 

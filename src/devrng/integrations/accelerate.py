@@ -29,9 +29,9 @@ from typing import Any
 
 import accelerate
 
-from devrng._loaders import describe, position_problem, warn_on_resume
-from devrng._rank import process_rank
-from devrng._training import TrainingRNG, tracked_loaders
+from devrng._base.rank import process_rank
+from devrng._training.loaders import describe, position_problem, warn_on_resume
+from devrng._training.training_rng import TrainingRNG, tracked_loaders
 from devrng.integrations._per_rank import PerRankState
 
 __all__ = ["register"]

@@ -24,8 +24,10 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
-from devrng._errors import DevRNGError, check_flags
-from devrng._loaders import (
+from devrng._base.errors import DevRNGError, check_flags
+from devrng._base.rank import process_rank
+from devrng._generators.seeding import manual_seed
+from devrng._training.loaders import (
     describe,
     differences,
     persistent_workers_problem,
@@ -33,10 +35,8 @@ from devrng._loaders import (
     private_shuffle_problem,
     warn_on_resume,
 )
-from devrng._rank import process_rank
-from devrng._seeding import manual_seed
-from devrng._training import TrainingRNG, generator_states, set_generator_states
-from devrng._workers import WorkerSeeding
+from devrng._training.training_rng import TrainingRNG, generator_states, set_generator_states
+from devrng._training.workers import WorkerSeeding
 from devrng.distributed import rank_seed
 from devrng.integrations._per_rank import PerRankState, gather
 

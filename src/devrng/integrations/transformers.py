@@ -29,18 +29,18 @@ import torch
 import transformers
 from transformers.trainer_callback import ExportableState
 
-from devrng._errors import check_flags
-from devrng._fork import fork_rng
-from devrng._loaders import (
+from devrng._backends.registry import available_backends
+from devrng._base.errors import check_flags
+from devrng._generators.fork import fork_rng
+from devrng._generators.patch import patch_torch
+from devrng._generators.seeding import manual_seed
+from devrng._training.loaders import (
     describe,
     differences,
     persistent_workers_problem,
     warn_on_resume,
     world_size_problem,
 )
-from devrng._patch import patch_torch
-from devrng._registry import available_backends
-from devrng._seeding import manual_seed
 
 __all__ = ["DevRNGTrainerCallback"]
 

@@ -1,0 +1,145 @@
+"""Seeds: what devrng accepts as one, the one mixer it derives new seeds with, and every
+derivation a training run's resume depends on.
+
+A seed is an int in ``[0, 2**64)``. New seeds (per call of ``seeded_jit``, per
+rank, per DataLoader worker) come from SplitMix64 (Steele, Lea and Flood,
+2014), so every derivation in devrng shares one well-studied mixer. The
+derivations from a run's seed (``rank_seed``, ``loader_seed``, ...) are named
+here, once: a resumed run continues exactly only if it derives the same numbers,
+so none of them may change without a new checkpoint version.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+__all__ = [
+    "GAMMA",
+    "MASK64",
+    "SEED_VARIABLES",
+    "HostKey",
+    "check_counter",
+    "check_seed",
+    "loader_seed",
+    "mix64",
+    "nth_seed",
+    "portable_seed",
+    "rank_seed",
+    "reseed_seed",
+    "seed_from_environment",
+    "seed_key",
+    "splitmix64",
+]
+
+MASK64 = (1 << 64) - 1
+GAMMA = 0x9E3779B97F4A7C15  # SplitMix64's increment: odd, so i * GAMMA is injective mod 2**64
+#: Where a run without a seed of its own finds one, in this order (TrainingRNG exports the first).
+HostKey = tuple[int, int]  # a Threefry key: two 32-bit words, as jax.random keys hold
+
+SEED_VARIABLES = ("DEVRNG_SEED", "PL_GLOBAL_SEED")
+
+
+def check_seed(seed: object, name: str = "seed") -> int:
+    """``seed`` as an int in [0, 2**64), or a TypeError / ValueError that says why not.
+
+    Examples:
+        >>> check_seed(7)
+        7
+    """
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise TypeError(
+            f"{name} must be an int in [0, 2**64), not {seed!r} (a {type(seed).__name__})."
+        )
+    value = int(seed)
+    if not 0 <= value <= MASK64:
+        raise ValueError(f"{name}={value} is out of range; it must be an int in [0, 2**64).")
+    return value
+
+
+def check_counter(counter: object, name: str = "counter") -> int:
+    """``counter`` (how far a seed stream has gone) as an int in [0, 2**63), or a ValueError.
+
+    Examples:
+        >>> check_counter(3)
+        3
+    """
+    if isinstance(counter, bool) or not isinstance(counter, int) or not 0 <= counter < 1 << 63:
+        raise ValueError(f"{name} must be an int in [0, 2**63), not {counter!r}.")
+    return counter
+
+
+def seed_from_environment(variable: str, raw: str) -> int:
+    """The seed that environment variable ``variable`` holds as the text ``raw``.
+
+    Raises a ValueError that names the variable and its value and says how to fix it.
+
+    Examples:
+        >>> seed_from_environment("DEVRNG_SEED", " 1234 ")
+        1234
+    """
+    try:
+        return check_seed(int(raw.strip()), variable)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"The {variable} environment variable is {raw!r}, which is not a seed; set it to an "
+            "int in [0, 2**64) or unset it."
+        ) from None
+
+
+def mix64(z: int) -> int:
+    """SplitMix64's output function: a bijection of 64-bit ints that spreads every bit."""
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
+    return z ^ (z >> 31)
+
+
+def splitmix64(x: int) -> int:
+    """One SplitMix64 step from state ``x``: its output."""
+    return mix64((x + GAMMA) & MASK64)
+
+
+def nth_seed(seed: int, n: int) -> int:
+    """Output number ``n`` (from 0) of a SplitMix64 generator started at ``mix64(seed)``.
+
+    Mixing the start first puts neighbouring seeds far apart; for one ``seed``,
+    distinct ``n`` below 2**64 never give the same value (the increment is odd
+    and ``mix64`` is a bijection).
+
+    Examples:
+        >>> nth_seed(0, 0) != nth_seed(0, 1) != nth_seed(1, 0)
+        True
+    """
+    return mix64((mix64(seed) + (n + 1) * GAMMA) & MASK64)
+
+
+# -- what a run derives from its seed: one index range of nth_seed each, never shared --------
+def rank_seed(seed: int, rank: int) -> int:
+    """The seed of ``rank``'s generators (index ``rank``): ``devrng.distributed.rank_seed``,
+    and a per-rank ``TrainingRNG``."""
+    return nth_seed(seed, rank)
+
+
+def loader_seed(seed: int, index: int) -> int:
+    """The seed of the ``index``-th DataLoader generator a run makes (index 2**32 + index)."""
+    return nth_seed(seed, (1 << 32) + index)
+
+
+def reseed_seed(seed: int, rank: int) -> int:
+    """What a resumed rank seeds the devices its saved state has no state for with
+    (index 2**33 + rank): never a stream any rank had in the saved run."""
+    return nth_seed(seed, (1 << 33) + rank)
+
+
+def portable_seed(seed: int) -> int:
+    """The seed of a run's portable stream (``TrainingRNG.portable``; index 2**34)."""
+    return nth_seed(seed, 1 << 34)
+
+
+def seed_key(seed: int) -> HostKey:
+    """The key of a seed in [0, 2**64): ``jax.random.key(seed)``'s data (with x64 above 2**32).
+
+    Examples:
+        >>> seed_key(42)
+        (0, 42)
+    """
+    return (seed >> 32) & 0xFFFFFFFF, seed & 0xFFFFFFFF

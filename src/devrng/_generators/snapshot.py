@@ -1,0 +1,456 @@
+"""RNG snapshots: ``RNGState``, taking one, and reading and writing it as plain data.
+
+Restoring a snapshot lives in ``devrng._generators.restore``, seeding in ``devrng._generators.seeding``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
+from typing import IO, Any
+
+import torch
+
+from devrng._backends import host as _host
+from devrng._base.errors import DevRNGError, check_flags, short_repr
+from devrng._base.files import atomic_write, checked_path, is_file_like, readable_file
+from devrng._base.plain import (
+    check_depth,
+    check_header,
+    check_loaded,
+    check_plain,
+    describe,
+    hash_into,
+)
+from devrng._generators.plan import make_plan
+from devrng._generators.undo import DeviceState, read_devices
+
+__all__ = ["RNGState", "check_host", "get_rng_state", "parse_state", "snapshot", "with_devices"]
+
+_FORMAT = "devrng.RNGState"
+_VERSION = 1
+_NO_DEVICES: Mapping[str, Mapping[int, Any]] = MappingProxyType({})
+
+
+class RNGState:
+    """A frozen snapshot of every covered generator, from ``get_rng_state()``.
+
+    Restore it with ``set_rng_state``, write it with ``RNGState.save`` and read
+    it back with ``RNGState.load``. Two snapshots are equal when their
+    fingerprints are.
+
+    Attributes:
+        cpu: The CPU generator's state (a uint8 tensor).
+        devices: Device type -> device index -> that device's state.
+        python: Python's ``random`` state, or ``None`` when not captured.
+        numpy: NumPy's global generator state, or ``None`` when not captured.
+
+    Examples:
+        >>> snap = devrng.get_rng_state()
+        >>> a = torch.rand(3)
+        >>> devrng.set_rng_state(snap)
+        >>> torch.equal(a, torch.rand(3))
+        True
+    """
+
+    __slots__ = ("_cpu", "_devices", "_host_checked", "_numpy", "_python")
+    _cpu: torch.Tensor
+    _devices: Mapping[str, Mapping[int, Any]]
+    _python: Any
+    _numpy: Any
+
+    def __init__(self, cpu: torch.Tensor, devices: Mapping[str, Mapping[int, Any]],
+                 python: Any = None, numpy: Any = None) -> None:
+        """A snapshot of these states, checked when restored; ``get_rng_state()`` makes one."""
+        # Read-only through the properties below (none has a setter).
+        self._cpu = cpu
+        self._devices = MappingProxyType(
+            {t: MappingProxyType(dict(per)) for t, per in devices.items()}) if devices else _NO_DEVICES
+        self._python = python
+        self._numpy = numpy
+        self._host_checked = False  # set by whatever made it from live or checked states
+
+    @property
+    def cpu(self) -> torch.Tensor:
+        return self._cpu
+
+    @property
+    def devices(self) -> Mapping[str, Mapping[int, Any]]:
+        return self._devices
+
+    @property
+    def python(self) -> Any:
+        return self._python
+
+    @property
+    def numpy(self) -> Any:
+        return self._numpy
+
+    def __repr__(self) -> str:
+        parts = ["cpu"] + [f"{t}:{i}" for t, per in self.devices.items() for i in per]
+        parts += [n for n in ("python", "numpy") if getattr(self, n) is not None]
+        try:
+            tail = f"; fingerprint={self.fingerprint()}"
+        except DevRNGError:
+            tail = "; holds a state that is not plain data"
+        return f"RNGState({', '.join(parts)}{tail})"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, RNGState):
+            return NotImplemented
+        return self.fingerprint() == other.fingerprint()
+
+    def __hash__(self) -> int:
+        return hash(self.fingerprint())
+
+    # -- serialisation -------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data (tensors, ints, strings, dicts, lists) that ``torch.load(weights_only=True)`` reads."""
+        data: dict[str, Any] = {
+            "format": _FORMAT,
+            "version": _VERSION,
+            "torch": str(torch.__version__),
+            "cpu": self.cpu,
+            "devices": {t: dict(per) for t, per in self.devices.items()},
+            "python": None,
+            "numpy": None,
+        }
+        if self.python is not None:
+            version, internal, gauss = self.python
+            data["python"] = [version, torch.tensor(internal, dtype=torch.int64), gauss]
+        if self.numpy is not None:
+            st = self.numpy
+            key = torch.from_numpy(st["state"]["key"].astype("int64"))
+            data["numpy"] = {"bit_generator": st["bit_generator"], "key": key,
+                             "pos": int(st["state"]["pos"]), "has_gauss": int(st["has_gauss"]),
+                             "gauss": float(st["gauss"])}
+        for t, per in data["devices"].items():
+            for i, state in per.items():
+                check_plain(state, f"the {t}:{i} state")
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Any, *, source: str = "the data") -> RNGState:
+        """The snapshot that ``RNGState.to_dict`` turned into ``data``.
+
+        Every part is checked as far as this process can without touching a
+        generator: a snapshot that parses installs working generators.
+
+        Args:
+            data: What ``RNGState.to_dict`` returned (after any round trip
+                through ``torch.save`` / ``torch.load``).
+            source: What ``data`` is, for the error message.
+
+        Returns:
+            The snapshot.
+
+        Raises:
+            DevRNGError: ``data`` is not a snapshot, or any part of it is
+                malformed.
+
+        Examples:
+            >>> snap = devrng.get_rng_state()
+            >>> devrng.RNGState.from_dict(snap.to_dict()) == snap
+            True
+        """
+        check_depth(data, source)  # before anything walks it: a hostile nesting is refused
+        try:
+            return cls._parse(data, None if source == "the data" else source)
+        except (DevRNGError, KeyboardInterrupt, SystemExit):
+            raise
+        except Exception as err:  # hostile input may fail in any way: one error class for it
+            raise DevRNGError(
+                f"{source} is not a valid devrng RNG snapshot: {err}. Write snapshots with "
+                "RNGState.save or RNGState.to_dict."
+            ) from err
+
+    @classmethod
+    def _parse(cls, data: Any, source: str | None) -> RNGState:
+        check_header(data, tag=_FORMAT, versions=(_VERSION,),
+                     what="RNGState.from_dict" if source is None else "RNGState.load",
+                     made_by="RNGState.to_dict()" if source is None else "RNGState.save",
+                     source=source)
+        return parse_state(data["cpu"], data["devices"], data["python"], data["numpy"])
+
+    def save(self, f: str | os.PathLike[str] | IO[bytes]) -> None:
+        """Write the snapshot to a file that ``torch.load(..., weights_only=True)`` reads.
+
+        A path is written atomically: a failure leaves the previous file as it was.
+
+        Args:
+            f: A path, or a binary file open for writing.
+
+        Raises:
+            TypeError: ``f`` is neither a path (``str``, ``os.PathLike``) nor a file.
+            ValueError: The path names a directory, or something that is not a
+                regular file (a FIFO, a device).
+            OSError: The file could not be written (the previous one is kept).
+
+        Examples:
+            >>> devrng.get_rng_state().save("step_100.rng")
+        """
+        # Serialised in memory first: torch's zip writer never holds the file, so an
+        # interrupt or a full disk cannot leave it writing to a file already closed.
+        buffer = io.BytesIO()
+        torch.save(self.to_dict(), buffer)
+        data = buffer.getbuffer()
+        if is_file_like(f):
+            f.write(data)  # type: ignore[union-attr]
+        else:
+            atomic_write(f, lambda fh: fh.write(data))  # type: ignore[arg-type]
+
+    @classmethod
+    def load(cls, f: str | os.PathLike[str] | IO[bytes]) -> RNGState:
+        """Read a snapshot that ``RNGState.save`` wrote, never unpickling arbitrary objects.
+
+        Args:
+            f: A path, or a binary file open for reading.
+
+        Returns:
+            The snapshot, checked as ``RNGState.from_dict`` checks it.
+
+        Raises:
+            FileNotFoundError: There is no such file.
+            DevRNGError: The file is not a snapshot (text, empty, corrupt, or
+                written by something else).
+
+        Examples:
+            >>> devrng.get_rng_state().save("step_100.rng")
+            >>> snap = devrng.RNGState.load("step_100.rng")
+            >>> devrng.set_rng_state(snap)
+        """
+        if is_file_like(f):
+            where = repr(f)
+        else:
+            where = repr(checked_path(f, "load"))
+            problem = readable_file(os.fspath(f))  # type: ignore[arg-type]
+            if problem is not None:
+                raise DevRNGError(f"{where} is not a devrng RNG snapshot: {problem}. Snapshots "
+                                  "are files that RNGState.save writes.")
+            _check_exists(where, os.fspath(f))  # type: ignore[arg-type]
+        kind = _not_torch_save(f)
+        if kind is not None:
+            raise DevRNGError(
+                f"{where} is not a devrng RNG snapshot: {kind}, and snapshots are files that "
+                "RNGState.save (torch.save) writes."
+            )
+        try:
+            data = torch.load(f, weights_only=True, map_location="cpu")
+        except FileNotFoundError:
+            raise
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except Exception as err:
+            first = str(err).splitlines()[0] if str(err) else ""
+            raise DevRNGError(
+                f"{where} could not be read as a devrng RNG snapshot ({type(err).__name__}: "
+                f"{first[:200]}); it is corrupt or was not written by RNGState.save."
+            ) from err
+        return cls.from_dict(data, source=where)
+
+    def fingerprint(self) -> str:
+        """A short hash of every state, equal across processes exactly when the states are.
+
+        Returns:
+            16 hexadecimal digits.
+
+        Raises:
+            DevRNGError: A backend state is not plain data (tensors, numbers,
+                strings, lists, dicts), so it has no stable bytes to hash.
+
+        Examples:
+            >>> len(devrng.get_rng_state().fingerprint())
+            16
+        """
+        h = hashlib.sha256()
+        hash_into(h, self._hash_parts())
+        return h.hexdigest()[:16]
+
+    def _hash_parts(self) -> Any:
+        return [self.cpu, sorted((t, sorted(per.items())) for t, per in self.devices.items()),
+                self.python, self.numpy]
+
+
+def get_rng_state(devices: Any = None, device_type: Any = None, *, python: bool = True,
+                  numpy: bool = True) -> RNGState:
+    """Snapshot the CPU generator, each covered device's, and Python's and NumPy's.
+
+    Args:
+        devices: The devices to cover, as in ``fork_rng``: tensors, modules,
+            device strings, ints, ... ``[]`` covers the CPU only; ``None``
+            every device of ``device_type`` or, without one, the accelerator
+            and XLA / torchax where this process has started them.
+        device_type: A device type or a sequence of them, as in ``fork_rng``.
+        python: Include Python's ``random``.
+        numpy: Include NumPy's global generator.
+
+    Returns:
+        A frozen ``RNGState``.
+
+    Raises:
+        TypeError: ``devices`` or ``device_type`` names no device, or a flag is
+            not ``True`` / ``False``.
+        ValueError: A device or device type does not exist here.
+        ImportError: A device type needs a package that is not installed.
+
+    Examples:
+        >>> snap = devrng.get_rng_state(devices=[])   # CPU, Python and NumPy
+        >>> snap.devices
+        mappingproxy({})
+    """
+    check_flags(python=python, numpy=numpy)
+    plan = make_plan(devices, device_type, caller="get_rng_state", warn=False)
+    return snapshot(read_devices(plan), python=python, numpy=numpy)
+
+
+def snapshot(devices: Iterable[DeviceState], *, python: bool, numpy: bool) -> RNGState:
+    """An ``RNGState`` of device states already read, the CPU generator now, and Python's
+    and NumPy's when asked for."""
+    per_type: dict[str, dict[int, Any]] = {}
+    for backend, index, state in devices:
+        per_type.setdefault(backend.name, {})[index] = state
+    snap = RNGState(
+        _host.get_cpu_state(),
+        per_type,
+        _host.get_python_state() if python else None,
+        _host.get_numpy_state() if numpy else None,
+    )
+    snap._host_checked = True  # this process's own generators: nothing to check
+    return snap
+
+
+def parse_state(cpu: Any, devices: Any, python: Any = None, numpy: Any = None) -> RNGState:
+    """An ``RNGState`` from the plain data ``to_dict`` writes, checked as far as this process
+    can without touching a generator; ``ValueError`` saying what is wrong ("its CPU state ...").
+
+    Snapshots and ``RNGStreams`` checkpoints are read with it.
+    """
+    _host.check_cpu_state(cpu)
+    if not isinstance(devices, Mapping):
+        raise ValueError("its 'devices' entry is not a dict")
+    parsed: dict[str, dict[int, Any]] = {}
+    for name, per in devices.items():
+        if not isinstance(name, str) or not name or ":" in name:
+            raise ValueError(f"it names the device type {short_repr(name)}")
+        if not isinstance(per, Mapping):
+            raise ValueError(f"its {name} entry is not a dict of device index to state")
+        parsed[name] = {}
+        for index, saved in per.items():
+            if type(index) is not int or index < 0:
+                raise ValueError(f"it names the {name} device index {short_repr(index)}")
+            check_loaded(saved, f"its {name}:{index} state")
+            parsed[name][index] = saved
+    state = RNGState(cpu, parsed, None if python is None else _python_from_plain(python),
+                     None if numpy is None else _numpy_from_plain(numpy))
+    state._host_checked = True  # each part was checked above
+    return state
+
+
+def with_devices(state: RNGState, devices: Mapping[str, Mapping[int, Any]], *,
+                 python: bool = True, numpy: bool = True) -> RNGState:
+    """``state`` with other device states (and without Python's or NumPy's when False);
+    what was checked of its host parts stays checked."""
+    new = RNGState(state.cpu, devices, state.python if python else None,
+                   state.numpy if numpy else None)
+    new._host_checked = state._host_checked
+    return new
+
+
+def check_host(state: RNGState) -> None:
+    """Raise ``DevRNGError`` unless the CPU, Python and NumPy parts of ``state`` would install
+    working generators (checked as fully as ``from_dict`` checks them; once per snapshot)."""
+    if state._host_checked:
+        return
+    try:
+        _host.check_cpu_state(state.cpu)
+    except ValueError as err:
+        raise DevRNGError(f"The snapshot's {str(err).removeprefix('its ')}.") from None
+    checks = (("Python", "random.setstate accepts", _host.check_python_state, state.python),
+              ("NumPy", "NumPy's global generator can take", _host.check_numpy_state,
+               state.numpy))
+    for label, accepts, check, part in checks:
+        if part is not None:
+            try:
+                check(part)
+            except ValueError as err:
+                raise DevRNGError(
+                    f"The snapshot's {label} state is not one that {accepts}: {err}."
+                ) from None
+    state._host_checked = True
+
+
+def _check_exists(where: str, path: str) -> None:
+    """A sentence instead of torch's traceback for a path that names no file."""
+    if not os.path.exists(path):
+        link = " (a symlink to a file that is gone)" if os.path.islink(path) else ""
+        raise FileNotFoundError(
+            f"There is no file {where}{link} to load an RNG snapshot from; pass the path that "
+            "RNGState.save wrote (relative paths start from the current directory, "
+            f"{os.getcwd()!r})."
+        )
+
+
+def _not_torch_save(f: Any) -> str | None:
+    """What a file is when it plainly is not torch.save's output (a zip archive or a pickle)."""
+    try:
+        if is_file_like(f):
+            if not (hasattr(f, "seek") and hasattr(f, "tell")):
+                return None
+            start = f.tell()
+            head = f.read(8)
+            f.seek(start)
+        else:
+            with open(f, "rb") as fh:
+                head = fh.read(8)
+    except (OSError, ValueError):
+        return None  # torch.load says what is wrong (a missing file stays FileNotFoundError)
+    if not head:
+        return "it is empty"
+    if head.startswith(b"PK\x03\x04") or head[:1] == b"\x80":
+        return None  # a zip archive (torch.save) or a pickle (its legacy format)
+    text = head.decode("ascii", errors="replace")
+    printable = text.isprintable() or text.rstrip("\r\n").isprintable()
+    return f"it begins with {text!r}, like a text file" if printable else \
+        f"it begins with the bytes {head!r}"
+
+
+def _python_from_plain(raw: Any) -> tuple[int, tuple[int, ...], float | None]:
+    if not isinstance(raw, (list, tuple)) or len(raw) != 3:
+        raise ValueError("its Python state is not [version, key tensor, gauss]")
+    version, internal, gauss = raw
+    if not isinstance(internal, torch.Tensor) or internal.dtype != torch.int64 \
+            or tuple(internal.shape) != (625,):
+        raise ValueError(f"its Python key is {describe(internal)}, not 625 int64 values")
+    state = (version, tuple(internal.tolist()), gauss)
+    try:
+        _host.check_python_state(state)
+    except ValueError as err:
+        raise ValueError(f"its Python state is unusable: {err}") from None
+    return state
+
+
+def _numpy_from_plain(raw: Any) -> dict[str, Any]:
+    np = _host.numpy_or_none()
+    if np is None:
+        raise ValueError("it holds a NumPy state and NumPy is not installed here")
+    if not isinstance(raw, Mapping):
+        raise ValueError("its NumPy state is not a dict")
+    key = raw["key"]
+    if not isinstance(key, torch.Tensor) or key.dtype != torch.int64 \
+            or tuple(key.shape) != (624,):
+        raise ValueError(f"its NumPy key is {describe(key)}, not 624 int64 values")
+    if bool(((key < 0) | (key > 0xFFFFFFFF)).any()):
+        raise ValueError("its NumPy key holds values outside [0, 2**32)")
+    state = {"bit_generator": raw["bit_generator"],
+             "state": {"key": np.asarray(key.numpy(), dtype=np.uint32), "pos": raw["pos"]},
+             "has_gauss": raw["has_gauss"], "gauss": raw["gauss"]}
+    try:
+        _host.check_numpy_state(state)
+    except ValueError as err:
+        raise ValueError(f"its NumPy state is unusable: {err}") from None
+    return state
+
+

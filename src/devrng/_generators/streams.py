@@ -1,0 +1,469 @@
+"""``RNGStreams``: named, independent RNG streams on every device type.
+
+A device-aware take on Megatron-LM's CUDA RNG tracker: each stream keeps its
+own state for the CPU generator and for every device it has been forked on
+(CUDA, XPU, MPS, XLA, torchax, ...) -- an ``RNGState`` without Python and
+NumPy -- swapped in while the stream is forked.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+import torch
+
+from devrng._backends import host
+from devrng._backends.registry import Backend, device_count
+from devrng._base.errors import DevRNGError, short_repr
+from devrng._base.plain import check_header, check_plain
+from devrng._base.rank import world_size
+from devrng._base.seeds import check_seed
+from devrng._base.sigint import deliver, guard
+from devrng._generators.plan import Plan, make_plan
+from devrng._generators.ranked import (
+    Apply,
+    Summary,
+    decode,
+    encode,
+    identity_of,
+    is_ranked,
+    load_ranked,
+    ranked,
+    ranks_text,
+)
+from devrng._generators.restore import prepare_restore
+from devrng._generators.snapshot import RNGState, parse_state, snapshot
+from devrng._generators.undo import Undo, read_devices
+
+__all__ = ["RNGStreams"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_FORMAT = "devrng.RNGStreams"
+_VERSION = 1
+
+
+def _stream_seed(name: str, seed: int) -> int:
+    """The generator seed of stream ``name``: mixed with the name, so that a
+    stream never replays the default stream seeded with the same number, nor
+    another stream added with the same seed."""
+    digest = hashlib.sha256(f"devrng.RNGStreams\0{name}\0{seed}".encode()).digest()
+    return int.from_bytes(digest[:8], "little")
+
+
+class _Stream:
+    __slots__ = ("seed", "state")
+
+    def __init__(self, seed: int, state: RNGState) -> None:
+        self.seed = seed
+        self.state = state  # CPU and device states; replaced, never changed in place
+
+    def advance(self, state: RNGState) -> None:
+        """Keep ``state``'s CPU and device states, and this stream's other devices."""
+        devices = {t: dict(per) for t, per in self.state.devices.items()}
+        for name, per in state.devices.items():
+            devices.setdefault(name, {}).update(per)
+        self.state = RNGState(state.cpu, devices)
+
+
+class RNGStreams:
+    """Named RNG streams, independent of each other and of the default stream.
+
+    ``add(name, seed)`` creates a stream; ``with streams.fork(name):`` swaps
+    its state in for the CPU and every covered device type (as ``fork_rng``
+    chooses them from ``devices`` / ``device_type``), keeps the advanced state
+    on exit and gives the caller back its own.
+    ``state_dict()`` / ``load_state_dict()`` carry every stream across a
+    checkpoint in plain data that ``torch.load(weights_only=True)`` reads.
+
+    Examples:
+        >>> streams = devrng.RNGStreams()
+        >>> streams.add("dropout", 1234)
+        >>> before = torch.get_rng_state()
+        >>> with streams.fork("dropout", devices=[torch.ones(4)]):
+        ...     y = torch.nn.functional.dropout(torch.ones(4), 0.1)
+        >>> torch.equal(before, torch.get_rng_state())   # the default stream is untouched
+        True
+    """
+
+    def __init__(self) -> None:
+        """No streams yet: ``add`` names and seeds each."""
+        self._streams: dict[str, _Stream] = {}
+        self._active: set[str] = set()
+
+    # -- streams ---------------------------------------------------------------
+    def add(self, name: str, seed: int) -> None:
+        """Create stream ``name`` from ``seed``; a name can be added once.
+
+        Args:
+            name: A non-empty string.
+            seed: An int in ``[0, 2**64)``; the stream's generators are seeded
+                from it and ``name``, so it never replays the default stream
+                seeded with the same number.
+
+        Raises:
+            TypeError: ``name`` is not a non-empty string, or ``seed`` not an int.
+            ValueError: ``name`` was added before, or ``seed`` is out of range.
+
+        Examples:
+            >>> streams = devrng.RNGStreams()
+            >>> streams.add("model-parallel", devrng.distributed.rank_seed(1234, rank=0))
+            >>> streams.names
+            ('model-parallel',)
+        """
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"A stream name must be a non-empty string, not {name!r}.")
+        seed = check_seed(seed)
+        if name in self._streams:
+            raise ValueError(
+                f"A stream named {name!r} already exists (seed {self._streams[name].seed}); "
+                "choose another name, or load_state_dict() to replace every stream."
+            )
+        cpu = torch.Generator().manual_seed(_stream_seed(name, seed)).get_state()
+        self._streams[name] = _Stream(seed, RNGState(cpu, {}))
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The streams' names, in the order they were added."""
+        return tuple(self._streams)
+
+    def seed(self, name: str) -> int:
+        """The seed stream ``name`` was added with."""
+        return self._get(name, "seed").seed
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._streams
+
+    def __len__(self) -> int:
+        return len(self._streams)
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{n!r}: seed {s.seed}" for n, s in self._streams.items())
+        return f"RNGStreams({{{inner}}})"
+
+    def _get(self, name: str, caller: str) -> _Stream:
+        stream = self._streams.get(name)
+        if stream is None:
+            known = ", ".join(repr(n) for n in self._streams) or "none yet"
+            raise ValueError(
+                f"RNGStreams.{caller}: there is no stream named {name!r}; the streams are: "
+                f"{known}. Create it first with streams.add({name!r}, seed)."
+            )
+        return stream
+
+    # -- forking -----------------------------------------------------------------
+    def _materialise(self, name: str, stream: _Stream, plan: Plan) -> None:
+        """Give the stream a state on each planned device it has never been forked on."""
+        for backend, indices in plan:
+            have = stream.state.devices.get(backend.name, {})
+            missing = [i for i in indices if i not in have]
+            if not missing:
+                continue
+            # Backends seed all their devices at once; save and put back every one,
+            # so that the caller's streams on other devices are left as they were.
+            undo = Undo(f"RNGStreams.fork({name!r})")
+            undo.save_devices(read_devices([(backend, range(device_count(backend)))]))
+            fresh = undo.around(_seed_and_read, backend, _stream_seed(name, stream.seed),
+                                missing)
+            stream.advance(RNGState(stream.state.cpu, {backend.name: dict(fresh)}))
+
+    def fork(self, name: str, devices: Any = None, *, device_type: Any = None) -> StreamFork:
+        """Draw from stream ``name`` inside the block; the caller's state comes back on exit.
+
+        Covers the CPU and the device types of ``devices`` / ``device_type``
+        (with neither, the accelerator and XLA / torchax when in use, as
+        ``fork_rng``). The stream's advanced state is kept, so the next
+        ``fork(name)`` continues where this one stopped.
+
+        Args:
+            name: A stream added with ``RNGStreams.add``.
+            devices: The devices to cover, as in ``fork_rng``.
+            device_type: A device type or a sequence of them, as in ``fork_rng``.
+
+        Returns:
+            A context manager. A Ctrl-C that lands in its entry or exit is raised
+            once the swap is complete, so the stream is never left half swapped in.
+
+        Raises:
+            ValueError: No stream is named ``name``.
+            RuntimeError: The stream is already forked (inside itself).
+
+        Examples:
+            >>> streams = devrng.RNGStreams()
+            >>> streams.add("dropout", 7)
+            >>> with streams.fork("dropout", devices=[]):   # the CPU only
+            ...     first = torch.rand(4)
+            >>> with streams.fork("dropout", devices=[]):   # continues the stream
+            ...     second = torch.rand(4)
+            >>> torch.equal(first, second)
+            False
+
+            On an XLA device (needs torch_xla):
+
+            >>> import torch_xla
+            >>> streams = devrng.RNGStreams()
+            >>> streams.add("dropout", 7)
+            >>> with streams.fork("dropout", devices=["xla:0"]):
+            ...     first = torch.rand(4, device="xla:0").cpu()
+            >>> with streams.fork("dropout", devices=["xla:0"]):   # continues the stream
+            ...     second = torch.rand(4, device="xla:0").cpu()
+            >>> torch.equal(first, second)
+            False
+        """
+        return StreamFork(self, name, devices, device_type)
+
+    # -- checkpoints ---------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Every stream's seed and states, under a key that names this process's rank.
+
+        ``{"devrng_rank_<r>": bytes}``: the bytes are what ``torch.save`` makes
+        of a dict of plain data (``torch.load(io.BytesIO(b), weights_only=True)``
+        reads it). The rank in the key keeps every rank's streams apart in a
+        ``torch.distributed.checkpoint`` save.
+
+        Examples:
+            >>> streams = devrng.RNGStreams()
+            >>> streams.add("dropout", 7)
+            >>> torch.save({"rng": streams.state_dict()}, "ckpt.pt")
+        """
+        streams = {}
+        for name, s in self._streams.items():
+            devices = {t: dict(per) for t, per in s.state.devices.items() if per}
+            check_plain(devices, f"stream {name!r}'s device states")
+            streams[name] = {"seed": s.seed, "cpu": s.state.cpu.clone(), "devices": devices}
+        return ranked(encode({"format": _FORMAT, "version": _VERSION, "streams": streams,
+                              "world_size": world_size()}))
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Replace every stream with those ``RNGStreams.state_dict`` saved.
+
+        The whole state is checked first, each stream's states as fully as
+        ``set_rng_state`` checks a snapshot against this process; on any
+        problem nothing changes. In a job of several processes every process
+        calls this (as ``torch.distributed.checkpoint.load`` does) and all of
+        them load or all of them raise. There, if this object already has
+        streams, the saved ones must have the same names and seeds (a rank
+        given another rank's streams after the world or the mesh changed is
+        refused), and a job with more ranks than the one that saved continues
+        only streams that every saved rank held alike.
+
+        Args:
+            state_dict: What ``RNGStreams.state_dict`` returned, or the dict that
+                devrng 0.1 saved.
+
+        Raises:
+            DevRNGError: ``state_dict`` is not such a dict, a part is malformed,
+                or (in a job of several processes) the state of some rank does not
+                fit (the message names the rank).
+            RuntimeError: A stream is forked right now.
+
+        Examples:
+            >>> saved = devrng.RNGStreams()
+            >>> saved.add("dropout", 7)
+            >>> streams = devrng.RNGStreams()
+            >>> streams.load_state_dict(saved.state_dict())
+            >>> streams.seed("dropout")
+            7
+        """
+        try:
+            if self._active:
+                raise RuntimeError(
+                    f"RNGStreams.load_state_dict was called while stream(s) "
+                    f"{', '.join(map(repr, sorted(self._active)))} are forked; load it outside "
+                    "fork()."
+                )
+            if is_ranked(state_dict):
+                load_ranked(state_dict, what="RNGStreams.load_state_dict", read=_read_entry,
+                            facts=_facts, prepare=self._prepare)
+            else:
+                self._streams = _parse(state_dict)
+        finally:
+            deliver()
+
+    def _prepare(self, plain: Any, summary: Summary) -> tuple[Apply, str | None]:
+        """Check one rank's streams in a load of all ranks; the change to make."""
+        what = "RNGStreams.load_state_dict"
+        here = {name: s.seed for name, s in self._streams.items()}
+        if summary.borrowed and not here and not summary.uniform:
+            raise DevRNGError(
+                f"{what}: this job has {summary.world} ranks and the checkpoint holds the "
+                f"streams of {summary.missing[0] if summary.missing else '?'}, which differ from "
+                "rank to rank, so devrng cannot tell which of them "
+                f"{ranks_text(*summary.missing or (summary.rank, summary.rank))} should "
+                "continue. Add this rank's streams (names and seeds) before loading, and the "
+                "saved streams of the rank at its place in the saved layout are taken if they "
+                "are the same; or add the streams afresh instead of loading them.")
+        try:
+            loaded = _parse(plain)
+        except DevRNGError as err:
+            raise DevRNGError(f"{what}: {err}") from None
+        saved = {name: s.seed for name, s in loaded.items()}
+        if here and here != saved:
+            source = (f"rank {summary.source}'s entry" if summary.borrowed
+                      else f"the entry of rank {summary.rank}")
+            raise DevRNGError(
+                f"{what}: this rank's streams are {_names(here)} and {source} holds "
+                f"{_names(saved)}: it was saved by a rank that held other streams (another "
+                "layout of the ranks, or another run). Add the streams as the saved run did, "
+                "or load into an RNGStreams without streams to take whatever was saved.")
+
+        def apply(undo: Undo) -> None:
+            undo.push("the streams", setattr, self, "_streams", self._streams)
+            self._streams = loaded
+
+        return apply, None
+
+
+def _names(seeds: Mapping[str, int]) -> str:
+    return ", ".join(f"{n!r} (seed {s})" for n, s in seeds.items()) or "none"
+
+
+def _read_entry(entry: Any) -> Any:
+    return decode(entry, "RNGStreams.load_state_dict: its entry")
+
+
+def _facts(plain: Any) -> tuple[int, int]:
+    """The world size a plain state records (-1: none) and a hash of its streams."""
+    world = plain.get("world_size") if isinstance(plain, Mapping) else None
+    streams = plain.get("streams") if isinstance(plain, Mapping) else None
+    return (world if type(world) is int else -1), identity_of(streams)
+
+
+def _parse(state_dict: Any) -> dict[str, _Stream]:
+    """The streams a plain state holds, checked against this process (``DevRNGError``)."""
+    check_header(state_dict, tag=_FORMAT, versions=(_VERSION,), what="RNGStreams.load_state_dict",
+                 made_by="RNGStreams.state_dict()")
+    raw = state_dict.get("streams")
+    if not isinstance(raw, Mapping):
+        raise DevRNGError("The RNGStreams state dict has no 'streams' mapping.")
+    loaded: dict[str, _Stream] = {}
+    for name, entry in raw.items():
+        if not isinstance(name, str) or not name:
+            raise DevRNGError(f"The RNGStreams state dict names a stream {short_repr(name)}; "
+                              "stream names are non-empty strings.")
+        try:
+            seed = check_seed(entry["seed"], f"stream {name!r}'s seed")
+            cpu, devices = entry["cpu"], entry["devices"]
+        except (KeyError, TypeError, ValueError) as err:
+            raise DevRNGError(
+                f"Stream {name!r} in the RNGStreams state dict is malformed ({err}); it needs "
+                "'seed' (an int in [0, 2**64)), 'cpu' and 'devices'."
+            ) from err
+        try:
+            state = parse_state(cpu, devices)
+        except (ValueError, DevRNGError) as err:
+            raise DevRNGError(
+                f"Stream {name!r}'s {str(err).removeprefix('its ')}; load what "
+                "RNGStreams.state_dict() returned."
+            ) from None
+        prepare_restore(state)  # device types, counts and state layouts of this process
+        loaded[name] = _Stream(seed, RNGState(state.cpu.clone(), state.devices))
+    return loaded
+
+
+def _seed_and_read(backend: Backend, seed: int, indices: list[int]) -> list[tuple[int, Any]]:
+    backend.manual_seed(seed)
+    return [(i, backend.get_rng_state(i)) for i in indices]
+
+
+def _swap_in(name: str, stream: _Stream, plan: Plan) -> None:
+    """Set the stream's states on the CPU and the planned devices (the caller puts its own
+    back if this fails)."""
+    label = "cpu"
+    try:
+        for backend, indices in plan:
+            for index in indices:
+                label = f"{backend.name}:{index}"
+                backend.set_rng_state(stream.state.devices[backend.name][index], index)
+        label = "cpu"
+        host.set_cpu_state(stream.state.cpu)
+    except Exception as err:
+        raise DevRNGError(
+            f"RNGStreams.fork({name!r}) could not put the stream's {label} state in place "
+            f"({type(err).__name__}: {err}); the state was probably loaded from a checkpoint "
+            "taken with another torch or device. Every generator was put back."
+        ) from err
+
+
+class StreamFork:
+    """``RNGStreams.fork(name)``: the stream's states in, the caller's kept aside; on exit the
+    stream keeps what it drew and the caller gets its own states back."""
+
+    __slots__ = ("_advanced", "_caller", "_device_type", "_devices", "_name", "_plan", "_stream",
+                 "_streams")
+
+    def __init__(self, streams: RNGStreams, name: str, devices: Any, device_type: Any) -> None:
+        self._streams, self._name = streams, name
+        self._devices, self._device_type = devices, device_type
+
+    def __enter__(self) -> None:
+        try:
+            streams, name = self._streams, self._name
+            stream = streams._get(name, "fork")
+            if name in streams._active:
+                raise RuntimeError(
+                    f"RNGStreams.fork({name!r}) is already active; forking the same stream "
+                    "inside itself would replay its numbers. Use it once, or add a second stream."
+                )
+            plan = make_plan(self._devices, self._device_type, caller="RNGStreams.fork")
+            streams._materialise(name, stream, plan)
+            caller = Undo(f"RNGStreams.fork({name!r})", wrap=False)
+            caller.save_cpu()
+            caller.save_devices(read_devices(plan))
+            self._stream, self._plan, self._caller = stream, plan, caller
+            self._advanced: RNGState | None = None  # what the stream drew, read on exit
+        finally:
+            deliver()  # nothing is swapped in yet: a noted Ctrl-C leaves nothing to undo
+        try:
+            streams._active.add(name)
+            _swap_in(name, stream, plan)
+            deliver()  # a Ctrl-C noted meanwhile: the block is not entered, so undo below
+        except BaseException as err:
+            caller.roll_back(err)  # the error goes on; what could not be put back is a note
+            streams._active.discard(name)
+            deliver()
+            raise
+
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        # The caller's states are put back on every way out, also when an interrupt lands
+        # here (every line is inside the try); the stream keeps what it drew.
+        try:
+            self._advanced = snapshot(read_devices(self._plan), python=False, numpy=False)
+            if exc is None:
+                self._caller.run()
+            else:
+                self._caller.roll_back(exc)
+            self._end()
+        except BaseException as err:
+            if self._advanced is None:
+                self._advanced = snapshot(read_devices(self._plan), python=False, numpy=False)
+            self._caller.roll_back(err)
+            self._end()
+            raise
+        finally:
+            deliver()
+
+    def _end(self) -> None:
+        self._streams._active.discard(self._name)
+        if self._advanced is not None:
+            self._stream.advance(self._advanced)
+
+    def __call__(self, fn: F) -> F:
+        """As a decorator: each call of ``fn`` runs inside a fork of its own."""
+        streams, name, devices, device_type = (self._streams, self._name, self._devices,
+                                               self._device_type)
+
+        @functools.wraps(fn)
+        def forked(*args: Any, **kwargs: Any) -> Any:
+            with StreamFork(streams, name, devices, device_type):
+                return fn(*args, **kwargs)
+
+        return forked  # type: ignore[return-value]
+
+
+guard(RNGStreams.load_state_dict)
+guard(StreamFork.__enter__)
+guard(StreamFork.__exit__)

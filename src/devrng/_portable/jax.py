@@ -1,0 +1,141 @@
+"""Portable draws on torchax tensors: ``jax.random`` with the stream's key.
+
+torchax runs torch ops as JAX ops, and JAX without x64 has no 64-bit
+integers, so the int64 arithmetic of ``devrng._portable.threefry`` would silently run
+in 32 bits there. JAX's own ``jax.random`` computes exactly the numbers that
+module is built to equal (same key, same layout), so on torchax the bits,
+uniforms, integers and permutations come from it directly; the transforms
+built on top of them (normal's erfinv, exponential, bernoulli, multinomial)
+are the same torch code, run by torchax as JAX ops.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import torch
+from torchax import interop
+
+from devrng._base.errors import DevRNGError
+from devrng._portable.rng import PortableRNG
+from devrng._portable.threefry import HostKey, Source
+
+__all__ = ["JaxSource", "JaxStream", "key_data", "traced_stream"]
+
+_JNP = {torch.float32: jnp.float32, torch.float16: jnp.float16, torch.bfloat16: jnp.bfloat16,
+        torch.float64: jnp.float64}
+
+
+def key_data(key: HostKey) -> Any:
+    """Host key words as JAX key data (``uint32[2]``)."""
+    return jnp.array(key, dtype=jnp.uint32)
+
+
+def _check_float64(dtype: torch.dtype) -> None:
+    if dtype == torch.float64 and not jax.config.jax_enable_x64:
+        raise DevRNGError(
+            "devrng.portable cannot draw float64 numbers on torchax while JAX has no 64-bit "
+            "floats: JAX would make float32 numbers instead, not the float64 draws of every "
+            "other device. Call jax.config.update('jax_enable_x64', True) before drawing, or "
+            "draw float32.")
+
+
+class JaxSource(Source):
+    """``Source`` whose numbers come from ``jax.random`` (``key``: host words or key data)."""
+
+    __slots__ = ("jax_key",)
+
+    def __init__(self, key: HostKey | Any, counters: torch.Tensor | None = None) -> None:
+        if counters is not None:
+            raise DevRNGError("devrng.portable does not draw shards of DTensors on torchax.")
+        data = key_data(key) if isinstance(key, tuple) else key
+        super().__init__(key, torch.device("jax"))
+        self.jax_key = jax.random.wrap_key_data(data)
+
+    def _with_key(self, key: Any) -> JaxSource:
+        return JaxSource(jax.random.key_data(key))
+
+    def split(self, i: int) -> JaxSource:
+        return self._with_key(jax.random.fold_in(self.jax_key, i))
+
+    def bits(self, shape: Sequence[int]) -> torch.Tensor:
+        raw = jax.random.bits(self.jax_key, tuple(shape), jnp.uint32)
+        return interop.torch_view(jax.lax.bitcast_convert_type(raw, jnp.int32))  # type: ignore[no-any-return]
+
+    def words(self, shape: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        raise DevRNGError("This draw needs 64-bit integers, which JAX (so torchax) has only with "
+                          "jax.config.update('jax_enable_x64', True).")
+
+    def unit_float32(self, shape: Sequence[int]) -> torch.Tensor:
+        return self.uniform(shape, torch.float32)
+
+    def uniform(self, shape: Sequence[int], dtype: torch.dtype, low: float = 0.0,
+                high: float = 1.0) -> torch.Tensor:
+        _check_float64(dtype)  # every float64 draw starts here, or in the two below
+        values = jax.random.uniform(self.jax_key, tuple(shape), _JNP[dtype], low, high)
+        return interop.torch_view(values)  # type: ignore[no-any-return]
+
+    # float64 normal and exponential draws in JAX itself: torchax 0.0.13 multiplies float64
+    # tensors in float32, which would round their scaling to float32 precision.
+    def normal(self, shape: Sequence[int], dtype: torch.dtype, mean: float = 0.0,
+               std: float = 1.0) -> torch.Tensor:
+        if dtype != torch.float64:
+            return super().normal(shape, dtype, mean, std)
+        _check_float64(dtype)
+        values = jax.random.normal(self.jax_key, tuple(shape), jnp.float64)
+        return interop.torch_view(values * std + mean)  # type: ignore[no-any-return]
+
+    def exponential(self, shape: Sequence[int], dtype: torch.dtype,
+                    lambd: float = 1.0) -> torch.Tensor:
+        if dtype != torch.float64:
+            return super().exponential(shape, dtype, lambd)
+        _check_float64(dtype)
+        values = jax.random.exponential(self.jax_key, tuple(shape), jnp.float64)
+        return interop.torch_view(values / lambd)  # type: ignore[no-any-return]
+
+    def randint(self, shape: Sequence[int], low: int, high: int,
+                dtype: torch.dtype) -> torch.Tensor:
+        if not (low >= -(1 << 31) and high <= (1 << 31) - 1):
+            raise DevRNGError(f"On torchax devrng.portable draws integers within int32; "
+                              f"[{low}, {high}) is wider.")
+        values = jax.random.randint(self.jax_key, tuple(shape), low, high, jnp.int32)
+        return interop.torch_view(values).to(dtype)  # type: ignore[no-any-return]
+
+    def randperm(self, n: int, dtype: torch.dtype) -> torch.Tensor:
+        return interop.torch_view(jax.random.permutation(self.jax_key, n)).to(dtype)  # type: ignore[no-any-return]
+
+    def search(self, scan: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        # torchax lowers searchsorted for 1-D sequences only; count the sums at or below
+        # each target instead (the same index: the sums never decrease).
+        return (scan.unsqueeze(1) <= target.unsqueeze(-1)).sum(-1)
+
+
+class JaxStream:
+    """A stream inside one jitted call: the base key is the call's key data (a traced
+    argument), the counter a Python int the trace fixes (each call draws from 0)."""
+
+    def __init__(self, base_key_data: Any) -> None:
+        self.base = jax.random.wrap_key_data(base_key_data)
+        self.counter = 0
+
+    def get(self) -> tuple[int, int]:
+        raise DevRNGError("A traced portable stream has no host seed to read.")
+
+    def set(self, seed: int, counter: int) -> None:
+        raise DevRNGError("A traced portable stream cannot be loaded.")
+
+    def next_key(self, device: torch.device) -> Any:
+        if device.type != "jax":
+            raise DevRNGError(f"Inside seeded_jit(backend='torchax') portable draws on torchax "
+                              f"tensors; this op draws on {device}.")
+        key = jax.random.fold_in(self.base, self.counter)
+        self.counter += 1
+        return jax.random.key_data(key)
+
+
+def traced_stream(key_data: Any, strict: bool) -> PortableRNG:
+    """The portable stream of one jitted torchax call, from the call's key data."""
+    return PortableRNG(0, strict, stream=JaxStream(key_data))

@@ -1,0 +1,436 @@
+"""``devrng.portable``: torch's random ops drawing the same numbers on every device.
+
+Inside ``with devrng.portable(seed):`` a ``TorchFunctionMode`` answers torch's
+random ops (factories, in-place samplers, dropout, ``nn.init``) from a
+Threefry-2x32 stream (``devrng._portable.threefry``): the n-th random op of the stream
+draws with the key ``fold_in(key(seed), n)``, element i from counter i of
+its row-major index. No device generator is read, so the CPU, CUDA, XLA and
+torchax give the same numbers, and a DTensor shard is the slice of the full
+draw (``devrng._portable.dtensor``).
+
+A mode, not a dispatch mode, because dynamo traces a ``TorchFunctionMode``'s
+handler into the graph: under ``torch.compile`` the stream's state is a small
+CPU tensor that the graph reads and advances at run time (one compilation for
+every seed and step), and the generator itself is one opaque op
+(``devrng::bits``) so that inductor never compiles 130 rounds of integer ops.
+
+What each op does is a table of small objects, in ``devrng._portable.ops``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import inspect
+import sys
+import warnings
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from devrng._backends.host import draw_seed
+from devrng._base.errors import DevRNGError, check_flags
+from devrng._base.lazy import load
+from devrng._base.rank import world_size
+from devrng._base.seeds import MASK64, check_counter, check_seed
+from devrng._generators.ranked import Apply, Summary, identity_of, is_ranked, load_ranked, ranked
+from devrng._portable import ops, threefry
+from devrng._portable.ops import ENTRIES, Args, Kwargs, Op, aten_entry, entry_name, redispatch
+
+__all__ = ["PortableRNG", "TracedStream", "active", "call_stream", "portable"]
+
+if TYPE_CHECKING:
+    from devrng._generators.undo import Undo
+
+C = TypeVar("C", bound=Callable[..., Any])
+
+
+# -- the stream's state ----------------------------------------------------------------------
+class _HostStream:
+    """Seed and counter in a CPU int64 tensor ``[seed >> 32, seed & M32, counter]``.
+
+    Eager code reads and writes it through a ctypes view (no tensor op per
+    draw); compiled code passes the tensor to ``devrng::next_key``, which reads
+    and advances it inside the graph, so seed and counter are runtime inputs.
+    """
+
+    def __init__(self, seed: int, counter: int = 0) -> None:
+        # A real CPU tensor even inside FakeTensorMode or another dispatch mode: its memory
+        # is read below. It is only ever changed in place, so that memory stays put.
+        with torch._C._DisableTorchDispatch():
+            self.state = torch.tensor([seed >> 32, seed & threefry.M32, counter], dtype=torch.int64)
+        self._words = (ctypes.c_int64 * 3).from_address(self.state.data_ptr())
+
+    def get(self) -> tuple[int, int]:
+        words = self._words
+        return (words[0] << 32) | words[1], words[2]
+
+    def set(self, seed: int, counter: int) -> None:
+        words = self._words
+        words[0], words[1], words[2] = seed >> 32, seed & threefry.M32, counter
+
+    def next_key(self, device: torch.device) -> threefry.HostKey | torch.Tensor:
+        if torch.compiler.is_compiling():
+            if device.type == "xla":
+                raise DevRNGError(
+                    "devrng.portable cannot draw inside torch.compile(backend='openxla'): XLA's "
+                    "bridge would keep the first step's key. Use devrng.seeded_jit(fn, "
+                    "backend='openxla') inside portable, or torch_xla.compile."
+                )
+            return threefry.next_key(self.state, device)
+        words = self._words
+        counter = words[2]
+        words[2] = counter + 1
+        return threefry.fold_in((words[0], words[1]), counter)
+
+
+class TracedStream:
+    """A stream inside one traced call: the base key is a tensor the graph takes as an
+    input (from the call's seed), the counter a Python int the trace fixes (each call
+    draws from 0). Used by seeded_jit's openxla compiler."""
+
+    def __init__(self, base_key: torch.Tensor) -> None:
+        self.base_key = base_key
+        self.counter = 0
+
+    def get(self) -> tuple[int, int]:
+        raise DevRNGError("A traced portable stream has no host seed to read.")
+
+    def set(self, seed: int, counter: int) -> None:
+        raise DevRNGError("A traced portable stream cannot be loaded.")
+
+    def next_key(self, device: torch.device) -> threefry.HostKey | torch.Tensor:
+        n = torch.tensor(self.counter, dtype=torch.int64, device=self.base_key.device)
+        self.counter += 1
+        return threefry.fold_in_tensor(self.base_key, n).to(device)
+
+
+# -- the mode -------------------------------------------------------------------------------
+class PortableRNG(TorchFunctionMode):
+    """A portable random stream: torch's random ops inside it draw the same numbers on every
+    device. Made by ``portable``; see there.
+
+    Examples:
+        >>> rng = devrng.portable(seed=7)
+        >>> with rng:
+        ...     a = torch.rand(3)
+        >>> rng.seed, rng.counter
+        (7, 1)
+    """
+
+    def __init__(self, seed: int, strict: bool = True, *, stream: Any = None) -> None:
+        """Made by ``devrng.portable(seed, strict=...)``, whose arguments these are."""
+        super().__init__()
+        self.strict = strict
+        self._stream: Any = _HostStream(seed) if stream is None else stream
+        self._warned: set[str] = set()
+
+    # -- state ---------------------------------------------------------------------------
+    @property
+    def seed(self) -> int:
+        """The stream's seed."""
+        return self._stream.get()[0]  # type: ignore[no-any-return]
+
+    @property
+    def counter(self) -> int:
+        """How many random ops the stream has answered (the next one is number ``counter``)."""
+        return self._stream.get()[1]  # type: ignore[no-any-return]
+
+    def state_dict(self) -> dict[str, dict[str, int]]:
+        """The stream's position, for checkpoints, under a key that names this process's rank.
+
+        The rank in the key keeps every rank's stream apart in a
+        ``torch.distributed.checkpoint`` save (``dcp.save({"rng": stream})``).
+
+        Returns:
+            ``{"devrng_rank_<r>": {"seed": ..., "counter": ..., "world_size": ...}}``:
+            plain ints (``counter`` random ops answered so far).
+
+        Examples:
+            >>> rng = devrng.portable(seed=3)
+            >>> with rng:
+            ...     _ = torch.randn(2); _ = torch.rand(2)
+            >>> rng.state_dict()
+            {'devrng_rank_0': {'seed': 3, 'counter': 2, 'world_size': 1}}
+        """
+        seed, counter = self._stream.get()
+        return ranked({"seed": seed, "counter": counter, "world_size": world_size()})
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Continue the stream saved by ``state_dict`` (checked first; nothing changes on error).
+
+        In a job of several processes every process calls this (as
+        ``torch.distributed.checkpoint.load`` does) and all of them load or all
+        of them raise. There, the saved stream must have this stream's seed (which
+        names whose stream a rank holds), and
+        a rank of a job with more ranks than the one that saved continues the
+        stream of the saved rank at its place (rank modulo the saved number)
+        when it has the same seed -- as every rank has for a DTensor's shards:
+        a portable stream is a function of seed, counter and position in the
+        full tensor, so it then continues exactly on any number of ranks.
+
+        Args:
+            state_dict: What ``state_dict()`` returned, or ``{"seed": ...,
+                "counter": ...}``.
+
+        Raises:
+            DevRNGError: The keys are not ``seed`` and ``counter`` (and
+                ``world_size``), the seed is not an int in ``[0, 2**64)`` or the
+                counter not one in ``[0, 2**63)``; or, in a job of several
+                processes, the state of some rank does not fit (the message names
+                the rank).
+
+        Examples:
+            >>> rng = devrng.portable(seed=0)
+            >>> rng.load_state_dict({"seed": 3, "counter": 2})
+            >>> rng.seed, rng.counter
+            (3, 2)
+        """
+        if is_ranked(state_dict):
+            load_ranked(state_dict, what="PortableRNG.load_state_dict", read=_read_entry,
+                        facts=_facts, prepare=self._prepare)
+        else:
+            self._stream.set(*_parse(state_dict))
+
+    def _prepare(self, plain: tuple[int, int, int], summary: Summary
+                 ) -> tuple[Apply, str | None]:
+        """Check one rank's stream in a load of all ranks; the change to make."""
+        what = "PortableRNG.load_state_dict"
+        seed, counter, _ = plain
+        if seed != self.seed and summary.world > 1:
+            whose = (f"rank {summary.source}'s, at this rank's place in the saved layout, "
+                     if summary.borrowed else "")
+            raise DevRNGError(
+                f"{what}: this stream has seed {self.seed} and the checkpoint's {whose}has seed "
+                f"{seed}: another run's stream, or another rank's (the ranks held different "
+                "streams and the world or the mesh changed). Make the stream with the saved "
+                "seed to continue it, or start it afresh instead of loading it.")
+
+        def apply(undo: Undo) -> None:
+            undo.push("the portable stream", self._stream.set, *self._stream.get())
+            self._stream.set(seed, counter)
+
+        return apply, None
+
+    def __repr__(self) -> str:
+        try:
+            seed, counter = self._stream.get()
+        except DevRNGError:
+            return f"PortableRNG(traced, strict={self.strict})"
+        return f"PortableRNG(seed={seed}, counter={counter}, strict={self.strict})"
+
+    def __enter__(self) -> PortableRNG:
+        if not _dynamo_lists_our_ops and _DYNAMO_TABLE in sys.modules:
+            _teach_dynamo()
+        return super().__enter__()  # type: ignore[no-any-return,no-untyped-call]
+
+    # -- use as a decorator --------------------------------------------------------------
+    def __call__(self, fn: C) -> C:
+        """``@devrng.portable(seed)``: every call of ``fn`` runs inside this stream."""
+        @functools.wraps(fn)
+        def inside(*args: Any, **kwargs: Any) -> Any:
+            with self:
+                return fn(*args, **kwargs)
+
+        return inside  # type: ignore[return-value]
+
+    # -- the ops -------------------------------------------------------------------------
+    # The plumbing the op handlers (and the DTensor module) draw through; not documented
+    # for users, so without docstrings (the API reference shows documented members only).
+    def next_key(self, device: torch.device) -> threefry.HostKey | torch.Tensor:
+        # The key of the next random op, for a draw on ``device``.
+        return self._stream.next_key(device)  # type: ignore[no-any-return]
+
+    def source(self, device: torch.device, counters: torch.Tensor | None = None) -> Any:
+        # The next op's numbers on ``device``: a Source (JAX's for torchax tensors).
+        key = self.next_key(device)
+        if device.type == "jax":
+            return load("devrng._portable.jax:JaxSource", what="devrng.portable on torchax",
+                        extra="torchax")(key, counters)
+        return threefry.Source(key, device, counters)
+
+    def __torch_function__(self, func: Callable[..., Any], types: Any, args: Args = (),
+                           kwargs: Kwargs | None = None) -> Any:
+        kwargs = kwargs or {}
+        if torch.compiler.is_compiling():
+            # Dynamo inlines this for every torch call of the compiled region: reading the
+            # tables there would rebuild (and guard) each of their ~80 keys every time.
+            name = entry_name(func)
+            if not name:
+                return func(*args, **kwargs)
+            return getattr(ops, name).handle(self, func, types, args, kwargs)
+        if not _dynamo_lists_our_ops and _DYNAMO_TABLE in sys.modules:
+            _teach_dynamo()  # torch.compile may have been called inside the block
+        entry = ENTRIES.get(func)
+        if entry is None and isinstance(func, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+            entry = aten_entry(func)  # torch.ops.aten.<random op> called directly
+        if entry is not None:
+            return entry.handle(self, func, types, args, kwargs)
+        if redispatch is not None and inspect.isfunction(func) \
+                and not func.__module__.startswith("torch."):
+            # A Python-level torch function of another library: run its body with this
+            # mode on, so random ops inside it are answered too. torch's own such functions
+            # that draw are in the tables; the others are called directly (faster).
+            with self:
+                return redispatch(func, types, args, kwargs)
+        return func(*args, **kwargs)
+
+    # Refuse a random op the stream does not cover (strict), or warn of it once.
+    def refuse(self, name: str, why: str = "") -> None:
+        if self.strict:
+            raise DevRNGError(
+                f"{name} draws random numbers that devrng.portable does not cover{why}; inside "
+                "portable(strict=True) it would break the promise of the same numbers on every "
+                "device. Pass generator=... to use a torch.Generator of your own, move the call "
+                "out of the portable block, or use portable(strict=False) to let it draw from "
+                "the device's own generator (with a warning)."
+            )
+        if name not in self._warned:
+            self._warned.add(name)
+            warnings.warn(
+                f"devrng.portable(strict=False): {name} draws from the device's own generator "
+                f"(not covered{why}); its numbers differ between devices.",
+                UserWarning, stacklevel=4)
+
+
+def _parse(state_dict: Any) -> tuple[int, int]:
+    """The seed and counter of a saved stream, or a ``DevRNGError`` sentence."""
+    keys = set(state_dict) if isinstance(state_dict, Mapping) else None
+    if keys not in ({"seed", "counter"}, {"seed", "counter", "world_size"}):
+        got = sorted(map(str, state_dict)) if isinstance(state_dict, Mapping) \
+            else type(state_dict).__name__
+        raise DevRNGError(
+            f"PortableRNG.load_state_dict needs a mapping with exactly the keys 'seed' and "
+            f"'counter' (and 'world_size', from PortableRNG.state_dict()), not {got!r}."
+        )
+    try:
+        return (check_seed(state_dict["seed"], "state_dict['seed']"),
+                check_counter(state_dict["counter"], "state_dict['counter']"))
+    except (TypeError, ValueError) as err:
+        raise DevRNGError(f"PortableRNG.load_state_dict: {err}") from None
+
+
+def _read_entry(entry: Any) -> tuple[int, int, int]:
+    """Seed, counter and the world size recorded (-1: none) of one rank's entry."""
+    try:
+        seed, counter = _parse(entry)
+    except DevRNGError as err:
+        raise DevRNGError(f"PortableRNG.load_state_dict: its entry is not a stream's state "
+                          f"({str(err).removeprefix('PortableRNG.load_state_dict: ')})"
+                          ) from None
+    world = entry.get("world_size", -1)
+    return seed, counter, world if type(world) is int else -1
+
+
+def _facts(plain: tuple[int, int, int]) -> tuple[int, int]:
+    return plain[2], identity_of(list(plain[:2]))
+
+
+def portable(seed: int | None = None, *, strict: bool = True) -> PortableRNG:
+    """A random stream that gives the same numbers on every device (context manager, decorator).
+
+    Inside it, torch's random ops -- ``rand``, ``randn``, ``randint``,
+    ``randperm``, ``bernoulli``, ``normal``, ``uniform_``, ``random_``,
+    ``exponential_``, ``multinomial``, dropout and so the ``nn.init``
+    functions -- draw from a Threefry-2x32 counter-based stream computed with
+    the output device's own integer ops: op number n of the stream uses the
+    key ``jax.random.fold_in(jax.random.key(seed), n)`` and element i of a
+    draw comes from counter i (its row-major index), as in JAX. The CPU,
+    CUDA, XLA and torchax give the same bits; float32 uniforms equal
+    ``jax.random.uniform``'s. A call with ``generator=`` uses that generator.
+    Another random op raises a ``DevRNGError`` naming it (``strict=True``) or
+    draws from the device's generator with a warning (``strict=False``).
+
+    The stream continues across uses of the same object (``state_dict()`` /
+    ``load_state_dict()`` save and resume it).
+
+    Args:
+        seed: An int in ``[0, 2**64)``; ``None`` draws one from torch's default
+            generator now, so ``torch.manual_seed`` at program start makes the
+            whole run reproducible.
+        strict: Refuse random ops the stream does not cover (``True``), or let
+            them draw from the device's generator with a warning (``False``).
+
+    Returns:
+        A ``PortableRNG``: use it as ``with stream:`` or ``@stream``.
+
+    Raises:
+        TypeError: ``seed`` is not an int, or ``strict`` not a bool.
+        ValueError: ``seed`` is outside ``[0, 2**64)``.
+
+    Examples:
+        >>> with devrng.portable(seed=0):
+        ...     mask = torch.nn.functional.dropout(torch.ones(8), 0.5)
+        ...     w = torch.nn.init.kaiming_uniform_(torch.empty(3, 4))
+        >>> with devrng.portable(seed=0):
+        ...     torch.equal(mask, torch.nn.functional.dropout(torch.ones(8), 0.5))
+        True
+        >>> with devrng.portable(seed=1):
+        ...     torch.rand(3)   # jax.random.uniform(jax.random.fold_in(jax.random.key(1), 0), (3,))
+        tensor([0.7026, 0.2348, 0.8179])
+    """
+    check_flags(strict=strict)
+    seed = draw_seed() if seed is None else check_seed(seed, "portable's seed")
+    return PortableRNG(seed & MASK64, strict)
+
+
+_dynamo_lists_our_ops = False  # set once _teach_dynamo has run
+_DYNAMO_TABLE = "torch._dynamo.variables.torch"  # imported with dynamo; holds its list
+
+
+def _teach_dynamo() -> None:
+    """Have dynamo hand every function portable covers to torch function modes.
+
+    Dynamo sends a call to the modes only for functions on its own list of
+    overridable functions, which lacks ``torch.rand_like`` and ``torch.normal``
+    (and, before torch 2.10, every tensor factory): inside ``torch.compile``
+    those would draw from the native generator without a word. The list is a
+    cached set in dynamo; portable adds its functions to it once dynamo is
+    imported (never importing dynamo itself: that takes seconds).
+    """
+    module = sys.modules.get(_DYNAMO_TABLE)
+    overridable = getattr(module, "get_overridable_functions", None)
+    if overridable is None:
+        return
+    overridable().update(f for f, e in ENTRIES.items() if isinstance(e, Op))
+    # Marked here rather than by a decorator, which would import dynamo with devrng.
+    torch.compiler.assume_constant_result(entry_name)  # type: ignore[no-untyped-call]
+    # Rounds Python numbers with struct, which older dynamo (torch 2.8) cannot trace.
+    torch.compiler.assume_constant_result(threefry.round_to)  # type: ignore[no-untyped-call]
+    # When a compiled function breaks its graph (at loss.backward(), say), dynamo keeps
+    # watching the frames that run eagerly, and would compile this handler as a function
+    # of its own, once per argument type. It is only ever meant to be inlined into the
+    # caller's graph: run it (and what it calls) as plain Python when it is a frame.
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    types = sys.modules.get("torch._dynamo.types")
+    strategy = getattr(eval_frame, "set_code_exec_strategy", None)
+    if strategy is not None and types is not None:
+        skip = types.FrameExecStrategy(types.FrameAction.SKIP, types.FrameAction.SKIP)
+        strategy(PortableRNG.__torch_function__.__code__, skip)
+    global _dynamo_lists_our_ops
+    _dynamo_lists_our_ops = True
+
+
+def call_stream(seed: int, strict: bool, key_device: torch.device | None = None
+                ) -> PortableRNG:
+    """A fresh stream for one call of a seeded_jit function: the draws of
+    ``with portable(seed): fn(...)``. With ``key_device`` the base key is a tensor there
+    (runtime data of an XLA graph built by dynamo), else host state."""
+    _teach_dynamo()
+    if key_device is None:
+        return PortableRNG(seed, strict)
+    stream = TracedStream(threefry.key_tensor(threefry.seed_key(seed), key_device))
+    return PortableRNG(seed, strict, stream=stream)
+
+
+def active() -> PortableRNG | None:
+    """The innermost portable stream of this thread's torch function mode stack, if any."""
+    # torch keeps its function modes in C++; these two private calls read the stack
+    # without changing it (torch.overrides has no public reader).
+    for i in reversed(range(torch._C._len_torch_function_stack())):
+        mode = torch._C._get_function_stack_at(i)
+        if isinstance(mode, PortableRNG):
+            return mode
+    return None

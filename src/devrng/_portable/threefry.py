@@ -1,0 +1,737 @@
+"""A counter-based generator on tensors: Threefry-2x32 laid out as JAX lays it out.
+
+Every number is a pure function of a key (two 32-bit words) and a counter
+(the element's row-major index in the draw), computed with the output
+device's own integer ops: add, xor and shifts, all mod 2**32. So the same key
+gives the same bits on the CPU, CUDA, XLA or anything else that has 32-bit
+integers, and any slice of a draw can be computed alone (what DTensor shards
+need). The layout is JAX's with ``jax_threefry_partitionable=True`` (its
+default since 0.5): ``key(seed) = (seed >> 32, seed & 0xFFFFFFFF)``,
+``fold_in(k, n) = threefry(k, (n >> 32, n & 0xFFFFFFFF))``, and element i of
+``bits`` is ``x0 ^ x1`` of ``threefry(k, (i >> 32, i & 0xFFFFFFFF))``.
+
+Integers are int32 tensors holding the uint32 bit patterns: ``torch.uint32``
+cannot add on the CPU, and wrapping int32 addition is the same bits. A
+logical right shift is an arithmetic shift plus a mask.
+
+The distributions follow ``jax.random`` where JAX has one (uniform, bits,
+bernoulli, randint, permutation, normal, exponential), so that they equal
+it; multinomial is devrng's own (a fixed-order prefix sum, so every device
+adds in the same order). Float16 and bfloat16 normal draws are the float32
+draw rounded (as torch draws them; JAX draws them from 10- and 7-bit uniforms).
+
+On the CPU the fused kernel (``devrng._portable.threefry_cpu``) makes the common draws
+in one pass, the same bits as the tensor ops here. In compiled code the
+draws with a transcendental step (normal, exponential) are one opaque op,
+``devrng::draw``, that runs this module's eager code: the compiler cannot
+substitute its own ``log``, ``sqrt`` or ``erfinv`` (or fuse their
+arithmetic), so compiled draws are eager's, bit for bit.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections.abc import Callable, Sequence
+
+import torch
+
+from devrng._base.lazy import load
+from devrng._base.seeds import HostKey, seed_key
+from devrng._portable.threefry_cpu import (
+    BITS,
+    DTYPES,
+    EXPONENTIAL,
+    NORMAL,
+    NORMAL_AT,
+    UNIFORM,
+    UNIFORM64,
+    UNIFORM_AT,
+    WORDS,
+    kernel,
+)
+
+__all__ = [
+    "M32",
+    "HostKey",
+    "Source",
+    "affine",
+    "bernoulli_mask",
+    "erfinv32",
+    "exponential",
+    "fold_in",
+    "fold_in_tensor",
+    "key_tensor",
+    "log32",
+    "multinomial",
+    "next_key",
+    "normal",
+    "randint",
+    "randperm",
+    "search_right",
+    "seed_key",
+    "shr",
+    "sqrt32",
+    "threefry2x32",
+    "threefry_host",
+    "uniform",
+    "unit",
+    "unsigned",
+]
+
+M32 = 0xFFFFFFFF
+_PARITY = 0x1BD11BDA
+_ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
+
+
+# -- on the host: keys -----------------------------------------------------------------
+def _rotl(x: int, r: int) -> int:
+    return ((x << r) | (x >> (32 - r))) & M32
+
+
+def threefry_host(key: HostKey, count: HostKey) -> HostKey:
+    """One Threefry-2x32 block with Python ints (20 rounds).
+
+    Examples:
+        >>> threefry_host((0, 0), (0, 0))   # the reference test vector
+        (1797259609, 2579123966)
+    """
+    k0, k1 = key
+    ks = (k0, k1, k0 ^ k1 ^ _PARITY)
+    x0, x1 = (count[0] + k0) & M32, (count[1] + k1) & M32
+    for group in range(5):
+        for r in _ROTATIONS[group % 2]:
+            x0 = (x0 + x1) & M32
+            x1 = _rotl(x1, r) ^ x0
+        x0 = (x0 + ks[(group + 1) % 3]) & M32
+        x1 = (x1 + ks[(group + 2) % 3] + group + 1) & M32
+    return x0, x1
+
+
+def fold_in(key: HostKey, n: int) -> HostKey:
+    """``jax.random.fold_in(key, n)``: the key of the n-th draw of a stream.
+
+    Examples:
+        >>> fold_in((0, 42), 0) != fold_in((0, 42), 1)
+        True
+    """
+    return threefry_host(key, ((n >> 32) & M32, n & M32))
+
+
+def _signed(word: int) -> int:
+    return word - (1 << 32) if word >= 1 << 31 else word
+
+
+def key_tensor(key: HostKey, device: torch.device | str | None = None) -> torch.Tensor:
+    """A key as an int32 tensor of two words on ``device`` (runtime data, not a constant)."""
+    words = torch.tensor([_signed(key[0]), _signed(key[1])], dtype=torch.int32)
+    return words if device is None or torch.device(device).type == "cpu" else words.to(device)
+
+
+def unsigned(words: torch.Tensor) -> torch.Tensor:
+    """int32 bit patterns as their uint32 values, in int64."""
+    return words.to(torch.int64) & M32
+
+
+# -- on tensors: the rounds ---------------------------------------------------------------
+def shr(x: torch.Tensor, k: int) -> torch.Tensor:
+    """Logical right shift of int32 or int64 bit patterns by ``k`` (1 <= k < width).
+
+    torch's ``>>`` is arithmetic: the copies of the sign bit it shifts in are
+    masked off. torch_xla computes ``>>`` as a division, which rounds negative
+    values towards zero, so there only non-negative values are shifted right
+    and the sign bit is moved separately.
+    """
+    width = 8 * x.element_size()
+    if x.device.type != "xla":
+        return (x >> k) & ((1 << (width - k)) - 1)
+    magnitude = (x & ((1 << (width - 1)) - 1)) >> k
+    return magnitude | ((x < 0).to(x.dtype) << (width - 1 - k))
+
+
+def _rotl_tensor(x: torch.Tensor, r: int) -> torch.Tensor:
+    return (x << r) | shr(x, 32 - r)
+
+
+def threefry2x32(key: torch.Tensor, x0: torch.Tensor, x1: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Threefry-2x32 (20 rounds) of int32 counter words ``x0``, ``x1`` under ``key`` (int32 [2])."""
+    k0, k1 = key[0], key[1]
+    ks = (k0, k1, k0 ^ k1 ^ _PARITY)
+    x0 = x0 + k0
+    x1 = x1 + k1
+    for group in range(5):
+        for r in _ROTATIONS[group % 2]:
+            x0 = x0 + x1
+            x1 = _rotl_tensor(x1, r) ^ x0
+        x0 = x0 + ks[(group + 1) % 3]
+        x1 = x1 + (ks[(group + 2) % 3] + (group + 1))
+    return x0, x1
+
+
+def fold_in_tensor(key: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+    """``fold_in`` with the key (int32 [2]) and n (an int64 0-d tensor) on a device."""
+    hi = (n >> 32).to(torch.int32).reshape(1)
+    lo = (n & M32).to(torch.int32).reshape(1)  # the low word's bit pattern (wraps to int32)
+    y0, y1 = threefry2x32(key, hi, lo)
+    return torch.cat([y0, y1])
+
+
+def _counter_words(numel: int, device: torch.device, counters: torch.Tensor | None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    if counters is not None:
+        flat = counters.reshape(-1)
+        return (flat >> 32).to(torch.int32), (flat & M32).to(torch.int32)
+    if numel < 1 << 31:
+        lo = torch.arange(numel, dtype=torch.int32, device=device)
+        return torch.zeros_like(lo), lo
+    index = torch.arange(numel, dtype=torch.int64, device=device)
+    return (index >> 32).to(torch.int32), (index & M32).to(torch.int32)
+
+
+def _chain(key: torch.Tensor, shape: tuple[int, ...], words: int,
+           counters: torch.Tensor | None = None) -> torch.Tensor:
+    """The generator as tensor ops on ``key``'s device: ``x0 ^ x1`` (words=1) or both
+    words stacked (words=2). On XLA, one prebuilt XLA computation instead."""
+    if key.device.type == "xla" and counters is None:
+        xla_bits = load("devrng._portable.threefry_xla:xla_bits", what="devrng.portable on XLA",
+                        extra="xla")
+        return xla_bits(key, shape, words)  # type: ignore[no-any-return]
+    x0, x1 = threefry2x32(key, *_counter_words(math.prod(shape), key.device, counters))
+    if words == 1:
+        return (x0 ^ x1).reshape(shape)
+    return torch.stack([x0, x1]).reshape(2, *shape)
+
+
+def _cpu_counters(counters: torch.Tensor | None) -> torch.Tensor | None:
+    return None if counters is None else counters.to(device="cpu",
+                                                     dtype=torch.int64).contiguous()
+
+
+def _kernel_fill(key: HostKey, shape: tuple[int, ...], mode: int,
+                 counters: torch.Tensor | None, scale: float = 1.0, shift: float = 0.0
+                 ) -> torch.Tensor | None:
+    """The fused CPU kernel's output, or None where it cannot run (no compiler, or a
+    FakeTensor without memory to fill)."""
+    cpu = kernel()
+    if cpu is None:
+        return None
+    out = torch.empty((2, *shape) if mode == WORDS else shape, dtype=DTYPES[mode])
+    if type(out) is not torch.Tensor:
+        return None
+    if mode == WORDS:
+        cpu.run(key, WORDS, out[0], out[1], counters=_cpu_counters(counters))
+    else:
+        cpu.run(key, mode, out, counters=_cpu_counters(counters), scale=scale, shift=shift)
+    return out
+
+
+def _kernel_randint(key: HostKey, shape: tuple[int, ...], span: int, multiplier: int, low: int,
+                    dtype: torch.dtype, counters: torch.Tensor | None) -> torch.Tensor | None:
+    """``randint``'s int32-bounds case from the fused CPU kernel, or None (as ``_kernel_fill``)."""
+    cpu = kernel()
+    if cpu is None:
+        return None
+    out = torch.empty(shape, dtype=dtype if dtype == torch.int32 else torch.int64)
+    if type(out) is not torch.Tensor:
+        return None
+    cpu.randint((fold_in(key, 0), fold_in(key, 1)), span, multiplier, low, out,
+                counters=_cpu_counters(counters))
+    return out if out.dtype == dtype else out.to(dtype)
+
+
+class Source:
+    """Where one op's numbers come from: its key, the output device, and the counters.
+
+    ``key`` is host ints (eager code: the CPU kernel takes them as they are,
+    other devices get them as runtime data) or an int32 [2] tensor already
+    on ``device`` (compiled code: then the draw is the opaque ``devrng::bits``
+    op, so that inductor does not compile the rounds). ``counters`` (an int64
+    tensor, optional) gives each element's index in the full draw, for one
+    shard of it; without it element i is counter i of a draw of ``shape``.
+    """
+
+    __slots__ = ("counters", "device", "key")
+
+    def __init__(self, key: HostKey | torch.Tensor, device: torch.device,
+                 counters: torch.Tensor | None = None) -> None:
+        self.key = key
+        self.device = device
+        self.counters = counters
+
+    def fused(self, mode: int, shape: Sequence[int], scale: float = 1.0, shift: float = 0.0
+              ) -> torch.Tensor | None:
+        """The fused CPU kernel's draw in ``mode`` (``devrng._portable.threefry_cpu``), or None where
+        it does not run (another device, a key in a compiled graph, no kernel)."""
+        if isinstance(self.key, tuple) and self.device.type == "cpu":
+            return _kernel_fill(self.key, tuple(shape), mode, self.counters, scale, shift)
+        return None
+
+    def split(self, i: int) -> Source:
+        """The source of ``jax.random.split(key)[i]`` (which is ``fold_in(key, i)``)."""
+        if isinstance(self.key, tuple):
+            return Source(fold_in(self.key, i), self.device, self.counters)
+        n = torch.tensor(i, dtype=torch.int64, device=self.key.device)
+        return Source(fold_in_tensor(self.key, n), self.device, self.counters)
+
+    def _draw(self, shape: Sequence[int], words: int) -> torch.Tensor:
+        shape = tuple(shape)
+        key = self.key
+        if isinstance(key, tuple):
+            if self.device.type == "cpu":
+                out = _kernel_fill(key, shape, WORDS if words == 2 else BITS, self.counters)
+                if out is not None:
+                    return out
+            return _chain(key_tensor(key, self.device), shape, words, self.counters)
+        if self.counters is not None:
+            return _chain(key, shape, words, self.counters)
+        return torch.ops.devrng.bits(key, list(shape), words)  # type: ignore[no-any-return]
+
+    def bits(self, shape: Sequence[int]) -> torch.Tensor:
+        """32 random bits per element (int32 bit patterns): ``jax.random.bits(key, shape)``."""
+        return self._draw(shape, 1)
+
+    def words(self, shape: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Both words per element (64 random bits: x0 is the high half, as JAX's 64-bit bits)."""
+        both = self._draw(shape, 2)
+        return both[0], both[1]
+
+    def unit_float32(self, shape: Sequence[int]) -> torch.Tensor:
+        """float32 in [0, 1) from 23 of the bits, as ``jax.random.uniform``."""
+        out = self.fused(UNIFORM, shape)
+        if out is not None:
+            return out
+        return _scaled(shr(self.bits(shape), 9), 23, torch.float32)
+
+    def _draw_op(self, distribution: str, shape: Sequence[int], dtype: torch.dtype,
+                 params: Sequence[float]) -> torch.Tensor:
+        """``_DISTRIBUTIONS[distribution]`` of this source: as the opaque ``devrng::draw``
+        when the key is a tensor of a compiled graph, else directly."""
+        if isinstance(self.key, torch.Tensor):
+            return torch.ops.devrng.draw(  # type: ignore[no-any-return]
+                self.key, list(shape), distribution, dtype, list(params), self.counters)
+        return _DISTRIBUTIONS[distribution](self, shape, dtype, *params)
+
+    # The distributions, as methods so that JAX's own (devrng._portable.jax) can stand in.
+    def uniform(self, shape: Sequence[int], dtype: torch.dtype, low: float = 0.0,
+                high: float = 1.0) -> torch.Tensor:
+        return uniform(self, shape, dtype, low, high)
+
+    def normal(self, shape: Sequence[int], dtype: torch.dtype, mean: float = 0.0,
+               std: float = 1.0) -> torch.Tensor:
+        return self._draw_op("normal", shape, dtype, (mean, std))
+
+    def exponential(self, shape: Sequence[int], dtype: torch.dtype,
+                    lambd: float = 1.0) -> torch.Tensor:
+        return self._draw_op("exponential", shape, dtype, (lambd,))
+
+    def bernoulli(self, shape: Sequence[int], p: float | torch.Tensor) -> torch.Tensor:
+        return bernoulli_mask(self, shape, p)
+
+    def randint(self, shape: Sequence[int], low: int, high: int,
+                dtype: torch.dtype) -> torch.Tensor:
+        return randint(self, shape, low, high, dtype)
+
+    def randperm(self, n: int, dtype: torch.dtype) -> torch.Tensor:
+        return randperm(self, n, dtype)
+
+    def search(self, scan: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return search_right(scan, target)
+
+
+# -- distributions ----------------------------------------------------------------------
+# JAX sets the mantissa of 1.0 to the top random bits and subtracts 1: the result is
+# k * 2**-mantissa_bits for the integer k those bits make. That is computed here as an
+# exact integer-to-float conversion and scaling (no bit casts: torchax has none, and
+# XLA's dynamo bridge mishandles them). dtype -> (random bits kept, shift, mantissa bits):
+# JAX draws at least 8 bits, so bfloat16 (7 mantissa bits) keeps 8 and drops one.
+_UNIT16 = {torch.float16: (0xFFFF, 6, 10), torch.bfloat16: (0xFF, 1, 7)}
+
+
+def _scaled(k: torch.Tensor, mantissa_bits: int, dtype: torch.dtype) -> torch.Tensor:
+    return k.to(dtype) * 2.0 ** -mantissa_bits
+
+
+def unit(source: Source, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+    """Floats in [0, 1) of ``dtype``: ``jax.random.uniform(key, shape, dtype)``."""
+    if dtype == torch.float32:
+        return source.unit_float32(shape)
+    if dtype == torch.float64:
+        fused = source.fused(UNIFORM64, shape)
+        if fused is not None:
+            return fused
+        hi, lo = source.words(shape)
+        wide = (hi.to(torch.int64) << 32) | unsigned(lo)
+        return _scaled(shr(wide, 12), 52, dtype)
+    if dtype in _UNIT16:
+        keep, shift, mantissa_bits = _UNIT16[dtype]
+        low = source.bits(shape) & keep  # JAX keeps the low bits of x0 ^ x1
+        return _scaled(low >> shift, mantissa_bits, dtype)
+    raise TypeError(f"devrng.portable draws floats of float16, bfloat16, float32 or float64, "
+                    f"not {dtype}.")
+
+
+def round_to(value: float, dtype: torch.dtype) -> float:
+    """``value`` rounded to ``dtype`` (as JAX converts its bounds before any arithmetic).
+
+    Plain Python, not a tensor op (dynamo takes its result as a constant of the graph:
+    see ``devrng._portable.rng``).
+    """
+    if dtype == torch.float64:
+        return float(value)
+    if dtype == torch.bfloat16:  # the top half of float32, rounded to nearest even
+        bits = struct.unpack("<I", struct.pack("<f", value))[0]
+        bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
+        return float(struct.unpack("<f", struct.pack("<I", bits & M32))[0])
+    return float(struct.unpack(_PACK[dtype], struct.pack(_PACK[dtype], value))[0])
+
+
+_PACK = {torch.float32: "<f", torch.float16: "<e"}
+
+
+def affine(x: torch.Tensor, scale: float | torch.Tensor, shift: float | torch.Tensor,
+           dtype: torch.dtype) -> torch.Tensor:
+    """``x * scale + shift`` in ``dtype``, the same bits whether or not a compiler fuses the
+    multiply and the add.
+
+    XLA and Triton turn ``a * b + c`` into one fused multiply-add (one
+    rounding), torch's eager kernels round twice: 1 ulp apart on a third of
+    the values. A float32 product is exact in float64, so computing there
+    and rounding once to ``dtype`` gives the fused result on every device
+    that has float64. MPS has none, and JAX (torchax) only with x64; XLA
+    fuses them anyway, so torchax keeps ``dtype``, as does MPS.
+    """
+    if dtype == torch.float64 or x.device.type in ("mps", "jax"):
+        return x * scale + shift
+    return (x.to(torch.float64) * scale + shift).to(dtype)
+
+
+def uniform(source: Source, shape: Sequence[int], dtype: torch.dtype, low: float = 0.0,
+            high: float = 1.0) -> torch.Tensor:
+    """``jax.random.uniform(key, shape, dtype, low, high)``: ``max(low, u * (high - low) + low)``."""
+    if low == 0.0 and high == 1.0:
+        return unit(source, shape, dtype)  # u * 1 + 0, exactly
+    lo = round_to(low, dtype)
+    span = round_to(round_to(high, dtype) - lo, dtype)  # exact in float64, then rounded
+    if dtype == torch.float32:
+        fused = source.fused(UNIFORM_AT, shape, span, lo)
+        if fused is not None:
+            return fused
+    return torch.clamp_min(affine(unit(source, shape, dtype), span, lo, dtype), lo)
+
+
+# Giles, "Approximating the erfinv function" (GPU Computing Gems, 2011), single precision:
+# a polynomial in w = -log(1 - x**2), one for w < 5 and one in sqrt(w) for the tails.
+_ERFINV_CENTRAL = (2.81022636e-08, 3.43273939e-07, -3.5233877e-06, -4.39150654e-06,
+                   2.1858087e-04, -1.25372503e-03, -4.17768164e-03, 2.46640727e-01,
+                   1.50140941e00)
+_ERFINV_TAIL = (-2.00214257e-04, 1.00950558e-04, 1.34934322e-03, -3.67342844e-03,
+                5.73950773e-03, -7.6224613e-03, 9.43887047e-03, 1.00167406e00, 2.83297682e00)
+
+
+def _horner(coefficients: Sequence[float], w: torch.Tensor) -> torch.Tensor:
+    p = torch.full_like(w, coefficients[0])
+    for c in coefficients[1:]:
+        p = p * w + c
+    return p
+
+
+_LN2 = 0.6931471805599453
+_SQRT_HALF = 0.7071067690849304  # sqrt(1/2) rounded to float32
+
+
+def log32(t: torch.Tensor) -> torch.Tensor:
+    """Natural log of positive, normal float32 values from +, -, *, / only.
+
+    ``torch.log`` is each device's own library (MKL on the CPU in eager
+    code, Sleef in inductor's, XLA's own): their last bits differ, so eager
+    and compiled draws would too. Here ``t = m * 2**e`` is split exactly by
+    ``frexp``, m moved into [sqrt(1/2), sqrt(2)), and ``log(m) = 2 atanh(s)`` with
+    ``s = (m - 1) / (m + 1)`` is a short odd series: every step is an IEEE
+    operation with one correctly rounded result. About 1 ulp from the true log.
+    """
+    m, exponent = torch.frexp(t)  # exact: t = m * 2**exponent, m in [0.5, 1)
+    small = m < _SQRT_HALF
+    m = torch.where(small, m * 2.0, m)
+    exponent = exponent - small.to(exponent.dtype)
+    s = (m - 1.0) / (m + 1.0)
+    z = s * s
+    series = _horner((2.0 / 9, 2.0 / 7, 2.0 / 5, 2.0 / 3, 2.0), z)
+    return s * series + exponent.to(torch.float32) * _LN2
+
+
+def sqrt32(w: torch.Tensor) -> torch.Tensor:
+    """The correctly rounded square root of non-negative float32 values, from the device's
+    ``torch.sqrt``, which need not be (torch's eager CPU kernel, MKL's, is 1 ulp off for
+    about one value in five): a neighbour of the device's root replaces it where ``w``
+    lies beyond the midpoint between them. Each midpoint has 25 significant bits, so its
+    square is exact in float64; so is every comparison. Without float64 (MPS, JAX without
+    x64) the device's root is kept: JAX's (XLA's) is correctly rounded."""
+    r = torch.sqrt(w)
+    if w.device.type in ("mps", "jax"):
+        return r
+    wide = w.to(torch.float64)
+    result = r
+    for towards in (math.inf, 0.0):
+        neighbour = torch.nextafter(r, torch.full_like(r, towards))
+        mid = (r.to(torch.float64) + neighbour.to(torch.float64)) * 0.5
+        beyond = wide > mid * mid if towards > 0 else wide < mid * mid
+        result = torch.where(beyond, neighbour, result)
+    return result
+
+
+def erfinv32(x: torch.Tensor) -> torch.Tensor:
+    """erfinv in float32 from one log, one square root and two polynomials (Giles'
+    single-precision method), the same formula on every device: ``log32`` and ``sqrt32``
+    are IEEE operations, each correctly rounded, so only a compiler's fused multiply-adds
+    (XLA, Triton) move the last bits. (``torch.erfinv`` is a different method on each
+    device: 87 ulp apart from XLA's near zero.) ``x`` is in (-1, 1)."""
+    w = -log32((1.0 - x) * (1.0 + x))
+    central = _horner(_ERFINV_CENTRAL, w - 2.5)
+    tail = _horner(_ERFINV_TAIL, sqrt32(w) - 3.0)
+    return torch.where(w < 5.0, central, tail) * x
+
+
+def normal(source: Source, shape: Sequence[int], dtype: torch.dtype, mean: float = 0.0,
+           std: float = 1.0) -> torch.Tensor:
+    """``mean + std * z`` for a standard normal z (``affine``: rounded once)."""
+    if mean == 0.0 and std == 1.0:
+        return _standard_normal(source, shape, dtype)
+    if dtype == torch.float32:
+        fused = source.fused(NORMAL_AT, shape, std, mean)
+        if fused is not None:
+            return fused
+    z = _standard_normal(source, shape, dtype)
+    return z * std + mean if dtype.is_complex else affine(z, std, mean, dtype)
+
+
+def _standard_normal(source: Source, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+    """Standard normal, as ``jax.random.normal`` makes it: ``sqrt(2) * erfinv(u)`` with u
+    uniform on (-1, 1). Float16 and bfloat16 take the float32 draw, rounded; float64 uses
+    the device's ``torch.erfinv``; complex dtypes draw the real and imaginary parts from
+    ``split(key)``'s two keys and divide them by sqrt(2), as JAX does."""
+    if dtype.is_complex:
+        real = torch.float32 if dtype == torch.complex64 else torch.float64
+        root2 = round_to(math.sqrt(2.0), real)
+        return torch.complex(_standard_normal(source.split(0), shape, real) / root2,
+                             _standard_normal(source.split(1), shape, real) / root2)
+    work = torch.float64 if dtype == torch.float64 else torch.float32
+    if work == torch.float32:
+        fused = source.fused(NORMAL, shape)
+        if fused is not None:
+            return fused.to(dtype)
+    lo = -1.0 + torch.finfo(work).eps / 2  # nextafter(-1, 0): the next float towards 0
+    u = source.uniform(shape, work, lo, 1.0)
+    z = torch.erfinv(u) if work == torch.float64 else erfinv32(u)
+    return (z * round_to(math.sqrt(2.0), work)).to(dtype)
+
+
+def exponential(source: Source, shape: Sequence[int], dtype: torch.dtype,
+                lambd: float = 1.0) -> torch.Tensor:
+    """``jax.random.exponential``'s ``-log1p(-u)``, divided by ``lambd``: as ``-log32(1 - u)``
+    (``1 - u`` is exact for these u) in float32 math for float32 and narrower, the device's
+    ``torch.log1p`` for float64."""
+    if dtype == torch.float64:
+        e = -torch.log1p(-source.uniform(shape, dtype))
+    else:
+        fused = source.fused(EXPONENTIAL, shape)
+        e = -log32(1.0 - source.uniform(shape, torch.float32)) if fused is None else fused
+    e = e if lambd == 1.0 else e / lambd
+    return e.to(dtype)
+
+
+# The draws devrng::draw makes in compiled code, by name: f(source, shape, dtype, *params).
+_DISTRIBUTIONS: dict[str, Callable[..., torch.Tensor]] = {"normal": normal,
+                                                          "exponential": exponential}
+
+
+def bernoulli_mask(source: Source, shape: Sequence[int], p: float | torch.Tensor
+                   ) -> torch.Tensor:
+    """``jax.random.bernoulli(key, p, shape)``: ``uniform < p`` in float32 for a number ``p``
+    (rounded to float32 first, as JAX converts it: XLA would compare a float32 draw with a
+    Python number in float64, and keep the draws equal to float32(p) that the CPU and JAX
+    drop), in ``p``'s dtype for a floating tensor."""
+    if isinstance(p, torch.Tensor) and p.dtype.is_floating_point:
+        return source.uniform(shape, p.dtype) < p
+    return source.uniform(shape, torch.float32) < round_to(float(p), torch.float32)
+
+
+def randint(source: Source, shape: Sequence[int], low: int, high: int,
+            dtype: torch.dtype) -> torch.Tensor:
+    """Integers in ``[low, high)``.
+
+    For bounds within int32 this is ``jax.random.randint(key, shape, low,
+    high, int32)``: two 32-bit draws (keys ``split(key)``) combined modulo
+    the span (for spans above 2**16 JAX's uint32 arithmetic keeps only the
+    second: bias below span / 2**32). Wider spans take 63 bits modulo the
+    span (bias below span / 2**63).
+    """
+    span = high - low
+    if low >= -(1 << 31) and high <= 1 << 31 and span < 1 << 32:
+        # JAX squares 2**16 % span in uint32: for spans above 2**16 that wraps to 0.
+        multiplier = ((((1 << 16) % span) ** 2) & M32) % span
+        if isinstance(source.key, tuple) and source.device.type == "cpu":
+            fused = _kernel_randint(source.key, tuple(shape), span, multiplier, low, dtype,
+                                    source.counters)
+            if fused is not None:
+                return fused
+        higher = unsigned(source.split(0).bits(shape))
+        lower = unsigned(source.split(1).bits(shape))
+        # (higher % span) * multiplier mod 2**32, split so that no product leaves int64.
+        a = higher % span
+        product = (a * (multiplier & 0xFFFF) + (((a * (multiplier >> 16)) & 0xFFFF) << 16)) & M32
+        offset = ((product + lower % span) & M32) % span
+    elif span <= 1 << 63:
+        hi, lo = source.words(shape)
+        wide = ((hi.to(torch.int64) << 32) | unsigned(lo))
+        r = shr(wide, 1)  # 63 random bits, never negative
+        offset = r if span == 1 << 63 else r % span
+    else:
+        raise ValueError(f"devrng.portable draws integers from ranges of at most 2**63 values; "
+                         f"[{low}, {high}) has {span}.")
+    return (offset + low).to(dtype)
+
+
+def randperm(source: Source, n: int, dtype: torch.dtype) -> torch.Tensor:
+    """``jax.random.permutation(key, n)``: stable sorts by random 32-bit keys, in enough
+    rounds (``ceil(3 ln n / ln(2**32 - 1))``) that ties do not bias the result."""
+    x = torch.arange(n, dtype=torch.int64, device=source.device)
+    rounds = math.ceil(3 * math.log(max(1, n)) / math.log(M32))
+    for _ in range(rounds):
+        source, sub = source.split(0), source.split(1)
+        order = torch.sort(unsigned(sub.bits((n,))), stable=True).indices
+        x = x[order]
+    return x.to(dtype)
+
+
+def prefix_sums(w: torch.Tensor) -> torch.Tensor:
+    """Prefix sums of non-negative weights along the last dim, the same bits on every device.
+
+    The sums are made in a fixed order (Hillis-Steele: log2 n passes of
+    elementwise adds; ``torch.cumsum`` adds in each device's own order). Sums
+    made along different trees can round a zero weight's sum below its
+    neighbour's, so each zero weight takes the running maximum before it:
+    the sums never decrease and a zero weight's interval is empty.
+    """
+    scan = _hillis_steele(w, torch.add)
+    floor = torch.full_like(scan, -math.inf)
+    return _hillis_steele(torch.where(w > 0, scan, floor), torch.maximum)
+
+
+def _hillis_steele(x: torch.Tensor, combine: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+                   ) -> torch.Tensor:
+    """Inclusive scan along the last dim in log2 n elementwise passes."""
+    step = 1
+    while step < x.shape[-1]:
+        x = torch.cat([x[..., :step], combine(x[..., step:], x[..., :-step])], dim=-1)
+        step *= 2
+    return x
+
+
+def search_right(scan: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """For each target (rows x k), how many of its row's prefix sums are <= it: the index
+    of the interval it falls in."""
+    return torch.searchsorted(scan, target, right=True)
+
+
+def multinomial(source: Source, weights: torch.Tensor, num_samples: int,
+                replacement: bool) -> torch.Tensor:
+    """Indices drawn in proportion to ``weights`` (1-D, or 2-D: one row per draw).
+
+    Each draw inverts the prefix sums: ``u * total`` is looked up in them. The
+    sums are the same bits on every device and the lookup only compares, so
+    the indices are too. Without replacement the draws are made one after
+    another, each with the chosen weight set to zero (``num_samples`` passes).
+    """
+    rows = weights.reshape(-1, weights.shape[-1])
+    work = rows.to(torch.float32) if rows.dtype in (torch.float16, torch.bfloat16) else rows
+    last = work.shape[-1] - 1
+    u = source.uniform((rows.shape[0], num_samples), work.dtype)
+    if replacement:
+        scan = prefix_sums(work)
+        picked = source.search(scan, u * scan[:, -1:])
+    else:
+        columns = []
+        for j in range(num_samples):
+            scan = prefix_sums(work)
+            index = source.search(scan, u[:, j:j + 1] * scan[:, -1:]).clamp_max(last)
+            columns.append(index)
+            work = work.scatter(1, index, 0.0)
+        picked = torch.cat(columns, dim=1)
+    return picked.clamp_max(last).reshape(*weights.shape[:-1], num_samples)
+
+
+# -- the generator as ops that torch.compile keeps opaque ---------------------------------------
+# Inductor took more than 5 minutes to compile the ~130 unrolled integer ops of one
+# draw; as one op with a fake (shape-only) implementation it compiles in no time and
+# runs the fused CPU kernel, or the tensor ops on other devices (on XLA they become
+# part of the XLA graph). devrng::draw does the same for the draws with a
+# transcendental step, so that they run eager's code: inductor would compile its own
+# sqrt and erfinv (91 of 2**18 float32 normal draws differed, 72,747 float64 ones).
+def _bits_cpu(key: torch.Tensor, shape: Sequence[int], words: int) -> torch.Tensor:
+    host = key.tolist()
+    return Source((host[0] & M32, host[1] & M32), key.device)._draw(shape, words)
+
+
+def _bits_any(key: torch.Tensor, shape: Sequence[int], words: int) -> torch.Tensor:
+    return _chain(key, tuple(shape), words)
+
+
+def _bits_fake(key: torch.Tensor, shape: Sequence[int], words: int) -> torch.Tensor:
+    return key.new_empty((2, *shape) if words == 2 else tuple(shape))
+
+
+def _draw_cpu(key: torch.Tensor, shape: Sequence[int], distribution: str, dtype: torch.dtype,
+              params: Sequence[float], counters: torch.Tensor | None) -> torch.Tensor:
+    host = key.tolist()
+    source = Source((host[0] & M32, host[1] & M32), key.device, counters)
+    return _DISTRIBUTIONS[distribution](source, tuple(shape), dtype, *params)
+
+
+def _draw_any(key: torch.Tensor, shape: Sequence[int], distribution: str, dtype: torch.dtype,
+              params: Sequence[float], counters: torch.Tensor | None) -> torch.Tensor:
+    # The module's function, not Source's method of the same name (which would call this
+    # op again): its bits come from devrng::bits, run eagerly here.
+    source = Source(key, key.device, counters)
+    return _DISTRIBUTIONS[distribution](source, tuple(shape), dtype, *params)
+
+
+def _draw_fake(key: torch.Tensor, shape: Sequence[int], distribution: str, dtype: torch.dtype,
+               params: Sequence[float], counters: torch.Tensor | None) -> torch.Tensor:
+    return key.new_empty(tuple(shape), dtype=dtype)
+
+
+def _next_key_cpu(state: torch.Tensor, device: torch.device) -> torch.Tensor:
+    hi, lo, n = state.tolist()
+    state[2] += 1
+    return key_tensor(fold_in((hi, lo), n), device)
+
+
+def _next_key_fake(state: torch.Tensor, device: torch.device) -> torch.Tensor:
+    return torch.empty(2, dtype=torch.int32, device=device)
+
+
+def next_key(state: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """The key of the stream's next op, from and advancing ``state`` (CPU int64
+    ``[seed >> 32, seed & M32, counter]``), inside a compiled graph."""
+    return torch.ops.devrng.next_key(state, device)  # type: ignore[no-any-return]
+
+
+def _define_ops() -> None:
+    if hasattr(torch.ops.devrng, "bits"):  # defined once per process
+        return
+    torch.library.define("devrng::bits", "(Tensor key, SymInt[] shape, int words) -> Tensor")
+    torch.library.impl("devrng::bits", "CPU")(_bits_cpu)
+    torch.library.impl("devrng::bits", "CompositeExplicitAutograd")(_bits_any)
+    torch.library.register_fake("devrng::bits")(_bits_fake)
+    torch.library.define("devrng::draw", "(Tensor key, SymInt[] shape, str distribution, "
+                         "ScalarType dtype, float[] params, Tensor? counters) -> Tensor")
+    torch.library.impl("devrng::draw", "CPU")(_draw_cpu)
+    torch.library.impl("devrng::draw", "CompositeExplicitAutograd")(_draw_any)
+    torch.library.register_fake("devrng::draw")(_draw_fake)
+    torch.library.define("devrng::next_key", "(Tensor(a!) state, Device device) -> Tensor")
+    torch.library.impl("devrng::next_key", "CPU")(_next_key_cpu)
+    torch.library.register_fake("devrng::next_key")(_next_key_fake)
+
+
+_define_ops()

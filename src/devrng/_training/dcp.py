@@ -1,0 +1,45 @@
+"""A DCP load planner that lets a job with more ranks than the saved one load devrng's state.
+
+DCP's ``DefaultLoadPlanner`` plans a load from the template the state dict holds
+at load time, before it reads anything, and fails on every rank for a template
+key the checkpoint does not have. A job with more ranks than the one that saved
+asks for entries (``devrng_rank_<r>``) that no saved rank wrote, so with the
+default planner it fails inside DCP ("Missing key in checkpoint state_dict").
+This planner is the default one, except that such a devrng entry is left out of
+the plan and marked as not found; devrng's ``load_state_dict`` then decides on
+every rank together: continue exactly (streams every saved rank held alike),
+seed afresh with a warning (``TrainingRNG(strict=False)``), or refuse.
+
+Imported only when ``devrng.distributed.load_planner`` is called:
+``torch.distributed.checkpoint`` takes about a second to import.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from torch.distributed.checkpoint._traverse import set_element
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.planner import LoadPlan
+
+from devrng._generators.ranked import PREFIX
+
+__all__ = ["Planner"]
+
+_ENTRY = re.compile(re.escape(PREFIX) + r"\d+")
+
+
+class Planner(DefaultLoadPlanner):
+    """DCP's default load planner, except that a devrng entry missing from the checkpoint
+    is marked as not found (``None``) instead of failing the load inside DCP; made by
+    ``devrng.distributed.load_planner``."""
+
+    def create_local_plan(self) -> LoadPlan:
+        saved = self.metadata.state_dict_metadata if self.metadata is not None else {}
+        for fqn in [k for k in self.state_dict if k not in saved]:
+            path: tuple[Any, ...] = self.mappings.get(fqn, (fqn,))
+            if any(isinstance(part, str) and _ENTRY.fullmatch(part) for part in path):
+                del self.state_dict[fqn]
+                set_element(self.original_state_dict, path, None)  # "not found"
+        return super().create_local_plan()  # type: ignore[no-any-return]
