@@ -317,3 +317,40 @@ def test_missing_package_gives_the_install_hint(monkeypatch: pytest.MonkeyPatch,
     with pytest.raises(ImportError, match=rf"backend='{backend}'\) needs .*devrng's '{extra}' extra\) "
                                           rf"with: {re.escape(extra_install_command(extra))}$"):
         devrng.seeded_jit(_dropout, backend=backend)
+
+
+def _cleanup_over_an_interrupt(x: torch.Tensor) -> torch.Tensor:
+    # What dynamo's _compile does on torch 2.9 when a Ctrl-C lands in it: its cleanup reads a
+    # local the interrupted code never set, and an UnboundLocalError replaces the interrupt.
+    try:
+        if x.numel():
+            raise KeyboardInterrupt
+        result = x
+    finally:
+        print(result)  # unbound when the interrupt came
+    return result
+
+
+def _wrapped_interrupt(x: torch.Tensor) -> torch.Tensor:
+    # What torch's C++ makes of an interrupt raised in a Python callback.
+    raise SystemError("returned a result with an exception set") from KeyboardInterrupt()
+
+
+@pytest.mark.parametrize("fn", [_cleanup_over_an_interrupt, _wrapped_interrupt])
+def test_an_interrupt_another_error_replaced_goes_on_as_itself(fn: Any) -> None:
+    step = devrng.seeded_jit(fn, backend="eager", seed=0)
+    with pytest.raises(KeyboardInterrupt):
+        step(torch.ones(2))
+
+
+def test_an_error_with_no_interrupt_behind_it_is_not_touched() -> None:
+    def fails(x: torch.Tensor) -> torch.Tensor:
+        try:
+            raise ValueError("inner")
+        finally:
+            print(undefined_name)  # type: ignore[name-defined]  # noqa: F821
+
+    step = devrng.seeded_jit(fails, backend="eager", seed=0)
+    with pytest.raises(NameError, match="undefined_name") as info:
+        step(torch.ones(2))
+    assert isinstance(info.value.__context__, ValueError)

@@ -141,8 +141,10 @@ def raised_count() -> int:
 
 
 def interrupt_in(err: BaseException) -> BaseException | None:
-    """The interrupt behind ``err``, when C++ code turned one raised in a Python callback into
-    a ``SystemError`` ("returned a result with an exception set"), else None."""
+    """The interrupt behind ``err``, else None: when C++ code turned one raised in a Python
+    callback into a ``SystemError`` ("returned a result with an exception set"), or cleanup
+    code raised another error while it was on its way (dynamo's ``_compile`` on torch 2.9
+    raises ``UnboundLocalError`` over it)."""
     seen: set[int] = set()
     cause: BaseException | None = err
     while cause is not None and id(cause) not in seen:

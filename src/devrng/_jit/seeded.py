@@ -211,14 +211,15 @@ class SeededFunction(Generic[R]):
                 out: R = runner(value, args, kwargs)
             else:  # the call draws from the portable stream of its seed
                 out = runner(value, args, kwargs, portable=stream.strict)
-        except TypeError as err:
-            _explain_positional_seed(self._signature, args, kwargs, err)
-            raise
-        except SystemError as err:  # torch's C++ turned a Ctrl-C in a callback into this
+        except Exception as err:
+            # A Ctrl-C that torch turned into another error: its C++ into a SystemError
+            # (a callback's), dynamo's cleanup on torch 2.9 into an UnboundLocalError.
             interrupt = interrupt_in(err)
-            if interrupt is None:
-                raise
-            raise interrupt from None
+            if interrupt is not None:
+                raise interrupt from None
+            if isinstance(err, TypeError):
+                _explain_positional_seed(self._signature, args, kwargs, err)
+            raise
         if raised_count() != raised:  # a Ctrl-C taken inside, swallowed by the compiler's C++
             raise KeyboardInterrupt
         return out
