@@ -162,14 +162,21 @@ def test_a_directory_or_a_missing_path_is_a_sentence(tmp_path: Any,
 
 def test_other_file_is_a_clear_error(tmp_path: Any) -> None:
     torch.save({"weights": torch.zeros(2)}, tmp_path / "model.pt")
-    with pytest.raises(DevRNGError, match=r"model.pt' is not a valid devrng state for RNGState.load: "
+    with pytest.raises(DevRNGError, match=r"model.pt' is not a valid devrng state for RNGState: "
                                           r"its format tag is None, not 'devrng.RNGState'\. Write "
-                                          r"it with RNGState.save\."):
+                                          r"it with RNGState.save or RNGState.to_dict\(\)\."):
         RNGState.load(tmp_path / "model.pt")
     torch.save([1, 2], tmp_path / "list.pt")
-    with pytest.raises(DevRNGError, match=r"list.pt' is not a valid devrng state for RNGState.load: "
+    with pytest.raises(DevRNGError, match=r"list.pt' is not a valid devrng state for RNGState: "
                                           r"it is \[1, 2\] \(of type list\)"):
         RNGState.load(tmp_path / "list.pt")
+    # A dict handed over by other code is named as its caller names it, not as a file.
+    with pytest.raises(DevRNGError, match=r"^the state from rank 1 is not a valid devrng state "
+                                          r"for RNGState: its format tag is 'x'"):
+        RNGState.from_dict({"format": "x"}, source="the state from rank 1")
+    with pytest.raises(DevRNGError, match=r"^RNGState: the data is version 9; this devrng reads "
+                                          r"version 1\.$"):
+        RNGState.from_dict({"format": "devrng.RNGState", "version": 9})
 
 
 def test_fingerprint_is_stable_across_processes(tmp_path: Any) -> None:

@@ -159,7 +159,7 @@ class RNGState:
         """
         check_depth(data, source)  # before anything walks it: a hostile nesting is refused
         try:
-            return cls._parse(data, None if source == "the data" else source)
+            return cls._parse(data, source)
         except (DevRNGError, KeyboardInterrupt, SystemExit):
             raise
         except Exception as err:  # hostile input may fail in any way: one error class for it
@@ -169,11 +169,10 @@ class RNGState:
             ) from err
 
     @classmethod
-    def _parse(cls, data: Any, source: str | None) -> RNGState:
-        check_header(data, tag=_FORMAT, versions=(_VERSION,),
-                     what="RNGState.from_dict" if source is None else "RNGState.load",
-                     made_by="RNGState.to_dict()" if source is None else "RNGState.save",
-                     source=source)
+    def _parse(cls, data: Any, source: str) -> RNGState:
+        # ``source`` names where the data came from: a file, a TrainingRNG state, a broadcast.
+        check_header(data, tag=_FORMAT, versions=(_VERSION,), what="RNGState",
+                     made_by="RNGState.save or RNGState.to_dict()", source=source)
         return parse_state(data["cpu"], data["devices"], data["python"], data["numpy"])
 
     def save(self, f: str | os.PathLike[str] | IO[bytes]) -> None:
