@@ -261,3 +261,33 @@ def test_module_paths_written_as_strings_name_real_modules_and_attributes() -> N
                                   re.M):
             missing.append(f"{where}: {path!r}: {module} defines no {attr}")
     assert not missing, "\n".join(missing)
+
+
+# Which code draws a portable number on which device is one table: the rest of the
+# portable streams asks it (``devices.row(device)``) and never reads a device's type.
+DEVICE_TABLE = "devrng._portable.devices"
+
+
+def device_type_reads(source: str) -> list[str]:
+    """Every ``.type`` read in ``source`` (``device.type == "xla"``, ``x.device.type in ...``,
+    ``torch.device(d).type``, a second table keyed by it)."""
+    return [f"line {node.lineno}: {ast.unparse(node)}" for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.Attribute) and node.attr == "type"]
+
+
+@pytest.mark.parametrize("name", sorted(m for m in MODULES if m.startswith("devrng._portable")
+                                        and m != DEVICE_TABLE))
+def test_portable_draws_ask_the_device_table(name: str) -> None:
+    bad = device_type_reads(MODULES[name])
+    assert not bad, f"{name} tests device types itself; give {DEVICE_TABLE} a column: {bad}"
+
+
+def test_the_device_table_check_sees_violations() -> None:
+    bad = ('if key.device.type == "xla" and counters is None:\n'
+           '    pass\n'
+           'plain = x.device.type in ("mps", "jax") or torch.device(d).type != "cpu"\n'
+           'fast = devices.row(x.device).host_memory and x.dtype == torch.float32\n')
+    assert device_type_reads(bad) == [
+        "line 1: key.device.type",
+        "line 3: x.device.type", "line 3: torch.device(d).type"]
+    assert device_type_reads(MODULES[DEVICE_TABLE])  # the table itself reads it, once

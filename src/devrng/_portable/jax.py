@@ -20,6 +20,7 @@ import torch
 from torchax import interop
 
 from devrng._base.errors import DevRNGError
+from devrng._portable import devices
 from devrng._portable.rng import PortableRNG
 from devrng._portable.threefry import HostKey, Source
 
@@ -48,15 +49,16 @@ class JaxSource(Source):
 
     __slots__ = ("jax_key",)
 
-    def __init__(self, key: HostKey | Any, counters: torch.Tensor | None = None) -> None:
+    def __init__(self, key: HostKey | Any, device: torch.device,
+                 counters: torch.Tensor | None = None) -> None:
         if counters is not None:
             raise DevRNGError("devrng.portable does not draw shards of DTensors on torchax.")
         data = key_data(key) if isinstance(key, tuple) else key
-        super().__init__(key, torch.device("jax"))
+        super().__init__(key, device)
         self.jax_key = jax.random.wrap_key_data(data)
 
     def _with_key(self, key: Any) -> JaxSource:
-        return JaxSource(jax.random.key_data(key))
+        return JaxSource(jax.random.key_data(key), self.device)
 
     def split(self, i: int) -> JaxSource:
         return self._with_key(jax.random.fold_in(self.jax_key, i))
@@ -128,7 +130,7 @@ class JaxStream:
         raise DevRNGError("A traced portable stream cannot be loaded.")
 
     def next_key(self, device: torch.device) -> Any:
-        if device.type != "jax":
+        if devices.row(device) is not devices.TORCHAX:  # its keys are JAX key data
             raise DevRNGError(f"Inside seeded_jit(backend='torchax') portable draws on torchax "
                               f"tensors; this op draws on {device}.")
         key = jax.random.fold_in(self.base, self.counter)

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from devrng._base.errors import DevRNGError, short_repr
 from devrng._base.lazy import load
-from devrng._portable import threefry
+from devrng._portable import devices, threefry
 
 __all__ = [
     "ENTRIES",
@@ -312,7 +312,7 @@ def _normal_values(source: Any, shape: tuple[int, ...], dtype: torch.dtype, mean
 def _readable(t: torch.Tensor) -> bool:
     """Whether checking ``t``'s values is free: on the CPU, and not inside a trace (where
     a value check would be a graph break); other devices would have to wait for them."""
-    return t.device.type == "cpu" and not torch.compiler.is_compiling()
+    return devices.row(t.device).host_memory and not torch.compiler.is_compiling()
 
 
 def _check_std(std: Any) -> None:

@@ -36,7 +36,7 @@ from devrng._base.lazy import load
 from devrng._base.rank import world_size
 from devrng._base.seeds import MASK64, check_counter, check_seed
 from devrng._generators.ranked import Apply, Summary, identity_of, is_ranked, load_ranked, ranked
-from devrng._portable import ops, threefry
+from devrng._portable import devices, ops, threefry
 from devrng._portable.ops import ENTRIES, Args, Kwargs, Op, aten_entry, entry_name, redispatch
 
 __all__ = ["PortableRNG", "TracedStream", "active", "call_stream", "portable"]
@@ -73,12 +73,9 @@ class _HostStream:
 
     def next_key(self, device: torch.device) -> threefry.HostKey | torch.Tensor:
         if torch.compiler.is_compiling():
-            if device.type == "xla":
-                raise DevRNGError(
-                    "devrng.portable cannot draw inside torch.compile(backend='openxla'): XLA's "
-                    "bridge would keep the first step's key. Use devrng.seeded_jit(fn, "
-                    "backend='openxla') inside portable, or torch_xla.compile."
-                )
+            refusal = devices.row(device).compile_error
+            if refusal is not None:
+                raise DevRNGError(refusal)
             return threefry.next_key(self.state, device)
         words = self._words
         counter = words[2]
@@ -244,12 +241,13 @@ class PortableRNG(TorchFunctionMode):
         return self._stream.next_key(device)  # type: ignore[no-any-return]
 
     def source(self, device: torch.device, counters: torch.Tensor | None = None) -> Any:
-        # The next op's numbers on ``device``: a Source (JAX's for torchax tensors).
+        # The next op's numbers on ``device``: the Source its row names (threefry's by default).
         key = self.next_key(device)
-        if device.type == "jax":
-            return load("devrng._portable.jax:JaxSource", what="devrng.portable on torchax",
-                        extra="torchax")(key, counters)
-        return threefry.Source(key, device, counters)
+        row = devices.row(device)
+        if row.source is None:
+            return threefry.Source(key, device, counters)
+        source = load(row.source, what=f"devrng.portable on {row.name}", extra=row.extra)
+        return source(key, device, counters)
 
     def __torch_function__(self, func: Callable[..., Any], types: Any, args: Args = (),
                            kwargs: Kwargs | None = None) -> Any:

@@ -38,6 +38,7 @@ import torch
 
 from devrng._base.lazy import load
 from devrng._base.seeds import HostKey, seed_key
+from devrng._portable import devices
 from devrng._portable.threefry_cpu import (
     BITS,
     DTYPES,
@@ -125,7 +126,7 @@ def _signed(word: int) -> int:
 def key_tensor(key: HostKey, device: torch.device | str | None = None) -> torch.Tensor:
     """A key as an int32 tensor of two words on ``device`` (runtime data, not a constant)."""
     words = torch.tensor([_signed(key[0]), _signed(key[1])], dtype=torch.int32)
-    return words if device is None or torch.device(device).type == "cpu" else words.to(device)
+    return words if device is None else words.to(device)  # (the tensor itself on the CPU)
 
 
 def unsigned(words: torch.Tensor) -> torch.Tensor:
@@ -143,7 +144,7 @@ def shr(x: torch.Tensor, k: int) -> torch.Tensor:
     and the sign bit is moved separately.
     """
     width = 8 * x.element_size()
-    if x.device.type != "xla":
+    if not devices.row(x.device).shift_divides:
         return (x >> k) & ((1 << (width - k)) - 1)
     magnitude = (x & ((1 << (width - 1)) - 1)) >> k
     return magnitude | ((x < 0).to(x.dtype) << (width - 1 - k))
@@ -192,11 +193,12 @@ def _counter_words(numel: int, device: torch.device, counters: torch.Tensor | No
 def _chain(key: torch.Tensor, shape: tuple[int, ...], words: int,
            counters: torch.Tensor | None = None) -> torch.Tensor:
     """The generator as tensor ops on ``key``'s device: ``x0 ^ x1`` (words=1) or both
-    words stacked (words=2). On XLA, one prebuilt XLA computation instead."""
-    if key.device.type == "xla" and counters is None:
-        xla_bits = load("devrng._portable.threefry_xla:xla_bits", what="devrng.portable on XLA",
-                        extra="xla")
-        return xla_bits(key, shape, words)  # type: ignore[no-any-return]
+    words stacked (words=2). A whole draw where the device's row has a ``whole_draw``
+    (XLA's prebuilt computation) comes from that instead."""
+    row = devices.row(key.device)
+    if row.whole_draw is not None and counters is None:
+        whole_draw = load(row.whole_draw, what=f"devrng.portable on {row.name}", extra=row.extra)
+        return whole_draw(key, shape, words)  # type: ignore[no-any-return]
     x0, x1 = threefry2x32(key, *_counter_words(math.prod(shape), key.device, counters))
     if words == 1:
         return (x0 ^ x1).reshape(shape)
@@ -243,12 +245,13 @@ def _kernel_randint(key: HostKey, shape: tuple[int, ...], span: int, multiplier:
 class Source:
     """Where one op's numbers come from: its key, the output device, and the counters.
 
-    ``key`` is host ints (eager code: the CPU kernel takes them as they are,
-    other devices get them as runtime data) or an int32 [2] tensor already
-    on ``device`` (compiled code: then the draw is the opaque ``devrng::bits``
-    op, so that inductor does not compile the rounds). ``counters`` (an int64
-    tensor, optional) gives each element's index in the full draw, for one
-    shard of it; without it element i is counter i of a draw of ``shape``.
+    ``key`` is host ints (eager code: the fused kernel takes them as they are
+    where the device's row has it, other devices get them as runtime data,
+    ``devrng._portable.devices``) or an int32 [2] tensor already on ``device``
+    (compiled code: then the draw is the opaque ``devrng::bits`` op, so that
+    inductor does not compile the rounds). ``counters`` (an int64 tensor,
+    optional) gives each element's index in the full draw, for one shard of
+    it; without it element i is counter i of a draw of ``shape``.
     """
 
     __slots__ = ("counters", "device", "key")
@@ -263,7 +266,7 @@ class Source:
               ) -> torch.Tensor | None:
         """The fused CPU kernel's draw in ``mode`` (``devrng._portable.threefry_cpu``), or None where
         it does not run (another device, a key in a compiled graph, no kernel)."""
-        if isinstance(self.key, tuple) and self.device.type == "cpu":
+        if isinstance(self.key, tuple) and devices.row(self.device).host_memory:
             return _kernel_fill(self.key, tuple(shape), mode, self.counters, scale, shift)
         return None
 
@@ -276,16 +279,15 @@ class Source:
 
     def _draw(self, shape: Sequence[int], words: int) -> torch.Tensor:
         shape = tuple(shape)
+        out = self.fused(WORDS if words == 2 else BITS, shape)
+        if out is not None:
+            return out
         key = self.key
         if isinstance(key, tuple):
-            if self.device.type == "cpu":
-                out = _kernel_fill(key, shape, WORDS if words == 2 else BITS, self.counters)
-                if out is not None:
-                    return out
-            return _chain(key_tensor(key, self.device), shape, words, self.counters)
-        if self.counters is not None:
-            return _chain(key, shape, words, self.counters)
-        return torch.ops.devrng.bits(key, list(shape), words)  # type: ignore[no-any-return]
+            key = key_tensor(key, self.device)
+        elif self.counters is None:
+            return torch.ops.devrng.bits(key, list(shape), words)  # type: ignore[no-any-return]
+        return _chain(key, shape, words, self.counters)
 
     def bits(self, shape: Sequence[int]) -> torch.Tensor:
         """32 random bits per element (int32 bit patterns): ``jax.random.bits(key, shape)``."""
@@ -401,7 +403,7 @@ def affine(x: torch.Tensor, scale: float | torch.Tensor, shift: float | torch.Te
     that has float64. MPS has none, and JAX (torchax) only with x64; XLA
     fuses them anyway, so torchax keeps ``dtype``, as does MPS.
     """
-    if dtype == torch.float64 or x.device.type in ("mps", "jax"):
+    if dtype == torch.float64 or not devices.row(x.device).float64:
         return x * scale + shift
     return (x.to(torch.float64) * scale + shift).to(dtype)
 
@@ -468,7 +470,7 @@ def sqrt32(w: torch.Tensor) -> torch.Tensor:
     square is exact in float64; so is every comparison. Without float64 (MPS, JAX without
     x64) the device's root is kept: JAX's (XLA's) is correctly rounded."""
     r = torch.sqrt(w)
-    if w.device.type in ("mps", "jax"):
+    if not devices.row(w.device).float64:
         return r
     wide = w.to(torch.float64)
     result = r
@@ -570,7 +572,7 @@ def randint(source: Source, shape: Sequence[int], low: int, high: int,
     if low >= -(1 << 31) and high <= 1 << 31 and span < 1 << 32:
         # JAX squares 2**16 % span in uint32: for spans above 2**16 that wraps to 0.
         multiplier = ((((1 << 16) % span) ** 2) & M32) % span
-        if isinstance(source.key, tuple) and source.device.type == "cpu":
+        if isinstance(source.key, tuple) and devices.row(source.device).host_memory:
             fused = _kernel_randint(source.key, tuple(shape), span, multiplier, low, dtype,
                                     source.counters)
             if fused is not None:
@@ -668,12 +670,15 @@ def multinomial(source: Source, weights: torch.Tensor, num_samples: int,
 # part of the XLA graph). devrng::draw does the same for the draws with a
 # transcendental step, so that they run eager's code: inductor would compile its own
 # sqrt and erfinv (91 of 2**18 float32 normal draws differed, 72,747 float64 ones).
-def _bits_cpu(key: torch.Tensor, shape: Sequence[int], words: int) -> torch.Tensor:
-    host = key.tolist()
-    return Source((host[0] & M32, host[1] & M32), key.device)._draw(shape, words)
+def _host_key(key: torch.Tensor) -> HostKey:
+    hi, lo = key.tolist()
+    return hi & M32, lo & M32
 
 
-def _bits_any(key: torch.Tensor, shape: Sequence[int], words: int) -> torch.Tensor:
+def _bits_now(key: torch.Tensor, shape: Sequence[int], words: int) -> torch.Tensor:
+    # Where the device's row has the fused kernel, from the key's host ints.
+    if devices.row(key.device).host_memory:
+        return Source(_host_key(key), key.device)._draw(shape, words)
     return _chain(key, tuple(shape), words)
 
 
@@ -681,18 +686,13 @@ def _bits_fake(key: torch.Tensor, shape: Sequence[int], words: int) -> torch.Ten
     return key.new_empty((2, *shape) if words == 2 else tuple(shape))
 
 
-def _draw_cpu(key: torch.Tensor, shape: Sequence[int], distribution: str, dtype: torch.dtype,
-              params: Sequence[float], counters: torch.Tensor | None) -> torch.Tensor:
-    host = key.tolist()
-    source = Source((host[0] & M32, host[1] & M32), key.device, counters)
-    return _DISTRIBUTIONS[distribution](source, tuple(shape), dtype, *params)
-
-
-def _draw_any(key: torch.Tensor, shape: Sequence[int], distribution: str, dtype: torch.dtype,
+def _draw_now(key: torch.Tensor, shape: Sequence[int], distribution: str, dtype: torch.dtype,
               params: Sequence[float], counters: torch.Tensor | None) -> torch.Tensor:
     # The module's function, not Source's method of the same name (which would call this
-    # op again): its bits come from devrng::bits, run eagerly here.
-    source = Source(key, key.device, counters)
+    # op again). Where the device's row has the fused kernel, from the key's host ints;
+    # elsewhere the bits come from devrng::bits, run eagerly here.
+    host = devices.row(key.device).host_memory
+    source = Source(_host_key(key) if host else key, key.device, counters)
     return _DISTRIBUTIONS[distribution](source, tuple(shape), dtype, *params)
 
 
@@ -721,13 +721,12 @@ def _define_ops() -> None:
     if hasattr(torch.ops.devrng, "bits"):  # defined once per process
         return
     torch.library.define("devrng::bits", "(Tensor key, SymInt[] shape, int words) -> Tensor")
-    torch.library.impl("devrng::bits", "CPU")(_bits_cpu)
-    torch.library.impl("devrng::bits", "CompositeExplicitAutograd")(_bits_any)
+    # One implementation for every device: it reads the device's row itself.
+    torch.library.impl("devrng::bits", "CompositeExplicitAutograd")(_bits_now)
     torch.library.register_fake("devrng::bits")(_bits_fake)
     torch.library.define("devrng::draw", "(Tensor key, SymInt[] shape, str distribution, "
                          "ScalarType dtype, float[] params, Tensor? counters) -> Tensor")
-    torch.library.impl("devrng::draw", "CPU")(_draw_cpu)
-    torch.library.impl("devrng::draw", "CompositeExplicitAutograd")(_draw_any)
+    torch.library.impl("devrng::draw", "CompositeExplicitAutograd")(_draw_now)
     torch.library.register_fake("devrng::draw")(_draw_fake)
     torch.library.define("devrng::next_key", "(Tensor(a!) state, Device device) -> Tensor")
     torch.library.impl("devrng::next_key", "CPU")(_next_key_cpu)
