@@ -1,7 +1,7 @@
 """``devrng.portable``: JAX's Threefry streams drawn by torch's random ops on every device.
 
 ``rng`` is the stream and its torch-function handler, ``ops`` the table of what each random
-op draws, ``threefry`` the counter-based generator itself, with ``threefry_cpu`` (the C
-kernel ``_threefry_kernel``) and ``threefry_xla`` drawing it fast; ``jax`` and ``dtensor``
-adapt it to torchax and DTensor.
+op draws, ``devices`` the table of which code draws it on which device, ``threefry`` the
+counter-based generator itself, with ``threefry_cpu`` (the C kernel ``_threefry_kernel``)
+and ``threefry_xla`` drawing it fast; ``jax`` and ``dtensor`` adapt it to torchax and DTensor.
 """

@@ -7,13 +7,14 @@ device's row here (``row(device)``) instead of testing ``device.type`` itself
 | device | the key | the bits | inside ``torch.compile`` |
 |---|---|---|---|
 | ``cpu`` | host ints, handed to the fused C kernel (``threefry_cpu``); an int32 tensor where the kernel cannot run | the kernel's one pass (tensor ops without it) | ``devrng::bits`` reads the key back to host ints and runs the kernel |
-| ``xla`` | an int32 tensor copied to the device | one prebuilt XLA computation (``threefry_xla``); tensor ops for a shard | refused (``compile_error``) |
-| ``jax`` (torchax) | JAX key data (``jax.jit`` under ``seeded_jit``: the call's key, ``JaxStream``) | ``jax.random`` itself (``devrng._portable.jax.JaxSource``) | not a torchax path (torchax compiles with ``jax.jit``) |
-| ``mps`` | as any other device | as any other device | as any other device, without float64 |
+| ``xla`` | an int32 tensor copied to the device (under ``seeded_jit``: the call's key, ``rng.TracedStream``) | one prebuilt XLA computation (``threefry_xla``); tensor ops for a shard | refused (``compile_error``) |
+| ``jax`` (torchax) | JAX key data (under ``seeded_jit``: the call's key, ``jax.JaxStream``) | ``jax.random`` itself (``devrng._portable.jax.JaxSource``) | not a torchax path (torchax compiles with ``jax.jit``) |
 | any other (``cuda``, ``xpu``, ``meta``, ...) | an int32 tensor copied to the device | the Threefry rounds as tensor ops on the device | ``devrng::bits``, one opaque op running those tensor ops |
 
 Eager draws take the key as host ints everywhere (the stream folds it in with Python
-ints); compiled code reads it from ``devrng::next_key`` as a tensor on the device.
+ints); compiled code reads it from ``devrng::next_key`` as a tensor on the device. Two
+facts of arithmetic complete the rows: MPS and JAX draw as the others but without float64
+(``Device.float64``), and XLA's ``>>`` is a division (``Device.shift_divides``).
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ XLA = Device(
         "backend='openxla') inside portable, or torch_xla.compile."))
 TORCHAX = Device("torchax", source="devrng._portable.jax:JaxSource", extra="torchax",
                  float64=False)
-OTHER = Device("this device")  # cuda, xpu, privateuse1 devices, meta, ...
+OTHER = Device("another device")  # cuda, xpu, privateuse1 devices, meta, ...
 
 DEVICES = {"cpu": CPU, "xla": XLA, "jax": TORCHAX, "mps": Device("MPS", float64=False)}
 
