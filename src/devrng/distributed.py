@@ -34,9 +34,8 @@ from devrng._base.rank import collective_device, dist_or_none, process_rank
 from devrng._base.seeds import check_seed
 from devrng._base.seeds import rank_seed as derive_rank_seed
 from devrng._generators.plan import Plan, make_plan
-from devrng._generators.restore import set_rng_state
 from devrng._generators.seeding import manual_seed
-from devrng._generators.snapshot import RNGState, snapshot, with_devices
+from devrng._generators.snapshot import RNGState, set_rng_state, snapshot, with_devices
 from devrng._generators.undo import read_devices
 
 if TYPE_CHECKING:
