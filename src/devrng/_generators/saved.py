@@ -62,6 +62,7 @@ from devrng._base.errors import DevRNGError, short_repr, warn_and_log
 from devrng._base.plain import hash_into
 from devrng._base.rank import collective_device, dist_or_none, process_rank
 from devrng._base.seeds import MASK64
+from devrng._base.sigint import deliver, guard
 from devrng._generators.undo import DeviceState, Undo
 
 __all__ = ["MAX_STATE_BYTES", "PREFIX", "Fit", "Summary", "check_cpu_state", "check_depth",
@@ -477,10 +478,21 @@ def is_ranked(state_dict: Any) -> bool:
 
 
 def encode(plain: Any) -> bytes:
-    """The bytes ``torch.save`` makes of ``plain`` (read back by ``decode``)."""
-    buffer = io.BytesIO()
-    torch.save(plain, buffer)
-    return buffer.getvalue()
+    """The bytes ``torch.save`` makes of ``plain`` (read back by ``decode``).
+
+    Guarded as ``RNGState.save`` is: a Ctrl-C raised inside ``torch.save`` can be lost
+    there (about once in 2,000 real interrupts); noted, it is raised once the bytes are
+    made.
+    """
+    try:
+        buffer = io.BytesIO()
+        torch.save(plain, buffer)
+        return buffer.getvalue()
+    finally:
+        deliver()
+
+
+guard(encode)
 
 
 def decode(payload: Any, what: str) -> Any:
