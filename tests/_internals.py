@@ -18,6 +18,8 @@ from typing import Any
 # Module paths for code that names a module rather than importing it (sys.modules keys).
 # A child stands in for an install without the C kernel by blocking its import.
 KERNEL_MODULE = "devrng._portable._threefry_kernel"
+# A child, maybe with only an installed devrng on its path, asks the loader about the kernel.
+KERNEL_LOADER = "devrng._portable.threefry_cpu"
 # seeded_jit loads one module per compiler from here; a test drops them to re-import.
 COMPILERS_PACKAGE = "devrng._jit.compilers"
 

@@ -24,6 +24,7 @@ from tests._helpers import ROOT, run_python
 from tests._internals import (
     BITS,
     EXPONENTIAL,
+    KERNEL_LOADER,
     KERNEL_MODULE,
     KNOWN_COUNT,
     KNOWN_DIGESTS,
@@ -42,9 +43,9 @@ from tests._internals import (
 SOURCE = ROOT / "src" / "devrng" / "_portable" / "_threefry_kernel.c"
 SUFFIX = sysconfig.get_config_var("EXT_SUFFIX")
 # What a child prints: whether the kernel is used, doctor's sentence, and a portable draw.
-PROBE = """
+PROBE = f"""
 import torch, devrng
-from tests._internals import status
+from {KERNEL_LOADER} import status
 with devrng.portable(1):
     drawn = torch.rand(5).tolist()
 print(status()[0], repr(status()[1]), drawn, sep="\\n")
