@@ -98,25 +98,55 @@ def chart_rows(result: dict[str, Any]) -> list[tuple[str, float, float]]:
 _PLAIN = {"facecolor": "white", "edgecolor": "none", "pad": 0.6}
 
 
+def _figure(width: float, height: float) -> tuple[Any, Any]:
+    """A matplotlib figure and its axes, drawn without a display."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(width, height))
+    return fig, ax
+
+
+def _bar(ax: Any, y: float, ratio: float, target: float, height: float) -> bool:
+    """One case's bar (green when the target is met) and its target mark; whether it is met."""
+    met = ratio <= target
+    ax.barh(y, ratio, height=height, color="#2e7d32" if met else "#c62828")
+    ax.plot([target, target], [y - 0.75 * height, y + 0.75 * height], color="black", linewidth=2)
+    return met
+
+
+def _finish(fig: Any, ax: Any, path: Path, *, xmax: float, ylim: tuple[float, float],
+            size: float, title_size: float, xlabel: str, title: str) -> None:
+    """What both charts share: the 1.0 line, bare axes, the labels; then save and close."""
+    import matplotlib.pyplot as plt
+
+    ax.axvline(1.0, color="grey", linewidth=1, linestyle="--", zorder=0)
+    ax.set_xlim(0, xmax)
+    ax.set_ylim(*ylim)
+    ax.set_yticks([])
+    ax.set_xlabel(xlabel, fontsize=size)
+    ax.set_title(title, fontsize=title_size)
+    for side in ("top", "right", "left"):
+        ax.spines[side].set_visible(False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=200)
+    plt.close(fig)
+
+
 def chart(env: str, result: dict[str, Any], path: Path) -> None:
     """One bar per row with a target: devrng's time over the peer's, the target beside it.
 
     Sized for the docs column (7.5 in wide, labels above their bars rather than beside
     them), so that it is read at its own size rather than shrunk.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     rows = chart_rows(result)
     top = max([1.0, *(max(v, t) for _, v, t in rows)])
-    fig, ax = plt.subplots(figsize=(7.5, 0.85 * len(rows) + 1.0))
+    fig, ax = _figure(7.5, 0.85 * len(rows) + 1.0)
     for y, (label, ratio, target) in enumerate(rows):
-        met = ratio <= target
+        met = _bar(ax, y, ratio, target, 0.32)
         case, peer = label.split("\n", 1)
-        ax.barh(y, ratio, height=0.32, color="#2e7d32" if met else "#c62828")
-        ax.plot([target, target], [y - 0.24, y + 0.24], color="black", linewidth=2)
         # Above the bar, full width: what is measured, then what it is compared with
         # (on white, so that the 1.0 line does not run through the words).
         ax.text(0, y - 0.4, textwrap.shorten(case, 88), fontsize=9.5, va="bottom",
@@ -126,19 +156,12 @@ def chart(env: str, result: dict[str, Any], path: Path) -> None:
         verdict = "met" if met else "MISSED"
         ax.text(max(ratio, target) + top * 0.015, y, f"{ratio:.2f}×  (target ≤ {target:g}×, "
                 f"{verdict})", fontsize=9, va="center")
-    ax.axvline(1.0, color="grey", linewidth=1, linestyle="--", zorder=0)
     ax.text(1.0, -0.75, " 1.0×: as fast as the compared tool", color="grey", fontsize=8)
-    ax.set_xlim(0, top * 1.45)
-    ax.set_ylim(len(rows) - 0.6, -1.05)
-    ax.set_yticks([])
-    ax.set_xlabel("devrng's time / the compared tool's time (below 1.0: devrng is faster; "
-                  "| marks the target)", fontsize=8.5)
-    ax.set_title(f"{env} environment: devrng against the tools it replaces", fontsize=10)
-    for side in ("top", "right", "left"):
-        ax.spines[side].set_visible(False)
-    fig.tight_layout()
-    fig.savefig(path, dpi=200)
-    plt.close(fig)
+    _finish(fig, ax, path, xmax=top * 1.45, ylim=(len(rows) - 0.6, -1.05), size=8.5,
+            title_size=10,
+            xlabel="devrng's time / the compared tool's time (below 1.0: devrng is faster; "
+                   "| marks the target)",
+            title=f"{env} environment: devrng against the tools it replaces")
 
 
 def _machine_line(m: dict[str, Any]) -> str:
@@ -152,11 +175,6 @@ NARROW = "(max-width: 44.9375em)"  # the site's phone layout (Material's breakpo
 def narrow_chart(env: str, result: dict[str, Any], path: Path) -> None:
     """The same bars laid out for a phone's column (3.6 in wide, read at about 360 px):
     each case's words wrapped above its bar, the ratio and target on a line of their own."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     rows = chart_rows(result)
     top = max([1.0, *(max(v, t) for _, v, t in rows)])
     blocks = []  # (label lines, ratio, target) with the label wrapped to the column
@@ -168,7 +186,7 @@ def narrow_chart(env: str, result: dict[str, Any], path: Path) -> None:
     step = 0.55  # one text line, in bar heights
     tight = {**_PLAIN, "pad": 0.1}  # a white box that does not cover the line above
     height = sum(len(lines) + 1 for lines, _, _ in blocks) * step + 1.25 * len(blocks)
-    fig, ax = plt.subplots(figsize=(3.6, 0.21 * height + 0.9))
+    fig, ax = _figure(3.6, 0.21 * height + 0.9)
     y = 0.0
     for lines, ratio, target in blocks:
         for text, kind in lines:
@@ -179,21 +197,12 @@ def narrow_chart(env: str, result: dict[str, Any], path: Path) -> None:
         ax.text(0, y, f"{ratio:.2f}×: target ≤ {target:g}×, {'met' if met else 'MISSED'}",
                 fontsize=8, va="top", color="#2e7d32" if met else "#c62828", bbox=tight)
         y += step + 0.35
-        ax.barh(y, ratio, height=0.5, color="#2e7d32" if met else "#c62828")
-        ax.plot([target, target], [y - 0.35, y + 0.35], color="black", linewidth=2)
+        _bar(ax, y, ratio, target, 0.5)
         y += 0.9
-    ax.axvline(1.0, color="grey", linewidth=1, linestyle="--", zorder=0)
-    ax.set_xlim(0, top * 1.1)
-    ax.set_ylim(y - 0.3, -0.2)
-    ax.set_yticks([])
-    ax.set_xlabel("devrng's time / the compared tool's\n(below 1.0: devrng is faster; "
-                  "| the target)", fontsize=8)
-    ax.set_title(f"{env} environment: devrng against\nthe tools it replaces", fontsize=9)
-    for side in ("top", "right", "left"):
-        ax.spines[side].set_visible(False)
-    fig.tight_layout()
-    fig.savefig(path, dpi=200)
-    plt.close(fig)
+    _finish(fig, ax, path, xmax=top * 1.1, ylim=(y - 0.3, -0.2), size=8, title_size=9,
+            xlabel="devrng's time / the compared tool's\n(below 1.0: devrng is faster; "
+                   "| the target)",
+            title=f"{env} environment: devrng against\nthe tools it replaces")
 
 
 def render(results: list[tuple[str, dict[str, Any]]]) -> str:

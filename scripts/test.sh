@@ -44,12 +44,13 @@ for env in $envs; do
         check "core: ruff" "$venv/bin/ruff" check src tests benchmarks examples setup.py
         check "core: mypy" "$venv/bin/mypy"
         check "core: docs" "$venv/bin/properdocs" build --strict --quiet --site-dir "$(mktemp -d)"
-        check "core: pytest" pytest_logged "$py" -m pytest -p no:cacheprovider "$@"
+        check "core: pytest" pytest_logged "$py" -m pytest -p no:cacheprovider --durations=15 "$@"
     elif [ "$env" = integrations ]; then
-        check "$env: pytest" pytest_logged "$py" -m pytest -p no:cacheprovider \
+        check "$env: pytest" pytest_logged "$py" -m pytest -p no:cacheprovider --durations=15 \
             tests/integrations tests/test_docstrings.py "$@"
     else
-        check "$env: pytest" pytest_logged env PJRT_DEVICE=CPU "$py" -m pytest -p no:cacheprovider "$@"
+        check "$env: pytest" pytest_logged env PJRT_DEVICE=CPU "$py" -m pytest -p no:cacheprovider \
+            --durations=15 "$@"
     fi
     count
 done

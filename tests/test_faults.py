@@ -1569,6 +1569,26 @@ def op(i):
 def check(i):
     return "" if gens() in (GA, GB) else "half loaded"
 """,
+    "TrainingRNG.state_dict": _GENERATORS + """
+import io
+rng = devrng.TrainingRNG(seed=1)
+torch.rand(3)
+before = gens()
+def reset():
+    global saved
+    saved = None
+def op(i):  # reads only: the generators must not move, and a state returned must be whole
+    global saved
+    saved = rng.state_dict()
+def check(i):
+    if gens() != before:
+        return "the generators moved"
+    if saved is not None:
+        data = torch.load(io.BytesIO(next(iter(saved.values()))), weights_only=True)
+        if data["format"] != "devrng.TrainingRNG":
+            return "the state is not whole"
+    return ""
+""",
     "RNGState.save": """
 import os, tempfile, torch, devrng
 folder = tempfile.mkdtemp()

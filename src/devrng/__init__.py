@@ -45,10 +45,10 @@ if TYPE_CHECKING:  # the public names, for type checkers (``X as X``: re-exporte
     from devrng._generators.infer import infer_device_types as infer_device_types
     from devrng._generators.patch import patch_torch as patch_torch
     from devrng._generators.patch import unpatch_torch as unpatch_torch
-    from devrng._generators.restore import set_rng_state as set_rng_state
     from devrng._generators.seeding import manual_seed as manual_seed
     from devrng._generators.snapshot import RNGState as RNGState
     from devrng._generators.snapshot import get_rng_state as get_rng_state
+    from devrng._generators.snapshot import set_rng_state as set_rng_state
     from devrng._generators.streams import RNGStreams as RNGStreams
     from devrng._jit.seeded import SeededFunction as SeededFunction
     from devrng._jit.seeded import seeded_jit as seeded_jit
@@ -89,7 +89,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "sample_rng": ("devrng._training.workers", "sample_rng"),
     "seed_worker": ("devrng._training.workers", "seed_worker"),
     "seeded_jit": ("devrng._jit.seeded", "seeded_jit"),
-    "set_rng_state": ("devrng._generators.restore", "set_rng_state"),
+    "set_rng_state": ("devrng._generators.snapshot", "set_rng_state"),
     "testing": ("devrng.testing", None),
     "unpatch_torch": ("devrng._generators.patch", "unpatch_torch"),
 }

@@ -19,7 +19,6 @@ rank) to cover more than one device per rank.
 from __future__ import annotations
 
 import hashlib
-import io
 from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -34,9 +33,9 @@ from devrng._base.rank import collective_device, dist_or_none, process_rank
 from devrng._base.seeds import check_seed
 from devrng._base.seeds import rank_seed as derive_rank_seed
 from devrng._generators.plan import Plan, make_plan
-from devrng._generators.restore import set_rng_state
+from devrng._generators.saved import decode, encode
 from devrng._generators.seeding import manual_seed
-from devrng._generators.snapshot import RNGState, snapshot, with_devices
+from devrng._generators.snapshot import RNGState, set_rng_state, snapshot, with_devices
 from devrng._generators.undo import read_devices
 
 if TYPE_CHECKING:
@@ -334,9 +333,7 @@ def broadcast_rng_state(src: int = 0, *, group: ProcessGroup | None = None, devi
     plan = _local_devices(devices, "broadcast_rng_state")
     payload = b""
     if me == src:
-        buffer = io.BytesIO()
-        torch.save(_snapshot(plan, python, numpy).to_dict(), buffer)
-        payload = buffer.getvalue()
+        payload = encode(_snapshot(plan, python, numpy).to_dict())
     records = _all_gather(dist, group, {"rank": me, "coverage": _coverage(plan),
                                         "size": len(payload)})
     _check_coverage(records, "broadcast_rng_state")
@@ -349,8 +346,8 @@ def broadcast_rng_state(src: int = 0, *, group: ProcessGroup | None = None, devi
     dist.broadcast(data, src=src, group=group)
     if me == src:
         return
-    received = torch.load(io.BytesIO(tensor_bytes(data)), weights_only=True, map_location="cpu")
-    state = RNGState.from_dict(received, source=f"the RNG state broadcast by rank {src}")
+    source = f"the RNG state broadcast by rank {src}"
+    state = RNGState.from_dict(decode(tensor_bytes(data), source), source=source)
     # Positions back to this rank's own device indices.
     local = {b.name: {idx[pos]: s for pos, s in state.devices[b.name].items()} for b, idx in plan}
     set_rng_state(with_devices(state, local, python=python, numpy=numpy))

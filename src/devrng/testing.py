@@ -27,12 +27,11 @@ from torch.testing._comparison import default_tolerances
 from devrng._backends.registry import current_accelerator, default_types, loaded_backend
 from devrng._base.errors import check_flags, short_repr
 from devrng._base.lazy import load
-from devrng._base.plain import describe
 from devrng._base.seeds import check_seed
 from devrng._generators.infer import arg_devices
-from devrng._generators.restore import set_rng_state
+from devrng._generators.saved import describe
 from devrng._generators.seeding import manual_seed
-from devrng._generators.snapshot import RNGState, get_rng_state
+from devrng._generators.snapshot import RNGState, get_rng_state, set_rng_state
 
 __all__ = [
     "LeafReport",

@@ -187,7 +187,9 @@ class Fork:
             )
         # A new Fork per call: concurrent calls (threads, tasks) never share saved states.
         # No `with` statement: its exit runs after a line that an interrupt could take
-        # before __exit__ is called; here the exit is the try block's last step.
+        # before __exit__ is called; here the exit is the try block's last step. The two
+        # wrappers differ only by `await`, which no shared helper can hold without turning
+        # the plain one into a generator to drive.
         if inspect.iscoroutinefunction(fn):
             @functools.wraps(fn)
             async def forked_async(*a: Any, **k: Any) -> Any:

@@ -1,7 +1,8 @@
 """Which generators a call covers: device types and indices from ``devices`` / ``device_type``.
 
-Shared by fork_rng, get_rng_state and manual_seed so that all three read their
-arguments the same way.
+Every call that takes ``devices`` / ``device_type`` (fork_rng, get_rng_state,
+manual_seed, RNGStreams, the distributed helpers) makes its plan here, so that all
+of them read their arguments the same way.
 """
 
 from __future__ import annotations

@@ -1,6 +1,13 @@
-"""RNG snapshots: ``RNGState``, taking one, and reading and writing it as plain data.
+"""RNG snapshots: ``RNGState``, taking one, writing and reading it, and restoring it.
 
-Restoring a snapshot lives in ``devrng._generators.restore``, seeding in ``devrng._generators.seeding``.
+Restoring checks all of a snapshot against this process first (``prepare_restore``:
+device types, device counts, each state's type, shape and dtype; the CPU, Python
+and NumPy states are checked in full when the snapshot is read, or by
+``check_host`` for one built by hand -- every check is in
+``devrng._generators.saved``), then ``Restore.apply`` sets every generator, pushing
+each one's current state onto an ``Undo`` stack first, so that a failure or an
+interrupt anywhere puts every generator back. Seeding is in
+``devrng._generators.seeding``.
 """
 
 from __future__ import annotations
@@ -10,26 +17,30 @@ import io
 import os
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
-from typing import IO, Any
+from typing import IO, Any, NamedTuple
 
 import torch
 
 from devrng._backends import host as _host
-from devrng._base.errors import DevRNGError, check_flags, short_repr
+from devrng._backends.registry import Backend, device_count
+from devrng._base.errors import DevRNGError, check_flags
 from devrng._base.files import atomic_write, checked_path, is_file_like, readable_file
-from devrng._base.plain import (
-    check_depth,
-    check_header,
-    check_loaded,
-    check_plain,
-    describe,
-    hash_into,
-)
+from devrng._base.plain import hash_into
 from devrng._base.sigint import deliver, guard
 from devrng._generators.plan import make_plan
-from devrng._generators.undo import DeviceState, read_devices
+from devrng._generators.saved import (
+    Fit,
+    check_depth,
+    check_device_states,
+    check_header,
+    check_host_parts,
+    check_plain,
+    parse_parts,
+)
+from devrng._generators.undo import DeviceState, Undo, read_devices
 
-__all__ = ["RNGState", "check_host", "get_rng_state", "parse_state", "snapshot", "with_devices"]
+__all__ = ["RNGState", "Restore", "check_host", "get_rng_state", "parse_state", "prepare_restore",
+           "set_rng_state", "snapshot", "with_devices"]
 
 _FORMAT = "devrng.RNGState"
 _VERSION = 1
@@ -331,29 +342,10 @@ def snapshot(devices: Iterable[DeviceState], *, python: bool, numpy: bool) -> RN
 
 
 def parse_state(cpu: Any, devices: Any, python: Any = None, numpy: Any = None) -> RNGState:
-    """An ``RNGState`` from the plain data ``to_dict`` writes, checked as far as this process
-    can without touching a generator; ``ValueError`` saying what is wrong ("its CPU state ...").
-
-    Snapshots and ``RNGStreams`` checkpoints are read with it.
-    """
-    _host.check_cpu_state(cpu)
-    if not isinstance(devices, Mapping):
-        raise ValueError("its 'devices' entry is not a dict")
-    parsed: dict[str, dict[int, Any]] = {}
-    for name, per in devices.items():
-        if not isinstance(name, str) or not name or ":" in name:
-            raise ValueError(f"it names the device type {short_repr(name)}")
-        if not isinstance(per, Mapping):
-            raise ValueError(f"its {name} entry is not a dict of device index to state")
-        parsed[name] = {}
-        for index, saved in per.items():
-            if type(index) is not int or index < 0:
-                raise ValueError(f"it names the {name} device index {short_repr(index)}")
-            check_loaded(saved, f"its {name}:{index} state")
-            parsed[name][index] = saved
-    state = RNGState(cpu, parsed, None if python is None else _python_from_plain(python),
-                     None if numpy is None else _numpy_from_plain(numpy))
-    state._host_checked = True  # each part was checked above
+    """An ``RNGState`` from the plain data ``to_dict`` writes, each part checked by
+    ``parse_parts``; ``ValueError`` saying what is wrong ("its CPU state ...")."""
+    state = RNGState(*parse_parts(cpu, devices, python, numpy))
+    state._host_checked = True  # each part was checked
     return state
 
 
@@ -369,25 +361,10 @@ def with_devices(state: RNGState, devices: Mapping[str, Mapping[int, Any]], *,
 
 def check_host(state: RNGState) -> None:
     """Raise ``DevRNGError`` unless the CPU, Python and NumPy parts of ``state`` would install
-    working generators (checked as fully as ``from_dict`` checks them; once per snapshot)."""
-    if state._host_checked:
-        return
-    try:
-        _host.check_cpu_state(state.cpu)
-    except ValueError as err:
-        raise DevRNGError(f"The snapshot's {str(err).removeprefix('its ')}.") from None
-    checks = (("Python", "random.setstate accepts", _host.check_python_state, state.python),
-              ("NumPy", "NumPy's global generator can take", _host.check_numpy_state,
-               state.numpy))
-    for label, accepts, check, part in checks:
-        if part is not None:
-            try:
-                check(part)
-            except ValueError as err:
-                raise DevRNGError(
-                    f"The snapshot's {label} state is not one that {accepts}: {err}."
-                ) from None
-    state._host_checked = True
+    working generators (``check_host_parts``; once per snapshot)."""
+    if not state._host_checked:
+        check_host_parts(state.cpu, state.python, state.numpy)
+        state._host_checked = True
 
 
 def _check_exists(where: str, path: str) -> None:
@@ -425,40 +402,86 @@ def _not_torch_save(f: Any) -> str | None:
         f"it begins with the bytes {head!r}"
 
 
-def _python_from_plain(raw: Any) -> tuple[int, tuple[int, ...], float | None]:
-    if not isinstance(raw, (list, tuple)) or len(raw) != 3:
-        raise ValueError("its Python state is not [version, key tensor, gauss]")
-    version, internal, gauss = raw
-    if not isinstance(internal, torch.Tensor) or internal.dtype != torch.int64 \
-            or tuple(internal.shape) != (625,):
-        raise ValueError(f"its Python key is {describe(internal)}, not 625 int64 values")
-    state = (version, tuple(internal.tolist()), gauss)
+# -- restoring: check all of it against this process, then set all of it, or nothing -----
+def set_rng_state(state: RNGState) -> None:
+    """Restore a snapshot: everything it covers, or, on any mismatch or failure, nothing.
+
+    The whole snapshot is checked first (device types, device counts, state
+    types, shapes and dtypes, and the CPU, Python and NumPy states in full); a
+    mismatch raises ``DevRNGError`` before any generator changes. If setting a
+    generator still fails, every generator already set is put back; a Ctrl-C
+    that arrives meanwhile is raised once the snapshot is fully restored.
+
+    Args:
+        state: A snapshot from ``get_rng_state`` or ``RNGState.load``.
+
+    Raises:
+        TypeError: ``state`` is not an ``RNGState``.
+        DevRNGError: The snapshot does not fit this process (devices it lacks,
+            states of another backend or version), or setting a generator
+            failed; either way every generator is as it was.
+
+    Examples:
+        >>> snap = devrng.get_rng_state()
+        >>> first = torch.rand(2)
+        >>> devrng.set_rng_state(snap)
+        >>> torch.equal(first, torch.rand(2))
+        True
+    """
+    if not isinstance(state, RNGState):
+        raise TypeError(
+            f"set_rng_state takes a devrng.RNGState, not a {type(state).__name__}; get one from "
+            "devrng.get_rng_state() or devrng.RNGState.load(path)."
+        )
     try:
-        _host.check_python_state(state)
-    except ValueError as err:
-        raise ValueError(f"its Python state is unusable: {err}") from None
-    return state
+        check_host(state)
+        restore = prepare_restore(state)
+        with Undo("Restoring the snapshot") as undo:
+            restore.apply(undo)
+    finally:
+        deliver()
 
 
-def _numpy_from_plain(raw: Any) -> dict[str, Any]:
-    np = _host.numpy_or_none()
-    if np is None:
-        raise ValueError("it holds a NumPy state and NumPy is not installed here")
-    if not isinstance(raw, Mapping):
-        raise ValueError("its NumPy state is not a dict")
-    key = raw["key"]
-    if not isinstance(key, torch.Tensor) or key.dtype != torch.int64 \
-            or tuple(key.shape) != (624,):
-        raise ValueError(f"its NumPy key is {describe(key)}, not 624 int64 values")
-    if bool(((key < 0) | (key > 0xFFFFFFFF)).any()):
-        raise ValueError("its NumPy key holds values outside [0, 2**32)")
-    state = {"bit_generator": raw["bit_generator"],
-             "state": {"key": np.asarray(key.numpy(), dtype=np.uint32), "pos": raw["pos"]},
-             "has_gauss": raw["has_gauss"], "gauss": raw["gauss"]}
-    try:
-        _host.check_numpy_state(state)
-    except ValueError as err:
-        raise ValueError(f"its NumPy state is unusable: {err}") from None
-    return state
+guard(set_rng_state)
 
 
+class Restore(NamedTuple):
+    """A snapshot checked against this process and ready to apply (see ``prepare_restore``)."""
+
+    state: RNGState
+    targets: list[DeviceState]  # (backend, index, the state to set)
+    reseed: tuple[Backend, ...] = ()  # backends whose devices the state has no state for
+    seed: int = 0  # ... seeded with this
+
+    def apply(self, undo: Undo) -> None:
+        """Seed the devices the snapshot has no state for (``reseed``), then set every
+        generator it holds, each one's current state pushed on ``undo`` first; the caller's
+        ``with undo:`` puts them back if anything fails."""
+        state = self.state
+        for backend in self.reseed:  # every device of it, then the saved states over those
+            undo.save_devices(read_devices([(backend, range(device_count(backend)))]))
+            backend.manual_seed(self.seed)
+        for backend, index, saved in self.targets:
+            undo.save_devices([(backend, index, backend.get_rng_state(index))])
+            backend.set_rng_state(saved, index)
+        undo.save_cpu()
+        _host.set_cpu_state(state.cpu)
+        if state.python is not None:
+            undo.save_python()
+            _host.set_python_state(state.python)
+        if state.numpy is not None:
+            undo.save_numpy()
+            _host.set_numpy_state(state.numpy)
+
+
+def prepare_restore(state: RNGState, fit: Fit | None = None) -> Restore:
+    """Check ``state``, whose host part is checked already, against this process without
+    changing anything.
+
+    Raises ``DevRNGError`` on any mismatch; the result's ``apply()`` restores it.
+    Callers that restore more than one thing (``TrainingRNG``) check every
+    part before applying any. ``fit`` (from ``fit_devices``): restore the device states
+    that fit this process, and seed its devices the state has none for.
+    """
+    targets = check_device_states(state.devices if fit is None else fit.devices)
+    return Restore(state, targets) if fit is None else Restore(state, targets, fit.reseed, fit.seed)

@@ -18,14 +18,15 @@ import torch
 from devrng._backends import host
 from devrng._backends.registry import Backend, device_count
 from devrng._base.errors import DevRNGError, short_repr
-from devrng._base.plain import check_header, check_plain
 from devrng._base.rank import world_size
 from devrng._base.seeds import check_seed
 from devrng._base.sigint import deliver, guard
 from devrng._generators.plan import Plan, make_plan
-from devrng._generators.ranked import (
+from devrng._generators.saved import (
     Apply,
     Summary,
+    check_header,
+    check_plain,
     decode,
     encode,
     identity_of,
@@ -34,8 +35,7 @@ from devrng._generators.ranked import (
     ranked,
     ranks_text,
 )
-from devrng._generators.restore import prepare_restore
-from devrng._generators.snapshot import RNGState, parse_state, snapshot
+from devrng._generators.snapshot import RNGState, parse_state, prepare_restore, snapshot
 from devrng._generators.undo import Undo, read_devices
 
 __all__ = ["RNGStreams"]

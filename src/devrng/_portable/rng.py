@@ -35,7 +35,7 @@ from devrng._base.errors import DevRNGError, check_flags
 from devrng._base.lazy import load
 from devrng._base.rank import world_size
 from devrng._base.seeds import MASK64, check_counter, check_seed
-from devrng._generators.ranked import Apply, Summary, identity_of, is_ranked, load_ranked, ranked
+from devrng._generators.saved import Apply, Summary, identity_of, is_ranked, load_ranked, ranked
 from devrng._portable import ops, threefry
 from devrng._portable.ops import ENTRIES, Args, Kwargs, Op, aten_entry, entry_name, redispatch
 

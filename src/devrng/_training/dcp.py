@@ -23,7 +23,7 @@ from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.planner import LoadPlan
 
-from devrng._generators.ranked import PREFIX
+from devrng._generators.saved import PREFIX
 
 __all__ = ["Planner"]
 

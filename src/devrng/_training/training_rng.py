@@ -20,11 +20,9 @@ from typing import Any
 
 import torch
 
-from devrng._backends import host
 from devrng._backends.registry import started_types
 from devrng._base.errors import DevRNGError, check_flags, short_repr, warn_and_log
 from devrng._base.lazy import load
-from devrng._base.plain import check_depth, check_header, check_loaded, check_plain
 from devrng._base.rank import process_rank, world_size
 from devrng._base.seeds import (
     SEED_VARIABLES,
@@ -36,11 +34,17 @@ from devrng._base.seeds import (
     seed_from_environment,
 )
 from devrng._base.sigint import deliver, guard
-from devrng._generators.ranked import (
+from devrng._generators.saved import (
     Apply,
     Summary,
+    check_cpu_state,
+    check_depth,
+    check_header,
+    check_loaded,
+    check_plain,
     decode,
     encode,
+    fit_devices,
     identity_of,
     is_ranked,
     load_ranked,
@@ -48,9 +52,8 @@ from devrng._generators.ranked import (
     ranked,
     ranks_text,
 )
-from devrng._generators.restore import Restore, fit_devices, prepare_restore
 from devrng._generators.seeding import reseed
-from devrng._generators.snapshot import RNGState, get_rng_state
+from devrng._generators.snapshot import Restore, RNGState, get_rng_state, prepare_restore
 from devrng._generators.undo import Undo
 from devrng._training.determinism import DeterministicHandle
 from devrng._training.determinism import deterministic as turn_on_determinism
@@ -471,7 +474,7 @@ class _Loading:
         for name, saved in self.generators.items():
             if name in rng._generators:
                 try:
-                    host.check_cpu_state(saved)
+                    check_cpu_state(saved)
                 except ValueError as err:
                     raise DevRNGError(
                         f"TrainingRNG.load_state_dict: the saved state of generator {name!r} is "
@@ -480,7 +483,7 @@ class _Loading:
         self.restore: Restore | None = None  # None: another rank's state, seeded anew
         if self.same_rank:
             try:
-                fit = fit_devices(state, strict=strict, seed=self.reseed_seed)
+                fit = fit_devices(state.devices, strict=strict, seed=self.reseed_seed)
             except ValueError as err:
                 raise DevRNGError(f"TrainingRNG.load_state_dict: {err}.{self.hint}") from None
             self.skipped += fit.skipped

@@ -1,0 +1,708 @@
+"""Saved states: whether one is valid (one owner of every check), and one entry per rank.
+
+Every state devrng reads back -- a snapshot, a ``TrainingRNG``, ``RNGStreams``
+or ``PortableRNG`` checkpoint, a rank's broadcast -- is checked here before
+anything changes: its header (``check_header``); that it is plain data a
+weights-only file holds, of plausible size and nesting (``check_loaded``); that
+its CPU, Python and NumPy parts would install working generators
+(``check_cpu_state`` and its siblings: NumPy does not range-check its MT19937
+position, so a large one reads out of bounds on the next draw; Python keeps any
+object as its Gaussian cache; torch takes any uint8 tensor of the right size as
+a CPU state); and that its device states fit this process's devices
+(``fit_devices``, ``check_device_states``). Applying a checked state is the
+callers' part (``Restore`` in ``devrng._generators.snapshot``, an ``Undo``).
+
+**One entry per rank.** ``torch.distributed.checkpoint`` (DCP) flattens every rank's state dict into
+leaves and keeps one copy of each leaf key that several ranks write, chosen by
+load balancing: per-rank values saved under the same keys come back stitched
+from several ranks. So ``TrainingRNG``, ``RNGStreams`` and ``PortableRNG``
+return their state under a key that names the rank, ``{"devrng_rank_<r>":
+entry}``: DCP keeps every rank's entry, and a rank that loads reads its own
+one, whatever the number of ranks. An entry is the object's plain state: the
+bytes ``torch.save`` makes of it where its structure varies (DCP would match
+nested keys and tensor shapes against the loading process's template), or a
+dict of ints (``PortableRNG``).
+
+Loading is one step of all ranks, because ``dcp.load`` calls
+``load_state_dict`` on every rank: each rank reads and checks its entry, the
+ranks exchange a few integers (one ``all_reduce``), then all of them apply or
+all of them raise the lowest failing rank's error; a second ``all_reduce``
+after applying puts every rank back if one of them could not apply. A rank
+that found no entry (a job with more ranks than the one that saved, loaded
+with ``devrng.distributed.load_planner()``) is sent the entry of rank ``r % s``
+(``s`` saved ranks: the rank at its place in the saved layout, when ranks are
+numbered with the data-parallel dimension outermost); the object then keeps it
+only if it holds the same streams. Each rank sends and receives the same few
+bytes whatever the number of ranks (a saved rank sends its entry to as many
+ranks as the world grew by, times).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import math
+import random
+import re
+from collections.abc import Callable, Collection, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import torch
+
+from devrng._backends import host as _host
+from devrng._backends.registry import (
+    Backend,
+    available_backends,
+    device_count,
+    get_backend,
+    started_types,
+)
+from devrng._base.errors import DevRNGError, short_repr, warn_and_log
+from devrng._base.plain import hash_into
+from devrng._base.rank import collective_device, dist_or_none, process_rank
+from devrng._base.seeds import MASK64
+from devrng._base.sigint import deliver, guard
+from devrng._generators.undo import DeviceState, Undo
+
+__all__ = ["MAX_STATE_BYTES", "PREFIX", "Fit", "Summary", "check_cpu_state", "check_depth",
+           "check_device_states", "check_header", "check_host_parts", "check_loaded",
+           "check_numpy_state", "check_plain", "check_python_state", "cpu_state_numel", "decode",
+           "describe", "encode", "entry_key", "fit_devices", "identity_of", "is_ranked",
+           "load_ranked", "own_entry", "parse_parts", "ranked", "ranks_text", "signature"]
+
+
+# -- what a saved state may hold -------------------------------------------------------------
+_PLAIN_LEAVES = (torch.Tensor, bool, int, float, str, type(None))
+#: No generator state devrng knows is larger (the CPU's is 5 KB, a TPU's seed 8 bytes):
+#: a bigger tensor in a loaded file is a mistake or an attack, not a state.
+MAX_STATE_BYTES = 1 << 20
+#: Lists and dicts in a state nest a few levels deep; a file nesting them deeper is hostile.
+MAX_DEPTH = 32
+
+
+def _walk(state: Any, what: str) -> Iterator[Any]:
+    """Every value nested in ``state`` (lists, tuples, dicts), without recursion; a nesting
+    deeper than ``MAX_DEPTH`` is refused (no state devrng writes nests more than a few)."""
+    stack = [(state, 0)]
+    while stack:
+        item, depth = stack.pop()
+        yield item
+        if isinstance(item, (list, tuple, dict)):
+            if depth >= MAX_DEPTH:
+                raise DevRNGError(
+                    f"{what} nests lists and dicts more than {MAX_DEPTH} deep; devrng's states "
+                    "nest a few levels, so this was not written by devrng."
+                )
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+
+
+def check_depth(state: Any, what: str) -> None:
+    """Raise ``DevRNGError`` if ``state`` nests more than ``MAX_DEPTH`` deep."""
+    for _ in _walk(state, what):
+        pass
+
+
+def check_plain(state: Any, what: str) -> None:
+    """Raise ``DevRNGError`` unless ``state`` is tensors, numbers, strings, lists and dicts."""
+    for item in _walk(state, what):
+        if not isinstance(item, (*_PLAIN_LEAVES, list, tuple, dict)):
+            raise DevRNGError(
+                f"{what} is a {type(item).__name__}, which a weights-only file cannot hold; its "
+                "backend must return tensors, numbers, strings, lists or dicts."
+            )
+
+
+def check_loaded(state: Any, what: str) -> None:
+    """``check_plain``, and every tensor a compact, plausibly sized state.
+
+    A file can hold a tensor that claims 10**12 elements over a few bytes of
+    storage (stride 0): comparing or hashing it later would allocate all of
+    them. Such tensors are refused when the file is read.
+    """
+    check_plain(state, what)
+    for item in _walk(state, what):
+        if isinstance(item, torch.Tensor):
+            size = item.numel() * item.element_size()
+            if size > MAX_STATE_BYTES or not item.is_contiguous():
+                raise DevRNGError(
+                    f"{what} holds a tensor of shape {tuple(item.shape)} "
+                    + ("that is not laid out contiguously" if size <= MAX_STATE_BYTES
+                       else f"({size} bytes)")
+                    + f"; generator states are compact tensors of at most {MAX_STATE_BYTES} "
+                    "bytes, so this file was not written by devrng."
+                )
+
+
+def check_header(data: Any, *, tag: str, versions: Collection[int], what: str, made_by: str,
+                 source: str | None = None) -> int:
+    """The version of a saved state tagged ``tag`` (``{"format": tag, "version": v, ...}``),
+    or one ``DevRNGError`` sentence naming what ``data`` is instead: every
+    ``load_state_dict`` and ``load`` reads its header here. ``source`` names a file
+    ``data`` came from.
+
+    Examples:
+        >>> check_header({"format": "devrng.RNGState", "version": 1}, tag="devrng.RNGState",
+        ...              versions=(1,), what="RNGState.from_dict", made_by="RNGState.to_dict()")
+        1
+    """
+    if not isinstance(data, Mapping) or data.get("format") != tag:
+        got = (f"its format tag is {short_repr(data.get('format'))}, not {tag!r}"
+               if isinstance(data, Mapping) else "it is None" if data is None
+               else f"it is {short_repr(data)} (of type {type(data).__name__})")
+        if source is not None:
+            raise DevRNGError(f"{source} is not a valid devrng state for {what}: {got}. Write it "
+                              f"with {made_by}.")
+        raise DevRNGError(f"{what} takes the dict that {made_by} returns; {got}.")
+    version = data.get("version")
+    if type(version) is not int or version not in versions:
+        known = sorted(versions)
+        raise DevRNGError(f"{what}: {source or 'the state'} is version {short_repr(version)}; "
+                          f"this devrng reads version{'s' if len(known) > 1 else ''} "
+                          f"{', '.join(map(str, known))}.")
+    return version
+
+
+def signature(state: Any) -> Any:
+    """Type, shape and dtype of a state, to compare a saved state with this process's."""
+    if isinstance(state, torch.Tensor):
+        return ("tensor", state.dtype, tuple(state.shape))
+    if isinstance(state, bool):
+        return "bool"
+    if isinstance(state, int):
+        return "int"
+    if isinstance(state, dict):
+        return {k: signature(v) for k, v in state.items()}
+    if isinstance(state, (list, tuple)):
+        return [signature(v) for v in state]
+    return type(state).__name__
+
+
+def describe(state: Any) -> str:
+    """A state's kind in words: ``"a torch.uint8 tensor of shape (5056,)"``, ``"an int"``."""
+    if isinstance(state, torch.Tensor):
+        return f"a {state.dtype} tensor of shape {tuple(state.shape)}"
+    if isinstance(state, bool):
+        return "a bool"
+    if isinstance(state, int):
+        return "an int"
+    if isinstance(state, (dict, list, tuple)):
+        return f"a {type(state).__name__} shaped {signature(state)!r}"
+    return f"a {type(state).__name__}"
+
+
+# -- the host generators' states -------------------------------------------------------------
+_MT_WORDS = 624
+_scratch = random.Random(0)  # states are tried here first, never on the global generator
+_scratch_cpu = torch.Generator()  # likewise for torch's CPU generator
+_cpu_numel: list[int] = []  # the size of this torch's CPU generator state, read once
+
+
+def check_python_state(state: Any) -> None:
+    """Raise ``ValueError`` unless ``random.setstate(state)`` would install a working generator.
+
+    Examples:
+        >>> check_python_state(random.getstate())
+    """
+    if not (isinstance(state, tuple) and len(state) == 3 and state[0] == 3
+            and isinstance(state[1], tuple) and len(state[1]) == _MT_WORDS + 1):
+        raise ValueError("it is not a tuple (3, 625 ints, gauss) as random.getstate() returns")
+    gauss = state[2]
+    if gauss is not None and (type(gauss) is not float or not math.isfinite(gauss)):
+        raise ValueError(f"its Gaussian cache is {gauss!r}; it must be a finite float or None")
+    if not any(state[1][:_MT_WORDS]):
+        raise ValueError("its MT19937 key is all zeros, which generates nothing but zeros")
+    try:
+        _scratch.setstate(state)  # checks every word and the position
+    except (TypeError, ValueError, OverflowError) as err:
+        raise ValueError(f"random.setstate refuses it ({err})") from None
+
+
+def check_numpy_state(state: Any) -> None:
+    """Raise ``ValueError`` unless NumPy's global generator can take ``state`` and keep working.
+
+    Examples:
+        >>> check_numpy_state(_host.get_numpy_state())
+    """
+    np = _host.numpy_or_none()
+    if np is None:
+        raise ValueError("it is a NumPy state and NumPy is not installed here")
+    name = state.get("bit_generator") if isinstance(state, dict) else None
+    if name != "MT19937":
+        raise ValueError(f"its bit generator is {name!r}; NumPy's global generator is 'MT19937'")
+    try:
+        inner = state["state"]
+        key, pos = inner["key"], inner["pos"]
+        has_gauss, gauss = state["has_gauss"], state["gauss"]
+    except (KeyError, TypeError, IndexError):
+        raise ValueError("it is not the dict np.random.get_state(legacy=False) returns") from None
+    if not (isinstance(key, np.ndarray) and key.dtype == np.uint32
+            and key.shape == (_MT_WORDS,)):
+        raise ValueError("its key is not 624 uint32 words")
+    if not key.any():
+        raise ValueError("its MT19937 key is all zeros, which generates nothing but zeros")
+    if type(pos) is not int or not 0 <= pos <= _MT_WORDS:
+        raise ValueError(f"its position is {pos!r}; it must be an int from 0 to 624")
+    if has_gauss not in (0, 1) or type(has_gauss) is bool:
+        raise ValueError(f"its has_gauss is {has_gauss!r}; it must be 0 or 1")
+    if type(gauss) is not float or not math.isfinite(gauss):
+        raise ValueError(f"its Gaussian cache is {gauss!r}; it must be a finite float")
+
+
+def cpu_state_numel() -> int:
+    """How many bytes this torch's CPU generator state has."""
+    if not _cpu_numel:
+        _cpu_numel.append(_host.get_cpu_state().numel())
+    return _cpu_numel[0]
+
+
+def check_cpu_state(state: Any) -> None:
+    """Raise ``ValueError`` unless ``state`` is a CPU generator state this torch can take.
+
+    Used for the CPU state of snapshots, of streams and of DataLoader generators.
+
+    Examples:
+        >>> check_cpu_state(torch.get_rng_state())
+    """
+    if not isinstance(state, torch.Tensor) or state.dtype != torch.uint8 or state.dim() != 1 \
+            or state.numel() != cpu_state_numel() or state.device.type != "cpu":
+        raise ValueError(
+            f"its CPU state is {describe(state)}; this torch needs a uint8 CPU tensor of "
+            f"{cpu_state_numel()} elements"
+        )
+    try:
+        _scratch_cpu.set_state(state)  # checks the MT19937 position and key
+    except RuntimeError as err:
+        raise ValueError(f"its CPU state is not a valid MT19937 state ({err})") from None
+
+
+def _python_from_plain(raw: Any) -> tuple[int, tuple[int, ...], float | None]:
+    if not isinstance(raw, (list, tuple)) or len(raw) != 3:
+        raise ValueError("its Python state is not [version, key tensor, gauss]")
+    version, internal, gauss = raw
+    if not isinstance(internal, torch.Tensor) or internal.dtype != torch.int64 \
+            or tuple(internal.shape) != (625,):
+        raise ValueError(f"its Python key is {describe(internal)}, not 625 int64 values")
+    state = (version, tuple(internal.tolist()), gauss)
+    try:
+        check_python_state(state)
+    except ValueError as err:
+        raise ValueError(f"its Python state is unusable: {err}") from None
+    return state
+
+
+def _numpy_from_plain(raw: Any) -> dict[str, Any]:
+    np = _host.numpy_or_none()
+    if np is None:
+        raise ValueError("it holds a NumPy state and NumPy is not installed here")
+    if not isinstance(raw, Mapping):
+        raise ValueError("its NumPy state is not a dict")
+    key = raw["key"]
+    if not isinstance(key, torch.Tensor) or key.dtype != torch.int64 \
+            or tuple(key.shape) != (624,):
+        raise ValueError(f"its NumPy key is {describe(key)}, not 624 int64 values")
+    if bool(((key < 0) | (key > 0xFFFFFFFF)).any()):
+        raise ValueError("its NumPy key holds values outside [0, 2**32)")
+    state = {"bit_generator": raw["bit_generator"],
+             "state": {"key": np.asarray(key.numpy(), dtype=np.uint32), "pos": raw["pos"]},
+             "has_gauss": raw["has_gauss"], "gauss": raw["gauss"]}
+    try:
+        check_numpy_state(state)
+    except ValueError as err:
+        raise ValueError(f"its NumPy state is unusable: {err}") from None
+    return state
+
+
+def parse_parts(cpu: Any, devices: Any, python: Any = None, numpy: Any = None
+                ) -> tuple[torch.Tensor, dict[str, dict[int, Any]], Any, Any]:
+    """The parts of a snapshot from the plain data ``RNGState.to_dict`` writes, each checked as
+    far as this process can without touching a generator; ``ValueError`` saying what is wrong
+    ("its CPU state ..."). Snapshots and ``RNGStreams`` checkpoints are read with it."""
+    check_cpu_state(cpu)
+    if not isinstance(devices, Mapping):
+        raise ValueError("its 'devices' entry is not a dict")
+    parsed: dict[str, dict[int, Any]] = {}
+    for name, per in devices.items():
+        if not isinstance(name, str) or not name or ":" in name:
+            raise ValueError(f"it names the device type {short_repr(name)}")
+        if not isinstance(per, Mapping):
+            raise ValueError(f"its {name} entry is not a dict of device index to state")
+        parsed[name] = {}
+        for index, saved in per.items():
+            if type(index) is not int or index < 0:
+                raise ValueError(f"it names the {name} device index {short_repr(index)}")
+            check_loaded(saved, f"its {name}:{index} state")
+            parsed[name][index] = saved
+    return (cpu, parsed, None if python is None else _python_from_plain(python),
+            None if numpy is None else _numpy_from_plain(numpy))
+
+
+def check_host_parts(cpu: Any, python: Any, numpy: Any) -> None:
+    """Raise ``DevRNGError`` unless a snapshot's CPU, Python and NumPy states (the last two
+    may be None) would install working generators: a snapshot built by hand is checked as
+    fully as one that ``parse_parts`` read."""
+    try:
+        check_cpu_state(cpu)
+    except ValueError as err:
+        raise DevRNGError(f"The snapshot's {str(err).removeprefix('its ')}.") from None
+    checks = (("Python", "random.setstate accepts", check_python_state, python),
+              ("NumPy", "NumPy's global generator can take", check_numpy_state, numpy))
+    for label, accepts, check, part in checks:
+        if part is not None:
+            try:
+                check(part)
+            except ValueError as err:
+                raise DevRNGError(
+                    f"The snapshot's {label} state is not one that {accepts}: {err}."
+                ) from None
+
+
+# -- device states against this process -------------------------------------------------------
+class Fit(NamedTuple):
+    """What of a saved state fits this process's devices (see ``fit_devices``)."""
+
+    devices: dict[str, dict[int, Any]]  # the device states to restore
+    skipped: list[str]  # what is not restored, as phrases
+    reseed: tuple[Backend, ...]  # backends with devices the state holds no state for
+    seed: int  # ... seeded with this
+
+
+def fit_devices(devices: Mapping[str, Mapping[int, Any]], *, strict: bool, seed: int) -> Fit:
+    """The device states of a saved state (``devices``) this process has devices for, and what does not fit:
+    devices it lacks (left out), and devices or started types the state lacks (to seed
+    with ``seed``). With ``strict``, the first misfit raises ``ValueError`` saying what it
+    is."""
+    kept: dict[str, dict[int, Any]] = {}
+    skipped: list[str] = []
+    reseed: list[Backend] = []
+    here = {name: get_backend(name) for name in available_backends()}
+    for name, per in devices.items():
+        backend = here.get(name)
+        count = 0 if backend is None else device_count(backend)
+        fits = {i: s for i, s in per.items() if i < count}
+        lost = sorted(set(per) - set(fits))
+        if lost and strict:
+            raise ValueError(f"the state holds {name} devices {lost}, and this process has "
+                             f"{count} {name} device(s)")
+        if lost:
+            skipped.append(f"{name} devices {lost} (this process has {count})")
+        if fits:
+            kept[name] = fits
+        if backend is not None and len(fits) < count:
+            if strict:
+                raise ValueError(f"this process has {count} {name} device(s), and the state "
+                                 f"holds {len(fits)}")
+            reseed.append(backend)
+            skipped.append(f"{name} devices {sorted(set(range(count)) - set(fits))} "
+                           "(none saved: seeded from the seed and this rank)")
+    for name in started_types():
+        if name in devices:
+            continue
+        if strict:
+            raise ValueError(f"this process uses {name} devices, and the state holds none")
+        reseed.append(here[name])
+        skipped.append(f"{name} devices (none saved: seeded from the seed and this rank)")
+    return Fit(kept, skipped, tuple(reseed), seed)
+
+
+def check_device_states(devices: Mapping[str, Mapping[int, Any]]) -> list[DeviceState]:
+    """``(backend, index, state)`` for every saved device state, once each is checked against
+    this process (it has the device type and the device; the state has the type, shape and
+    dtype of its own); ``DevRNGError`` on the first that does not fit, before any change."""
+    targets: list[DeviceState] = []
+    for name, per in devices.items():
+        try:
+            backend = get_backend(name)
+        except (ValueError, ImportError) as err:
+            raise DevRNGError(
+                f"The snapshot holds {name} states, but this process cannot reach {name} devices "
+                f"({err})."
+            ) from err
+        count = device_count(backend) if backend.is_available() else 0
+        for index, saved in per.items():
+            if not 0 <= index < count:
+                raise DevRNGError(
+                    f"The snapshot holds a state for {name}:{index}, but this process has "
+                    + (f"{count} {name} device(s); restore it where that device exists."
+                       if count else f"no {name} device; restore it where one exists.")
+                )
+            _check_device_state(backend.name, index, saved, backend.get_rng_state, "snapshot")
+            targets.append((backend, index, saved))
+    return targets
+
+
+def _check_device_state(name: str, index: int, saved: Any, read: Any, whose: str) -> None:
+    """A saved device state must have the type, shape and dtype of this process's own."""
+    try:
+        current = read(index)
+    except Exception as err:
+        raise DevRNGError(
+            f"Restoring the {whose} failed before changing anything: reading this process's "
+            f"{name}:{index} state raised {type(err).__name__}: {err}."
+        ) from err
+    if signature(saved) != signature(current):
+        raise DevRNGError(
+            f"The {whose}'s {name}:{index} state is {describe(saved)}, but this process's is "
+            f"{describe(current)}; it was taken with another backend or library version."
+        )
+    if type(saved) is int and not 0 <= saved <= MASK64:
+        raise DevRNGError(f"The {whose}'s {name}:{index} state is {saved}, outside [0, 2**64).")
+
+
+# -- one entry per rank -----------------------------------------------------------------------
+PREFIX = "devrng_rank_"
+_KEY = re.compile(PREFIX + r"(\d+)")
+_NONE = 1 << 62  # "nothing" in the vectors the ranks reduce with MIN
+_TEXT = 4096  # bytes of an error message sent from one rank to the others
+
+#: What ``prepare`` returns: the change to make (its undo steps pushed on the stack it is
+#: given) and the warning to give on every rank afterwards, if any.
+Apply = Callable[[Undo], None]
+
+
+def entry_key(rank: int) -> str:
+    """The key of ``rank``'s entry: ``"devrng_rank_<rank>"``."""
+    return f"{PREFIX}{rank}"
+
+
+def ranked(entry: Any) -> dict[str, Any]:
+    """``{"devrng_rank_<r>": entry}`` for this process's rank."""
+    return {entry_key(process_rank()): entry}
+
+
+def is_ranked(state_dict: Any) -> bool:
+    """Whether ``state_dict`` is one rank's entry (what ``ranked`` returns)."""
+    return (isinstance(state_dict, Mapping) and len(state_dict) == 1
+            and all(isinstance(k, str) and _KEY.fullmatch(k) for k in state_dict))
+
+
+def encode(plain: Any) -> bytes:
+    """The bytes ``torch.save`` makes of ``plain`` (read back by ``decode``).
+
+    Guarded as ``RNGState.save`` is: a Ctrl-C raised inside ``torch.save`` can be lost
+    there (about once in 2,000 real interrupts); noted, it is raised once the bytes are
+    made.
+    """
+    try:
+        buffer = io.BytesIO()
+        torch.save(plain, buffer)
+        return buffer.getvalue()
+    finally:
+        deliver()
+
+
+guard(encode)
+
+
+def decode(payload: Any, what: str) -> Any:
+    """What ``encode`` made ``payload`` from, read weights-only and checked as a state file is."""
+    if not isinstance(payload, (bytes, bytearray)):
+        raise DevRNGError(f"{what} is {short_repr(payload)} (a {type(payload).__name__}), not "
+                          "the bytes devrng saves there.")
+    try:
+        plain = torch.load(io.BytesIO(payload), weights_only=True, map_location="cpu")
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except Exception as err:
+        first = (str(err).splitlines() or [""])[0][:200]
+        raise DevRNGError(f"{what} could not be read ({type(err).__name__}: {first}); it is "
+                          "corrupt or was not written by devrng.") from None
+    check_loaded(plain, what)
+    return plain
+
+
+def own_entry(state_dict: Any) -> Any:
+    """The plain state in one rank's entry (``state_dict`` itself when it is not one)."""
+    if not is_ranked(state_dict):
+        return state_dict
+    entry = next(iter(state_dict.values()))
+    return decode(entry, "the entry") if isinstance(entry, (bytes, bytearray)) else entry
+
+
+def identity_of(value: Any) -> int:
+    """A 62-bit hash of plain data, to compare entries across ranks."""
+    h = hashlib.sha256()
+    hash_into(h, value)
+    return int.from_bytes(h.digest()[:8], "little") >> 2
+
+
+def ranks_text(low: int, high: int) -> str:
+    """``"rank 2"`` or ``"ranks 2-5"``."""
+    return f"rank {low}" if low == high else f"ranks {low}-{high}"
+
+
+@dataclass(frozen=True)
+class Summary:
+    """What every rank knows after the ranks compared their entries (the same on all)."""
+
+    rank: int
+    world: int
+    source: int  #: the rank whose entry this rank holds (its own, or the one it was sent)
+    missing: tuple[int, int] | None  #: lowest and highest rank that found no entry
+    saved_world: int | None  #: the world size the entries record, if they record one
+    uniform: bool  #: whether every entry found holds the same state
+    borrowed: bool  #: whether this rank found no entry and took ``source``'s
+
+
+# -- collectives (none without a process group of more than one rank) ------------------------
+def _group_world() -> int:
+    dist = dist_or_none()
+    return int(dist.get_world_size()) if dist is not None and dist.is_initialized() else 1
+
+
+def _reduce_min(values: list[int]) -> list[int]:
+    if _group_world() == 1:
+        return values
+    dist = torch.distributed
+    t = torch.tensor(values, dtype=torch.int64, device=collective_device())
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return [int(v) for v in t.cpu().tolist()]
+
+
+def _broadcast_bytes(data: bytes, src: int, size: int) -> bytes:
+    """``src``'s ``data`` (``size`` bytes at most) on every rank."""
+    if _group_world() == 1:
+        return data
+    dist = torch.distributed
+    t = torch.zeros(size, dtype=torch.uint8, device=collective_device())
+    if process_rank() == src:
+        t[:len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    dist.broadcast(t, src=src)
+    return bytes(t.cpu().tolist())
+
+
+def _broadcast_text(text: str, src: int) -> str:
+    raw = text.encode()[:_TEXT]
+    return _broadcast_bytes(raw, src, _TEXT).rstrip(b"\0").decode(errors="replace")
+
+
+def _send_entries(payload: bytes, rank: int, source: int, missing: tuple[int, int],
+                  highest_found: int, world: int) -> bytes:
+    """Give each rank without an entry the entry of its source (see ``load_ranked``)."""
+    low, high = missing
+    if highest_found < low:  # a grown world: saved rank s sends to ranks s + k * low
+        dist = torch.distributed
+        device = collective_device()
+        if rank < low:
+            for dst in range(rank + low, high + 1, low):
+                dist.send(torch.tensor([len(payload)], dtype=torch.int64, device=device), dst)
+                dist.send(torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(device),
+                          dst)
+            return payload
+        length = torch.zeros(1, dtype=torch.int64, device=device)
+        dist.recv(length, source)
+        data = torch.empty(int(length.item()), dtype=torch.uint8, device=device)
+        dist.recv(data, source)
+        return bytes(data.cpu().numpy().tobytes())
+    size = _reduce_min([-len(payload) if rank == source else 0])[0]  # one lender: broadcast
+    return _broadcast_bytes(payload, source, -size)
+
+
+def _fail_everywhere(what: str, failing: int, error: DevRNGError | None, rank: int,
+                     world: int, stage: str) -> None:
+    """Raise on every rank the error of rank ``failing`` (the lowest that failed)."""
+    text = _broadcast_text(str(error) if error is not None else "", failing)
+    if world == 1:
+        assert error is not None
+        raise error
+    outcome = "no rank loaded any" if stage == "load" else "every rank put its own back"
+    message = (f"{what}: rank {failing} of {world} could not {stage} its devrng state, so "
+               f"{outcome}: {text}")
+    raise DevRNGError(message) from error
+
+
+# -- loading -----------------------------------------------------------------------------
+def load_ranked(state_dict: Mapping[str, Any], *, what: str, read: Callable[[Any], Any],
+                facts: Callable[[Any], tuple[int, int]],
+                prepare: Callable[[Any, Summary], tuple[Apply, str | None]]) -> None:
+    """Load one rank's entry, all ranks together: all of them, or none.
+
+    Args:
+        state_dict: This rank's ``{"devrng_rank_<r>": entry}``, as ``dcp.load`` filled it (an
+            entry that is ``None``, or a dict of ``None``, was not in the checkpoint).
+        what: The caller, for messages (``"RNGStreams.load_state_dict"``).
+        read: The entry to its plain state; raises ``DevRNGError`` if it is not one.
+        facts: A plain state's (world size it records or -1, fingerprint of its state).
+        prepare: Checks a plain state (this rank's own, or the lowest rank's if this rank has
+            none) against this process, changing nothing; returns the change and a warning
+            for every rank, or raises ``DevRNGError``.
+    """
+    rank, world = process_rank(), _group_world()
+    if world == 1:
+        rank = 0
+    (entry,) = state_dict.values()
+    found = not _absent(entry)
+    plain: Any = None
+    error: DevRNGError | None = None
+    saved_world, fingerprint = _NONE, _NONE
+    if found:
+        try:  # (another rank's entry, from a file of its own, is the object's to judge)
+            plain = read(entry)
+            saved_world, fingerprint = facts(plain)
+            saved_world = _NONE if saved_world < 0 else saved_world
+        except DevRNGError as err:
+            error = err
+    nobody = _NONE if found or error else rank
+    ok = found and not error
+    (source, highest_found, lowest_missing, highest_missing, bad, world_low, world_high,
+     print_low, print_high) = _reduce_min([
+        rank if ok else _NONE, -rank if ok else _NONE, nobody,
+        -nobody if nobody != _NONE else _NONE, rank if error else _NONE, saved_world,
+        -saved_world if saved_world != _NONE else _NONE,
+        fingerprint, -fingerprint if fingerprint != _NONE else _NONE])
+    if bad != _NONE:
+        _fail_everywhere(what, bad, error, rank, world, "load")
+    if source == _NONE:
+        raise DevRNGError(
+            f"{what}: no rank found its entry ('{PREFIX}<rank>') in the checkpoint: it holds no "
+            "devrng state under this key (saved without devrng, by another object, or by devrng "
+            "0.1, whose state DCP merged across ranks).")
+    if world_low != _NONE and world_low != -world_high:
+        raise DevRNGError(
+            f"{what}: the entries this job found were saved by runs of {world_low} and "
+            f"{-world_high} ranks; they do not come from one checkpoint.")
+    missing = None if lowest_missing == _NONE else (lowest_missing, -highest_missing)
+    borrowed = not found
+    if borrowed:
+        # Saved ranks 0..s-1 and this job's ranks from s on without an entry (a grown world):
+        # the rank at this rank's place in the saved layout; else the lowest that has one.
+        tail = -highest_found < lowest_missing
+        source = rank % lowest_missing if tail else source
+    if missing is not None:
+        payload = _send_entries(encode(plain) if found else b"", rank, source, missing,
+                                -highest_found, world)
+        if borrowed:
+            plain = decode(payload, f"the entry of rank {source}")
+    summary = Summary(rank, world, source if borrowed else rank, missing,
+                      None if world_low == _NONE else world_low, print_low == -print_high,
+                      borrowed)
+    apply, warning = None, None
+    try:
+        apply, warning = prepare(plain, summary)
+    except DevRNGError as err:
+        error = err
+    failed = _reduce_min([rank if error else _NONE])[0]
+    if failed != _NONE:
+        _fail_everywhere(what, failed, error, rank, world, "load")
+    assert apply is not None
+    with Undo(what) as undo:
+        try:
+            apply(undo)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except Exception as err:
+            error = err if isinstance(err, DevRNGError) else DevRNGError(
+                f"{what}: {type(err).__name__}: {err}")
+        failed = _reduce_min([rank if error else _NONE])[0]
+        if failed != _NONE:  # every rank puts back what it applied
+            _fail_everywhere(what, failed, error, rank, world, "apply")
+        if warning:
+            warn_and_log(warning, stacklevel=4)
+
+
+def _absent(entry: Any) -> bool:
+    """Whether an entry holds nothing (``load_planner()`` found no such key in the checkpoint)."""
+    if isinstance(entry, Mapping):
+        return all(v is None for v in entry.values())
+    return entry is None
