@@ -14,9 +14,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+from tests._internals import unregister_backend
 
 import devrng
-from devrng._backends.registry import unregister_backend
 
 HAS_XLA = importlib.util.find_spec("torch_xla") is not None
 HAS_TORCHAX = importlib.util.find_spec("torchax") is not None

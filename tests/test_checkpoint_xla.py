@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 import torch
 import torch.utils.checkpoint as tcp
+from tests._internals import DeviceRNGModule
 
 import devrng
-from devrng._backends.device_modules import DeviceRNGModule
 
 torch_xla = pytest.importorskip("torch_xla")
 xm = pytest.importorskip("torch_xla.core.xla_model")

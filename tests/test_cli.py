@@ -12,11 +12,16 @@ import pytest
 import torch
 from tests._fakes import MinimalBackend, registered
 from tests._helpers import fake_distribution, install_plugin, run_env, run_python
+from tests._internals import (
+    TESTED_TORCH,
+    environment_problems,
+    known_problems,
+    version_problems,
+    why_not_imported,
+)
 
 import devrng
 from devrng.__main__ import main
-from devrng._cli import environment_problems, known_problems, why_not_imported
-from devrng._versions import TESTED_TORCH, version_problems
 
 ROOT = Path(__file__).resolve().parent.parent
 

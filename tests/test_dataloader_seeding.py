@@ -8,11 +8,11 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from tests._internals import WorkerSeeding, worker_seeds
 from torch.utils.data import DataLoader
 
 import devrng
 from _datasets import INDEX, NORMAL, NUMPY, PYTHON, RANK, TORCH, UNIFORM, WORKER, RandomDraws
-from devrng._training import workers as _workers
 
 DRAWS = (TORCH, NUMPY, PYTHON, NORMAL, UNIFORM)
 
@@ -118,7 +118,7 @@ def test_worker_seeds_are_distinct_over_workers_epochs_and_ranks() -> None:
     for base in (0, 1, 2**40 + 3, 2**63 - 1):
         for worker in range(8):
             for rank in range(8):
-                torch_seed, python_seed, numpy_words = _workers.worker_seeds(
+                torch_seed, python_seed, numpy_words = worker_seeds(
                     base + worker, worker, rank)
                 seen.update((torch_seed, python_seed, tuple(numpy_words)))
     # torch, Python and NumPy seeds of every (base, worker, rank) are all different
@@ -170,7 +170,7 @@ def test_dataloader_kwargs_shape_and_generator() -> None:
         kwargs = handle.dataloader_kwargs()
     assert set(kwargs) == {"generator", "worker_init_fn"}
     init = kwargs["worker_init_fn"]
-    assert isinstance(init, _workers.WorkerSeeding) and init.rank is None and init.then is None
+    assert isinstance(init, WorkerSeeding) and init.rank is None and init.then is None
     assert init.generator is kwargs["generator"]  # which loader generator it belongs to
     torch.manual_seed(3)
     assert init(0) is None  # outside a worker: seed_worker's own seeding, nothing more
@@ -205,7 +205,7 @@ def test_simulated_process_group_rank_is_bound(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(torch.distributed, "get_rank", lambda group=None: 2)
     with devrng.deterministic(seed=1) as handle:
         init: Any = handle.dataloader_kwargs()["worker_init_fn"]
-    assert isinstance(init, _workers.WorkerSeeding)
+    assert isinstance(init, WorkerSeeding)
     assert init.rank == 2
     def draw_after(seeding: Any) -> torch.Tensor:
         torch.manual_seed(9)

@@ -15,9 +15,9 @@ import pytest
 import torch
 from tests._fakes import registered
 from tests._helpers import generator_states, set_environ
+from tests._internals import current_settings
 
 import devrng
-from devrng._training import determinism as _determinism
 
 CUBLAS = "CUBLAS_WORKSPACE_CONFIG"
 INDUCTOR_ENV = "TORCHINDUCTOR_DETERMINISTIC"
@@ -26,7 +26,7 @@ INDUCTOR_MODULE = "torch._inductor.config"  # torch's module that holds the swit
 
 def _inductor_switch_exists() -> bool:
     """Whether this torch has inductor's deterministic switch, as devrng's report says."""
-    return bool(_determinism.current_settings()["torch._inductor.config.deterministic"]
+    return bool(current_settings()["torch._inductor.config.deterministic"]
                 ["available"])
 
 
@@ -138,7 +138,7 @@ def test_with_block_restores_flags_env_and_rng() -> None:
     with devrng.deterministic(seed=3) as handle:
         assert flags() != before_flags
         torch.rand(5), random.random(), np.random.rand()
-        assert isinstance(handle, _determinism.DeterministicHandle)
+        assert isinstance(handle, devrng.DeterministicHandle)
     assert flags() == before_flags
     assert before_rng == rng()
 
@@ -297,13 +297,13 @@ def test_report_lists_every_setting_with_previous_values() -> None:
 
 def test_current_settings_reads_without_changing() -> None:
     before = flags(), rng()
-    settings = _determinism.current_settings()
+    settings = current_settings()
     assert flags() == before[0]
     assert before[1] == rng()
     assert settings["torch.backends.cudnn.deterministic"]["value"] is False
     assert settings["torch.backends.cudnn.deterministic"]["target"] is True
     with devrng.deterministic() as handle:
-        assert set(handle.report()) - set(_determinism.current_settings()) == {"seed"}
+        assert set(handle.report()) - set(current_settings()) == {"seed"}
 
 
 def test_missing_switch_is_reported_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -396,7 +396,7 @@ def test_simulated_ipex_onednn_switch(monkeypatch: pytest.MonkeyPatch) -> None:
     ipex.xpu = xpu  # type: ignore[attr-defined]
     for name, mod in ((ipex.__name__, ipex), (xpu.__name__, xpu), (det.__name__, det)):
         monkeypatch.setitem(sys.modules, name, mod)
-    before = _determinism.current_settings()["backend.xpu.deterministic"]
+    before = current_settings()["backend.xpu.deterministic"]
     assert before["available"] is True
     assert before["value"] is False
     with devrng.deterministic() as handle:
@@ -408,7 +408,7 @@ def test_simulated_ipex_onednn_switch(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_without_ipex_the_xpu_switch_is_unavailable() -> None:
     if "intel_extension_for_pytorch" in sys.modules:
         pytest.skip("IPEX is loaded in this process")
-    entry = _determinism.current_settings()["backend.xpu.deterministic"]
+    entry = current_settings()["backend.xpu.deterministic"]
     assert entry["available"] is False
 
 

@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 import torch
 import torch.utils.checkpoint as tcp
+from tests._fakes import HAS_XLA
+from tests._internals import DeviceRNGModule, registered_device_types, unregister_backend
 
 import devrng
-from devrng._backends import device_modules, registry
-from devrng._backends.device_modules import DeviceRNGModule
 
 TORCH_FORK_RNG = torch.random.fork_rng  # torch's own, captured before any patching
 
@@ -98,7 +98,7 @@ def _add_backend(name: str, backend: Any) -> None:
 
 
 def _drop_backend(name: str) -> None:
-    registry.unregister_backend(name)
+    unregister_backend(name)
 
 
 @pytest.fixture
@@ -132,7 +132,7 @@ def test_patch_registers_module_and_unpatch_removes_it_simulated(ve: IntSeedBack
     assert sys.modules["torch.ve"] is module
     assert torch.get_device_module("ve") is module
     assert module._initialized is True
-    assert "ve" in device_modules.registered_types()
+    assert "ve" in registered_device_types()
 
     devrng.unpatch_torch()
     devrng.unpatch_torch()  # idempotent
@@ -174,7 +174,7 @@ def test_backend_for_a_name_torch_does_not_know_gets_no_module_simulated() -> No
         _drop_backend("mydev")
 
 
-@pytest.mark.skipif("torch_xla" in sys.modules or registry.package_installed("torch_xla"),
+@pytest.mark.skipif(HAS_XLA,
                     reason="torch_xla is installed here: test_checkpoint_xla.py covers it")
 def test_no_xla_module_without_torch_xla() -> None:
     devrng.patch_torch()

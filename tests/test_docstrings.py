@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 import torch
+from tests._internals import registry, unregister_backend
 
 import devrng
-from devrng._backends.registry import registry, unregister_backend
 
 HEAVY = ("torch_xla", "torchax")
 

@@ -867,7 +867,7 @@ def test_training_rng_states_of_odd_types_get_sentences(change: Any, message: st
 
 
 def test_per_rank_state_of_the_wrong_shape_gets_a_sentence() -> None:
-    from devrng.integrations._per_rank import PerRankState
+    from tests._internals import PerRankState
 
     state = PerRankState(devrng.TrainingRNG(seed=1), owner="DevRNGCallback")
     for bad, shown in [({"ranks": {0: {}}}, "the keys 'ranks'"), ({1: 0, "a": 1}, "the keys 'a', 1"),
@@ -1188,8 +1188,8 @@ def _trials(inject: str, op: Callable[[], Any], reset: Callable[[], Any],
             *backends: FaultyBackend) -> Iterator[Any]:
     if inject == "every line":
         return at_every_line(op, reset)
-    from devrng._backends import host as _host
-    from devrng._generators import fork as _fork
+    from tests._internals import fork_module as _fork
+    from tests._internals import host as _host
 
     setters: list[tuple[Any, str]] = [(_host, "set_cpu_state"), (_fork, "set_cpu_state"),
                                       (_host, "seed_cpu"),
@@ -1662,7 +1662,7 @@ def test_devrngs_sigint_handler_is_installed_only_over_pythons_own() -> None:
         import devrng                       # a program's own handler stays
         assert signal.getsignal(signal.SIGINT) is mine
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        from devrng._base import sigint
+        from tests._internals import sigint
         sigint.install()                   # over Python's own: devrng's
         assert sigint.installed()
         try:

@@ -7,9 +7,9 @@ from collections import OrderedDict, namedtuple
 import pytest
 import torch
 from tests._fakes import fake_tensor
+from tests._internals import collect_devices
 
 from devrng import infer_device_types
-from devrng._generators.infer import collect_devices
 
 fake = fake_tensor
 

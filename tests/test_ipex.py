@@ -22,12 +22,13 @@ import torch
 
 ipex = pytest.importorskip("intel_extension_for_pytorch")
 
+from tests._internals import current_settings  # noqa: E402
+
 import devrng  # noqa: E402
 from devrng.__main__ import main  # noqa: E402
-from devrng._training import determinism  # noqa: E402
 
 lazy_init = importlib.import_module("intel_extension_for_pytorch.xpu.lazy_init")
-xpu_backend = importlib.import_module("devrng._backends.xpu").backend
+xpu_backend = devrng.get_backend("xpu")
 
 pytestmark = pytest.mark.skipif(
     ipex._C._has_xpu() or torch.xpu.is_available(),
@@ -95,7 +96,7 @@ def test_seeding_and_forking_never_touch_ipex(ipex_queues: Any) -> None:
 
 
 def test_deterministic_with_ipex_imported_sets_and_restores() -> None:
-    before = determinism.current_settings()
+    before = current_settings()
     entry = before["backend.xpu.deterministic"]
     # IPEX is loaded, but its CPU build has no oneDNN switch: nothing to set, and said so.
     assert entry["available"] is False
@@ -105,7 +106,7 @@ def test_deterministic_with_ipex_imported_sets_and_restores() -> None:
         assert report["torch.backends.mkldnn.deterministic"]["value"] is True
         assert report["backend.xpu.deterministic"]["available"] is False
         assert torch.are_deterministic_algorithms_enabled()
-    after = determinism.current_settings()
+    after = current_settings()
     assert {k: v["value"] for k, v in after.items()} == {k: v["value"] for k, v in before.items()}
 
 

@@ -15,11 +15,10 @@ from typing import Any
 import pytest
 import torch
 from tests._helpers import extra_install_command
+from tests._internals import COMPILERS_PACKAGE, auto_compiler, nth_seed
 
 import devrng
 from devrng import DevRNGError
-from devrng._base.seeds import nth_seed
-from devrng._jit.seeded import auto_compiler
 
 SEEDS = (11, 12, 11, 13, 12)
 BACKENDS = ("eager", "inductor")
@@ -313,7 +312,7 @@ def test_missing_package_gives_the_install_hint(monkeypatch: pytest.MonkeyPatch,
                                                 package: str, extra: str) -> None:
     monkeypatch.setitem(sys.modules, package, None)  # makes `import package` fail
     for mod in ("torch_xla", "openxla", "torchax"):
-        monkeypatch.delitem(sys.modules, f"devrng._jit.compilers.{mod}", raising=False)
+        monkeypatch.delitem(sys.modules, f"{COMPILERS_PACKAGE}.{mod}", raising=False)
     with pytest.raises(ImportError, match=rf"backend='{backend}'\) needs .*devrng's '{extra}' extra\) "
                                           rf"with: {re.escape(extra_install_command(extra))}$"):
         devrng.seeded_jit(_dropout, backend=backend)

@@ -21,11 +21,11 @@ import pytest
 import torch
 from tests import _threefry_ref as ref
 from tests._helpers import ROOT, run_python
-
-from devrng._portable import threefry
-from devrng._portable.threefry_cpu import (
+from tests._internals import (
     BITS,
     EXPONENTIAL,
+    KERNEL_LOADER,
+    KERNEL_MODULE,
     KNOWN_COUNT,
     KNOWN_DIGESTS,
     KNOWN_START,
@@ -37,14 +37,15 @@ from devrng._portable.threefry_cpu import (
     WORDS,
     kernel,
     status,
+    threefry,
 )
 
 SOURCE = ROOT / "src" / "devrng" / "_portable" / "_threefry_kernel.c"
 SUFFIX = sysconfig.get_config_var("EXT_SUFFIX")
 # What a child prints: whether the kernel is used, doctor's sentence, and a portable draw.
-PROBE = """
+PROBE = f"""
 import torch, devrng
-from devrng._portable.threefry_cpu import status
+from {KERNEL_LOADER} import status
 with devrng.portable(1):
     drawn = torch.rand(5).tolist()
 print(status()[0], repr(status()[1]), drawn, sep="\\n")
@@ -149,7 +150,7 @@ def test_without_the_kernel_the_same_numbers_come_from_tensor_ops(how: str) -> N
         lines = _probe({"DEVRNG_CPU_KERNEL": "0"})
         assert "switched off by DEVRNG_CPU_KERNEL=0" in lines[1]
     else:  # as after an install without a compiler: the module cannot be imported
-        lines = _probe(prelude="import sys; sys.modules['devrng._portable._threefry_kernel'] = None\n")
+        lines = _probe(prelude=f"import sys; sys.modules[{KERNEL_MODULE!r}] = None\n")
         assert "not available (devrng was installed without it)" in lines[1]
         assert "C compiler" in lines[1]
     assert lines[0] == "False"
@@ -284,7 +285,8 @@ def test_a_damaged_kernel_is_refused_with_a_sentence_and_the_numbers_stay_right(
         tmp_path: Path, change: str, said: str) -> None:
     folder = _damaged_kernel(tmp_path, change)
     # The damaged build is found first, as if it had replaced the installed one.
-    out = run_python(f"import devrng._portable as p; p.__path__.insert(0, {str(folder)!r})\n" + PROBE)
+    out = run_python("from tests._internals import portable_package as p\n"
+                     f"p.__path__.insert(0, {str(folder)!r})\n" + PROBE)
     assert out.returncode == 0, out.stderr
     used, why, drawn = out.stdout.strip().splitlines()
     assert used == "False"

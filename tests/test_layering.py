@@ -169,6 +169,87 @@ def test_tests_reach_no_private_name_of_devrng(path: Path) -> None:
     assert not bad, f"{path} uses devrng's private names: {bad}"
 
 
+# The one test file that may name devrng's private modules (each once, saying why), and this
+# one, which reads devrng's source by path and plants violations below.
+INTERNALS = Path("tests/_internals.py")
+PRIVATE_MODULES_ALLOWED = {INTERNALS, Path("tests/test_layering.py")}
+
+
+def _private_module(dotted: str) -> bool:
+    """``devrng._cli``, ``devrng._portable.threefry``, ``devrng.__main__._parser``: a part after
+    ``devrng`` that starts with an underscore and is no dunder (``__main__``, ``__all__``)."""
+    parts = dotted.split(".")
+    return parts[0] == "devrng" and any(
+        p.startswith("_") and not (p.startswith("__") and p.endswith("__")) for p in parts[1:])
+
+
+def private_modules_named(source: str) -> list[str]:
+    """The private devrng modules (and private names of ``devrng.__main__``) that ``source``
+    imports or names in a string (``importlib.import_module``, ``sys.modules[...]``, code a
+    child runs); docstrings may mention them."""
+    tree = ast.parse(source)
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef,
+                                       ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr)
+                  and isinstance(node.body[0].value, ast.Constant)}
+    bad: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            named = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            named = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+        elif (isinstance(node, ast.Constant) and isinstance(node.value, str)
+              and id(node) not in docstrings):
+            named = re.findall(r"\bdevrng(?:\.\w+)+", node.value)
+        else:
+            continue
+        bad += [(node.lineno, name) for name in named if _private_module(name)]
+    return [f"line {line}: {name}" for line, name in sorted(dict.fromkeys(bad))]
+
+
+@pytest.mark.parametrize("path", sorted(set(TESTS) - PRIVATE_MODULES_ALLOWED, key=str), ids=str)
+def test_tests_reach_private_modules_only_through_internals(path: Path) -> None:
+    """White-box tests take what they need from tests/_internals.py, which says why; every
+    other test goes through devrng's public API."""
+    bad = private_modules_named(TESTS[path])
+    assert not bad, (f"{path} names private devrng modules: {bad}; use the public API, or "
+                     f"add the name to {INTERNALS} with why a test needs it")
+
+
+PLANTED = '''"""Docstrings may mention devrng._portable.threefry."""
+import importlib, sys
+import devrng
+from devrng.__main__ import main
+from devrng import testing, __version__
+x = devrng.__all__, "devrng.testing", r"devrng\\._[a-z]"
+from devrng._portable import threefry
+from devrng import _cli
+import devrng._versions as v
+from devrng.__main__ import _parser
+b = importlib.import_module("devrng._backends.xpu").backend
+sys.modules["devrng._portable._threefry_kernel"] = None
+def f(mod):
+    """Nor here: devrng._jit."""
+    sys.modules.pop(f"devrng._jit.compilers.{mod}")
+    return "import torch; from devrng._base import sigint"
+'''
+
+
+def test_the_private_module_check_sees_violations(tmp_path: Path) -> None:
+    assert [v.split(": ")[1] for v in private_modules_named(PLANTED)] == [
+        "devrng._portable", "devrng._portable.threefry", "devrng._cli", "devrng._versions",
+        "devrng.__main__._parser", "devrng._backends.xpu", "devrng._portable._threefry_kernel",
+        "devrng._jit.compilers", "devrng._base"]
+    # A real test file, copied, with one private import planted at its end.
+    clean = TESTS[Path("tests/test_infer.py")]
+    assert not private_modules_named(clean)
+    copy = tmp_path / "test_infer.py"
+    copy.write_text(clean + "from devrng._generators.infer import collect_devices\n")
+    assert [v.split(": ")[1] for v in private_modules_named(copy.read_text())] == [
+        "devrng._generators.infer", "devrng._generators.infer.collect_devices"]
+
+
 def test_every_lock_is_fork_safe() -> None:
     """A plain threading lock held by another thread at os.fork() (DataLoader workers) stays
     held in the child forever; devrng's locks are devrng._base.locks.ForkSafeLock."""
@@ -242,24 +323,29 @@ def string_module_paths() -> list[tuple[str, str]]:
     return found
 
 
+def names_nothing(path: str) -> str | None:
+    """Why ``"devrng.x.y"`` / ``"devrng.x.y:attr"`` names no module or attribute, read from the
+    source without importing it; None when it names one."""
+    module, _, attr = path.partition(":")
+    relative = Path(*module.split(".")[1:])
+    file = SRC / relative.with_suffix(".py")
+    package = SRC / relative / "__init__.py"
+    source = file if file.exists() else package if package.exists() else None
+    if source is None:
+        # A C extension built at install time: its source sits beside the package.
+        if not list((SRC / relative).parent.glob(f"{relative.name}.c")):
+            return f"{path!r} names no module"
+        return None
+    defined = rf"^(def|class) {attr}\b|^(\w+, )*{attr}\b.*="  # `A, B = ...` defines B too
+    if attr and not re.search(defined, source.read_text(), re.M):
+        return f"{path!r}: {module} defines no {attr}"
+    return None
+
+
 def test_module_paths_written_as_strings_name_real_modules_and_attributes() -> None:
     paths = string_module_paths()
     assert len(paths) >= 20  # the registry, the package face, the compilers, lazy loads
-    missing = []
-    for where, path in paths:
-        module, _, attr = path.partition(":")
-        relative = Path(*module.split(".")[1:])
-        file = SRC / relative.with_suffix(".py")
-        package = SRC / relative / "__init__.py"
-        source = file if file.exists() else package if package.exists() else None
-        if source is None:
-            # A C extension built at install time: its source sits beside the package.
-            if not list((SRC / relative).parent.glob(f"{relative.name}.c")):
-                missing.append(f"{where}: {path!r} names no module")
-            continue
-        if attr and not re.search(rf"^(def|class) {attr}\b|^{attr}\b.*=", source.read_text(),
-                                  re.M):
-            missing.append(f"{where}: {path!r}: {module} defines no {attr}")
+    missing = [f"{where}: {why}" for where, path in paths if (why := names_nothing(path))]
     assert not missing, "\n".join(missing)
 
 
@@ -291,3 +377,18 @@ def test_the_device_table_check_sees_violations() -> None:
         "line 1: key.device.type",
         "line 3: x.device.type", "line 3: torch.device(d).type"]
     assert device_type_reads(MODULES[DEVICE_TABLE])  # the table itself reads it, once
+
+
+def test_every_private_name_in_internals_is_real_and_used() -> None:
+    """tests/_internals.py lists what white-box tests need; an entry that no longer names
+    anything, or that no test uses, is stale."""
+    from tests import _internals
+
+    entries = {name: f"{module}:{attr}" if attr else module
+               for name, (module, attr) in _internals._PRIVATE.items()}
+    entries |= {"KERNEL_MODULE": _internals.KERNEL_MODULE,
+                "COMPILERS_PACKAGE": _internals.COMPILERS_PACKAGE,
+                "KERNEL_LOADER": _internals.KERNEL_LOADER}
+    assert [why for path in entries.values() if (why := names_nothing(path))] == []
+    others = "\n".join(source for path, source in TESTS.items() if path != INTERNALS)
+    assert [name for name in entries if not re.search(rf"\b{name}\b", others)] == []

@@ -14,8 +14,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
-
-from devrng._versions import MIN_TORCH, TESTED_TORCH, version_problems
+from tests._internals import MIN_TORCH, TESTED_TORCH, version_problems
 
 ROOT = Path(__file__).resolve().parent.parent
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())

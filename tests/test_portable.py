@@ -24,9 +24,9 @@ import torch
 import torch.nn.functional as F
 from tests import _threefry_ref as ref
 from tests._helpers import plain_state
+from tests._internals import threefry
 
 import devrng
-from devrng._portable import threefry
 
 CPU = torch.device("cpu")
 
@@ -490,12 +490,12 @@ NOT_FROM_A_GENERATOR = {
 def test_every_binding_of_a_random_aten_op_is_covered_or_refused() -> None:
     # A random op portable does not know would draw from the native generator without a
     # word; torch marks its random ops, so a new one in a new torch fails here.
-    from devrng._portable.ops import ENTRIES
+    from tests._internals import PORTABLE_OPS
 
     bindings = _random_aten_bindings()
     assert len(bindings) > 40
     missing = [name for name, f in bindings
-               if f not in ENTRIES and name not in NOT_FROM_A_GENERATOR]
+               if f not in PORTABLE_OPS and name not in NOT_FROM_A_GENERATOR]
     assert missing == []
 
 
@@ -827,16 +827,21 @@ def test_nested_streams_are_independent() -> None:
     assert torch.equal(a, want[0]) and torch.equal(b, want[1]) and outer.counter == 2
 
 
-def test_active_finds_the_innermost_stream() -> None:
-    from devrng._portable.rng import active
+def test_the_innermost_stream_answers_each_draw() -> None:
+    def draw() -> torch.Tensor:  # the same numbers each time torch's own generator answers
+        torch.manual_seed(5)
+        return torch.rand(3)
 
-    assert active() is None
+    native = draw()
+    with devrng.portable(2):
+        first_of_2 = torch.rand(3)
     with devrng.portable(1) as a:
-        assert active() is a
+        assert not torch.equal(draw(), native) and a.counter == 1
         with devrng.portable(2) as b:
-            assert active() is b
-        assert active() is a
-    assert active() is None
+            assert torch.equal(draw(), first_of_2) and (a.counter, b.counter) == (1, 1)
+        draw()
+        assert (a.counter, b.counter) == (2, 1)
+    assert torch.equal(draw(), native) and (a.counter, b.counter) == (2, 1)
 
 
 def test_repr_names_seed_counter_and_strictness() -> None:

@@ -239,7 +239,7 @@ def test_a_run_resumed_on_another_world_size_continues_exactly(
 
 
 def test_partial_placements_are_refused_with_a_sentence() -> None:
-    from devrng._portable import dtensor as _portable_dtensor
+    from tests._internals import check_placements
 
     class Partial:
         def __repr__(self) -> str:
@@ -250,11 +250,11 @@ def test_partial_placements_are_refused_with_a_sentence() -> None:
 
     with pytest.raises(devrng.DevRNGError, match=r"Shard and Replicate; this one has "
                                                  r"Partial\(sum\)"):
-        _portable_dtensor.check_placements(Fake())  # type: ignore[arg-type]
+        check_placements(Fake())  # type: ignore[arg-type]
 
 
 def test_shard_counters_index_the_full_tensor() -> None:
-    from devrng._portable.dtensor import shard_counters
+    from tests._internals import shard_counters
 
     full = torch.arange(6 * 5).reshape(6, 5)
     got = shard_counters((6, 5), (2, 3), (3, 1), torch.device("cpu"))

@@ -71,7 +71,7 @@ def x64() -> Iterator[None]:
 @pytest.mark.parametrize("shape", [(7,), (3, 5), (2, 3, 4), (4096,)])
 def test_uniform_and_bits_equal_jax_for_the_stream_keys(seed: int, shape: tuple[int, ...]
                                                         ) -> None:
-    from devrng._portable import threefry
+    from tests._internals import threefry
 
     with devrng.portable(seed):
         u0 = torch.rand(shape)
@@ -174,7 +174,7 @@ def test_float64_normal_and_exponential_are_close_to_jax(x64: None) -> None:
 def test_dropout_ties_at_one_minus_p_are_dropped_on_xla_as_on_the_cpu_and_in_jax() -> None:
     # A uniform draw equal to float32(1 - p) is dropped (JAX compares in float32); XLA
     # compared the float32 draw with the Python float 0.9 in float64 and kept it.
-    from devrng._portable import threefry
+    from tests._internals import threefry
 
     n = 2**24 + 3
     u = threefry.Source(threefry.fold_in(threefry.seed_key(1), 0), torch.device("cpu")).uniform((n,), torch.float32)
@@ -443,9 +443,7 @@ def test_openxla_training_step_inside_portable_draws_eagers_masks() -> None:
 @pytest.mark.parametrize("shape", [(0,), (5,), (3, 7), (4096,)])
 def test_the_xla_computation_equals_the_reference_and_is_one_node(shape: tuple[int, ...]) -> None:
     from tests import _threefry_ref as ref
-
-    from devrng._portable import threefry
-    from devrng._portable.threefry_xla import xla_bits
+    from tests._internals import threefry, xla_bits
 
     key = threefry.fold_in(threefry.seed_key(11), 4)
     on_xla = threefry.key_tensor(key, XLA)

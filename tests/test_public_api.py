@@ -50,7 +50,7 @@ def test_import_and_cpu_fork_load_nothing_heavy() -> None:
 
 def test_devrng_warning_is_a_user_warning_also_logged_on_the_devrng_logger(
         caplog: pytest.LogCaptureFixture) -> None:
-    from devrng._base.errors import warn_and_log
+    from tests._internals import warn_and_log
 
     assert issubclass(devrng.DevRNGWarning, UserWarning)
     with caplog.at_level(logging.WARNING, logger="devrng"), \
@@ -62,7 +62,7 @@ def test_devrng_warning_is_a_user_warning_also_logged_on_the_devrng_logger(
 
 def test_the_devrng_logger_prints_nothing_unless_configured() -> None:
     out = run_python("import warnings\n"
-                     "from devrng._base.errors import warn_and_log\n"
+                     "from tests._internals import warn_and_log\n"
                      "warnings.simplefilter('ignore')\n"
                      "warn_and_log('x')\n")
     assert out.returncode == 0, out.stderr

@@ -11,31 +11,31 @@ from typing import Any
 
 import pytest
 import torch
-from tests._fakes import MinimalBackend
+from tests._fakes import HAS_XLA, MinimalBackend
 from tests._helpers import extra_install_command, install_plugin, run_python
+from tests._internals import registry, unregister_backend
 
 import devrng
-from devrng._backends import registry as _registry
 
 
 @pytest.fixture
 def clean_registry() -> Iterator[None]:
     """Backends a test registers are removed after it."""
-    before = set(_registry.registry)
+    before = set(registry)
     yield
-    for name in set(_registry.registry) - before:
-        _registry.unregister_backend(name)
+    for name in set(registry) - before:
+        unregister_backend(name)
 
 
 def test_builtin_names_are_registered() -> None:
-    assert {"cpu", "cuda", "xpu", "mps", "xla", "jax"} <= set(_registry.registry)
+    assert {"cpu", "cuda", "xpu", "mps", "xla", "jax"} <= set(registry)
     assert devrng.get_backend("cpu").device_count() == 1
     assert "cpu" in devrng.available_backends()
 
 
 def test_registry_view_is_read_only() -> None:
     with pytest.raises(TypeError):
-        _registry.registry["mine"] = MinimalBackend()  # type: ignore[index]
+        registry["mine"] = MinimalBackend()  # type: ignore[index]
 
 
 def test_register_object_and_refuse_a_taken_name(clean_registry: None) -> None:
@@ -70,10 +70,10 @@ def test_missing_package_gives_an_install_hint(clean_registry: None) -> None:
         devrng.get_backend("ghost")
 
 
-@pytest.mark.skipif("torch_xla" in sys.modules or _registry.package_installed("torch_xla"),
+@pytest.mark.skipif(HAS_XLA,
                     reason="checks the hint where torch_xla is absent (core env)")
 def test_missing_torch_xla_hint_names_the_extra() -> None:
-    _registry.unregister_backend("xla")  # back to the built-in lazy entry
+    unregister_backend("xla")  # back to the built-in lazy entry
     # devrng is not on a package index: the hint installs what its extra holds.
     with pytest.raises(ImportError, match=r"install it \(devrng's 'xla' extra\) with: "
                                           + re.escape(extra_install_command("xla")) + "$"):

@@ -13,12 +13,10 @@ from typing import Any
 import pytest
 import torch
 from tests._helpers import plain_state
+from tests._internals import WorkerSeeding, describe_loader, host
 from torch.utils.data import DataLoader, Dataset
 
 import devrng
-from devrng._backends import host
-from devrng._training import loaders as _loaders
-from devrng._training import workers as _workers
 
 
 class PerSample(Dataset[torch.Tensor]):
@@ -78,7 +76,7 @@ def test_a_tracked_loader_is_described_in_the_state() -> None:
                       "sampler_args": {"replacement": False, "num_samples": None},
                       "batch_sampler": "BatchSampler", "drop_last": False,
                       "dataset_length": 8, "epoch_length": 8}
-    assert _loaders.describe(loader) == record
+    assert describe_loader(loader) == record
     rng.load_state_dict(rng.state_dict())  # the same loader: nothing to warn about
 
 
@@ -168,7 +166,7 @@ def test_a_fingerprint_is_the_same_without_numpy(monkeypatch: pytest.MonkeyPatch
         samplers = [data.WeightedRandomSampler(weights, 8),
                     data.WeightedRandomSampler(weights[::2], 8),  # a view: its own values
                     data.SubsetRandomSampler([3, 1, 2])]
-        args = [_loaders.describe(DataLoader(range(50), sampler=s))["sampler_args"]
+        args = [describe_loader(DataLoader(range(50), sampler=s))["sampler_args"]
                 for s in samplers]
         return [a.get("weights", a.get("indices")) for a in args]
 
@@ -227,14 +225,14 @@ def test_another_number_of_workers_warns_unless_sample_rng_decides(
     two = DataLoader(PerSample(inside=True), batch_size=2, num_workers=2,
                      **rng.dataloader_kwargs())
     by_index(two)  # the workers run sample_rng, and say so through WorkerSeeding
-    assert _loaders.describe(two)["sample_rng"]
+    assert describe_loader(two)["sample_rng"]
     three = DataLoader(PerSample(inside=True), batch_size=2, num_workers=3,
                        **rng.dataloader_kwargs())
     assert resumed(two, three, caplog) == []
     plain_two = DataLoader(PerSample(inside=False), batch_size=2, num_workers=2,
                            **rng.dataloader_kwargs())
     by_index(plain_two)
-    assert not _loaders.describe(plain_two)["sample_rng"]
+    assert not describe_loader(plain_two)["sample_rng"]
     [message] = resumed(plain_two, three, caplog)
     assert "had num_workers=2 and has 3" in message and "devrng.sample_rng(index)" in message
     [message] = resumed(two, DataLoader(PerSample(), batch_size=2), caplog)
@@ -313,7 +311,7 @@ def test_an_xla_device_loader_is_tracked_by_the_loader_it_feeds_from(
     inner = DataLoader(range(8), batch_size=4, shuffle=True, **rng.dataloader_kwargs())
     device_loader = MpDeviceLoader(inner, "xla:0")
     assert rng.track("loader", device_loader) is device_loader
-    assert _loaders.describe(device_loader) == _loaders.describe(inner)  # as trainers pass it
+    assert describe_loader(device_loader) == describe_loader(inner)  # as trainers pass it
     assert plain_state(rng.state_dict())["loaders"]["loader"]["batch_size"] == 4
     [message] = resumed(device_loader, MpDeviceLoader(DataLoader(range(8), batch_size=2),
                                                       "xla:0"), caplog)
@@ -323,12 +321,12 @@ def test_an_xla_device_loader_is_tracked_by_the_loader_it_feeds_from(
 def test_a_stateful_loader_without_a_generator_has_a_private_shuffle() -> None:
     stateful = pytest.importorskip("torchdata.stateful_dataloader")
     own = stateful.StatefulDataLoader(range(8), shuffle=True)
-    assert _loaders.describe(own)["private_shuffle"]
+    assert describe_loader(own)["private_shuffle"]
     rng = devrng.TrainingRNG(seed=0)
     ours = stateful.StatefulDataLoader(range(8), shuffle=True, **rng.dataloader_kwargs())
-    info = _loaders.describe(ours)
+    info = describe_loader(ours)
     assert not info["private_shuffle"] and info["devrng_seeded"] and info["stateful"]
-    assert not _loaders.describe(DataLoader(range(8), shuffle=True))["private_shuffle"]
+    assert not describe_loader(DataLoader(range(8), shuffle=True))["private_shuffle"]
 
 
 def _kept_epochs(workers: int, epochs: int, *, seeded: bool = True) -> list[dict[int, float]]:
@@ -360,7 +358,7 @@ def test_the_epoch_seed_reaches_persistent_workers() -> None:
     kwargs = rng.dataloader_kwargs()
     loader = DataLoader(PerSample(), batch_size=2, num_workers=2, persistent_workers=True,
                         **kwargs)
-    seeding: _workers.WorkerSeeding = kwargs["worker_init_fn"]
+    seeding: WorkerSeeding = kwargs["worker_init_fn"]
     first = by_index(loader)
     seeding.set_epoch_seed(12345)
     epoch_seeded = by_index(loader)
