@@ -155,6 +155,10 @@ def _patched(owner: Any, attr: str, value: Any) -> Iterator[None]:
 # --------------------------------------------------------------------------- real signals
 _CHILD = r'''
 import json, os, signal, sys, time, traceback
+# A suite started in the background (`cmd &` without job control) hands its children SIGINT
+# ignored, and Python then installs no handler: the child stands for a program at a terminal.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 __SETUP__
 real = signal.getsignal(signal.SIGINT)
 busy, signalled, dropped = True, False, 0
