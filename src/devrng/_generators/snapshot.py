@@ -13,7 +13,6 @@ interrupt anywhere puts every generator back. Seeding is in
 from __future__ import annotations
 
 import hashlib
-import io
 import os
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
@@ -35,6 +34,7 @@ from devrng._generators.saved import (
     check_header,
     check_host_parts,
     check_plain,
+    encode,
     parse_parts,
 )
 from devrng._generators.undo import DeviceState, Undo, read_devices
@@ -203,14 +203,13 @@ class RNGState:
         Examples:
             >>> devrng.get_rng_state().save("step_100.rng")
         """
-        # Serialised in memory first: torch's zip writer never holds the file, so an
-        # interrupt or a full disk cannot leave it writing to a file already closed. The
-        # call is guarded: a Ctrl-C raised at once inside torch.save was lost about once in
-        # 2,000 real interrupts; noted, it is raised at the end, after the file is in place.
+        # Serialised in memory first (``encode``): torch's zip writer never holds the file,
+        # so an interrupt or a full disk cannot leave it writing to a file already closed.
+        # The whole call is guarded: a Ctrl-C raised at once inside torch.save was lost
+        # about once in 2,000 real interrupts; noted, it is raised at the end, after the
+        # file is in place.
         try:
-            buffer = io.BytesIO()
-            torch.save(self.to_dict(), buffer)
-            data = buffer.getbuffer()
+            data = encode(self.to_dict())
             if is_file_like(f):
                 f.write(data)  # type: ignore[union-attr]
             else:
