@@ -18,8 +18,9 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from devrng._base import sigint
+from devrng._base.version import VERSION
 
-__version__ = "0.1.0"
+__version__ = VERSION
 
 # A Ctrl-C that lands inside a devrng call is raised when the call ends (devrng._base.sigint).
 sigint.install()
