@@ -11,6 +11,8 @@ run resumed in a fresh process continues bitwise as the uninterrupted run.
 from __future__ import annotations
 
 import copy
+import functools
+import hashlib
 import logging
 import os
 import re
@@ -57,6 +59,8 @@ from devrng._generators.snapshot import Restore, RNGState, get_rng_state, prepar
 from devrng._generators.undo import Undo
 from devrng._training.determinism import DeterministicHandle
 from devrng._training.determinism import deterministic as turn_on_determinism
+from devrng._training.digest import generator_fingerprint, state_fingerprint
+from devrng._training.flight import FLIGHT_VARIABLE, FlightRecord, global_sources
 from devrng._training.loaders import (
     describe,
     feeding_loader,
@@ -104,6 +108,11 @@ class TrainingRNG:
         strict: What ``load_state_dict`` does when called without ``strict``
             (as ``torch.distributed.checkpoint.load`` calls it): ``False``
             resumes on another world size or device count with a warning.
+        flight_record: A directory (``True``: the current one) where the run keeps
+            its flight record: what each optimizer step drew and consumed, so that a
+            resumed run verifies that it continues the interrupted one and names the
+            first step where it does not (``rng.flight``). Off by default;
+            ``DEVRNG_FLIGHT_RECORD`` in the environment turns it on, there.
 
     Raises:
         TypeError: ``seed`` is not an int, or a flag is not ``True`` / ``False``.
@@ -122,9 +131,11 @@ class TrainingRNG:
     """
 
     def __init__(self, seed: int | None = None, *, deterministic: bool = False,
-                 per_rank: bool = False, strict: bool = True) -> None:
+                 per_rank: bool = False, strict: bool = True,
+                 flight_record: str | os.PathLike[str] | bool | None = None) -> None:
         """Seed everything now; the arguments are described in ``help(devrng.TrainingRNG)``."""
         check_flags(deterministic=deterministic, per_rank=per_rank, strict=strict)
+        directory = _flight_directory(flight_record)
         seed, source = _resolve_seed(seed)
         self._seed = seed
         self._seed_chosen = source != _ENTROPY  # a checkpoint of another seed is then refused
@@ -134,6 +145,7 @@ class TrainingRNG:
         self._tracked: dict[str, Any] = {}
         self._loaders: dict[str, Any] = {}  # tracked DataLoaders, described in the state
         self.determinism: DeterministicHandle | None = None
+        self._flight: FlightRecord | None = None
         # All or nothing: the exported seed, the determinism switches and the seeding. (No
         # `with`: an interrupt after it, before the caller has this object, must undo too.)
         undo = Undo("TrainingRNG")
@@ -143,6 +155,11 @@ class TrainingRNG:
                 undo.push("deterministic()", self._drop_determinism)
                 self.determinism = turn_on_determinism()
             reseed(undo, self._process_seed(process_rank()))
+            if directory is not None:
+                self._flight = FlightRecord(
+                    directory, rank=process_rank(), sources=self._flight_sources,
+                    identity={"seed": seed, "rank": process_rank(), "world_size": world_size()})
+                undo.push("the flight record", self._flight.close)
             _logger.info("devrng.TrainingRNG: seed %d (%s)", seed, source)
             deliver()  # a Ctrl-C noted meanwhile: the caller never gets this object: undo below
         except BaseException as err:
@@ -159,6 +176,32 @@ class TrainingRNG:
     def seed(self) -> int:
         """The run's seed (after ``load_state_dict``, the seed of the run it resumed)."""
         return self._seed
+
+    @property
+    def flight(self) -> FlightRecord | None:
+        """The run's flight record (``flight_record=``), or None when it is off.
+
+        ``rng.flight.loss(loss)`` adds a step's loss to its line; after a resume,
+        ``rng.flight.verified`` is True once every step the interrupted run recorded
+        past the checkpoint matched.
+        """
+        return self._flight
+
+    def _flight_sources(self) -> list[tuple[str, Callable[[], Any]]]:
+        """What the flight record fingerprints at each step's start: the global generators,
+        the DataLoaders' and tracked generators, the samplers' own, devrng's seed streams."""
+        found = global_sources()
+        for name, g in self._generators.items():
+            found.append((name, functools.partial(generator_fingerprint, g)))
+        for name, loader in self._loaders.items():
+            sampler = getattr(loader, "sampler", None)
+            own = getattr(sampler, "generator", None)
+            if isinstance(own, torch.Generator) and own is not getattr(loader, "generator", None):
+                found.append((f"{name}.sampler", functools.partial(generator_fingerprint, own)))
+        for name, obj in self._tracked.items():
+            if type(obj).__name__ in _CHEAP_STATES:
+                found.append((name, functools.partial(_tracked_fingerprint, obj)))
+        return found
 
     def _process_seed(self, rank: int) -> int:
         return rank_seed(self._seed, rank) if self._per_rank else self._seed
@@ -258,6 +301,8 @@ class TrainingRNG:
             self._tracked[name] = obj
         if loader:
             self._loaders[name] = obj
+            if self._flight is not None:
+                self._flight.watch(name, obj)
         return given
 
     def portable(self, *, strict: bool = True) -> Any:
@@ -316,7 +361,7 @@ class TrainingRNG:
             state = own_entry(obj.state_dict())  # devrng's own objects: their plain state
             check_plain(state, f"the state of the tracked object {name!r}")
             tracked[name] = state
-        return ranked(encode({
+        state = ranked(encode({
             "format": _FORMAT,
             "version": _VERSION,
             "seed": self._seed,
@@ -327,6 +372,9 @@ class TrainingRNG:
             "tracked": tracked,
             "loaders": {name: describe(loader) for name, loader in self._loaders.items()},
         }))
+        if self._flight is not None:
+            self._flight.checkpoint(_flight_key(state))
+        return state
 
     def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool | None = None) -> None:
         """Put back everything ``state_dict()`` saved: all of it, or, on any error, nothing.
@@ -380,8 +428,10 @@ class TrainingRNG:
                 load_ranked(state_dict, what="TrainingRNG.load_state_dict", read=_read_entry,
                             facts=_facts, prepare=lambda plain, summary: self._prepare(
                                 plain, summary, strict))
-                return
-            load_training_state(self, state_dict, strict=strict)
+            else:
+                load_training_state(self, state_dict, strict=strict)
+            if self._flight is not None:
+                self._flight.resume(_flight_key(state_dict))
         finally:
             deliver()
 
@@ -643,6 +693,37 @@ def _materialise(obj: Any) -> None:
     ``state_dict()`` does that), so that it resets its generator before we set it."""
     if isinstance(obj, torch.utils.data.DataLoader) and hasattr(obj, "next_iter_state"):
         obj.state_dict()  # type: ignore[attr-defined]
+
+
+# Tracked objects whose state_dict() is a few ints: their fingerprints are cheap each step.
+_CHEAP_STATES = frozenset({"SeededFunction", "PortableRNG"})
+
+
+def _tracked_fingerprint(obj: Any) -> Any:
+    return state_fingerprint(own_entry(obj.state_dict()))
+
+
+def _flight_key(state_dict: Any) -> str:
+    """What the flight record knows a checkpoint by: the digest of this rank's saved bytes."""
+    entry = next(iter(state_dict.values())) if is_ranked(state_dict) else None
+    data = bytes(entry) if isinstance(entry, (bytes, bytearray)) else repr(
+        sorted(map(str, state_dict))).encode()
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
+def _flight_directory(value: Any) -> str | None:
+    """Where ``TrainingRNG(flight_record=value)`` keeps its record (None: no record)."""
+    forced = os.environ.get(FLIGHT_VARIABLE, "").strip()
+    if forced:
+        return forced
+    if value is None or value is False:
+        return None
+    if value is True:
+        return os.getcwd()
+    if isinstance(value, (str, os.PathLike)) and os.fspath(value):
+        return os.fspath(value)
+    raise TypeError(f"TrainingRNG(flight_record=...) takes a directory (a str or path), True "
+                    f"(the current directory) or None, not {short_repr(value)}.")
 
 
 def _resolve_seed(seed: int | None) -> tuple[int, str]:
