@@ -186,7 +186,7 @@ def test_version_and_help_do_not_import_torch() -> None:
             "print('torch imported:', 'torch' in sys.modules)\n")
     out = run_python(code)
     assert out.returncode == 0, out.stderr
-    assert "devrng 0.1.0" in out.stdout
+    assert f"devrng {devrng.__version__}" in out.stdout
     assert out.stdout.strip().endswith("torch imported: False")
 
 
