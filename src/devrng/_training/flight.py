@@ -585,8 +585,12 @@ def explain(theirs: Mapping[str, Any], their_names: list[str], ours: Mapping[str
     Examples:
         >>> from devrng._training.flight import explain
         >>> a = {"s": 7, "g": ["0a", "0b"], "n": 1, "b": "c1", "i": "d1"}
-        >>> explain(a, ["cpu", "numpy"], dict(a, b="c2"), ["cpu", "numpy"])[:60]
+        >>> explain(a, ["cpu", "numpy"], dict(a, b="c2"), ["cpu", "numpy"])[:59]
         "step 7: the batch's indices match and its content does not:"
+        >>> explain(a, ["cpu", "numpy"], dict(a, g=["0a", "0c"]), ["cpu", "numpy"])[:56]
+        "step 7: at the step's start the generator numpy differed"
+        >>> explain(a, ["cpu", "numpy"], a, ["cpu", "numpy"]) is None
+        True
     """
     step = ours.get("s")
     where = f"step {step:,}" if isinstance(step, int) else "a step"
