@@ -175,7 +175,10 @@ def _compare(straight: dict[int, dict[str, Any]], resumed: dict[int, dict[str, A
         problem = _first_difference(reference, attempts[stopped_attempt], 1, checkpoint)
         if problem is not None:
             _out(f"{label}the run is not reproducible from its seed: two runs differ before any "
-                 f"resume, at {problem}")
+                 f"resume, at {problem}. Two runs of the script from one seed must agree before "
+                 "a resume can: seed before the model is built (devrng.TrainingRNG or "
+                 "devrng.manual_seed at the top of the script; the integrations' callbacks made "
+                 "before the model), and turn on devrng.deterministic()")
             exact = False
             continue
         resumed_steps = after[-1]["steps"]

@@ -53,6 +53,7 @@ from devrng._training.digest import (
     resolve,
     state_fingerprint,
 )
+from devrng._training.loaders import feeding_loader
 
 __all__ = ["FLIGHT_VARIABLE", "MAX_STEPS_VARIABLE", "STOP_VARIABLE", "FlightRecord", "explain",
            "global_sources", "read_record", "record_path"]
@@ -117,8 +118,10 @@ class FlightRecord:
         sources: The generators to fingerprint, as ``(name, read)`` pairs (called at
             each step's start: what the run tracks may grow).
         hooked: True when a trainer integration says which batch a step consumes
-            (``consume``); False when every batch a tracked loader delivers in the main
-            thread is the step's (a plain loop).
+            (``consume``, ``watch_model``); False when every batch a tracked loader
+            delivers in the main thread is the step's (a plain loop). Settable until
+            the first step.
+        log: Also say what the record finds here (a trainer's logger).
     """
 
     def __init__(self, directory: str | os.PathLike[str], *, rank: int,
@@ -131,8 +134,8 @@ class FlightRecord:
         self.step = 0  # optimizer steps completed (after a resume: counted from the checkpoint's)
         self.identity = dict(identity)
         self._sources = sources
-        self._hooked = hooked
-        self._log = log
+        self.hooked = hooked
+        self.log = log
         self._pid = os.getpid()
         self._lock = ForkSafeLock()
         self._fd: int | None = None
@@ -149,6 +152,7 @@ class FlightRecord:
         self._stop_after = _int_variable(STOP_VARIABLE)
         self._max_steps = _int_variable(MAX_STEPS_VARIABLE)
         self._watched: dict[str, _Watched] = {}
+        self._model_hooks: list[Any] = []
         self._write({"k": "run", "v": _FORMAT, "a": self.attempt, "id": self.identity,
                      "pid": self._pid})
         ref = weakref.ref(self)
@@ -158,7 +162,12 @@ class FlightRecord:
 
     # -- what a step started from and consumed ----------------------------------------------
     def watch(self, name: str, loader: Any) -> None:
-        """See the batches ``loader`` (a ``torch.utils.data.DataLoader``) delivers."""
+        """See the batches ``loader`` (a ``torch.utils.data.DataLoader``, or a trainer's or
+        device's loader feeding from one) delivers."""
+        loader = feeding_loader(loader)
+        # accelerate's prepared loaders iterate a DataLoader they keep (base_dataloader).
+        loader = vars(loader).get("base_dataloader", loader) if hasattr(loader, "__dict__") \
+            else loader
         if name not in self._watched and isinstance(loader, torch.utils.data.DataLoader) \
                 and "_get_iterator" not in loader.__dict__:  # (not already watched)
             self._watched[name] = _Watched(self, name, loader)
@@ -172,20 +181,42 @@ class FlightRecord:
                 self._stop("stop", f"{STOP_VARIABLE}={self._stop_after}")
             self._start = self._fingerprints()
 
-    def consume(self, batch: Any = None, *, loader: str | None = None) -> None:
-        """The step takes its next batch (a trainer integration's hook): the oldest one a
-        watched loader delivered, or ``batch`` itself when no watched loader delivered one."""
+    def consume(self, batch: Any, *, loader: str | None = None) -> None:
+        """The step takes ``batch`` (a trainer integration's hook says which): its content is
+        digested as the step sees it, and its indices are those of the oldest batch a
+        watched loader (``loader``, or any) delivered and no step took yet."""
         with self._lock:
             self.begin_step()
-            names = [loader] if loader is not None else list(self._watched)
-            taken = False
-            for name in names:
-                watched = self._watched.get(name)
+            delivered = None
+            for name in [loader] if loader is not None else list(self._watched):
+                watched = self._watched.get(name)  # type: ignore[arg-type]
                 if watched is not None and watched.delivered:
-                    self._batches.append(watched.delivered.popleft())
-                    taken = True
-            if not taken and batch is not None:
-                self._batches.append((None, batch_digest(batch), None, ""))
+                    delivered = watched.delivered.popleft()
+                    break
+            indices, _, position, name = delivered or (None, None, None, "")
+            self._batches.append((indices, batch_digest(batch), position, name))
+
+    def watch_model(self, module: torch.nn.Module) -> None:
+        """Each forward of ``module`` in training mode is a batch the step consumes (its
+        inputs), and a ``.loss`` in what it returns is the step's loss: for trainers whose
+        hooks do not see the batch (HF ``Trainer``, accelerate)."""
+        ref = weakref.ref(self)
+
+        def before(module: torch.nn.Module, args: Any, kwargs: Any) -> None:
+            record = ref()
+            if record is not None and module.training:
+                record.consume((args, kwargs))
+
+        def after(module: torch.nn.Module, args: Any, output: Any) -> None:
+            record = ref()
+            loss = output.get("loss") if isinstance(output, Mapping) \
+                else getattr(output, "loss", None)
+            if record is not None and module.training and isinstance(loss, torch.Tensor) \
+                    and loss.numel() == 1:
+                record.loss(loss)
+
+        self._model_hooks += [module.register_forward_pre_hook(before, with_kwargs=True),
+                              module.register_forward_hook(after)]
 
     def loss(self, value: Any) -> None:
         """Add the loss of the step under way to its line (a float or a tensor; a tensor on
@@ -313,6 +344,8 @@ class FlightRecord:
         with self._lock:
             self.flush()
             self._hook.remove()
+            for handle in self._model_hooks:
+                handle.remove()
             for watched in self._watched.values():
                 watched.unwatch()
             self._watched.clear()
@@ -363,8 +396,8 @@ class FlightRecord:
             message = (f"devrng flight record: the resumed run differs from the interrupted one "
                        f"at {problem}. Every step before it matched.")
             warn_and_log(message, stacklevel=2)
-            if self._log is not None:
-                self._log(message)
+            if self.log is not None:
+                self.log(message)
         elif not self._expected and self._verified is not None:
             first, last = self._verified
             self._say(f"resume verified: steps {first:,} to {last:,} drew and consumed exactly "
@@ -372,8 +405,8 @@ class FlightRecord:
 
     def _say(self, message: str, level: int = logging.INFO) -> None:
         _logger.log(level, "devrng flight record: %s.", message)
-        if self._log is not None:
-            self._log(f"devrng flight record: {message}.")
+        if self.log is not None:
+            self.log(f"devrng flight record: {message}.")
 
     # -- fingerprints -------------------------------------------------------------------------------
     def _fingerprints(self) -> dict[str, Any]:
@@ -687,7 +720,7 @@ class _Watched:
             iterator = ref()
             record = watched.record()
             main = threading.current_thread() is threading.main_thread()
-            plain = record is not None and not record._hooked and main
+            plain = record is not None and not record.hooked and main
             if plain:
                 had = record._start  # type: ignore[union-attr]
                 record.begin_step()  # type: ignore[union-attr]
@@ -716,7 +749,8 @@ class _Watched:
             for k in [k for k in self.indices if k < number]:
                 del self.indices[k]
         position = getattr(it, "_num_yielded", None)
-        entry = (indices, batch_digest(data), position, self.name)
+        # A step a trainer's hook feeds is digested as the step sees it (consume).
+        entry = (indices, batch_digest(data) if plain else None, position, self.name)
         with record._lock:
             if plain:
                 record._batches.append(entry)
@@ -725,6 +759,7 @@ class _Watched:
 
     def new_pass(self) -> None:
         self.indices.clear()
+        self.delivered.clear()  # a new iterator: what the last one delivered ahead is dropped
         self.yielded = 0
         self.offset = 0
 

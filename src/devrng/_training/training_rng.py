@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import hashlib
 import logging
 import os
 import re
@@ -71,7 +70,7 @@ from devrng._training.loaders import (
 from devrng._training.workers import dataloader_kwargs
 
 __all__ = ["TrainingRNG", "generator_states", "load_training_state", "set_generator_states",
-           "tracked_loaders"]
+           "start_flight_record", "tracked_loaders"]
 
 _FORMAT = "devrng.TrainingRNG"
 _VERSION = 2
@@ -156,10 +155,8 @@ class TrainingRNG:
                 self.determinism = turn_on_determinism()
             reseed(undo, self._process_seed(process_rank()))
             if directory is not None:
-                self._flight = FlightRecord(
-                    directory, rank=process_rank(), sources=self._flight_sources,
-                    identity={"seed": seed, "rank": process_rank(), "world_size": world_size()})
-                undo.push("the flight record", self._flight.close)
+                undo.push("the flight record", self._stop_flight)
+                start_flight_record(self, directory)
             _logger.info("devrng.TrainingRNG: seed %d (%s)", seed, source)
             deliver()  # a Ctrl-C noted meanwhile: the caller never gets this object: undo below
         except BaseException as err:
@@ -186,6 +183,11 @@ class TrainingRNG:
         past the checkpoint matched.
         """
         return self._flight
+
+    def _stop_flight(self) -> None:
+        if self._flight is not None:
+            self._flight.close()
+            self._flight = None
 
     def _flight_sources(self) -> list[tuple[str, Callable[[], Any]]]:
         """What the flight record fingerprints at each step's start: the global generators,
@@ -361,7 +363,7 @@ class TrainingRNG:
             state = own_entry(obj.state_dict())  # devrng's own objects: their plain state
             check_plain(state, f"the state of the tracked object {name!r}")
             tracked[name] = state
-        state = ranked(encode({
+        plain = {
             "format": _FORMAT,
             "version": _VERSION,
             "seed": self._seed,
@@ -371,9 +373,10 @@ class TrainingRNG:
             "generators": {name: g.get_state() for name, g in self._generators.items()},
             "tracked": tracked,
             "loaders": {name: describe(loader) for name, loader in self._loaders.items()},
-        }))
+        }
+        state = ranked(encode(plain))
         if self._flight is not None:
-            self._flight.checkpoint(_flight_key(state))
+            self._flight.checkpoint(_flight_key(plain))
         return state
 
     def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool | None = None) -> None:
@@ -430,8 +433,6 @@ class TrainingRNG:
                                 plain, summary, strict))
             else:
                 load_training_state(self, state_dict, strict=strict)
-            if self._flight is not None:
-                self._flight.resume(_flight_key(state_dict))
         finally:
             deliver()
 
@@ -540,6 +541,7 @@ class _Loading:
             self.restore = prepare_restore(state, fit)
         self.saved_world: int = data["world_size"]
         self.records = data.get("loaders")
+        self.key = _flight_key(data)
 
     def fail(self, problem: str) -> DevRNGError:
         return DevRNGError(f"TrainingRNG.load_state_dict: {problem}.{self.hint}")
@@ -653,6 +655,8 @@ class _Loading:
                          + "; ".join(self.skipped) + ".", stacklevel=4)
         warn_on_resume(resume_problems(self.saved_world, self.records, rng._loaders),
                        stacklevel=4)
+        if rng._flight is not None:  # the steps from here are compared with the saved run's
+            rng._flight.resume(self.key)
 
 
 def _read_entry(entry: Any) -> Any:
@@ -668,6 +672,24 @@ def _facts(plain: Mapping[str, Any]) -> tuple[int, int]:
     """The world size a plain state records (-1: none) and its run's seed, hashed."""
     world = plain.get("world_size")
     return (world if type(world) is int else -1), identity_of(plain.get("seed"))
+
+
+def start_flight_record(rng: TrainingRNG, directory: str, *, hooked: bool = False,
+                        log: Callable[[str], None] | None = None) -> FlightRecord:
+    """``rng``'s flight record, started in ``directory`` if it has none (``DEVRNG_FLIGHT_RECORD``
+    wins); ``hooked``: a trainer integration says which batch each step consumes."""
+    if rng._flight is None:
+        rank = process_rank()
+        rng._flight = FlightRecord(os.environ.get(FLIGHT_VARIABLE) or directory, rank=rank,
+                                   sources=rng._flight_sources, log=log, identity={
+                                       "seed": rng._seed, "rank": rank,
+                                       "world_size": world_size()})
+        for name, loader in rng._loaders.items():
+            rng._flight.watch(name, loader)
+    rng._flight.hooked = rng._flight.hooked or hooked
+    if log is not None:
+        rng._flight.log = log
+    return rng._flight
 
 
 def generator_states(rng: TrainingRNG) -> dict[str, torch.Tensor]:
@@ -695,6 +717,8 @@ def _materialise(obj: Any) -> None:
         obj.state_dict()  # type: ignore[attr-defined]
 
 
+# The parts of a saved state that identify a checkpoint to the flight record.
+_FLIGHT_KEYED = ("seed", "rank", "rng", "generators", "tracked")
 # Tracked objects whose state_dict() is a few ints: their fingerprints are cheap each step.
 _CHEAP_STATES = frozenset({"SeededFunction", "PortableRNG"})
 
@@ -703,12 +727,10 @@ def _tracked_fingerprint(obj: Any) -> Any:
     return state_fingerprint(own_entry(obj.state_dict()))
 
 
-def _flight_key(state_dict: Any) -> str:
-    """What the flight record knows a checkpoint by: the digest of this rank's saved bytes."""
-    entry = next(iter(state_dict.values())) if is_ranked(state_dict) else None
-    data = bytes(entry) if isinstance(entry, (bytes, bytearray)) else repr(
-        sorted(map(str, state_dict))).encode()
-    return hashlib.sha256(data).hexdigest()[:16]
+def _flight_key(plain: Mapping[str, Any]) -> str:
+    """What the flight record knows a checkpoint by: a digest of the generator states it
+    holds (the same whichever way the state travelled: a file, DCP, a trainer's list)."""
+    return f"{identity_of({k: plain.get(k) for k in _FLIGHT_KEYED}):016x}"
 
 
 def _flight_directory(value: Any) -> str | None:
