@@ -69,7 +69,7 @@ MAX_STEPS_VARIABLE = "DEVRNG_MAX_STEPS"
 
 _FORMAT = 1
 _FLUSH_EVERY = 16  # steps whose digests wait on a device before they are read together
-_PRUNE_BYTES = 1 << 18  # rewrite the file (dropping what no resume needs) past this size
+PRUNE_BYTES = 1 << 18  # rewrite the file (dropping what no resume needs) past this size
 _KEEP_CHECKPOINTS = 2  # a resume from either of the last two checkpoints can be verified
 
 
@@ -128,8 +128,16 @@ class FlightRecord:
                  identity: Mapping[str, Any], sources: Sources, hooked: bool = False,
                  log: Callable[[str], None] | None = None) -> None:
         directory = os.fspath(os.environ.get(FLIGHT_VARIABLE) or directory)
-        os.makedirs(directory, exist_ok=True)
-        self.path = record_path(directory, rank)
+        try:
+            os.makedirs(directory, exist_ok=True)
+            self.path = record_path(directory, rank)
+            self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT,
+                                           0o644)
+        except OSError as err:
+            raise OSError(err.errno, f"devrng flight record: cannot keep the record in "
+                                     f"{directory!r} ({err.strerror or err}); give a directory "
+                                     "this process can write") from None
+        self._broken = False
         self.attempt = os.urandom(4).hex()
         self.step = 0  # optimizer steps completed (after a resume: counted from the checkpoint's)
         self.identity = dict(identity)
@@ -138,7 +146,6 @@ class FlightRecord:
         self.log = log
         self._pid = os.getpid()
         self._lock = ForkSafeLock()
-        self._fd: int | None = None
         self._names: list[str] = []
         self._start: dict[str, Any] | None = None  # fingerprints at this step's start
         self._batches: list[tuple[Any, Any, int | None, str]] = []  # (indices, content, pos, loader)
@@ -355,17 +362,23 @@ class FlightRecord:
             _open.discard(self)
 
     def _write(self, line: Mapping[str, Any]) -> None:
-        if os.getpid() != self._pid:
+        if os.getpid() != self._pid or self._broken:
             return
-        text = json.dumps(line, separators=(",", ":"))
-        data = f"{text} {zlib.crc32(text.encode()) & 0xFFFFFFFF:08x}\n".encode()
-        if self._fd is None:
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        os.write(self._fd, data)  # one write: a whole line, or (killed) a torn one, skipped
+        data = encode_line(line).encode()
+        try:
+            if self._fd is None:
+                self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            os.write(self._fd, data)  # one write: a whole line, or (killed) a torn one, skipped
+        except OSError as err:
+            # The run goes on: a record that cannot be written is stopped, with one warning.
+            self._broken = True
+            warn_and_log(f"devrng flight record: {self.path} cannot be written "
+                         f"({err.strerror or err}); the record is stopped and this run's "
+                         "resumes will not be verified. The training goes on.", stacklevel=3)
 
     def _prune(self) -> None:
         """Drop what no resume from the last checkpoints needs, once the file is large."""
-        if os.path.getsize(self.path) < _PRUNE_BYTES:
+        if os.path.getsize(self.path) < PRUNE_BYTES:
             return
         lines, _ = _read_lines(self.path)
         checkpoints = [i for i, line in enumerate(lines) if line.get("k") == "ckpt"]
@@ -378,7 +391,7 @@ class FlightRecord:
         for line in lines[:checkpoints[-_KEEP_CHECKPOINTS]]:
             if line.get("k") == "names":
                 names[line.get("a")] = line
-        text = "".join(_encode(line) for line in [*headers, *names.values(), *kept])
+        text = "".join(encode_line(line) for line in [*headers, *names.values(), *kept])
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
@@ -393,8 +406,11 @@ class FlightRecord:
         if problem is not None:
             self._diverged = True
             self._expected.clear()
+            first = self._verified[0] if self._verified is not None else line["s"]
+            before = (f" Steps {first:,} to {line['s'] - 1:,} matched." if line["s"] > first
+                      else " It is the first step after the checkpoint.")
             message = (f"devrng flight record: the resumed run differs from the interrupted one "
-                       f"at {problem}. Every step before it matched.")
+                       f"at {problem}.{before}")
             warn_and_log(message, stacklevel=2)
             if self.log is not None:
                 self.log(message)
@@ -480,7 +496,9 @@ def _combine(digests: list[str]) -> str:
         hashlib.blake2b("".join(digests).encode(), digest_size=8).hexdigest()
 
 
-def _encode(line: Mapping[str, Any]) -> str:
+def encode_line(line: Mapping[str, Any]) -> str:
+    """One line of a record file: the JSON text, a space and its CRC-32 (what a reader checks:
+    a torn or altered line is skipped)."""
     text = json.dumps(line, separators=(",", ":"))
     return f"{text} {zlib.crc32(text.encode()) & 0xFFFFFFFF:08x}\n"
 

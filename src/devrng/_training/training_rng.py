@@ -16,6 +16,7 @@ import logging
 import os
 import re
 import secrets
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -147,16 +148,17 @@ class TrainingRNG:
         self._flight: FlightRecord | None = None
         # All or nothing: the exported seed, the determinism switches and the seeding. (No
         # `with`: an interrupt after it, before the caller has this object, must undo too.)
+        if directory is not None:  # first: a directory that cannot be written changes nothing
+            start_flight_record(self, directory)
         undo = Undo("TrainingRNG")
         try:
+            if self._flight is not None:
+                undo.push("the flight record", self._stop_flight)
             undo.set_env("DEVRNG_SEED", str(seed))
             if deterministic:
                 undo.push("deterministic()", self._drop_determinism)
                 self.determinism = turn_on_determinism()
             reseed(undo, self._process_seed(process_rank()))
-            if directory is not None:
-                undo.push("the flight record", self._stop_flight)
-                start_flight_record(self, directory)
             _logger.info("devrng.TrainingRNG: seed %d (%s)", seed, source)
             deliver()  # a Ctrl-C noted meanwhile: the caller never gets this object: undo below
         except BaseException as err:
@@ -681,7 +683,8 @@ def start_flight_record(rng: TrainingRNG, directory: str, *, hooked: bool = Fals
     if rng._flight is None:
         rank = process_rank()
         rng._flight = FlightRecord(os.environ.get(FLIGHT_VARIABLE) or directory, rank=rank,
-                                   sources=rng._flight_sources, log=log, identity={
+                                   sources=functools.partial(_sources_of, weakref.ref(rng)),
+                                   log=log, identity={
                                        "seed": rng._seed, "rank": rank,
                                        "world_size": world_size()})
         for name, loader in rng._loaders.items():
@@ -690,6 +693,13 @@ def start_flight_record(rng: TrainingRNG, directory: str, *, hooked: bool = Fals
     if log is not None:
         rng._flight.log = log
     return rng._flight
+
+
+def _sources_of(ref: weakref.ref[TrainingRNG]) -> list[tuple[str, Callable[[], Any]]]:
+    # Held weakly: a record must not keep its TrainingRNG alive (an unreachable run's
+    # record then goes with it, and stops counting this process's optimizer steps).
+    rng = ref()
+    return rng._flight_sources() if rng is not None else []
 
 
 def generator_states(rng: TrainingRNG) -> dict[str, torch.Tensor]:
