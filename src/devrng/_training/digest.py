@@ -120,21 +120,24 @@ def batch_digest(batch: Any) -> str | Pending:
 
 
 def _walk(obj: Any, parts: list[Any], depth: int) -> None:
-    if depth > 32:  # a batch is not nested this deep: say so rather than recurse
-        parts.append(b"<deep>")
-    elif isinstance(obj, torch.Tensor):
-        parts.append(f"T{obj.dtype}{tuple(obj.shape)}".encode())
+    # The common kinds first, by exact type (an abstract Mapping check costs a microsecond).
+    kind = type(obj)
+    if isinstance(obj, torch.Tensor):
+        parts.append(_header(obj))
         parts.append(_tensor_sum(obj))
-    elif isinstance(obj, Mapping):
-        parts.append(b"{%d" % len(obj))
-        for key, value in obj.items():
-            _walk(key, parts, depth + 1)
-            _walk(value, parts, depth + 1)
-    elif isinstance(obj, (list, tuple)):
+    elif depth > 32:  # a batch is not nested this deep: say so rather than recurse
+        parts.append(b"<deep>")
+    elif kind is tuple or kind is list or isinstance(obj, (list, tuple)):
         parts.append(b"[%d" % len(obj))
         for value in obj:
             _walk(value, parts, depth + 1)
-    elif isinstance(obj, (bool, int)):
+    elif kind is dict or isinstance(obj, Mapping):
+        mapping: Mapping[Any, Any] = obj
+        parts.append(b"{%d" % len(mapping))
+        for key, value in mapping.items():
+            _walk(key, parts, depth + 1)
+            _walk(value, parts, depth + 1)
+    elif kind is int or kind is bool or isinstance(obj, int):
         parts.append(b"i" + str(int(obj)).encode())
     elif isinstance(obj, float):
         parts.append(b"f" + obj.hex().encode())
@@ -152,6 +155,19 @@ def _walk(obj: Any, parts: list[Any], depth: int) -> None:
             parts.append(b"o" + type(obj).__qualname__.encode())
 
 
+_headers: dict[tuple[torch.dtype, torch.Size], bytes] = {}
+
+
+def _header(t: torch.Tensor) -> bytes:
+    key = (t.dtype, t.shape)
+    header = _headers.get(key)
+    if header is None:
+        if len(_headers) > 256:
+            _headers.clear()
+        header = _headers[key] = f"T{t.dtype}{tuple(t.shape)}".encode()
+    return header
+
+
 # Weights 2 * position + 1 for the sampled positions, by (device, elements, step).
 _weights: dict[tuple[Any, int, int], Any] = {}
 
@@ -162,30 +178,37 @@ def _tensor_sum(t: torch.Tensor) -> Any:
     t = t.detach()
     if t.is_complex():
         t = torch.view_as_real(t)
-    if t.layout is not torch.strided or t.is_quantized or t.element_size() not in _INTEGER_VIEW:
+    size = t.element_size()
+    if t.layout is not torch.strided or t.is_quantized or size not in _INTEGER_VIEW:
         return str(t.layout).encode()  # sparse or quantized: described, not digested
     n = t.numel()
     if n == 0:
         return 0
-    bits = t.view(_INTEGER_VIEW[t.element_size()]).reshape(-1)
+    bits = t.view(_INTEGER_VIEW[size]).reshape(-1)
     step = 1 if n <= SAMPLED else math.ceil(n / SAMPLED) | 1
+    if t.is_cpu:
+        np = host.numpy_or_none()
+        if np is not None:
+            weights = _weights.get(("cpu", n, step))
+            if weights is None:
+                weights = _cached(("cpu", n, step), np.arange(0, n, step, dtype=np.int64) * 2 + 1)
+            values = bits.numpy()
+            return int((values[::step].astype(np.int64) * weights).sum()) & _MASK64
     if step > 1:
         bits = bits[::step]
     key = (t.device, n, step)
     weights = _weights.get(key)
-    if t.device.type == "cpu":
-        np = host.numpy_or_none()
-        if np is not None:
-            if weights is None:
-                weights = _weights[key] = np.arange(0, n, step, dtype=np.int64) * 2 + 1
-            return int((bits.numpy().astype(np.int64) * weights).sum()) & _MASK64
     if weights is None:
-        if len(_weights) > 64:  # shapes vary (the last batch of an epoch): stay small
-            _weights.clear()
-        weights = _weights[key] = torch.arange(0, n, step, dtype=torch.int64,
-                                               device=t.device) * 2 + 1
+        weights = _cached(key, torch.arange(0, n, step, dtype=torch.int64, device=t.device) * 2 + 1)
     total = (bits.to(torch.int64) * weights).sum()
-    return int(total) & _MASK64 if t.device.type == "cpu" else total
+    return int(total) & _MASK64 if t.is_cpu else total
+
+
+def _cached(key: tuple[Any, int, int], weights: Any) -> Any:
+    if len(_weights) > 64:  # shapes vary (the last batch of an epoch): stay small
+        _weights.clear()
+    _weights[key] = weights
+    return weights
 
 
 def indices_digest(indices: Any) -> str:
@@ -227,12 +250,49 @@ def _plain_state(state: Any) -> Any:
     return state
 
 
-def python_fingerprint(rng: random.Random | None = None) -> str:
-    """Python's ``random`` generator (the module's own by default)."""
-    _, words, gauss = (rng or random._inst).getstate()  # type: ignore[attr-defined]
+def python_fingerprint() -> str:
+    """Python's ``random`` generator (the module's own).
+
+    ``random.getstate()`` builds a tuple of 625 ints (about 6 us); CPython keeps the state
+    in the generator object itself (an int and 624 words after the object's header), which
+    is read there in about 1 us -- once checked against ``getstate()``, for this interpreter.
+    """
+    if not _python_reader:
+        _python_reader.append(_python_fast() or _python_slow)
+    return _python_reader[0]()
+
+
+_python_reader: list[Callable[[], str]] = []
+
+
+def _python_slow() -> str:
+    _, words, gauss = random._inst.getstate()  # type: ignore[attr-defined]
     # A tuple of ints hashes the same in every process (only str and bytes hashes are
     # salted); hash(None) is not stable before Python 3.12, so the Gaussian cache apart.
     return f"{(hash(words) ^ hash(gauss or 0.0)) & 0xFFFFFFFF:08x}"
+
+
+def _python_fast() -> Callable[[], str] | None:
+    checked = random._inst  # type: ignore[attr-defined]
+    header = object.__basicsize__  # what precedes the generator's own fields
+    try:
+        raw = ctypes.string_at(id(checked) + header, 4 + 624 * 4)
+        words = checked.getstate()[1]
+        expected = (words[624].to_bytes(4, "little", signed=True)
+                    + b"".join(w.to_bytes(4, "little") for w in words[:624]))
+    except Exception:  # another interpreter, or another layout
+        return None
+    if raw != expected:
+        return None
+
+    def fast() -> str:
+        rng = random._inst  # type: ignore[attr-defined]
+        if rng is not checked:  # replaced since: only getstate is safe
+            return _python_slow()
+        gauss = getattr(rng, "gauss_next", None) or 0.0
+        return _crc(ctypes.string_at(id(rng) + header, 4 + 624 * 4) + gauss.hex().encode())
+
+    return fast
 
 
 def numpy_fingerprint() -> Callable[[], str] | None:

@@ -69,6 +69,7 @@ MAX_STEPS_VARIABLE = "DEVRNG_MAX_STEPS"
 
 _FORMAT = 1
 _FLUSH_EVERY = 16  # steps whose digests wait on a device before they are read together
+_SOURCES_EVERY = 64  # steps between two looks at what generators there are
 PRUNE_BYTES = 1 << 18  # rewrite the file (dropping what no resume needs) past this size
 _KEEP_CHECKPOINTS = 2  # a resume from either of the last two checkpoints can be verified
 
@@ -142,6 +143,7 @@ class FlightRecord:
         self.step = 0  # optimizer steps completed (after a resume: counted from the checkpoint's)
         self.identity = dict(identity)
         self._sources = sources
+        self._readers: list[tuple[str, Callable[[], Any]]] | None = None
         self.hooked = hooked
         self.log = log
         self._pid = os.getpid()
@@ -150,9 +152,10 @@ class FlightRecord:
         self._start: dict[str, Any] | None = None  # fingerprints at this step's start
         self._batches: list[tuple[Any, Any, int | None, str]] = []  # (indices, content, pos, loader)
         self._losses: list[Any] = []
-        self._pending: list[dict[str, Any]] = []  # finished steps with device values
-        self._expected: dict[int, dict[str, Any]] = {}  # the interrupted run's steps to compare
-        self._expected_names: list[str] = []
+        self._pending: list[dict[str, Any]] = []  # finished steps not written yet
+        self._lazy = False  # whether one of them holds a value still on a device
+        # The interrupted run's steps to compare, each with its generator names.
+        self._expected: dict[int, tuple[dict[str, Any], list[str]]] = {}
         self._verified: tuple[int, int] | None = None
         self._diverged = False
         self._last_checkpoint: int | None = None
@@ -163,8 +166,9 @@ class FlightRecord:
         self._write({"k": "run", "v": _FORMAT, "a": self.attempt, "id": self.identity,
                      "pid": self._pid})
         ref = weakref.ref(self)
+        self._optimizers: weakref.WeakSet[Any] = weakref.WeakSet()
         self._hook = register_optimizer_step_post_hook(
-            lambda *_: _call(ref, "end_step"))
+            lambda optimizer, *_: _step_ended(ref, optimizer))
         _open.add(self)
 
     # -- what a step started from and consumed ----------------------------------------------
@@ -202,6 +206,12 @@ class FlightRecord:
                     break
             indices, _, position, name = delivered or (None, None, None, "")
             self._batches.append((indices, batch_digest(batch), position, name))
+
+    def watch_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """Count only the steps of ``optimizer`` (and of others given so): by default every
+        ``torch.optim`` optimizer of the process ends a step. A trainer's wrapper counts as
+        the optimizer it wraps."""
+        self._optimizers.add(getattr(optimizer, "optimizer", optimizer))
 
     def watch_model(self, module: torch.nn.Module) -> None:
         """Each forward of ``module`` in training mode is a batch the step consumes (its
@@ -262,7 +272,11 @@ class FlightRecord:
                 line["l"] = self._losses
             self._start, self._batches, self._losses = None, [], []
             self._pending.append(line)
-            if len(self._pending) >= _FLUSH_EVERY or not _has_pending(line):
+            lazy = any(isinstance(v, Pending) for v in self._start_values(line)) \
+                or any(isinstance(v, (Pending, torch.Tensor)) for v in [*line.get("b", ()),
+                                                                        *line.get("l", ())])
+            self._lazy = self._lazy or lazy
+            if len(self._pending) >= _FLUSH_EVERY or not self._lazy:
                 self.flush()
             if self._max_steps is not None and self.step >= self._max_steps:
                 self._stop("end", f"{MAX_STEPS_VARIABLE}={self._max_steps}")
@@ -297,6 +311,7 @@ class FlightRecord:
                 return
             index, attempt, saved_step = found
             self.step = saved_step
+            self._readers = None  # what this run has to fingerprint, asked now
             header = _header_of(lines, attempt)
             self._write({"k": "from", "a": self.attempt, "from": attempt, "s": saved_step})
             other = _identity_problem(header.get("id") if header else None, self.identity)
@@ -304,14 +319,13 @@ class FlightRecord:
                 self._say(f"the steps after the checkpoint (step {saved_step}) are not compared "
                           f"with the run that wrote it: {other}")
                 return
-            expected, names = _steps_after(lines, index, attempt)
+            expected = _steps_after(lines, index, attempt)
             if not expected:
                 self._say(f"this resume cannot be verified: the interrupted run recorded nothing "
                           f"past its checkpoint at step {saved_step} (it stopped right after "
                           "saving)" + _damaged(damaged))
                 return
             self._expected = expected
-            self._expected_names = names
             self._verified = (saved_step + 1, max(expected))
 
     @property
@@ -330,7 +344,8 @@ class FlightRecord:
         with self._lock:
             if not self._pending or os.getpid() != self._pid:
                 return
-            lines, self._pending = resolve(self._pending), []
+            lines = resolve(self._pending) if self._lazy else self._pending
+            self._pending, self._lazy = [], False
             for line in lines:
                 if "l" in line:  # losses left on a device: read now, with the digests
                     line["l"] = [float(v) for v in line["l"]]
@@ -399,10 +414,10 @@ class FlightRecord:
 
     # -- comparing -------------------------------------------------------------------------------
     def _compare(self, line: Mapping[str, Any], names: list[str]) -> None:
-        theirs = self._expected.pop(line["s"], None)
-        if theirs is None or self._diverged:
+        expected = self._expected.pop(line["s"], None)
+        if expected is None or self._diverged:
             return
-        problem = explain(theirs, self._expected_names, line, names)
+        problem = explain(expected[0], expected[1], line, names)
         if problem is not None:
             self._diverged = True
             self._expected.clear()
@@ -425,9 +440,17 @@ class FlightRecord:
             self.log(f"devrng flight record: {message}.")
 
     # -- fingerprints -------------------------------------------------------------------------------
+    @staticmethod
+    def _start_values(line: Mapping[str, Any]) -> Any:
+        return line["g"].values()
+
     def _fingerprints(self) -> dict[str, Any]:
+        # What to read is asked again now and then (a device may start, a loader be tracked),
+        # not at every step: asking costs more than reading.
+        if self._readers is None or self.step % _SOURCES_EVERY == 0:
+            self._readers = self._sources()
         found = {}
-        for name, read in self._sources():
+        for name, read in self._readers:
             try:
                 found[name] = read()
             except Exception as err:  # a generator that cannot be read now: say which
@@ -451,10 +474,10 @@ class FlightRecord:
         os._exit(0)
 
 
-def _call(ref: weakref.ref[FlightRecord], method: str) -> None:
+def _step_ended(ref: weakref.ref[FlightRecord], optimizer: Any) -> None:
     record = ref()
-    if record is not None:
-        getattr(record, method)()
+    if record is not None and (not record._optimizers or optimizer in record._optimizers):
+        record.end_step()
 
 
 _open: weakref.WeakSet[FlightRecord] = weakref.WeakSet()
@@ -479,16 +502,6 @@ def _int_variable(name: str) -> int | None:
     if value < 0:
         raise DevRNGError(f"{name} is {raw!r}; it takes a step number (an int of 0 or more).")
     return value
-
-
-def _has_pending(value: Any) -> bool:
-    if isinstance(value, (Pending, torch.Tensor)):
-        return True
-    if isinstance(value, (list, tuple)):
-        return any(_has_pending(v) for v in value)
-    if isinstance(value, dict):
-        return any(_has_pending(v) for v in value.values())
-    return False
 
 
 def _combine(digests: list[str]) -> str:
@@ -572,22 +585,22 @@ def _header_of(lines: list[dict[str, Any]], attempt: str) -> dict[str, Any] | No
 
 
 def _steps_after(lines: list[dict[str, Any]], index: int, attempt: str
-                 ) -> tuple[dict[int, dict[str, Any]], list[str]]:
+                 ) -> dict[int, tuple[dict[str, Any], list[str]]]:
+    """The steps ``attempt`` recorded after line ``index``, each with the generator names
+    its fingerprints are in the order of."""
     names: list[str] = []
     for line in lines[:index]:
         if line.get("k") == "names" and line.get("a") == attempt:
             names = line.get("names", [])
-    steps: dict[int, dict[str, Any]] = {}
+    steps: dict[int, tuple[dict[str, Any], list[str]]] = {}
     for line in lines[index + 1:]:
         if line.get("a") != attempt:
             continue
         if line.get("k") == "names":
-            if steps:  # the generators it tracks changed: compare up to here
-                break
             names = line.get("names", [])
         elif line.get("k") is None and isinstance(line.get("s"), int):
-            steps[line["s"]] = line
-    return steps, names
+            steps[line["s"]] = (line, names)
+    return steps
 
 
 def _identity_problem(saved: Any, now: Mapping[str, Any]) -> str | None:

@@ -91,7 +91,8 @@ def register(accelerator: accelerate.Accelerator, rng: TrainingRNG | None = None
 
 def _watch_models(accelerator: accelerate.Accelerator, flight: FlightRecord) -> None:
     """Have the flight record see the forward passes of every model ``accelerator`` prepares
-    (those prepared already, and, through its ``prepare``, those to come)."""
+    and count the steps of its optimizers (those prepared already, and, through its
+    ``prepare``, those to come)."""
     seen: set[int] = set()
 
     def watch(objects: Iterable[Any]) -> None:
@@ -99,8 +100,10 @@ def _watch_models(accelerator: accelerate.Accelerator, flight: FlightRecord) -> 
             if isinstance(obj, torch.nn.Module) and id(obj) not in seen:
                 seen.add(id(obj))
                 flight.watch_model(obj)
+            elif isinstance(obj, torch.optim.Optimizer):
+                flight.watch_optimizer(obj)
 
-    watch(getattr(accelerator, "_models", ()))
+    watch([*getattr(accelerator, "_models", ()), *getattr(accelerator, "_optimizers", ())])
     prepare = accelerator.prepare
 
     @functools.wraps(prepare)

@@ -189,6 +189,8 @@ class DevRNGCallback(pl.Callback):
         if self.rng.flight is not None:
             for i, loader in enumerate(loaders["training"]):
                 self.rng.flight.watch(f"train{i or ''}", loader)
+            for optimizer in trainer.optimizers:
+                self.rng.flight.watch_optimizer(optimizer)
         if resumed is None:
             if getattr(trainer, "ckpt_path", None):  # resumed, and Lightning had nothing for us
                 self._no_state("it has no DevRNGCallback entry")

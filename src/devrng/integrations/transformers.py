@@ -118,6 +118,8 @@ class DevRNGTrainerCallback(transformers.TrainerCallback, ExportableState):
         now = None if loader is None else describe(loader)
         saved = _saved(state)
         self._start_flight(args, state, loader, kwargs.get("model"), saved)
+        if self.flight is not None and isinstance(kwargs.get("optimizer"), torch.optim.Optimizer):
+            self.flight.watch_optimizer(kwargs["optimizer"])
         self.loader, self.world_size = now, int(args.world_size)
         self._resumed_epoch_start = None
         if state.global_step == 0 or now is None:
