@@ -106,10 +106,12 @@ def _device_fingerprint(backend: Any, index: int) -> Any:
 
 
 class FlightRecord:
-    """The flight record of one process of a training run.
+    """The flight record of one process of a training run: a line per optimizer step.
 
-    ``TrainingRNG(..., flight_record=DIR)`` and the trainer integrations make one; it is
-    not made directly. ``rng.flight.loss(loss)`` adds a step's loss to its line.
+    ``TrainingRNG(..., flight_record=DIR)`` and the trainer integrations make one
+    (``rng.flight``); it is not made directly. ``rng.flight.loss(loss)`` adds a step's loss
+    to its line; after a resume, ``verified`` says whether the steps the interrupted run
+    recorded past the checkpoint matched. See the resume page for what a line holds.
 
     Args:
         directory: Where the file goes (made if missing).
@@ -123,11 +125,24 @@ class FlightRecord:
             delivers in the main thread is the step's (a plain loop). Settable until
             the first step.
         log: Also say what the record finds here (a trainer's logger).
+
+    Examples:
+        >>> import tempfile
+        >>> rng = devrng.TrainingRNG(seed=0, flight_record=tempfile.mkdtemp())
+        >>> model = torch.nn.Linear(2, 1)
+        >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        >>> model(torch.ones(2)).sum().backward()
+        >>> opt.step()                     # an optimizer step: one line
+        >>> rng.flight.step, rng.flight.verified
+        (1, None)
     """
+
+    __module__ = "devrng"
 
     def __init__(self, directory: str | os.PathLike[str], *, rank: int,
                  identity: Mapping[str, Any], sources: Sources, hooked: bool = False,
                  log: Callable[[str], None] | None = None) -> None:
+        """Open the record's file (the arguments: see ``help(devrng.FlightRecord)``)."""
         directory = os.fspath(os.environ.get(FLIGHT_VARIABLE) or directory)
         try:
             os.makedirs(directory, exist_ok=True)
