@@ -195,7 +195,7 @@ def test_one_line_per_optimizer_step_of_a_few_hundred_bytes(tmp_path: Path) -> N
     steps = [line for line in lines if line.startswith(b'{"s":')]
     assert len(steps) == 6 and max(map(len, steps)) <= 400, max(map(len, steps))
     line, names = attempt["steps"][2]
-    assert names == ["cpu", "python", "numpy", "dataloader0"]
+    assert names == ["cpu", "python", "numpy", "loader:dataloader0"]
     assert line["n"] == 1 and len(line["b"]) == 16 and len(line["i"]) == 16
     assert line["p"] == ["loader", 1]  # the second batch of its epoch
     assert float.fromhex(line["l"][0]) > 0
@@ -256,8 +256,9 @@ def test_a_save_inside_the_loop_after_an_epochs_last_batch_is_flagged(tmp_path: 
     assert again["losses"] != first["losses"][10:]  # not exact, indeed
     found = [str(w.message) for w in caught if w.category is devrng.DevRNGWarning]
     assert len(found) == 1, found
-    assert ("at step 11 (batch 1 of its epoch from loader 'loader'): at the step's start the "
-            "generator dataloader0 differed (cpu, python, numpy matched)") in found[0], found
+    assert ("at step 11 (batch 1 of its epoch from loader 'loader'): the batch holds other "
+            "samples (its indices differ) (the loader's generator dataloader0 differed at the "
+            "step's start too): the loader's sampler shuffled differently") in found[0], found
 
 
 def test_a_run_that_recorded_nothing_past_its_checkpoint_cannot_be_verified_and_says_so(
@@ -375,14 +376,22 @@ def test_bad_arguments_and_variables_are_sentences(tmp_path: Path,
 
 
 def test_explain_names_the_part_that_differs_with_its_hint() -> None:
-    names = ["cpu", "python", "numpy", "dataloader0"]
+    names = ["cpu", "python", "numpy", "loader:dataloader0"]
     base = {"s": 12, "g": ["a", "b", "c", "d"], "n": 1, "b": "x", "i": "y", "l": ["0x1p-1"],
             "p": ["train", 4]}
     assert explain(base, names, dict(base), names) is None
     assert "the batch holds other samples (its indices differ)" in explain(
         base, names, dict(base, b="x2", i="y2"), names)
-    assert "generators numpy, dataloader0 differed (cpu, python matched)" in explain(
-        base, names, dict(base, g=["a", "b", "c2", "d2"]), names)
+    assert "generator numpy differed (cpu, python, dataloader0 matched)" in explain(
+        base, names, dict(base, g=["a", "b", "c2", "d"]), names)
+    assert "generators python, numpy differed (cpu, dataloader0 matched)" in explain(
+        base, names, dict(base, g=["a", "b2", "c2", "d"]), names)
+    # A loader's own generator alone (it draws when it prefetches): nothing to say; beside a
+    # batch that differs, part of the why.
+    assert explain(base, names, dict(base, g=["a", "b", "c", "d2"]), names) is None
+    assert ("its indices differ) (the loader's generator dataloader0 differed at the step's "
+            "start too)") in explain(base, names, dict(base, g=["a", "b", "c", "d2"], b="x2",
+                                                        i="y2"), names)
     assert "consumed 2 batch(es) here and 1" in explain(base, names, dict(base, n=2), names)
     text = explain(base, names, dict(base, l=["0x1p-2"]), names)
     assert text.startswith("step 12 (batch 5 of its epoch from loader 'train'): the batch and "

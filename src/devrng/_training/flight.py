@@ -68,6 +68,8 @@ STOP_VARIABLE = "DEVRNG_STOP_AFTER"
 MAX_STEPS_VARIABLE = "DEVRNG_MAX_STEPS"
 
 _FORMAT = 1
+#: Marks the fingerprint of a loader's own generator (its shuffle and worker seeds).
+LOADER_PREFIX = "loader:"
 _FLUSH_EVERY = 16  # steps whose digests wait on a device before they are read together
 _SOURCES_EVERY = 64  # steps between two looks at what generators there are
 PRUNE_BYTES = 1 << 18  # rewrite the file (dropping what no resume needs) past this size
@@ -376,10 +378,29 @@ class FlightRecord:
                 self._write(compact)
                 self._compare(compact, names)
 
+    def finish(self) -> None:
+        """The run is done training (a trainer's end, or the process's): write what is left,
+        and say how far a resume was verified if the run ended before the steps that the
+        interrupted run recorded past the checkpoint."""
+        with self._lock:
+            self.flush()
+            if not self._expected or self._diverged or self._verified is None:
+                return
+            first, last = self._verified
+            self._expected.clear()
+            if self.step >= first:
+                self._say(f"resume verified for steps {first:,} to {self.step:,}; the run ended "
+                          f"there, before steps {self.step + 1:,} to {last:,}, which the "
+                          "interrupted run recorded")
+            else:
+                self._say(f"this resume was not verified: the run ended at step {self.step:,}, "
+                          f"before step {first:,}, the first the interrupted run recorded past "
+                          "its checkpoint")
+
     def close(self) -> None:
         """Write what is left and stop recording (at exit, or when its owner is done)."""
         with self._lock:
-            self.flush()
+            self.finish()
             self._hook.remove()
             for handle in self._model_hooks:
                 handle.remove()
@@ -585,11 +606,15 @@ def read_record(path: str) -> dict[str, Any]:
 
 
 def _find_checkpoint(lines: list[dict[str, Any]], key: str) -> tuple[int, str, int] | None:
-    for index in range(len(lines) - 1, -1, -1):
-        line = lines[index]
+    """The checkpoint line with ``key`` whose run recorded the most steps after it (two runs
+    can hold the same state at the same step; the latest of equals)."""
+    best: tuple[int, int, str, int] | None = None
+    for index, line in enumerate(lines):
         if line.get("k") == "ckpt" and line.get("key") == key and isinstance(line.get("s"), int):
-            return index, line["a"], line["s"]
-    return None
+            after = len(_steps_after(lines, index, line["a"]))
+            if best is None or after >= best[0]:
+                best = (after, index, line["a"], line["s"])
+    return None if best is None else best[1:]
 
 
 def _header_of(lines: list[dict[str, Any]], attempt: str) -> dict[str, Any] | None:
@@ -650,9 +675,6 @@ def _generator_hint(name: str) -> str:
         return (f"something drew from the {'Python' if name == 'python' else 'NumPy'} global "
                 "generator in one run and not in the other (a collate_fn, a callback, a "
                 "library) or its state was not restored")
-    if name.startswith("dataloader") or name.endswith(".sampler"):
-        return ("the loader drew its shuffle or worker seeds at another moment (an iterator "
-                "built before or after the generators were restored)")
     return ("something drew from it in one run and not in the other between the checkpoint and "
             "this step, or its state was not restored")
 
@@ -679,27 +701,38 @@ def explain(theirs: Mapping[str, Any], their_names: list[str], ours: Mapping[str
     theirs_g = dict(zip(their_names, theirs.get("g") or [], strict=False))
     ours_g = dict(zip(our_names, ours.get("g") or [], strict=False))
     differ = [n for n in ours_g if n in theirs_g and theirs_g[n] != ours_g[n]]
-    if differ:
-        same = [n for n in ours_g if n in theirs_g and n not in differ]
-        what = ", ".join(differ)
-        return (f"{where}: at the step's start the generator{'s' if len(differ) > 1 else ''} "
-                f"{what} differed" + (f" ({', '.join(same)} matched)" if same else "")
-                + f": {_generator_hint(differ[0])}")
+    # A loader's own generators act only through its batches, and it draws from them when it
+    # prefetches (how far ahead: its workers): on their own they say nothing; beside a batch
+    # that differs, they tell why.
+    primary = [n for n in differ if not n.startswith(LOADER_PREFIX)]
+    loaders = [n.removeprefix(LOADER_PREFIX) for n in differ if n.startswith(LOADER_PREFIX)]
+    if primary:
+        same = [_shown(n) for n in ours_g if n in theirs_g and n not in differ]
+        return (f"{where}: at the step's start the generator{'s' if len(primary) > 1 else ''} "
+                f"{', '.join(primary)} differed" + (f" ({', '.join(same)} matched)" if same else "")
+                + f": {_generator_hint(primary[0])}")
+    also = (f" (the loader's generator{'s' if len(loaders) > 1 else ''} {', '.join(loaders)} "
+            "differed at the step's start too)") if loaders else ""
     if theirs.get("n") != ours.get("n"):
         return (f"{where}: the step consumed {ours.get('n') or 0} batch(es) here and "
-                f"{theirs.get('n') or 0} in the interrupted run: {_HINTS['count']}")
+                f"{theirs.get('n') or 0} in the interrupted run{also}: {_HINTS['count']}")
     if theirs.get("b") != ours.get("b"):
         if theirs.get("i") is not None and ours.get("i") is not None:
             if theirs["i"] == ours["i"]:
-                return (f"{where}: the batch's indices match and its content does not: "
+                return (f"{where}: the batch's indices match and its content does not{also}: "
                         f"{_HINTS['content']}")
-            return f"{where}: the batch holds other samples (its indices differ): {_HINTS['indices']}"
-        return (f"{where}: the batch's content differs (its indices were not recorded): "
+            return (f"{where}: the batch holds other samples (its indices differ){also}: "
+                    f"{_HINTS['indices']}")
+        return (f"{where}: the batch's content differs (its indices were not recorded){also}: "
                 f"{_HINTS['indices']}, or {_HINTS['content']}")
     if theirs.get("l") is not None and ours.get("l") is not None and theirs["l"] != ours["l"]:
         return (f"{where}: the batch and every generator matched and the loss did not: "
                 f"{_HINTS['loss']}")
     return None
+
+
+def _shown(name: str) -> str:
+    return name.removeprefix(LOADER_PREFIX)
 
 
 # -- seeing the batches of a DataLoader ---------------------------------------------------------

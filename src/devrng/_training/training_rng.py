@@ -60,7 +60,7 @@ from devrng._generators.undo import Undo
 from devrng._training.determinism import DeterministicHandle
 from devrng._training.determinism import deterministic as turn_on_determinism
 from devrng._training.digest import generator_fingerprint, state_fingerprint
-from devrng._training.flight import FLIGHT_VARIABLE, FlightRecord, global_sources
+from devrng._training.flight import FLIGHT_VARIABLE, LOADER_PREFIX, FlightRecord, global_sources
 from devrng._training.loaders import (
     describe,
     feeding_loader,
@@ -196,12 +196,14 @@ class TrainingRNG:
         the DataLoaders' and tracked generators, the samplers' own, devrng's seed streams."""
         found = global_sources()
         for name, g in self._generators.items():
-            found.append((name, functools.partial(generator_fingerprint, g)))
+            marked = LOADER_PREFIX + name if _LOADER_NAME.fullmatch(name) else name
+            found.append((marked, functools.partial(generator_fingerprint, g)))
         for name, loader in self._loaders.items():
             sampler = getattr(loader, "sampler", None)
             own = getattr(sampler, "generator", None)
             if isinstance(own, torch.Generator) and own is not getattr(loader, "generator", None):
-                found.append((f"{name}.sampler", functools.partial(generator_fingerprint, own)))
+                found.append((f"{LOADER_PREFIX}{name}.sampler",
+                              functools.partial(generator_fingerprint, own)))
         for name, obj in self._tracked.items():
             if type(obj).__name__ in _CHEAP_STATES:
                 found.append((name, functools.partial(_tracked_fingerprint, obj)))

@@ -138,6 +138,8 @@ class DevRNGCallback(pl.Callback):
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._ended = self.state_dict()
+        if self.rng.flight is not None:
+            self.rng.flight.finish()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if not state_dict:

@@ -38,7 +38,12 @@ from devrng._generators.fork import fork_rng
 from devrng._generators.patch import patch_torch
 from devrng._generators.seeding import manual_seed
 from devrng._training.digest import generator_fingerprint
-from devrng._training.flight import FLIGHT_VARIABLE, FlightRecord, global_sources
+from devrng._training.flight import (
+    FLIGHT_VARIABLE,
+    LOADER_PREFIX,
+    FlightRecord,
+    global_sources,
+)
 from devrng._training.loaders import (
     describe,
     differences,
@@ -152,7 +157,7 @@ class DevRNGTrainerCallback(transformers.TrainerCallback, ExportableState):
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.flight is not None:
-            self.flight.flush()
+            self.flight.finish()
 
     def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         resumed, self._resumed_epoch_start = self._resumed_epoch_start, None
@@ -201,7 +206,8 @@ def _sources(loader: Any) -> list[tuple[str, Callable[[], Any]]]:
     for name, owner in (("loader", loader), ("sampler", getattr(loader, "sampler", None))):
         generator = getattr(owner, "generator", None)
         if isinstance(generator, torch.Generator):
-            found.append((name, functools.partial(generator_fingerprint, generator)))
+            found.append((LOADER_PREFIX + name, functools.partial(generator_fingerprint,
+                                                                  generator)))
     return found
 
 
