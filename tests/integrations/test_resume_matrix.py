@@ -196,6 +196,7 @@ def test_cell(runs: Any, cell: Cell) -> None:
     if cell.name.startswith("ddp"):  # every rank resumes as expected
         check_resumed(Result.read(out / cell.name / "A.rank1.json"), Result.read(rank1),
                       cell.expect, cell.match)
+        check_flight(cell, Result.read(rank1))  # each rank's own record
 
 
 def check_flight(cell: Cell, resumed: Result) -> None:
