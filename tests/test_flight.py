@@ -195,7 +195,9 @@ def test_one_line_per_optimizer_step_of_a_few_hundred_bytes(tmp_path: Path) -> N
     steps = [line for line in lines if line.startswith(b'{"s":')]
     assert len(steps) == 6 and max(map(len, steps)) <= 400, max(map(len, steps))
     line, names = attempt["steps"][2]
-    assert names == ["cpu", "python", "numpy", "loader:dataloader0"]
+    # (and every started device: XLA where torch_xla is in use)
+    assert [n for n in names if ":" not in n or n.startswith("loader:")] == [
+        "cpu", "python", "numpy", "loader:dataloader0"]
     assert line["n"] == 1 and len(line["b"]) == 16 and len(line["i"]) == 16
     assert line["p"] == ["loader", 1]  # the second batch of its epoch
     assert float.fromhex(line["l"][0]) > 0
@@ -239,8 +241,8 @@ def test_the_first_differing_step_and_its_cause_are_named_once(tmp_path: Path) -
     assert len(found) == 1, found
     # Drawn during step 13, after it took its batch: seen when step 14 starts.
     assert ("differs from the interrupted one at step 14 (batch 4 of its epoch from loader "
-            "'loader'): at the step's start the generator numpy differed (cpu, python, "
-            "dataloader0 matched)") in found[0], found
+            "'loader'): at the step's start the generator numpy differed (cpu, ") in found[0]
+    assert "python, dataloader0 matched)" in found[0], found
     assert "Steps 11 to 13 matched." in found[0]
     assert again["verified"] is False
 
@@ -495,3 +497,64 @@ def test_check_resume_refuses_bad_arguments(tmp_path: Path) -> None:
 
     assert main(["check-resume", "--steps", "5", "--stop", "5", "--", "python", "x.py"]) == 2
     assert main(["check-resume"]) == 2
+
+
+# -- on a device, for real: XLA on the CPU (the xla environment) ----------------------------
+
+@pytest.mark.xla
+def test_a_batch_on_xla_is_digested_there_and_equals_its_cpu_digest() -> None:
+    """Integer sums give one answer in any order: the digest of a batch on an XLA device,
+    read once the line is written, is the digest of the same bytes on the CPU."""
+    pytest.importorskip("torch_xla")
+    from tests._internals import digest_module
+
+    x = torch.randn(64, 3, 32, 32, generator=torch.Generator().manual_seed(0))  # sampled
+    y = torch.arange(64)
+    on_xla = batch_digest((x.to("xla"), y.to("xla")))
+    assert isinstance(on_xla, digest_module.Pending)  # nothing read yet
+    assert digest_module.resolve([on_xla]) == [batch_digest((x, y))]
+    changed = x.clone()
+    changed[5, 1, 2, 3] += 1.0  # one sample's pixel, in a sampled place or not: compare on CPU
+    assert (digest_module.resolve([batch_digest((changed.to("xla"), y.to("xla")))])
+            == [batch_digest((changed, y))])
+
+
+@pytest.mark.xla
+def test_a_run_on_xla_resumes_verified_with_its_losses_read_in_batches(tmp_path: Path) -> None:
+    pytest.importorskip("torch_xla")
+    import torch_xla
+
+    def run(steps: int, resume: dict[str, Any] | None = None) -> dict[str, Any]:
+        rng = devrng.TrainingRNG(7, flight_record=tmp_path)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.5),
+                                    torch.nn.Linear(8, 1)).to("xla")
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        done, saved, losses = 0, None, []
+        if resume is not None:
+            model.load_state_dict(resume["model"])
+            opt.load_state_dict(resume["opt"])
+            rng.load_state_dict(resume["rng"])
+            done = resume["step"]
+        x = torch.linspace(0, 1, 32).reshape(8, 4).to("xla")
+        while done < steps:
+            loss = model(x).pow(2).mean()  # dropout on the device
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            torch_xla.sync()
+            assert rng.flight is not None
+            rng.flight.loss(loss)  # stays on the device until the line is written
+            done += 1
+            losses.append(loss.item())
+            if done == 3:
+                saved = {"rng": rng.state_dict(), "step": done,
+                         "model": {k: v.cpu() for k, v in model.state_dict().items()},
+                         "opt": copy.deepcopy(opt.state_dict())}
+        assert rng.flight is not None
+        rng.flight.finish()
+        return {"saved": saved, "losses": losses, "verified": rng.flight.verified}
+
+    first = run(6)
+    again = run(6, resume=first["saved"])
+    assert again["losses"] == first["losses"][3:]
+    assert again["verified"] is True
