@@ -289,7 +289,7 @@ class FlightRecord:
                 line["l"] = self._losses
             self._start, self._batches, self._losses = None, [], []
             self._pending.append(line)
-            lazy = any(isinstance(v, Pending) for v in self._start_values(line)) \
+            lazy = any(isinstance(v, Pending) for v in line["g"].values()) \
                 or any(isinstance(v, (Pending, torch.Tensor)) for v in [*line.get("b", ()),
                                                                         *line.get("l", ())])
             self._lazy = self._lazy or lazy
@@ -306,9 +306,7 @@ class FlightRecord:
             self.flush()
             self._write({"k": "ckpt", "a": self.attempt, "s": self.step, "key": key})
             self._last_checkpoint = self.step
-            if self._fd is not None:
-                os.fsync(self._fd)
-            self._prune()
+            self._file_op(self._sync_and_prune)
 
     def resume(self, key: str, *, step: int | None = None) -> None:
         """This run continues from the checkpoint whose state digest is ``key``: count steps
@@ -317,7 +315,12 @@ class FlightRecord:
         ``step`` is the checkpoint's step when the caller knows it (a trainer's global step).
         """
         with self._lock:
-            lines, damaged = _read_lines(self.path)
+            try:
+                lines, damaged = _read_lines(self.path)
+            except OSError as err:
+                self._say(f"this resume cannot be verified: {self.path} cannot be read "
+                          f"({err.strerror or err})")
+                return
             found = _find_checkpoint(lines, key)
             if found is None:
                 self.step = step if step is not None else self.step
@@ -413,19 +416,32 @@ class FlightRecord:
             _open.discard(self)
 
     def _write(self, line: Mapping[str, Any]) -> None:
-        if os.getpid() != self._pid or self._broken:
-            return
         data = encode_line(line).encode()
-        try:
+
+        def write() -> None:
             if self._fd is None:
                 self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             os.write(self._fd, data)  # one write: a whole line, or (killed) a torn one, skipped
+
+        self._file_op(write)
+
+    def _file_op(self, work: Callable[[], None]) -> None:
+        """Do ``work`` on the file, unless it failed before; a failure (a full disk) stops the
+        record with one warning and never the training."""
+        if os.getpid() != self._pid or self._broken:
+            return
+        try:
+            work()
         except OSError as err:
-            # The run goes on: a record that cannot be written is stopped, with one warning.
             self._broken = True
             warn_and_log(f"devrng flight record: {self.path} cannot be written "
                          f"({err.strerror or err}); the record is stopped and this run's "
-                         "resumes will not be verified. The training goes on.", stacklevel=3)
+                         "resumes will not be verified. The training goes on.", stacklevel=4)
+
+    def _sync_and_prune(self) -> None:
+        if self._fd is not None:
+            os.fsync(self._fd)  # the checkpoint's line is on disk with the checkpoint
+        self._prune()
 
     def _prune(self) -> None:
         """Drop what no resume from the last checkpoints needs, once the file is large."""
@@ -476,9 +492,6 @@ class FlightRecord:
             self.log(f"devrng flight record: {message}.")
 
     # -- fingerprints -------------------------------------------------------------------------------
-    @staticmethod
-    def _start_values(line: Mapping[str, Any]) -> Any:
-        return line["g"].values()
 
     def _fingerprints(self) -> dict[str, Any]:
         # What to read is asked again now and then (a device may start, a loader be tracked),
@@ -503,8 +516,7 @@ class FlightRecord:
         written: what ``devrng check-resume`` asked for."""
         self.flush()
         self._write({"k": kind, "a": self.attempt, "s": self.step})
-        if self._fd is not None:
-            os.fsync(self._fd)
+        self._file_op(lambda: os.fsync(self._fd) if self._fd is not None else None)
         _logger.info("devrng flight record: ending the process after step %d (%s).",
                      self.step, why)
         os._exit(0)
