@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import io
+import os
 import sys
 from typing import Any
 
@@ -120,6 +121,79 @@ def bench_resume_overhead(number: int, rounds: int) -> list[Row]:
     ]
 
 
+def _lenet() -> torch.nn.Module:
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(1, 6, 5), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+        torch.nn.Conv2d(6, 16, 5), torch.nn.ReLU(), torch.nn.MaxPool2d(2), torch.nn.Flatten(),
+        torch.nn.Linear(256, 120), torch.nn.ReLU(), torch.nn.Dropout(0.2), torch.nn.Linear(120, 10))
+
+
+def bench_flight(number: int, rounds: int) -> list[Row]:
+    """One training step with the flight record on, against the same step with it off (one
+    process, interleaved, one thread): a shuffled DataLoader's next batch (64 MNIST-sized
+    images, no workers), forward, backward, SGD; the record takes the generators'
+    fingerprints, digests the batch and its indices, keeps the loss and writes its line.
+    Two small models: a LeNet-5 and a 784-256-10 MLP."""
+    import tempfile
+
+    rows = []
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    directory = tempfile.mkdtemp(prefix="devrng-bench-flight-")
+    try:
+        for name, make, flat in (("LeNet-5", _lenet, False), ("784-256-10 MLP", lambda: (
+                torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 256),
+                                    torch.nn.ReLU(), torch.nn.Dropout(0.1),
+                                    torch.nn.Linear(256, 10))), True)):
+            steps: dict[str, Any] = {}
+            for flight in (True, False):
+                rng = devrng.TrainingRNG(seed=0, flight_record=directory if flight else None)
+                data = torch.utils.data.TensorDataset(torch.randn(6400, 1, 28, 28),
+                                                      torch.randint(0, 10, (6400,)))
+                loader = rng.track("loader", torch.utils.data.DataLoader(
+                    data, batch_size=64, shuffle=True, **rng.dataloader_kwargs()))
+                model = make()
+                opt = torch.optim.SGD(model.parameters(), lr=0.01)
+                if rng.flight is not None:
+                    rng.flight.watch_optimizer(opt)  # the other contender's steps are not ours
+                steps["on" if flight else "off"] = _stepper(rng, loader, model, opt)
+            m = interleaved({"on": steps["on"], "off": steps["off"]}, number=number,
+                            rounds=rounds)
+            path = os.path.join(directory, "devrng-flight.rank0.jsonl")
+            with open(path, "rb") as fh:
+                lines = [line for line in fh.read().splitlines() if line.startswith(b'{"s":')]
+            per_step = sum(map(len, lines)) / max(1, len(lines)) + 1
+            rows.append({
+                "case": f"flight record: one training step of a {name} (batch 64, CPU)",
+                "devrng_us": m["on"], "peer": "the same step without the record",
+                "peer_us": m["off"], "ratio": m["on"] / m["off"], "target": 1.01,
+                "note": f"{per_step:.0f} bytes per step on disk", "bytes": per_step})
+            os.remove(path)
+    finally:
+        torch.set_num_threads(threads)
+    return rows
+
+
+def _stepper(rng: Any, loader: Any, model: torch.nn.Module, opt: Any) -> Any:
+    batches = iter(loader)
+
+    def step() -> None:
+        nonlocal batches
+        try:
+            x, y = next(batches)
+        except StopIteration:
+            batches = iter(loader)
+            x, y = next(batches)
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if rng.flight is not None:
+            rng.flight.loss(loss)
+
+    return step
+
+
 def bench_checkpoint_xla(number: int, rounds: int) -> list[Row]:
     """A training step whose two blocks are activation-checkpointed (dropout inside), on XLA:
     torch.utils.checkpoint through devrng.patch_torch() vs torch_xla.utils.checkpoint."""
@@ -175,6 +249,7 @@ def run(quick: bool = False) -> list[Row]:
         torch_xla.device()
     number, rounds = (5, 2) if quick else (200, 9)
     return (bench_state(number, rounds) + bench_resume_overhead(number, rounds)
+            + bench_flight(max(1, number // 4), rounds)
             + bench_checkpoint_xla(max(1, number // 4), rounds))
 
 

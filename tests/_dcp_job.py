@@ -47,7 +47,7 @@ class Program:
     """One rank's training program."""
 
     def __init__(self, *, strict: bool = True, seed: int = SEED, extra: bool = False,
-                 tp: int | None = None) -> None:
+                 tp: int | None = None, flight: Path | None = None) -> None:
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         # Megatron-style: ranks numbered data-parallel outermost; the model-parallel stream
         # is seeded from the tensor-parallel rank and named after the tensor-parallel size.
@@ -62,7 +62,7 @@ class Program:
         shape = (self.world // self.tp, self.tp) if self.world >= 4 else (self.world,)
         self.mesh = init_device_mesh("cpu", shape)
         self.placements = [Shard(0), Shard(1)][:len(shape)]
-        self.rng = devrng.TrainingRNG(seed, strict=strict)
+        self.rng = devrng.TrainingRNG(seed, strict=strict, flight_record=flight)
         self.loader_kwargs = self.rng.dataloader_kwargs()
         self.noise = self.rng.track("noise", torch.Generator().manual_seed(100 + self.rank))
         self.flaky = self.rng.track("flaky", Flaky())
@@ -76,6 +76,8 @@ class Program:
         self.model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 1))
         fully_shard(self.model)
         self.optim = torch.optim.AdamW(self.model.parameters(), lr=0.01)
+        if self.rng.flight is not None:  # each rank's own record file
+            self.rng.flight.watch_optimizer(self.optim)
 
     def states(self) -> dict[str, Any]:
         """The DCP state dict, as a user writes it."""
@@ -193,7 +195,7 @@ def save_forged(program: Program, root: Path) -> None:
 
 # -- phases -------------------------------------------------------------------------------
 def save(root: Path) -> dict[str, Any]:
-    program = Program()
+    program = Program(flight=root / "flight")
     first = train(program, STEPS)
     out: dict[str, Any] = {"first": first}
     dcp.save(program.states(), checkpoint_id=str(root / "ckpt"))
@@ -213,11 +215,14 @@ def save(root: Path) -> dict[str, Any]:
 def load(root: Path, ckpt: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name in (ckpt, f"{ckpt}-async"):
-        program = Program()
+        program = Program(flight=(root / ckpt).parent / "flight")
         states = program.states()
         dcp.load(states, checkpoint_id=str(root / name))
         program.after_load(states)
         out[name] = {"after": train(program, STEPS), "weights": program.weights()}
+        assert program.rng.flight is not None
+        program.rng.flight.finish()
+        out[name]["verified"] = program.rng.flight.verified
     out["bad"] = bad_inputs((root / ckpt).parent)
     return out
 

@@ -54,6 +54,18 @@ _PRIVATE: dict[str, tuple[str, str | None]] = {
     "WorkerSeeding": ("devrng._training.workers", "WorkerSeeding"),
     # What a checkpoint records of a loader, compared field by field.
     "describe_loader": ("devrng._training.loaders", "describe"),
+    # The flight record's digests and fingerprints, checked on their own (exact, ordered,
+    # sampled as the docs say); its file read back; the words for a difference; its module
+    # for the file size that prunes and a line's checksum (a record edited as another run's).
+    "batch_digest": ("devrng._training.digest", "batch_digest"),
+    "indices_digest": ("devrng._training.digest", "indices_digest"),
+    "generator_fingerprint": ("devrng._training.digest", "generator_fingerprint"),
+    "numpy_fingerprint": ("devrng._training.digest", "numpy_fingerprint"),
+    "python_fingerprint": ("devrng._training.digest", "python_fingerprint"),
+    "digest_module": ("devrng._training.digest", None),
+    "read_record": ("devrng._training.flight", "read_record"),
+    "explain": ("devrng._training.flight", "explain"),
+    "flight_module": ("devrng._training.flight", None),
     # Threefry internals: known-answer vectors (Random123, JAX) and the stream's pieces.
     "threefry": ("devrng._portable.threefry", None),
     # The table of random aten ops portable covers, checked against torch's own list.

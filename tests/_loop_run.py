@@ -42,7 +42,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
 
 
 def train(config: dict[str, Any], out: Path, resume: Path | None = None) -> Result:
-    with devrng_messages() as (found, logged):
+    with devrng_messages() as (found, logged, flight):
         model, opt = model_and_optimizer()
         rng = None
         if config.get("devrng", True):
@@ -94,6 +94,7 @@ def train(config: dict[str, Any], out: Path, resume: Path | None = None) -> Resu
                            out / "ck" / f"epoch{epoch}.pt")
     result = Result(losses, [], digest(model), steps)
     result.warnings, result.logged, result.samples = found, logged, samples
+    result.flight = flight
     return result
 
 

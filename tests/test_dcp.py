@@ -95,6 +95,17 @@ def test_resume_is_bitwise_the_uninterrupted_run(jobs: Launches, world: int, kin
 
 
 @pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("kind", ["ckpt", "ckpt-async"])
+def test_every_rank_verified_its_resume_with_its_flight_record(jobs: Launches, world: int,
+                                                               kind: str) -> None:
+    """Each rank keeps its own record file; loading through DCP finds the checkpoint in it and
+    the resumed steps match what the uninterrupted run recorded after the save, on every rank."""
+    loaded = jobs.loaded(world)
+    assert [loaded[rank][f"ckpt{world}/{kind}"]["verified"] for rank in range(world)] \
+        == [True] * world
+
+
+@pytest.mark.parametrize("world", WORLDS)
 def test_every_rank_got_its_own_state_back(jobs: Launches, world: int) -> None:
     """The per-rank parts differ from rank to rank: a patchwork would have repeated one."""
     saved = jobs.saved(world)

@@ -14,7 +14,8 @@ HEAVY = ("torch_xla", "jax", "torchax", "intel_extension_for_pytorch")
 
 # The public surface of API.md: a name added or lost here is an API change.
 PUBLIC = {
-    "Backend", "DeterministicHandle", "DevRNGError", "DevRNGWarning", "PortableRNG", "RNGState",
+    "Backend", "DeterministicHandle", "DevRNGError", "DevRNGWarning", "FlightRecord",
+    "PortableRNG", "RNGState",
     "RNGStreams", "SeededFunction", "TrainingRNG", "available_backends", "deterministic",
     "distributed", "fork_rng", "get_backend", "get_rng_state", "infer_device_types",
     "manual_seed", "patch_torch", "portable", "register_backend", "sample_rng", "seed_worker",

@@ -61,6 +61,7 @@ if TYPE_CHECKING:  # the public names, for type checkers (``X as X``: re-exporte
     from devrng._training.determinism import (
         deterministic as deterministic,
     )
+    from devrng._training.flight import FlightRecord as FlightRecord
     from devrng._training.training_rng import TrainingRNG as TrainingRNG
     from devrng._training.workers import sample_rng as sample_rng
     from devrng._training.workers import seed_worker as seed_worker
@@ -71,6 +72,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "DeterministicHandle": ("devrng._training.determinism", "DeterministicHandle"),
     "DevRNGError": ("devrng._base.errors", "DevRNGError"),
     "DevRNGWarning": ("devrng._base.errors", "DevRNGWarning"),
+    "FlightRecord": ("devrng._training.flight", "FlightRecord"),
     "PortableRNG": ("devrng._portable.rng", "PortableRNG"),
     "RNGState": ("devrng._generators.snapshot", "RNGState"),
     "RNGStreams": ("devrng._generators.streams", "RNGStreams"),

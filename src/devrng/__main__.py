@@ -1,4 +1,4 @@
-"""The ``devrng`` command (also ``python -m devrng``): ``doctor`` and ``selftest``.
+"""The ``devrng`` command (also ``python -m devrng``): ``doctor``, ``selftest`` and ``check-resume``.
 
 Arguments are parsed before anything heavy is imported, so ``devrng``,
 ``devrng --help`` and ``devrng --version`` answer at once; torch is imported
@@ -37,6 +37,26 @@ def _parser() -> argparse.ArgumentParser:
         "selftest", help="fork, snapshot, seeding and seeded_jit round trips on every backend",
         description="Run fork, snapshot, seeding and seeded_jit round trips on every available "
                     "backend, printing a row as each finishes; exit 1 on any failure.")
+    check = sub.add_parser(
+        "check-resume", help="does your training script resume exactly? (for your CI)",
+        usage="devrng check-resume [--steps N] [--stop K] [--keep DIR] -- COMMAND ...",
+        description="Run COMMAND (a training script that uses devrng.TrainingRNG or a devrng "
+                    "trainer integration) three times, each in a fresh working directory: "
+                    "uninterrupted, stopped right after its first checkpoint at or after step K, "
+                    "and resumed from that checkpoint; then compare the flight records of the "
+                    "uninterrupted and the resumed run step by step. Exit 0 when the resume is "
+                    "exact, 1 when it differs (the first differing step is named), 2 when it "
+                    "could not be checked.")
+    check.add_argument("--steps", type=int, metavar="N",
+                       help="end each run after step N (default: let the script finish)")
+    check.add_argument("--stop", type=int, metavar="K",
+                       help="stop after the first checkpoint at or after step K (default: half "
+                            "of the uninterrupted run's steps)")
+    check.add_argument("--keep", metavar="DIR",
+                       help="keep the runs' directories, records and output in DIR (kept "
+                            "anyway when the check fails)")
+    check.add_argument("command_", nargs=argparse.REMAINDER, metavar="COMMAND",
+                       help="after '--': the command that trains, e.g. python train.py")
     return parser
 
 
@@ -50,6 +70,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
+    if args.command == "check-resume":
+        from devrng._training.check_resume import check_resume
+
+        command = args.command_[1:] if args.command_[:1] == ["--"] else args.command_
+        return check_resume(command, steps=args.steps, stop=args.stop, keep=args.keep)
     from devrng import _cli  # the commands import torch: only now
 
     try:

@@ -62,7 +62,7 @@ class Progress:
 
 
 def train(config: dict[str, Any], out: Path, resume: Path | None = None) -> Result:
-    with devrng_messages() as (found, logged):
+    with devrng_messages() as (found, logged, flight):
         accelerator = accelerate.Accelerator(
             cpu=True, gradient_accumulation_steps=config.get("accumulate", 1),
             dataloader_config=DataLoaderConfiguration(
@@ -113,7 +113,7 @@ def train(config: dict[str, Any], out: Path, resume: Path | None = None) -> Resu
             if saves:
                 accelerator.save_state(str(out / "ck" / f"epoch{progress.epoch}"))
     result = Result(losses, [], digest(model), progress.step)
-    result.warnings, result.logged = found, logged
+    result.warnings, result.logged, result.flight = found, logged, flight
     result.samples = [",".join(map(str, epoch)) for epoch in order]
     return result
 

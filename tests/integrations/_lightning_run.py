@@ -166,7 +166,7 @@ def fit(config: dict[str, Any], out: Path, *, resume: Path | None = None,
                                 config.get("signal", {}).get("end")))
     kwargs: dict[str, Any] = {}
     val_kwargs: dict[str, Any] = {}
-    with devrng_messages() as (found, logged):
+    with devrng_messages() as (found, logged, flight):
         if config["devrng"]:
             callback = DevRNGCallback(SEED)  # seeds now: the model below is built after it
             callbacks.append(callback)
@@ -198,7 +198,7 @@ def fit(config: dict[str, Any], out: Path, *, resume: Path | None = None,
         for process in getattr(trainer.strategy.launcher, "procs", []):  # DDP: rank 1's result
             process.wait()
     result = Result(model.losses, model.val_losses, digest(model), trainer.global_step)
-    result.warnings, result.logged = found, logged
+    result.warnings, result.logged, result.flight = found, logged, flight
     result.samples = [",".join(map(str, model.order[e])) for e in sorted(model.order)]
     return result, trainer
 

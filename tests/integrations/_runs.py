@@ -65,6 +65,7 @@ class Result:
     warnings: list[str] = field(default_factory=list)
     logged: list[str] = field(default_factory=list)
     samples: list[str] = field(default_factory=list)  # per epoch, where a program records them
+    flight: list[str] = field(default_factory=list)  # what the flight record said (log lines)
 
     @classmethod
     def read(cls, path: Path) -> Result:
@@ -112,25 +113,34 @@ def digest(model: torch.nn.Module) -> str:
 
 
 @contextlib.contextmanager
-def devrng_messages() -> Iterator[tuple[list[str], list[str]]]:
-    """(DevRNGWarning messages, ``"devrng"`` WARNING log records) raised inside the block."""
+def devrng_messages() -> Iterator[tuple[list[str], list[str], list[str]]]:
+    """(DevRNGWarning messages, ``"devrng"`` WARNING log records, the flight record's log
+    lines) raised inside the block."""
     logged: list[str] = []
+    flight: list[str] = []
 
     class Keep(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
-            logged.append(record.getMessage())
+            message = record.getMessage()
+            if record.levelno >= logging.WARNING:
+                logged.append(message)
+            elif message.startswith("devrng flight record:"):
+                flight.append(message)
 
     logger = logging.getLogger("devrng")
-    handler = Keep(logging.WARNING)
+    handler = Keep(logging.INFO)
+    level = logger.level
+    logger.setLevel(logging.INFO)
     logger.addHandler(handler)
     found: list[str] = []
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            yield found, logged
+            yield found, logged, flight
         found += [str(w.message) for w in caught if w.category.__name__ == "DevRNGWarning"]
     finally:
         logger.removeHandler(handler)
+        logger.setLevel(level)
 
 
 def target(out: Path, job: dict[str, Any]) -> Path:
@@ -194,6 +204,9 @@ def main(argv: list[str], run_job: Callable[[Path, dict[str, Any]], None]) -> No
         pid = os.fork()
         if pid == 0:  # the job's own process
             code = 0
+            # One flight record for a configuration's runs: a resumed run compares its steps
+            # with what the uninterrupted run recorded past the checkpoint it resumes from.
+            os.environ["DEVRNG_FLIGHT_RECORD"] = str(out / job["name"] / "flight")
             try:
                 run_job(out, job)
             except BaseException:

@@ -59,7 +59,7 @@ class Model(torch.nn.Module):
 
 
 def train(config: dict[str, Any], out: Path, resume: Path | None = None) -> Result:
-    with devrng_messages() as (found, logged):
+    with devrng_messages() as (found, logged, flight):
         callbacks: list[Any] = []
         if config["devrng"]:
             callbacks.append(DevRNGTrainerCallback(sample_rng=config["sample_rng"]))
@@ -78,7 +78,7 @@ def train(config: dict[str, Any], out: Path, resume: Path | None = None) -> Resu
                           callbacks=callbacks)
         trainer.train(resume_from_checkpoint=None if resume is None else str(resume))
     result = Result(model.losses, [], digest(model), trainer.state.global_step)
-    result.warnings, result.logged = found, logged
+    result.warnings, result.logged, result.flight = found, logged, flight
     return result
 
 

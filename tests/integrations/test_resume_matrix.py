@@ -190,11 +190,28 @@ def test_cell(runs: Any, cell: Cell) -> None:
     else:
         assert resumed.losses, "the resumed run trained no step"
     check_resumed(whole, resumed, cell.expect, cell.match)
+    check_flight(cell, resumed)
     path = target(out, {"mode": "B", "name": cell.name, "tag": cell.tag})
     rank1 = path.with_name(f"{path.stem}.rank1.json")
     if cell.name.startswith("ddp"):  # every rank resumes as expected
         check_resumed(Result.read(out / cell.name / "A.rank1.json"), Result.read(rank1),
                       cell.expect, cell.match)
+        check_flight(cell, Result.read(rank1))  # each rank's own record
+
+
+def check_flight(cell: Cell, resumed: Result) -> None:
+    """The flight record (on by default in the integrations) compared the resumed run with
+    the uninterrupted one: an exact resume is verified, without a false alarm; a resume that
+    devrng warns of is flagged by the record too, at its first differing step."""
+    said = " / ".join(resumed.flight)
+    flagged = [w for w in resumed.warnings if w.startswith("devrng flight record:")]
+    if cell.expect == "exact":
+        # (A first part's checkpoint holds the uninterrupted run's state at that step: the
+        # record finds it there, and compares with what that run recorded after it.)
+        assert "resume verified: steps" in said, (said, resumed.warnings)
+        assert not flagged
+    elif cell.expect == "warned":
+        assert flagged or "not verified" in said, (said, resumed.warnings)
 
 
 @pytest.mark.parametrize(("trainer", "name", "checkpoint", "replays"), [

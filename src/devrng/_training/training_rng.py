@@ -11,10 +11,12 @@ run resumed in a fresh process continues bitwise as the uninterrupted run.
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 import os
 import re
 import secrets
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -57,6 +59,8 @@ from devrng._generators.snapshot import Restore, RNGState, get_rng_state, prepar
 from devrng._generators.undo import Undo
 from devrng._training.determinism import DeterministicHandle
 from devrng._training.determinism import deterministic as turn_on_determinism
+from devrng._training.digest import generator_fingerprint, state_fingerprint
+from devrng._training.flight import FLIGHT_VARIABLE, LOADER_PREFIX, FlightRecord, global_sources
 from devrng._training.loaders import (
     describe,
     feeding_loader,
@@ -67,7 +71,7 @@ from devrng._training.loaders import (
 from devrng._training.workers import dataloader_kwargs
 
 __all__ = ["TrainingRNG", "generator_states", "load_training_state", "set_generator_states",
-           "tracked_loaders"]
+           "start_flight_record", "tracked_loaders"]
 
 _FORMAT = "devrng.TrainingRNG"
 _VERSION = 2
@@ -104,6 +108,11 @@ class TrainingRNG:
         strict: What ``load_state_dict`` does when called without ``strict``
             (as ``torch.distributed.checkpoint.load`` calls it): ``False``
             resumes on another world size or device count with a warning.
+        flight_record: A directory (``True``: the current one) where the run keeps
+            its flight record: what each optimizer step drew and consumed, so that a
+            resumed run verifies that it continues the interrupted one and names the
+            first step where it does not (``rng.flight``). Off by default;
+            ``DEVRNG_FLIGHT_RECORD`` in the environment turns it on, there.
 
     Raises:
         TypeError: ``seed`` is not an int, or a flag is not ``True`` / ``False``.
@@ -122,9 +131,11 @@ class TrainingRNG:
     """
 
     def __init__(self, seed: int | None = None, *, deterministic: bool = False,
-                 per_rank: bool = False, strict: bool = True) -> None:
+                 per_rank: bool = False, strict: bool = True,
+                 flight_record: str | os.PathLike[str] | bool | None = None) -> None:
         """Seed everything now; the arguments are described in ``help(devrng.TrainingRNG)``."""
         check_flags(deterministic=deterministic, per_rank=per_rank, strict=strict)
+        directory = _flight_directory(flight_record)
         seed, source = _resolve_seed(seed)
         self._seed = seed
         self._seed_chosen = source != _ENTROPY  # a checkpoint of another seed is then refused
@@ -134,10 +145,15 @@ class TrainingRNG:
         self._tracked: dict[str, Any] = {}
         self._loaders: dict[str, Any] = {}  # tracked DataLoaders, described in the state
         self.determinism: DeterministicHandle | None = None
+        self._flight: FlightRecord | None = None
         # All or nothing: the exported seed, the determinism switches and the seeding. (No
         # `with`: an interrupt after it, before the caller has this object, must undo too.)
+        if directory is not None:  # first: a directory that cannot be written changes nothing
+            start_flight_record(self, directory)
         undo = Undo("TrainingRNG")
         try:
+            if self._flight is not None:
+                undo.push("the flight record", self._stop_flight)
             undo.set_env("DEVRNG_SEED", str(seed))
             if deterministic:
                 undo.push("deterministic()", self._drop_determinism)
@@ -159,6 +175,39 @@ class TrainingRNG:
     def seed(self) -> int:
         """The run's seed (after ``load_state_dict``, the seed of the run it resumed)."""
         return self._seed
+
+    @property
+    def flight(self) -> FlightRecord | None:
+        """The run's flight record (``flight_record=``), or None when it is off.
+
+        ``rng.flight.loss(loss)`` adds a step's loss to its line; after a resume,
+        ``rng.flight.verified`` is True once every step the interrupted run recorded
+        past the checkpoint matched.
+        """
+        return self._flight
+
+    def _stop_flight(self) -> None:
+        if self._flight is not None:
+            self._flight.close()
+            self._flight = None
+
+    def _flight_sources(self) -> list[tuple[str, Callable[[], Any]]]:
+        """What the flight record fingerprints at each step's start: the global generators,
+        the DataLoaders' and tracked generators, the samplers' own, devrng's seed streams."""
+        found = global_sources()
+        for name, g in self._generators.items():
+            marked = LOADER_PREFIX + name if _LOADER_NAME.fullmatch(name) else name
+            found.append((marked, functools.partial(generator_fingerprint, g)))
+        for name, loader in self._loaders.items():
+            sampler = getattr(loader, "sampler", None)
+            own = getattr(sampler, "generator", None)
+            if isinstance(own, torch.Generator) and own is not getattr(loader, "generator", None):
+                found.append((f"{LOADER_PREFIX}{name}.sampler",
+                              functools.partial(generator_fingerprint, own)))
+        for name, obj in self._tracked.items():
+            if type(obj).__name__ in _CHEAP_STATES:
+                found.append((name, functools.partial(_tracked_fingerprint, obj)))
+        return found
 
     def _process_seed(self, rank: int) -> int:
         return rank_seed(self._seed, rank) if self._per_rank else self._seed
@@ -258,6 +307,8 @@ class TrainingRNG:
             self._tracked[name] = obj
         if loader:
             self._loaders[name] = obj
+            if self._flight is not None:
+                self._flight.watch(name, obj)
         return given
 
     def portable(self, *, strict: bool = True) -> Any:
@@ -316,7 +367,7 @@ class TrainingRNG:
             state = own_entry(obj.state_dict())  # devrng's own objects: their plain state
             check_plain(state, f"the state of the tracked object {name!r}")
             tracked[name] = state
-        return ranked(encode({
+        plain = {
             "format": _FORMAT,
             "version": _VERSION,
             "seed": self._seed,
@@ -326,7 +377,11 @@ class TrainingRNG:
             "generators": {name: g.get_state() for name, g in self._generators.items()},
             "tracked": tracked,
             "loaders": {name: describe(loader) for name, loader in self._loaders.items()},
-        }))
+        }
+        state = ranked(encode(plain))
+        if self._flight is not None:
+            self._flight.checkpoint(_flight_key(plain))
+        return state
 
     def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool | None = None) -> None:
         """Put back everything ``state_dict()`` saved: all of it, or, on any error, nothing.
@@ -380,8 +435,8 @@ class TrainingRNG:
                 load_ranked(state_dict, what="TrainingRNG.load_state_dict", read=_read_entry,
                             facts=_facts, prepare=lambda plain, summary: self._prepare(
                                 plain, summary, strict))
-                return
-            load_training_state(self, state_dict, strict=strict)
+            else:
+                load_training_state(self, state_dict, strict=strict)
         finally:
             deliver()
 
@@ -490,6 +545,7 @@ class _Loading:
             self.restore = prepare_restore(state, fit)
         self.saved_world: int = data["world_size"]
         self.records = data.get("loaders")
+        self.key = _flight_key(data)
 
     def fail(self, problem: str) -> DevRNGError:
         return DevRNGError(f"TrainingRNG.load_state_dict: {problem}.{self.hint}")
@@ -603,6 +659,8 @@ class _Loading:
                          + "; ".join(self.skipped) + ".", stacklevel=4)
         warn_on_resume(resume_problems(self.saved_world, self.records, rng._loaders),
                        stacklevel=4)
+        if rng._flight is not None:  # the steps from here are compared with the saved run's
+            rng._flight.resume(self.key)
 
 
 def _read_entry(entry: Any) -> Any:
@@ -618,6 +676,32 @@ def _facts(plain: Mapping[str, Any]) -> tuple[int, int]:
     """The world size a plain state records (-1: none) and its run's seed, hashed."""
     world = plain.get("world_size")
     return (world if type(world) is int else -1), identity_of(plain.get("seed"))
+
+
+def start_flight_record(rng: TrainingRNG, directory: str, *, hooked: bool = False,
+                        log: Callable[[str], None] | None = None) -> FlightRecord:
+    """``rng``'s flight record, started in ``directory`` if it has none (``DEVRNG_FLIGHT_RECORD``
+    wins); ``hooked``: a trainer integration says which batch each step consumes."""
+    if rng._flight is None:
+        rank = process_rank()
+        rng._flight = FlightRecord(os.environ.get(FLIGHT_VARIABLE) or directory, rank=rank,
+                                   sources=functools.partial(_sources_of, weakref.ref(rng)),
+                                   log=log, identity={
+                                       "seed": rng._seed, "rank": rank,
+                                       "world_size": world_size()})
+        for name, loader in rng._loaders.items():
+            rng._flight.watch(name, loader)
+    rng._flight.hooked = rng._flight.hooked or hooked
+    if log is not None:
+        rng._flight.log = log
+    return rng._flight
+
+
+def _sources_of(ref: weakref.ref[TrainingRNG]) -> list[tuple[str, Callable[[], Any]]]:
+    # Held weakly: a record must not keep its TrainingRNG alive (an unreachable run's
+    # record then goes with it, and stops counting this process's optimizer steps).
+    rng = ref()
+    return rng._flight_sources() if rng is not None else []
 
 
 def generator_states(rng: TrainingRNG) -> dict[str, torch.Tensor]:
@@ -643,6 +727,37 @@ def _materialise(obj: Any) -> None:
     ``state_dict()`` does that), so that it resets its generator before we set it."""
     if isinstance(obj, torch.utils.data.DataLoader) and hasattr(obj, "next_iter_state"):
         obj.state_dict()  # type: ignore[attr-defined]
+
+
+# The parts of a saved state that identify a checkpoint to the flight record.
+_FLIGHT_KEYED = ("seed", "rank", "rng", "generators", "tracked")
+# Tracked objects whose state_dict() is a few ints: their fingerprints are cheap each step.
+_CHEAP_STATES = frozenset({"SeededFunction", "PortableRNG"})
+
+
+def _tracked_fingerprint(obj: Any) -> Any:
+    return state_fingerprint(own_entry(obj.state_dict()))
+
+
+def _flight_key(plain: Mapping[str, Any]) -> str:
+    """What the flight record knows a checkpoint by: a digest of the generator states it
+    holds (the same whichever way the state travelled: a file, DCP, a trainer's list)."""
+    return f"{identity_of({k: plain.get(k) for k in _FLIGHT_KEYED}):016x}"
+
+
+def _flight_directory(value: Any) -> str | None:
+    """Where ``TrainingRNG(flight_record=value)`` keeps its record (None: no record)."""
+    forced = os.environ.get(FLIGHT_VARIABLE, "").strip()
+    if forced:
+        return forced
+    if value is None or value is False:
+        return None
+    if value is True:
+        return os.getcwd()
+    if isinstance(value, (str, os.PathLike)) and os.fspath(value):
+        return os.fspath(value)
+    raise TypeError(f"TrainingRNG(flight_record=...) takes a directory (a str or path), True "
+                    f"(the current directory) or None, not {short_repr(value)}.")
 
 
 def _resolve_seed(seed: int | None) -> tuple[int, str]:

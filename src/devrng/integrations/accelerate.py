@@ -24,21 +24,26 @@ the first. The registered state keeps each tracked loader's count and
 
 from __future__ import annotations
 
+import functools
+import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import accelerate
+import torch
 
 from devrng._base.rank import process_rank
+from devrng._training.flight import FLIGHT_VARIABLE, FlightRecord
 from devrng._training.loaders import describe, position_problem, warn_on_resume
-from devrng._training.training_rng import TrainingRNG, tracked_loaders
+from devrng._training.training_rng import TrainingRNG, start_flight_record, tracked_loaders
 from devrng.integrations._per_rank import PerRankState
 
 __all__ = ["register"]
 
 
 def register(accelerator: accelerate.Accelerator, rng: TrainingRNG | None = None, *,
-             seed: int | None = None, strict: bool = True) -> TrainingRNG:
+             seed: int | None = None, strict: bool = True,
+             flight_record: str | os.PathLike[str] | bool = True) -> TrainingRNG:
     """Make ``accelerator.save_state`` / ``load_state`` carry every process's ``TrainingRNG``.
 
     A new ``TrainingRNG`` seeds at once: call this before building the model.
@@ -55,6 +60,11 @@ def register(accelerator: accelerate.Accelerator, rng: TrainingRNG | None = None
             drawn from OS entropy).
         strict: ``False`` resumes on another device count or world size with a
             warning (as ``TrainingRNG.load_state_dict(strict=False)``).
+        flight_record: Keep the run's flight record in this directory; ``True`` (the
+            default): the accelerator's ``project_dir``, else the current directory;
+            ``False``: none. Each training-mode forward of a prepared model is a batch
+            its step consumes; a resumed run compares its steps with the interrupted
+            run's and warns at the first that differs.
 
     Returns:
         The ``TrainingRNG``: use its ``dataloader_kwargs()`` and ``track()``.
@@ -66,10 +76,43 @@ def register(accelerator: accelerate.Accelerator, rng: TrainingRNG | None = None
         >>> rng.seed
         1234
     """
+    if not isinstance(flight_record, (bool, str, os.PathLike)):
+        raise TypeError(f"register(..., flight_record=...) takes a directory, True (the "
+                        f"project_dir) or False, not {flight_record!r}.")
     if rng is None:
         rng = TrainingRNG(seed)
+    if flight_record is not False or os.environ.get(FLIGHT_VARIABLE):
+        where = (getattr(accelerator, "project_dir", None) or os.getcwd()) \
+            if flight_record in (True, False) else os.fspath(flight_record)  # type: ignore[arg-type]
+        _watch_models(accelerator, start_flight_record(rng, where, hooked=True))
     accelerator.register_for_checkpointing(_Registered(rng, strict, accelerator.gradient_state))
     return rng
+
+
+def _watch_models(accelerator: accelerate.Accelerator, flight: FlightRecord) -> None:
+    """Have the flight record see the forward passes of every model ``accelerator`` prepares
+    and count the steps of its optimizers (those prepared already, and, through its
+    ``prepare``, those to come)."""
+    seen: set[int] = set()
+
+    def watch(objects: Iterable[Any]) -> None:
+        for obj in objects:
+            if isinstance(obj, torch.nn.Module) and id(obj) not in seen:
+                seen.add(id(obj))
+                flight.watch_model(obj)
+            elif isinstance(obj, torch.optim.Optimizer):
+                flight.watch_optimizer(obj)
+
+    watch([*getattr(accelerator, "_models", ()), *getattr(accelerator, "_optimizers", ())])
+    prepare = accelerator.prepare
+
+    @functools.wraps(prepare)
+    def prepare_and_watch(*args: Any, **kwargs: Any) -> Any:
+        prepared = prepare(*args, **kwargs)
+        watch(prepared if isinstance(prepared, tuple) else (prepared,))
+        return prepared
+
+    accelerator.prepare = prepare_and_watch  # type: ignore[method-assign]
 
 
 class _Registered(PerRankState):

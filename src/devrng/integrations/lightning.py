@@ -17,6 +17,7 @@ exist, restored, before Lightning builds the loader: that is why the loaders tak
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -27,6 +28,7 @@ import torch
 from devrng._base.errors import DevRNGError, check_flags
 from devrng._base.rank import process_rank
 from devrng._generators.seeding import manual_seed
+from devrng._training.flight import FLIGHT_VARIABLE
 from devrng._training.loaders import (
     describe,
     differences,
@@ -35,7 +37,12 @@ from devrng._training.loaders import (
     private_shuffle_problem,
     warn_on_resume,
 )
-from devrng._training.training_rng import TrainingRNG, generator_states, set_generator_states
+from devrng._training.training_rng import (
+    TrainingRNG,
+    generator_states,
+    set_generator_states,
+    start_flight_record,
+)
 from devrng._training.workers import WorkerSeeding
 from devrng.distributed import rank_seed
 from devrng.integrations._per_rank import PerRankState, gather
@@ -64,6 +71,10 @@ class DevRNGCallback(pl.Callback):
         per_rank: Seed each rank with its own ``devrng.distributed.rank_seed``.
         strict: ``False`` resumes on another device count or world size with a
             warning (as ``TrainingRNG.load_state_dict(strict=False)``).
+        flight_record: Keep the run's flight record (``devrng-flight.rank<r>.jsonl``)
+            in this directory; ``True`` (the default): the Trainer's
+            ``default_root_dir``; ``False``: no record. A resumed run compares its
+            steps with the interrupted run's and warns at the first that differs.
 
     Examples:
         >>> from devrng.integrations.lightning import DevRNGCallback
@@ -73,8 +84,13 @@ class DevRNGCallback(pl.Callback):
     """
 
     def __init__(self, seed: int | None = None, *, deterministic: bool = False,
-                 per_rank: bool = False, strict: bool = True) -> None:
+                 per_rank: bool = False, strict: bool = True,
+                 flight_record: str | os.PathLike[str] | bool = True) -> None:
         check_flags(deterministic=deterministic, per_rank=per_rank, strict=strict)
+        if not isinstance(flight_record, (bool, str, os.PathLike)):
+            raise TypeError(f"DevRNGCallback(flight_record=...) takes a directory, True (the "
+                            f"Trainer's default_root_dir) or False, not {flight_record!r}.")
+        self.flight_record = flight_record
         self.seed = seed
         self.deterministic = deterministic
         self.per_rank = per_rank
@@ -93,6 +109,11 @@ class DevRNGCallback(pl.Callback):
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._trainer = trainer
+        if self.flight_record is not False or os.environ.get(FLIGHT_VARIABLE):
+            where = trainer.default_root_dir if self.flight_record in (True, False) \
+                else os.fspath(self.flight_record)  # type: ignore[arg-type]
+            start_flight_record(self.rng, where, hooked=True,
+                                log=logging.getLogger("lightning.pytorch").info)
         here = (os.getpid(), process_rank(strict=False))
         if here != self._seeded_in and (self.per_rank or here[0] != self._seeded_in[0]):
             # A process Lightning started (spawn), or a rank known only now: seed it as the
@@ -117,6 +138,8 @@ class DevRNGCallback(pl.Callback):
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._ended = self.state_dict()
+        if self.rng.flight is not None:
+            self.rng.flight.finish()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if not state_dict:
@@ -165,6 +188,11 @@ class DevRNGCallback(pl.Callback):
         # The first epoch of this process iterates what Lightning built before this hook; a
         # restart in the middle of an epoch has no on_train_epoch_start for it.
         self._iterated = {id(loader) for loader in loaders["training"]} if mid_epoch else set()
+        if self.rng.flight is not None:
+            for i, loader in enumerate(loaders["training"]):
+                self.rng.flight.watch(f"train{i or ''}", loader)
+            for optimizer in trainer.optimizers:
+                self.rng.flight.watch_optimizer(optimizer)
         if resumed is None:
             if getattr(trainer, "ckpt_path", None):  # resumed, and Lightning had nothing for us
                 self._no_state("it has no DevRNGCallback entry")
@@ -215,6 +243,17 @@ class DevRNGCallback(pl.Callback):
                 sampler.set_epoch(epoch)
         iter(fetcher)  # as Lightning's fit loop does: the loaders' new iterators
         return []
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        if self.rng.flight is not None:
+            self.rng.flight.consume(batch)
+
+    def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                           loss: torch.Tensor) -> None:
+        # (Before the optimizer steps: the loss goes on the line of the step it is part of.)
+        if self.rng.flight is not None and loss.numel() == 1:
+            self.rng.flight.loss(loss)
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         for loader in self._loaders()["training"]:

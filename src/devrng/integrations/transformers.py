@@ -22,7 +22,9 @@ it cannot make exact it names in a ``DevRNGWarning``.
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterable, Mapping
+import functools
+import os
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
@@ -31,9 +33,17 @@ from transformers.trainer_callback import ExportableState
 
 from devrng._backends.registry import available_backends
 from devrng._base.errors import check_flags
+from devrng._base.rank import process_rank, world_size
 from devrng._generators.fork import fork_rng
 from devrng._generators.patch import patch_torch
 from devrng._generators.seeding import manual_seed
+from devrng._training.digest import generator_fingerprint
+from devrng._training.flight import (
+    FLIGHT_VARIABLE,
+    LOADER_PREFIX,
+    FlightRecord,
+    global_sources,
+)
 from devrng._training.loaders import (
     describe,
     differences,
@@ -61,16 +71,26 @@ class DevRNGTrainerCallback(transformers.TrainerCallback, ExportableState):
     such a resume exact with ``dataloader_num_workers > 0``; otherwise, and for
     what no state can fix, the resumed run warns (``DevRNGWarning``).
 
+    The run keeps a flight record (``devrng-flight.rank<r>.jsonl`` in ``output_dir``;
+    ``flight_record=False``: none): a resumed run compares each step with what the
+    interrupted run recorded past the checkpoint and warns at the first that differs.
+
     Examples:
         >>> from devrng.integrations.transformers import DevRNGTrainerCallback
         >>> callback = DevRNGTrainerCallback()   # Trainer(..., callbacks=[callback])
         >>> sorted(callback.state()["attributes"])
-        ['epoch_start', 'loader', 'saved', 'world_size']
+        ['epoch_start', 'flight', 'loader', 'saved', 'world_size']
     """
 
-    def __init__(self, sample_rng: bool = False) -> None:
+    def __init__(self, sample_rng: bool = False, *,
+                 flight_record: str | os.PathLike[str] | bool = True) -> None:
         check_flags(sample_rng=sample_rng)
+        if not isinstance(flight_record, (bool, str, os.PathLike)):
+            raise TypeError(f"DevRNGTrainerCallback(flight_record=...) takes a directory, True "
+                            f"(the Trainer's output_dir) or False, not {flight_record!r}.")
         self.sample_rng = sample_rng
+        self.flight_record = flight_record
+        self.flight: FlightRecord | None = None
         self.epoch_start: str | None = None  # torch's CPU state when the epoch began (base64)
         self.loader: dict[str, Any] | None = None  # the training loader, described
         self.world_size: int | None = None
@@ -78,9 +98,13 @@ class DevRNGTrainerCallback(transformers.TrainerCallback, ExportableState):
 
     # -- what the Trainer writes in trainer_state.json with each checkpoint ---------------------
     def state(self) -> dict[str, Any]:
+        checkpoint = None
+        if self.flight is not None:  # where this checkpoint is in the flight record
+            checkpoint = f"{self.flight.attempt}:{self.flight.step}"
+            self.flight.checkpoint(checkpoint)
         return {"args": {"sample_rng": self.sample_rng},
                 "attributes": {"epoch_start": self.epoch_start, "loader": self.loader,
-                               "world_size": self.world_size,
+                               "world_size": self.world_size, "flight": checkpoint,
                                # torch's state when the Trainer saves (after its rng_state.pth):
                                # the start of the next epoch, for a checkpoint at an epoch's end
                                "saved": _encode(torch.get_rng_state())}}
@@ -98,6 +122,9 @@ class DevRNGTrainerCallback(transformers.TrainerCallback, ExportableState):
         loader: Any = kwargs.get("train_dataloader")
         now = None if loader is None else describe(loader)
         saved = _saved(state)
+        self._start_flight(args, state, loader, kwargs.get("model"), saved)
+        if self.flight is not None and isinstance(kwargs.get("optimizer"), torch.optim.Optimizer):
+            self.flight.watch_optimizer(kwargs["optimizer"])
         self.loader, self.world_size = now, int(args.world_size)
         self._resumed_epoch_start = None
         if state.global_step == 0 or now is None:
@@ -107,6 +134,30 @@ class DevRNGTrainerCallback(transformers.TrainerCallback, ExportableState):
         if saved is not None:
             self._resumed_epoch_start = _valid(saved.get("epoch_start" if inside else "saved"))
         warn_on_resume(self._problems(args, saved, now, inside), stacklevel=2)
+
+    def _start_flight(self, args: Any, state: Any, loader: Any, model: Any,
+                      saved: Mapping[str, Any] | None) -> None:
+        if self.flight_record is False and not os.environ.get(FLIGHT_VARIABLE):
+            return
+        if self.flight is None:
+            where = args.output_dir if self.flight_record in (True, False) \
+                else os.fspath(self.flight_record)  # type: ignore[arg-type]
+            rank = process_rank()
+            self.flight = FlightRecord(
+                where, rank=rank, hooked=True, log=transformers.logging.get_logger(__name__).info,
+                identity={"seed": int(args.seed), "rank": rank, "world_size": world_size()},
+                sources=functools.partial(_sources, loader))
+            if isinstance(model, torch.nn.Module):
+                self.flight.watch_model(model)
+        if loader is not None:
+            self.flight.watch("train", loader)
+        if state.global_step > 0:
+            key = saved.get("flight") if saved is not None else None
+            self.flight.resume(key if isinstance(key, str) else "", step=state.global_step)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.flight is not None:
+            self.flight.finish()
 
     def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         resumed, self._resumed_epoch_start = self._resumed_epoch_start, None
@@ -146,6 +197,18 @@ class DevRNGTrainerCallback(transformers.TrainerCallback, ExportableState):
                    "later sample's augmentation from another point of their streams; draw "
                    "each sample's randomness inside devrng.sample_rng(index) and pass "
                    "DevRNGTrainerCallback(sample_rng=True), or save at epoch ends")
+
+
+def _sources(loader: Any) -> list[tuple[str, Callable[[], Any]]]:
+    """What the flight record fingerprints at each step's start: the global generators, and
+    the training loader's and its sampler's."""
+    found = global_sources()
+    for name, owner in (("loader", loader), ("sampler", getattr(loader, "sampler", None))):
+        generator = getattr(owner, "generator", None)
+        if isinstance(generator, torch.Generator):
+            found.append((LOADER_PREFIX + name, functools.partial(generator_fingerprint,
+                                                                  generator)))
+    return found
 
 
 def _saved(state: Any) -> Mapping[str, Any] | None:

@@ -1,0 +1,562 @@
+"""The flight record: exact digests, a line per optimizer step, resumes verified or the first
+differing step named, and ``devrng check-resume``."""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import random
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from tests._helpers import run_python
+from tests._internals import (
+    batch_digest,
+    digest_module,
+    explain,
+    flight_module,
+    generator_fingerprint,
+    indices_digest,
+    numpy_fingerprint,
+    python_fingerprint,
+    read_record,
+)
+
+import devrng
+
+# -- digests ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16,
+                                   torch.int64, torch.int32, torch.int8, torch.uint8,
+                                   torch.bool, torch.complex64])
+def test_a_batch_digest_sees_one_changed_element_of_every_dtype(dtype: torch.dtype) -> None:
+    base = (torch.arange(60) % 7).to(dtype).reshape(6, 10)
+    changed = base.clone()
+    changed.view(-1)[37] = 1 if dtype is torch.bool and not changed.view(-1)[37] else 0
+    if torch.equal(changed, base):
+        changed.view(-1)[37] = 5
+    assert batch_digest(base) == batch_digest(base.clone())
+    assert batch_digest(base) != batch_digest(changed)
+
+
+def test_a_batch_digest_sees_two_samples_trade_places_and_not_the_memory_layout() -> None:
+    x = torch.randn(8, 5, generator=torch.Generator().manual_seed(0))
+    swapped = x[[1, 0, 2, 3, 4, 5, 6, 7]]
+    assert batch_digest(x) != batch_digest(swapped)  # a plain sum would not see it
+    assert batch_digest(x.t().contiguous().t()) == batch_digest(x)  # same values, other strides
+    assert batch_digest(x[:, ::2]) == batch_digest(x[:, ::2].contiguous())
+
+
+def test_a_batch_digest_covers_the_structure_numbers_strings_and_arrays() -> None:
+    x = torch.ones(2, 3)
+    assert batch_digest({"x": x, "y": [1, 2]}) != batch_digest({"x": x, "z": [1, 2]})
+    assert batch_digest((x, 1)) != batch_digest((x, 2))
+    assert batch_digest((x, "a")) != batch_digest((x, "b"))
+    assert batch_digest((x, 0.5)) != batch_digest((x, 0.25))
+    assert batch_digest(np.arange(4)) == batch_digest(torch.arange(4))
+    assert batch_digest(x) != batch_digest(x.double())  # dtype is part of it
+    assert batch_digest(x) != batch_digest(x.reshape(3, 2))  # and shape
+
+
+def test_a_large_tensor_is_digested_on_evenly_spaced_elements() -> None:
+    """Past SAMPLED elements, an element between two sampled ones is not seen (the docs say
+    so); one that is sampled, and any change to every sample (augmentation), is."""
+    sampled = digest_module.SAMPLED
+    x = torch.zeros(64, 3 * 32 * 32)
+    step = -(-x.numel() // sampled) | 1
+    seen, unseen = x.clone(), x.clone()
+    seen.view(-1)[step * 10] = 1.0
+    unseen.view(-1)[step * 10 + 1] = 1.0
+    assert batch_digest(seen) != batch_digest(x)
+    assert batch_digest(unseen) == batch_digest(x)
+    assert batch_digest(x + torch.rand(x.shape) * 1e-3) != batch_digest(x)
+
+
+def test_indices_digest_is_the_order_of_the_indices() -> None:
+    assert indices_digest([1, 2, 3]) == indices_digest([1, 2, 3])
+    assert indices_digest([1, 2, 3]) != indices_digest([2, 1, 3])
+    assert indices_digest(torch.tensor([1, 2, 3])) == indices_digest([1, 2, 3])
+    assert indices_digest(["a", "b"]) != indices_digest(["b", "a"])  # not ints: by repr
+
+
+def test_fingerprints_follow_the_generators_and_read_nothing_twice() -> None:
+    g = torch.Generator().manual_seed(1)
+    before = generator_fingerprint(g)
+    torch.rand(3, generator=g)
+    assert generator_fingerprint(g) != before
+    g.manual_seed(1)
+    assert generator_fingerprint(g) == before
+    np_read = numpy_fingerprint()
+    assert np_read is not None
+    state, py_state = np.random.get_state(), random.getstate()
+    a, b = np_read(), python_fingerprint()
+    np.random.rand()
+    random.random()
+    assert np_read() != a and python_fingerprint() != b
+    np.random.set_state(state)
+    random.setstate(py_state)
+    assert np_read() == a and python_fingerprint() == b
+
+
+def test_the_numpy_fingerprint_reads_the_live_state_after_reseeding() -> None:
+    """The fast reader reads NumPy's C state in place: reseeding (which rewrites it there)
+    and a replaced global generator (which it must not read through a stale address) both
+    change what it returns."""
+    read = numpy_fingerprint()
+    assert read is not None
+    np.random.seed(3)
+    a = read()
+    np.random.seed(4)
+    assert read() != a
+    np.random.seed(3)
+    assert read() == a
+    old = np.random.mtrand._rand
+    try:
+        np.random.mtrand._rand = np.random.RandomState(3)
+        assert read() != ""  # the slow road, no crash
+    finally:
+        np.random.mtrand._rand = old
+
+
+# -- the record in a loop -------------------------------------------------------------------
+
+def _loop(directory: Path, steps: int, *, accumulate: int = 1, workers: int = 0,
+          flight: bool = True, save_at: int | None = None, seed: int = 5,
+          resume: dict[str, Any] | None = None, draw_at: int | None = None,
+          save_in_loop: bool = False) -> dict[str, Any]:
+    """A plain loop in this process, the record in ``directory``: its losses, what it saved
+    at step ``save_at`` (``resume`` it in a later loop), the generators' fingerprint at the
+    end; ``draw_at``: one NumPy draw before that step, which an earlier run did not make.
+    A step that ends an epoch saves after the epoch's loop (as the docs advise), or with
+    ``save_in_loop`` inside it, before the loader is asked for the batch after its last."""
+    rng = devrng.TrainingRNG(seed, flight_record=directory if flight else None)
+    data = torch.utils.data.TensorDataset(torch.linspace(0, 1, 160).reshape(40, 4),
+                                          torch.linspace(1, 0, 40).reshape(40, 1))
+    loader = rng.track("loader", torch.utils.data.DataLoader(
+        data, batch_size=4, shuffle=True, num_workers=workers, **rng.dataloader_kwargs()))
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.5), torch.nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    done = 0
+    if resume is not None:
+        model.load_state_dict(resume["model"])
+        opt.load_state_dict(resume["opt"])
+        rng.load_state_dict(resume["rng"])
+        done = resume["step"]
+    losses: list[float] = []
+    saved = None
+    micro = 0
+
+    def save() -> dict[str, Any]:
+        return {"rng": rng.state_dict(), "model": copy.deepcopy(model.state_dict()),
+                "opt": copy.deepcopy(opt.state_dict()), "step": done}
+
+    while done < steps:
+        for i, (x, y) in enumerate(loader):
+            if done + 1 == draw_at and micro % accumulate == 0:
+                np.random.rand()
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            if rng.flight is not None:
+                rng.flight.loss(loss)
+            micro += 1
+            if micro % accumulate:
+                continue
+            opt.step()
+            opt.zero_grad()
+            done += 1
+            losses.append(loss.item())
+            if done == save_at and (save_in_loop or i + 1 < len(loader)):
+                saved = save()
+            if done == steps:
+                break
+        if done == save_at and saved is None:
+            saved = save()
+    verified = rng.flight.verified if rng.flight is not None else None
+    if rng.flight is not None:
+        rng.flight.close()
+    return {"losses": losses, "saved": saved, "after": devrng.get_rng_state().fingerprint(),
+            "verified": verified}
+
+
+def test_one_line_per_optimizer_step_of_a_few_hundred_bytes(tmp_path: Path) -> None:
+    _loop(tmp_path, 6, save_at=3)
+    record = read_record(str(tmp_path / "devrng-flight.rank0.jsonl"))
+    (attempt,) = record["attempts"].values()
+    assert sorted(attempt["steps"]) == [1, 2, 3, 4, 5, 6]
+    assert attempt["checkpoints"] == [3]
+    lines = (tmp_path / "devrng-flight.rank0.jsonl").read_bytes().splitlines()
+    steps = [line for line in lines if line.startswith(b'{"s":')]
+    assert len(steps) == 6 and max(map(len, steps)) <= 400, max(map(len, steps))
+    line, names = attempt["steps"][2]
+    # (and every started device: XLA where torch_xla is in use)
+    assert [n for n in names if ":" not in n or n.startswith("loader:")] == [
+        "cpu", "python", "numpy", "loader:dataloader0"]
+    assert line["n"] == 1 and len(line["b"]) == 16 and len(line["i"]) == 16
+    assert line["p"] == ["loader", 1]  # the second batch of its epoch
+    assert float.fromhex(line["l"][0]) > 0
+
+
+def test_a_step_is_an_optimizer_step_and_holds_its_micro_batches(tmp_path: Path) -> None:
+    _loop(tmp_path, 3, accumulate=2)
+    (attempt,) = read_record(str(tmp_path / "devrng-flight.rank0.jsonl"))["attempts"].values()
+    assert sorted(attempt["steps"]) == [1, 2, 3]
+    assert all(line["n"] == 2 and len(line["l"]) == 2 for line, _ in attempt["steps"].values())
+
+
+def test_the_record_only_reads_a_run_draws_the_same_with_it_on(tmp_path: Path) -> None:
+    """With workers, checkpoints and losses recorded: the same losses and the same
+    generators at the end, bitwise, with the record on and off."""
+    on = _loop(tmp_path, 12, workers=2, save_at=5)
+    off = _loop(tmp_path, 12, workers=2, save_at=5, flight=False)
+    assert on["losses"] == off["losses"]
+    assert on["after"] == off["after"]
+
+
+def test_a_resume_in_this_process_is_verified(tmp_path: Path,
+                                             caplog: pytest.LogCaptureFixture) -> None:
+    # 10 steps an epoch: a checkpoint at an epoch's end resumes exactly with a DataLoader.
+    first = _loop(tmp_path, 16, save_at=10)  # records steps 11 to 16 past its checkpoint
+    with caplog.at_level(logging.INFO, logger="devrng"), warnings.catch_warnings():
+        warnings.simplefilter("error")  # no DevRNGWarning
+        again = _loop(tmp_path, 16, resume=first["saved"])
+    assert again["losses"] == first["losses"][10:]
+    assert again["verified"] is True
+    assert any("resume verified: steps 11 to 16 drew and consumed exactly what the interrupted "
+               "run did" in m for m in caplog.messages), caplog.messages
+
+
+def test_the_first_differing_step_and_its_cause_are_named_once(tmp_path: Path) -> None:
+    first = _loop(tmp_path, 16, save_at=10)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        again = _loop(tmp_path, 16, resume=first["saved"], draw_at=13)
+    found = [str(w.message) for w in caught if w.category is devrng.DevRNGWarning]
+    assert len(found) == 1, found
+    # Drawn during step 13, after it took its batch: seen when step 14 starts.
+    assert ("differs from the interrupted one at step 14 (batch 4 of its epoch from loader "
+            "'loader'): at the step's start the generator numpy differed (cpu, ") in found[0]
+    assert "python, dataloader0 matched)" in found[0], found
+    assert "Steps 11 to 13 matched." in found[0]
+    assert again["verified"] is False
+
+
+def test_a_save_inside_the_loop_after_an_epochs_last_batch_is_flagged(tmp_path: Path) -> None:
+    """A class devrng does not list: torch's RandomSampler draws once more when the loader
+    is asked for the batch after the epoch's last, so a checkpoint written inside the loop
+    after that batch misses the draw. The record names it at the next epoch's first step."""
+    first = _loop(tmp_path, 16, save_at=10, save_in_loop=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        again = _loop(tmp_path, 16, resume=first["saved"])
+    assert again["losses"] != first["losses"][10:]  # not exact, indeed
+    found = [str(w.message) for w in caught if w.category is devrng.DevRNGWarning]
+    assert len(found) == 1, found
+    assert ("at step 11 (batch 1 of its epoch from loader 'loader'): the batch holds other "
+            "samples (its indices differ) (the loader's generator dataloader0 differed at the "
+            "step's start too): the loader's sampler shuffled differently") in found[0], found
+
+
+def test_a_run_that_recorded_nothing_past_its_checkpoint_cannot_be_verified_and_says_so(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    first = _loop(tmp_path, 4, save_at=4)  # saved at its last step
+    with caplog.at_level(logging.INFO, logger="devrng"), warnings.catch_warnings():
+        warnings.simplefilter("error")  # not a warning
+        rng = devrng.TrainingRNG(5, flight_record=tmp_path)
+        rng.dataloader_kwargs()
+        rng.load_state_dict(first["saved"]["rng"])
+    assert any("cannot be verified: the interrupted run recorded nothing past its "
+               "checkpoint at step 4" in m for m in caplog.messages), caplog.messages
+    assert rng.flight is not None and rng.flight.verified is None
+    rng.flight.close()
+
+
+def test_a_checkpoint_the_record_does_not_know_is_said_not_compared(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    first = _loop(tmp_path / "elsewhere", 6, save_at=3)
+    with caplog.at_level(logging.INFO, logger="devrng"):
+        rng = devrng.TrainingRNG(5, flight_record=tmp_path / "here")
+        rng.dataloader_kwargs()
+        rng.load_state_dict(first["saved"]["rng"])
+    assert any("holds no entry for the checkpoint" in m for m in caplog.messages)
+    assert rng.flight is not None
+    rng.flight.close()
+
+
+def test_a_record_of_another_run_is_never_compared_silently(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    first = _loop(tmp_path, 6, save_at=3, seed=5)
+    path = tmp_path / "devrng-flight.rank0.jsonl"
+    lines = path.read_text().splitlines()
+    # The same checkpoint, as if the record had been written by a run of another seed.
+    header = json.loads(lines[0].rpartition(" ")[0])
+    header["id"]["seed"] = 6
+    lines[0] = flight_module.encode_line(header).rstrip("\n")
+    path.write_text("\n".join(lines) + "\n")
+    with caplog.at_level(logging.INFO, logger="devrng"):
+        rng = devrng.TrainingRNG(5, flight_record=tmp_path)
+        rng.dataloader_kwargs()
+        rng.load_state_dict(first["saved"]["rng"])
+    assert any("not compared with the run that wrote it: it was another run or configuration "
+               "(seed 6 then, 5 now)" in m for m in caplog.messages), caplog.messages
+    assert rng.flight is not None
+    rng.flight.close()
+
+
+def test_damaged_lines_are_skipped_and_counted(tmp_path: Path) -> None:
+    _loop(tmp_path, 5)
+    path = tmp_path / "devrng-flight.rank0.jsonl"
+    data = bytearray(path.read_bytes())
+    data[data.index(b'"s":3') + 3] ^= 0x01  # one flipped bit in step 3's line
+    path.write_bytes(bytes(data) + b'{"s":9,"a":"torn')  # and a torn last line
+    record = read_record(str(path))
+    (attempt,) = record["attempts"].values()
+    assert sorted(attempt["steps"]) == [1, 2, 4, 5]
+    assert record["damaged"] == 2
+
+
+def test_the_file_is_pruned_to_the_steps_a_resume_may_need(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(flight_module, "PRUNE_BYTES", 1)
+    rng = devrng.TrainingRNG(5, flight_record=tmp_path)
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(1, 13):
+        model(torch.ones(2)).sum().backward()
+        opt.step()
+        if step % 3 == 0:
+            rng.state_dict()  # a checkpoint at steps 3, 6, 9, 12
+    assert rng.flight is not None
+    rng.flight.close()
+    (attempt,) = read_record(str(tmp_path / "devrng-flight.rank0.jsonl"))["attempts"].values()
+    assert attempt["id"] is not None  # the header is kept
+    assert sorted(attempt["steps"]) == [10, 11, 12] and attempt["checkpoints"] == [9, 12]
+
+
+def test_a_full_disk_stops_the_record_with_one_warning_and_never_the_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = devrng.TrainingRNG(5, flight_record=tmp_path)
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def full(fd: int, data: bytes) -> int:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(flight_module.os, "write", full)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(4):
+            model(torch.ones(2)).sum().backward()
+            opt.step()
+        state = rng.state_dict()  # a checkpoint still works (its line is not written)
+    found = [str(w.message) for w in caught if w.category is devrng.DevRNGWarning]
+    assert len(found) == 1 and "No space left on device" in found[0], found
+    assert "stopped" in found[0]
+    monkeypatch.undo()
+    rng.load_state_dict(state)
+    assert rng.flight is not None
+    rng.flight.close()
+
+
+def test_bad_arguments_and_variables_are_sentences(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(TypeError, match=r"flight_record=\.\.\.\) takes a directory .* not 12"):
+        devrng.TrainingRNG(1, flight_record=12)  # type: ignore[arg-type]
+    monkeypatch.setenv("DEVRNG_MAX_STEPS", "ten")
+    with pytest.raises(devrng.DevRNGError, match="DEVRNG_MAX_STEPS is 'ten'; it takes a step"):
+        devrng.TrainingRNG(1, flight_record=tmp_path)
+    monkeypatch.delenv("DEVRNG_MAX_STEPS")
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(OSError, match="devrng flight record: cannot keep the record in"):
+        devrng.TrainingRNG(1, flight_record=blocker / "below")
+    assert devrng.TrainingRNG(1).flight is None  # off by default
+
+
+def test_explain_names_the_part_that_differs_with_its_hint() -> None:
+    names = ["cpu", "python", "numpy", "loader:dataloader0"]
+    base = {"s": 12, "g": ["a", "b", "c", "d"], "n": 1, "b": "x", "i": "y", "l": ["0x1p-1"],
+            "p": ["train", 4]}
+    assert explain(base, names, dict(base), names) is None
+    assert "the batch holds other samples (its indices differ)" in explain(
+        base, names, dict(base, b="x2", i="y2"), names)
+    assert "generator numpy differed (cpu, python, dataloader0 matched)" in explain(
+        base, names, dict(base, g=["a", "b", "c2", "d"]), names)
+    assert "generators python, numpy differed (cpu, dataloader0 matched)" in explain(
+        base, names, dict(base, g=["a", "b2", "c2", "d"]), names)
+    # A loader's own generator alone (it draws when it prefetches): nothing to say; beside a
+    # batch that differs, part of the why.
+    assert explain(base, names, dict(base, g=["a", "b", "c", "d2"]), names) is None
+    assert ("its indices differ) (the loader's generator dataloader0 differed at the step's "
+            "start too)") in explain(base, names, dict(base, g=["a", "b", "c", "d2"], b="x2",
+                                                        i="y2"), names)
+    assert "consumed 2 batch(es) here and 1" in explain(base, names, dict(base, n=2), names)
+    text = explain(base, names, dict(base, l=["0x1p-2"]), names)
+    assert text.startswith("step 12 (batch 5 of its epoch from loader 'train'): the batch and "
+                           "every generator matched and the loss did not")
+
+
+# -- in fresh processes, as users resume ------------------------------------------------------
+
+def _run(directory: Path, config: dict[str, Any], **env: str) -> dict[str, Any]:
+    directory.mkdir(parents=True, exist_ok=True)
+    out = directory / f"result{len(list(directory.glob('result*')))}.json"
+    proc = run_python("tests._flight_run", module=True, cwd=directory,
+                      args=(json.dumps(config), str(out)), env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(out.read_text()) if out.exists() else {}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("loader", ["stateful", "plain"])
+def test_an_exact_resume_in_a_fresh_process_is_verified_and_silent(tmp_path: Path,
+                                                                   loader: str) -> None:
+    """Stopped after step 9 with a checkpoint at step 6 (the plain loader: at the end of the
+    first epoch, step 6), resumed: every step after the checkpoint matches, no warning."""
+    config = {"loader": loader, "save_at": [6]}
+    _run(tmp_path, config, DEVRNG_MAX_STEPS="9")
+    resumed = _run(tmp_path, config)
+    assert resumed["resumed"] == 6
+    assert resumed["warnings"] == [], resumed["warnings"]
+    assert resumed["verified"] is True
+    assert any("resume verified: steps 7 to 9" in m for m in resumed["logged"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("config", "cause"), [
+    # augmentation from torch's generator in the workers, saved inside an epoch
+    ({"augment": "torch", "save_at": [4]},
+     "step 5 (batch 5 of its epoch from loader 'loader'): the batch's indices match and its "
+     "content does not: randomness inside the dataset or collate_fn"),
+    # NumPy in the collate_fn (the workers' NumPy), saved inside an epoch
+    ({"collate": "numpy", "save_at": [4]},
+     "step 5 (batch 5 of its epoch from loader 'loader'): the batch's indices match and its "
+     "content does not"),
+], ids=["augmentation-outside-sample_rng", "numpy-in-collate_fn"])
+def test_a_resume_that_is_not_exact_names_the_step_and_the_cause(
+        tmp_path: Path, config: dict[str, Any], cause: str) -> None:
+    _run(tmp_path, config, DEVRNG_MAX_STEPS="8")
+    resumed = _run(tmp_path, config)
+    flagged = [w for w in resumed["warnings"] if "flight record" in w]
+    assert len(flagged) == 1 and cause in flagged[0], resumed["warnings"]
+    assert resumed["verified"] is False
+
+
+# -- devrng check-resume --------------------------------------------------------------------
+
+def _check(tmp_path: Path, *args: str, config: dict[str, Any] | None = None,
+           script: str | None = None) -> Any:
+    command = ([sys.executable, "-m", "tests._flight_run", json.dumps(config or {}), "out.json"]
+               if script is None else [sys.executable, script])
+    return run_python("devrng", module=True, cwd=tmp_path, timeout=900, inherit_env=True,
+                      args=("check-resume", *args, "--", *command),
+                      env={"DEVRNG_SEED": None})
+
+
+@pytest.mark.slow
+def test_check_resume_says_exact_and_exits_0(tmp_path: Path) -> None:
+    proc = _check(tmp_path, "--steps", "10", "--stop", "5", config={"save_at": [3, 6, 9]})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "resume exact for steps 7 to 10 (checkpoint at step 6;" in proc.stdout
+
+
+@pytest.mark.slow
+def test_check_resume_names_the_first_differing_step_and_exits_1(tmp_path: Path) -> None:
+    proc = _check(tmp_path, "--steps", "10", "--stop", "4",
+                  config={"augment": "torch", "save_at": [4, 8]})
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert ("resume differs at step 5 (batch 5 of its epoch from loader 'loader'): the batch's "
+            "indices match and its content does not") in proc.stdout
+    assert "(the runs' directories, records and output are in" in proc.stdout
+
+
+@pytest.mark.slow
+def test_check_resume_cannot_check_a_script_without_a_record_and_says_why(
+        tmp_path: Path) -> None:
+    (tmp_path / "plain.py").write_text("import torch\nm = torch.nn.Linear(2, 1)\n"
+                                       "torch.optim.SGD(m.parameters(), lr=1).step()\n")
+    proc = _check(tmp_path, script="plain.py")
+    assert proc.returncode == 2
+    assert "the uninterrupted run recorded no step: the script must train with" in proc.stdout
+
+
+@pytest.mark.slow
+def test_check_resume_without_a_checkpoint_after_the_stop_exits_2(tmp_path: Path) -> None:
+    proc = _check(tmp_path, "--steps", "8", "--stop", "5", config={"save_at": [2]})
+    assert proc.returncode == 2
+    assert ("the run saved no checkpoint at or after step 5 (its checkpoints: 2)"
+            in proc.stdout), proc.stdout
+
+
+def test_check_resume_refuses_bad_arguments(tmp_path: Path) -> None:
+    from devrng.__main__ import main
+
+    assert main(["check-resume", "--steps", "5", "--stop", "5", "--", "python", "x.py"]) == 2
+    assert main(["check-resume"]) == 2
+
+
+# -- on a device, for real: XLA on the CPU (the xla environment) ----------------------------
+
+@pytest.mark.xla
+def test_a_batch_on_xla_is_digested_there_and_equals_its_cpu_digest() -> None:
+    """Integer sums give one answer in any order: the digest of a batch on an XLA device,
+    read once the line is written, is the digest of the same bytes on the CPU."""
+    pytest.importorskip("torch_xla")
+    from tests._internals import digest_module
+
+    x = torch.randn(64, 3, 32, 32, generator=torch.Generator().manual_seed(0))  # sampled
+    y = torch.arange(64)
+    on_xla = batch_digest((x.to("xla"), y.to("xla")))
+    assert isinstance(on_xla, digest_module.Pending)  # nothing read yet
+    assert digest_module.resolve([on_xla]) == [batch_digest((x, y))]
+    changed = x.clone()
+    changed[5, 1, 2, 3] += 1.0  # one sample's pixel, in a sampled place or not: compare on CPU
+    assert (digest_module.resolve([batch_digest((changed.to("xla"), y.to("xla")))])
+            == [batch_digest((changed, y))])
+
+
+@pytest.mark.xla
+def test_a_run_on_xla_resumes_verified_with_its_losses_read_in_batches(tmp_path: Path) -> None:
+    pytest.importorskip("torch_xla")
+    import torch_xla
+
+    def run(steps: int, resume: dict[str, Any] | None = None) -> dict[str, Any]:
+        rng = devrng.TrainingRNG(7, flight_record=tmp_path)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.5),
+                                    torch.nn.Linear(8, 1)).to("xla")
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        done, saved, losses = 0, None, []
+        if resume is not None:
+            model.load_state_dict(resume["model"])
+            opt.load_state_dict(resume["opt"])
+            rng.load_state_dict(resume["rng"])
+            done = resume["step"]
+        x = torch.linspace(0, 1, 32).reshape(8, 4).to("xla")
+        while done < steps:
+            loss = model(x).pow(2).mean()  # dropout on the device
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            torch_xla.sync()
+            assert rng.flight is not None
+            rng.flight.loss(loss)  # stays on the device until the line is written
+            done += 1
+            losses.append(loss.item())
+            if done == 3:
+                saved = {"rng": rng.state_dict(), "step": done,
+                         "model": {k: v.cpu() for k, v in model.state_dict().items()},
+                         "opt": copy.deepcopy(opt.state_dict())}
+        assert rng.flight is not None
+        rng.flight.finish()
+        return {"saved": saved, "losses": losses, "verified": rng.flight.verified}
+
+    first = run(6)
+    again = run(6, resume=first["saved"])
+    assert again["losses"] == first["losses"][3:]
+    assert again["verified"] is True
