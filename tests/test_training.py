@@ -307,6 +307,23 @@ def test_another_ranks_state_restores_data_position_not_its_streams(
     assert torch.equal(ours, torch.rand(2))
 
 
+def test_a_torchrun_rank_before_its_process_group_resumes_exactly_and_silently(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """WORLD_SIZE=2 RANK=0 and no process group (a torchrun rank before init_process_group):
+    the state records rank 0 of 2, and the load checks against the same two numbers."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    rng = TrainingRNG(seed=4)
+    saved = rng.state_dict()
+    assert list(saved) == ["devrng_rank_0"]
+    assert (plain_state(saved)["rank"], plain_state(saved)["world_size"]) == (0, 2)
+    want = torch.rand(3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "saved by 2 ranks and this job has 1" was a warning
+        rng.load_state_dict(saved)
+    assert torch.equal(torch.rand(3), want)
+
+
 def test_resume_adopts_the_saved_seed(setup: Any) -> None:
     _rng, _loader, _step, saved = setup
     other = TrainingRNG(99)

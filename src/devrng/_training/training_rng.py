@@ -35,6 +35,7 @@ from devrng._base.seeds import (
 )
 from devrng._base.sigint import deliver, guard
 from devrng._generators.saved import (
+    SAVE,
     Apply,
     Summary,
     check_cpu_state,
@@ -48,9 +49,11 @@ from devrng._generators.saved import (
     identity_of,
     is_ranked,
     load_ranked,
-    own_entry,
+    nested_state,
     ranked,
     ranks_text,
+    save_of,
+    stamp,
 )
 from devrng._generators.seeding import reseed
 from devrng._generators.snapshot import Restore, RNGState, get_rng_state, prepare_restore
@@ -74,6 +77,7 @@ _VERSION = 2
 _KEYS = frozenset({"format", "version", "seed", "rank", "world_size", "rng", "generators",
                    "tracked", "loaders"})
 _KEYS_OF = {1: _KEYS - {"loaders"}, 2: _KEYS}  # version 1 (devrng 0.1) has no loader records
+_OPTIONAL = frozenset({SAVE})  # an entry's save identity (devrng 0.4 and before wrote none)
 _LOADER_NAME = re.compile(r"dataloader\d+")  # the generators dataloader_kwargs() makes
 _logger = logging.getLogger("devrng")
 _ENTROPY = "drawn from OS entropy"
@@ -298,11 +302,14 @@ class TrainingRNG:
         The bytes are what ``torch.save`` makes of a versioned dict of plain
         data (``torch.load(io.BytesIO(b), weights_only=True)`` reads it): the
         global generators (CPU, every started device, Python, NumPy), every
-        DataLoader generator and every tracked object's state. The rank in the
-        key keeps every rank's state apart in a ``torch.distributed.checkpoint``
-        save (``dcp.save({"rng": rng, ...})``), and the state is taken when this
-        is called (also by ``dcp.async_save``). Save one per rank with
-        ``torch.save``, or all of them with DCP.
+        DataLoader generator, every tracked object's state, and the identity of
+        this save. The rank in the key keeps every rank's state apart in a
+        ``torch.distributed.checkpoint`` save (``dcp.save({"rng": rng, ...})``),
+        and the state is taken when this is called (also by ``dcp.async_save``).
+        Save one per rank with ``torch.save``, or all of them with DCP. In a job
+        of several processes every process calls this, as ``dcp.save`` does:
+        the ranks agree on the save's identity (one small ``all_reduce``), by
+        which a load refuses entries of different saves.
 
         Returns:
             ``{"devrng_rank_<this rank>": bytes}``.
@@ -313,10 +320,10 @@ class TrainingRNG:
         """
         tracked = {}
         for name, obj in self._tracked.items():
-            state = own_entry(obj.state_dict())  # devrng's own objects: their plain state
+            state = nested_state(obj)  # devrng's own objects: their plain state
             check_plain(state, f"the state of the tracked object {name!r}")
             tracked[name] = state
-        return ranked(encode({
+        return ranked(encode(stamp({
             "format": _FORMAT,
             "version": _VERSION,
             "seed": self._seed,
@@ -326,7 +333,7 @@ class TrainingRNG:
             "generators": {name: g.get_state() for name, g in self._generators.items()},
             "tracked": tracked,
             "loaders": {name: describe(loader) for name, loader in self._loaders.items()},
-        }))
+        }, self)))
 
     def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool | None = None) -> None:
         """Put back everything ``state_dict()`` saved: all of it, or, on any error, nothing.
@@ -377,9 +384,9 @@ class TrainingRNG:
             strict = self.strict if strict is None else strict
             check_flags(strict=strict)
             if is_ranked(state_dict):
-                load_ranked(state_dict, what="TrainingRNG.load_state_dict", read=_read_entry,
-                            facts=_facts, prepare=lambda plain, summary: self._prepare(
-                                plain, summary, strict))
+                load_ranked(state_dict, owner=self, what="TrainingRNG.load_state_dict",
+                            read=_read_entry, facts=_facts,
+                            prepare=lambda plain, summary: self._prepare(plain, summary, strict))
                 return
             load_training_state(self, state_dict, strict=strict)
         finally:
@@ -506,7 +513,7 @@ class _Loading:
         check_loaded({k: v for k, v in data.items() if k != "tracked"},
                      "TrainingRNG.load_state_dict: the state")
         check_depth(data.get("tracked"), "TrainingRNG.load_state_dict: the tracked states")
-        keys = set(data)
+        keys = set(data) - _OPTIONAL
         if keys != expected:
             extra = sorted(map(short_repr, keys - expected))
             missing = sorted(expected - keys)
@@ -580,7 +587,7 @@ class _Loading:
             if name in self.tracked:
                 # A copy: a state_dict() may hold the object's live tensors.
                 undo.push(f"the tracked object {name!r}", obj.load_state_dict,
-                          copy.deepcopy(own_entry(obj.state_dict())))
+                          copy.deepcopy(nested_state(obj)))
                 obj.load_state_dict(self.tracked[name])
                 _materialise(obj)
         # Generators after the tracked loaders: a resumed StatefulDataLoader sets its
@@ -614,10 +621,11 @@ def _read_entry(entry: Any) -> Any:
     return plain
 
 
-def _facts(plain: Mapping[str, Any]) -> tuple[int, int]:
-    """The world size a plain state records (-1: none) and its run's seed, hashed."""
+def _facts(plain: Mapping[str, Any]) -> tuple[int, int, int]:
+    """The world size a plain state records (-1: none), its run's seed, hashed, and its save."""
     world = plain.get("world_size")
-    return (world if type(world) is int else -1), identity_of(plain.get("seed"))
+    return ((world if type(world) is int else -1), identity_of(plain.get("seed")),
+            save_of(plain, "TrainingRNG.load_state_dict: its entry"))
 
 
 def generator_states(rng: TrainingRNG) -> dict[str, torch.Tensor]:
