@@ -294,6 +294,24 @@ def test_the_world_size_warning_says_what_shards_the_data(caplog: pytest.LogCapt
            in sentence
 
 
+def test_a_ranked_loads_warnings_point_at_the_callers_line() -> None:
+    """Both warnings of a lenient load of one rank's entry (the world size it records is
+    not this job's) name the line that called load_state_dict."""
+    import io
+
+    rng = devrng.TrainingRNG(seed=0, strict=False)
+    state = plain_state(rng.state_dict())
+    state["world_size"] = 2
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        rng.load_state_dict({"devrng_rank_0": buffer.getvalue()})
+    found = [w for w in caught if issubclass(w.category, devrng.DevRNGWarning)]
+    where = [(w.filename, w.lineno) for w in found]
+    assert len(where) == 2 and where[0] == where[1] and where[0][0] == __file__, where
+
+
 def test_a_version_1_state_loads_and_unknown_versions_are_refused(no_warnings: None) -> None:
     rng = devrng.TrainingRNG(seed=0)
     state = plain_state(rng.state_dict())

@@ -601,7 +601,7 @@ def save_of(plain: Any, what: str) -> int:
 
 
 def _save_text(save: int) -> str:
-    return f"save {save:016x}" if save else "no save identity (an older devrng wrote it)"
+    return f"save {save:016x}" if save else "a save without an identity (an older devrng's)"
 
 
 def identity_of(value: Any) -> int:
@@ -720,22 +720,39 @@ def load_ranked(state_dict: Mapping[str, Any], *, owner: Any, what: str,
     """
     call = dcp_load.current()
     try:
-        undo = _load_ranked(state_dict, owner, what, read, facts, prepare, call is not None)
+        apply, warning, me = _agree(state_dict, owner, what, read, facts, prepare,
+                                    call is not None)
+        # Applied here, as load_training_state applies: the warnings' stack levels count on it.
+        error: DevRNGError | None = None
+        with Undo(what) as undo:
+            try:
+                apply(undo)
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except Exception as err:
+                error = err if isinstance(err, DevRNGError) else DevRNGError(
+                    f"{what}: {type(err).__name__}: {err}")
+            failed = _reduce_min([me if error else _NONE])[0]
+            if failed != _NONE:  # every rank puts back what it applied
+                _fail_everywhere(what, failed, error, me, group_size(), "apply")
+            if warning:
+                warn_and_log(warning, stacklevel=3)
+            kept = undo.hand_over()  # a later devrng value of the same dcp.load may fail
     except BaseException as err:
         earlier = dcp_load.put_back(call, err)
         if earlier and isinstance(err, DevRNGError) and err.args:
             err.args = (f"{err.args[0]} The devrng values this dcp.load loaded before it "
                         f"({', '.join(earlier)}) were put back as well.", *err.args[1:])
         raise
-    dcp_load.keep(call, undo, state_dict, is_ranked)
+    dcp_load.keep(call, kept, state_dict, is_ranked)
 
 
-def _load_ranked(state_dict: Mapping[str, Any], owner: Any, what: str,
-                 read: Callable[[Any], Any], facts: Callable[[Any], Facts],
-                 prepare: Callable[[Any, Summary], tuple[Apply, str | None]],
-                 inside_dcp: bool) -> Undo:
-    """``load_ranked`` on its own; returns what it changed (to undo if a later value of the
-    same ``dcp.load`` fails)."""
+def _agree(state_dict: Mapping[str, Any], owner: Any, what: str, read: Callable[[Any], Any],
+           facts: Callable[[Any], Facts],
+           prepare: Callable[[Any, Summary], tuple[Apply, str | None]],
+           inside_dcp: bool) -> tuple[Apply, str | None, int]:
+    """Every check of ``load_ranked``, agreed by the ranks: the change to make, the warning,
+    and this rank's place in the reduced vectors; or the same error on every rank."""
     rank, world, members = process_rank(), world_size(), group_size()
     me = rank if members > 1 else 0  # this process's place in the vectors the ranks reduce
     (entry,) = state_dict.values()
@@ -808,20 +825,7 @@ def _load_ranked(state_dict: Mapping[str, Any], owner: Any, what: str,
     if failed != _NONE:
         _fail_everywhere(what, failed, error, me, members, "load")
     assert apply is not None
-    with Undo(what) as undo:
-        try:
-            apply(undo)
-        except (KeyboardInterrupt, SystemExit):
-            raise
-        except Exception as err:
-            error = err if isinstance(err, DevRNGError) else DevRNGError(
-                f"{what}: {type(err).__name__}: {err}")
-        failed = _reduce_min([me if error else _NONE])[0]
-        if failed != _NONE:  # every rank puts back what it applied
-            _fail_everywhere(what, failed, error, me, members, "apply")
-        if warning:
-            warn_and_log(warning, stacklevel=5)
-        return undo.hand_over()  # kept: a later devrng value of the same dcp.load may fail
+    return apply, warning, me
 
 
 def _latest(owner: Any) -> int | None:
