@@ -254,3 +254,25 @@ def test_the_fsdp2_tensor_parallel_example_resumes_bitwise(tmp_path: Path) -> No
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     assert "OK: resumed bitwise on every rank" in proc.stdout
+
+
+def test_a_portable_stream_saved_without_a_save_identity_loads_with_devrngs_planner(
+        tmp_path: Path) -> None:
+    """An older devrng's entry has no "save" leaf: DCP's own planner refuses the template's
+    extra key; devrng's planner marks it not found, and the stream continues (unchecked).
+    One process, no group."""
+    import torch.distributed.checkpoint as dcp
+
+    import devrng
+    from devrng import distributed as ddist
+
+    old = {"stream": {"devrng_rank_0": {"seed": 3, "counter": 2, "world_size": 1}}}
+    dcp.save(old, checkpoint_id=str(tmp_path / "old"), no_dist=True)
+    stream = devrng.portable(3)
+    with pytest.raises(BaseException, match=r"Missing key in checkpoint state_dict: "
+                                            r"stream\.devrng_rank_0\.save"):
+        dcp.load({"stream": stream}, checkpoint_id=str(tmp_path / "old"), no_dist=True)
+    assert stream.counter == 0
+    dcp.load({"stream": stream}, checkpoint_id=str(tmp_path / "old"), no_dist=True,
+             planner=ddist.load_planner())
+    assert (stream.seed, stream.counter) == (3, 2)
