@@ -324,6 +324,29 @@ def test_a_torchrun_rank_before_its_process_group_resumes_exactly_and_silently(
     assert torch.equal(torch.rand(3), want)
 
 
+def test_the_devrng_values_of_one_dcp_load_load_together(tmp_path: Any) -> None:
+    """dcp.load calls load_state_dict value by value, in key order: when the RNGStreams under
+    "streams" refuses, the TrainingRNG under "rng" has loaded; it is put back. (One process;
+    the torch versions of every environment, whose dcp.load names its locals differently.)"""
+    dcp = pytest.importorskip("torch.distributed.checkpoint")
+    rng, streams = TrainingRNG(seed=5), devrng.RNGStreams()
+    streams.add("a", 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "torch.distributed is ... uninitialized"
+        dcp.save({"rng": rng, "streams": streams}, checkpoint_id=str(tmp_path), no_dist=True)
+        torch.rand(3)
+        before = devrng.get_rng_state().fingerprint()
+        other = devrng.RNGStreams()
+        other.add("b", 2)
+        with pytest.raises(DevRNGError, match=r"this rank's streams are 'b' \(seed 2\).* The "
+                                              r"devrng values this dcp.load loaded before it "
+                                              r"\('rng'\) were put back as well\."):
+            dcp.load({"rng": rng, "streams": other}, checkpoint_id=str(tmp_path), no_dist=True)
+        assert devrng.get_rng_state().fingerprint() == before
+        dcp.load({"rng": rng, "streams": streams}, checkpoint_id=str(tmp_path), no_dist=True)
+    assert devrng.get_rng_state().fingerprint() != before  # both loaded
+
+
 def test_resume_adopts_the_saved_seed(setup: Any) -> None:
     _rng, _loader, _step, saved = setup
     other = TrainingRNG(99)
