@@ -102,7 +102,7 @@ class DevRNGCallback(pl.Callback):
         here = (os.getpid(), process_rank(strict=False))
         seed = rank_seed(self.rng.seed, here[1]) if self.per_rank else self.rng.seed
         moved = here != self._seeded_in and (self.per_rank or here[0] != self._seeded_in[0])
-        if moved or _reseeded_by_lightning(seed):
+        if moved or _reseeded_by_lightning(seed32(self.rng.seed), seed):
             # A process Lightning started (spawn), a rank known only now, or a process a
             # strategy reseeded from PL_GLOBAL_SEED with another seed than devrng's (a seed
             # of 2**32 or more, or per_rank): seed it as the callback seeds.
@@ -237,16 +237,14 @@ class DevRNGCallback(pl.Callback):
             self._iterated.add(id(loader))
 
 
-def _reseeded_by_lightning(seed: int) -> bool:
-    """Whether a Lightning strategy has just reseeded this process from ``PL_GLOBAL_SEED``
-    with another seed than ``seed`` (DDP, FSDP, DeepSpeed and ModelParallel call
-    ``reset_seed()`` as they set up, which is ``seed_everything(PL_GLOBAL_SEED)``): torch's
+def _reseeded_by_lightning(exported: int, seed: int) -> bool:
+    """Whether a Lightning strategy has just reseeded this process from the value the callback
+    exported in ``PL_GLOBAL_SEED`` (still there: no ``seed_everything`` of the user's since),
+    which is not ``seed``, this process's seed. DDP, FSDP, DeepSpeed and ModelParallel call
+    ``reset_seed()`` as they set up, which is ``seed_everything(PL_GLOBAL_SEED)``: torch's
     default generator then has that value as its initial seed."""
-    try:
-        exported = int(os.environ.get("PL_GLOBAL_SEED", ""))
-    except ValueError:
-        return False
-    return exported != seed and torch.initial_seed() == exported
+    return (os.environ.get("PL_GLOBAL_SEED") == str(exported) and exported != seed
+            and torch.initial_seed() == exported)
 
 
 def _samplers_behind(loader: Any, epoch: int) -> list[Any]:
