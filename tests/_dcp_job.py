@@ -123,12 +123,21 @@ class Program:
         """Every generator devrng restores here, hashed: equal before and after a refused load."""
         h = hashlib.sha256()
         for part in (devrng.get_rng_state().fingerprint(), self.noise.get_state(),
-                     self.loader_kwargs["generator"].get_state(),
-                     next(iter(self.streams.state_dict().values())),
-                     str(self.shared.state_dict()), str(self.portable.state_dict())):
-            h.update(part if isinstance(part, bytes) else
-                     part.numpy().tobytes() if isinstance(part, torch.Tensor) else str(part).encode())
+                     self.loader_kwargs["generator"].get_state(), _state(self.streams),
+                     _state(self.shared), _state(self.portable)):
+            h.update(part.numpy().tobytes() if isinstance(part, torch.Tensor)
+                     else str(part).encode())
         return h.hexdigest()[:16]
+
+
+def _state(obj: Any) -> Any:
+    """A devrng object's plain state without its save identity (new with every state_dict())."""
+    import io
+    (entry,) = obj.state_dict().values()
+    plain = torch.load(io.BytesIO(entry), weights_only=True) if isinstance(entry, bytes) \
+        else dict(entry)
+    del plain["save"]
+    return plain
 
 
 def attempt(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
@@ -165,28 +174,41 @@ class Forged:
         pass
 
 
-def _entry(program: Program, **changes: Any) -> dict[str, Any]:
-    """This rank's TrainingRNG entry with ``changes`` made to its plain state."""
+def _plain(entry: dict[str, Any]) -> dict[str, Any]:
     import io
-    (key, raw), = program.rng.state_dict().items()
-    plain = torch.load(io.BytesIO(raw), weights_only=True)
-    plain.update(changes)
+    (raw,) = entry.values()
+    return dict(torch.load(io.BytesIO(raw), weights_only=True))
+
+
+def _changed(entry: dict[str, Any], **changes: Any) -> dict[str, Any]:
+    """A TrainingRNG entry with ``changes`` made to its plain state."""
+    import io
+    (key, _), = entry.items()
     buffer = io.BytesIO()
-    torch.save(plain, buffer)
+    torch.save({**_plain(entry), **changes}, buffer)
     return {key: buffer.getvalue()}
 
 
 def save_forged(program: Program, root: Path) -> None:
     model, optim = get_state_dict(program.model, program.optim)
     base = {"model": model, "optim": optim}
-    other_seed = devrng.TrainingRNG(SEED + 1).state_dict() if program.rank == 1 else None
+    # Every rank makes every state (state_dict() agrees on a save identity across the ranks).
+    own = program.rng.state_dict()
+    torch.rand(1)
+    later = program.rng.state_dict()  # the next save, one draw later
+    other = devrng.TrainingRNG(SEED + 1).state_dict()
+    # Another run's state on rank 1, under this save's identity: the seeds tell them apart.
+    other_seed = _changed(other, save=_plain(own)["save"])
+    newer = _changed(own, version=99)
     torch.manual_seed(SEED + 50)  # the forged objects above seeded: draw on from a known state
     cases: dict[str, Callable[[int], dict[str, Any]]] = {
-        "corrupt": lambda r: (program.rng.state_dict() if r != 1
-                              else {"devrng_rank_1": b"PK\x03\x04 not a zip archive"}),
-        "newer": lambda r: _entry(program, version=99) if r == 0 else program.rng.state_dict(),
-        "other_seed": lambda r: other_seed if r == 1 else program.rng.state_dict(),
-        "missing_rank": lambda r: {} if r == 1 else program.rng.state_dict(),
+        "corrupt": lambda r: own if r != 1 else {"devrng_rank_1": b"PK\x03\x04 not a zip archive"},
+        "newer": lambda r: newer if r == 0 else own,
+        "other_seed": lambda r: other_seed if r == 1 else own,
+        "missing_rank": lambda r: {} if r == 1 else own,
+        # What a directory overwritten in place holds when rank 1 died before writing its
+        # file (and the entries' sizes let the old metadata read rank 0's new file).
+        "mixed": lambda r: later if r == 0 else own,
     }
     for name, make in cases.items():
         dcp.save({**base, "rng": Forged(make)}, checkpoint_id=str(root / f"bad-{name}"))
@@ -230,23 +252,33 @@ def load(root: Path, ckpt: str) -> dict[str, Any]:
 def bad_inputs(root: Path) -> dict[str, Any]:
     """Each bad checkpoint loaded on every rank: what each rank raised, and whether any
     generator changed."""
+    from torch.distributed.checkpoint import DefaultLoadPlanner
+
     out: dict[str, Any] = {}
     planner = ddist.load_planner
+
+    def partial() -> DefaultLoadPlanner:  # DCP's own: skips keys the checkpoint lacks, silently
+        return DefaultLoadPlanner(allow_partial_load=True)
+
     program = Program()
     for name, make, kwargs in [
         ("corrupt", Program, {}), ("newer", Program, {}), ("other_seed", Program, {}),
         ("missing_rank", Program, {}), ("missing_rank_planner", Program, {"planner": planner}),
+        ("missing_rank_partial", Program, {"planner": partial}),
         ("none", Program, {}), ("none_planner", Program, {"planner": planner}),
+        ("none_partial", Program, {"planner": partial}), ("mixed", Program, {}),
         ("live_seed", lambda: Program(seed=SEED + 7), {}),
         ("tracked", lambda: Program(extra=True), {}),
-        ("apply_fails", Program, {}),
+        ("apply_fails", Program, {}), ("pair", Program, {}),
     ]:
         program = make()
-        ckpt = root / ("ckpt" if name in ("live_seed", "tracked", "apply_fails")
-                       else f"bad-{name.removesuffix('_planner')}")
+        ckpt = root / ("ckpt" if name in ("live_seed", "tracked", "apply_fails", "pair")
+                       else f"bad-{name.removesuffix('_planner').removesuffix('_partial')}")
         program.flaky.fail = name == "apply_fails" and program.rank == 1
         before = program.fingerprint()
-        states = {"rng": program.rng}
+        states: dict[str, Any] = {"rng": program.rng}
+        if name == "pair":  # the TrainingRNG loads first (key order), then the stream refuses
+            states["shared"] = devrng.portable(SHARED_SEED + 1)
         kw = {k: v() for k, v in kwargs.items()}
         out[name] = attempt(dcp.load, states, checkpoint_id=str(ckpt), **kw)
         out[name]["unchanged"] = program.fingerprint() == before

@@ -127,6 +127,20 @@ def _everyone(results: list[dict[str, Any]], case: str) -> list[dict[str, Any]]:
     ("live_seed", "made with seed 1241 and the checkpoint's run used seed 1234"),
     ("tracked", "'extra', which are tracked here"),
     ("apply_fails", "rank 1 of 2 could not apply .*every rank put its own back.*simulated"),
+    # DCP's own DefaultLoadPlanner(allow_partial_load=True) skips rank 1's missing entry and
+    # leaves the template its state_dict() made in place (rank 0 would resume, rank 1 not).
+    ("missing_rank_partial", r"no devrng entry for rank 1: dcp.load left in place the entry "
+                             r"rank 1's state_dict\(\) made .*allow_partial_load=True.*no rank "
+                             r"loaded any"),
+    ("none_partial", r"no devrng entry under this key .* for any rank: dcp.load left in place"),
+    # Rank 1 died while the directory was overwritten: rank 0's file is one step newer.
+    ("mixed", r"entries come from different saves: rank 0's from save [0-9a-f]{16} and rank "
+              r"1's from save [0-9a-f]{16}, so no rank loaded any.*a directory of its own"),
+    # A TrainingRNG ("rng") and a portable stream ("shared") in one dcp.load: the stream
+    # refuses after the TrainingRNG loaded, which is put back on every rank.
+    ("pair", r"PortableRNG.load_state_dict: this stream has seed 78 and the checkpoint's has "
+             r"seed 77.* The devrng values this dcp.load loaded before it \('rng'\) were put "
+             r"back as well\."),
 ])
 def test_bad_checkpoint_raises_on_every_rank_and_changes_nothing(jobs: Launches, case: str,
                                                                   match: str) -> None:
@@ -134,6 +148,13 @@ def test_bad_checkpoint_raises_on_every_rank_and_changes_nothing(jobs: Launches,
         assert seen["devrng"], (rank, seen)
         assert re.search(match, seen["msg"], flags=re.S), (rank, seen["msg"])
         assert seen["unchanged"], f"rank {rank} changed a generator"
+
+
+def test_entries_of_two_saves_are_named_by_their_identities(jobs: Launches) -> None:
+    """The message names two different save identities, the same on both ranks."""
+    seen = [re.findall(r"save ([0-9a-f]{16})", r["msg"]) for r in _everyone(jobs.loaded(2),
+                                                                             "mixed")]
+    assert len(set(seen[0])) == 2 and seen[0] == seen[1], seen
 
 
 @pytest.mark.parametrize("case", ["missing_rank", "none"])
@@ -244,3 +265,25 @@ def test_the_fsdp2_tensor_parallel_example_resumes_bitwise(tmp_path: Path) -> No
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     assert "OK: resumed bitwise on every rank" in proc.stdout
+
+
+def test_a_portable_stream_saved_without_a_save_identity_loads_with_devrngs_planner(
+        tmp_path: Path) -> None:
+    """An older devrng's entry has no "save" leaf: DCP's own planner refuses the template's
+    extra key; devrng's planner marks it not found, and the stream continues (unchecked).
+    One process, no group."""
+    import torch.distributed.checkpoint as dcp
+
+    import devrng
+    from devrng import distributed as ddist
+
+    old = {"stream": {"devrng_rank_0": {"seed": 3, "counter": 2, "world_size": 1}}}
+    dcp.save(old, checkpoint_id=str(tmp_path / "old"), no_dist=True)
+    stream = devrng.portable(3)
+    with pytest.raises(BaseException, match=r"Missing key in checkpoint state_dict: "
+                                            r"stream\.devrng_rank_0\.save"):
+        dcp.load({"stream": stream}, checkpoint_id=str(tmp_path / "old"), no_dist=True)
+    assert stream.counter == 0
+    dcp.load({"stream": stream}, checkpoint_id=str(tmp_path / "old"), no_dist=True,
+             planner=ddist.load_planner())
+    assert (stream.seed, stream.counter) == (3, 2)

@@ -392,3 +392,49 @@ def test_every_private_name_in_internals_is_real_and_used() -> None:
     assert [why for path in entries.values() if (why := names_nothing(path))] == []
     others = "\n".join(source for path, source in TESTS.items() if path != INTERNALS)
     assert [name for name in entries if not re.search(rf"\b{name}\b", others)] == []
+
+
+# This process's rank and the job's world size are one fact each, read in one module: a
+# torchrun rank before init_process_group must record and check the same numbers.
+RANK_MODULE = "devrng._base.rank"
+_RANK_VARIABLES = ("RANK", "WORLD_SIZE")
+
+
+def rank_reads(source: str) -> list[str]:
+    """Every place ``source`` reads the rank or the world size itself: the default group's
+    ``get_rank()`` / ``get_world_size()`` (no group given), or the ``RANK`` / ``WORLD_SIZE``
+    environment variable."""
+    found: list[ast.expr] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and node.func.attr in ("get_rank", "get_world_size") \
+                and not node.args and not node.keywords:
+            found.append(node)
+        elif isinstance(node, (ast.Call, ast.Subscript)):
+            where = node.func if isinstance(node, ast.Call) else node.value
+            key = (node.args[:1] or [None])[0] if isinstance(node, ast.Call) else node.slice
+            if isinstance(key, ast.Constant) and key.value in _RANK_VARIABLES \
+                    and any(part in ast.unparse(where) for part in ("environ", "getenv")):
+                found.append(node)
+    found.sort(key=lambda node: (node.lineno, node.col_offset))
+    return [f"line {node.lineno}: {ast.unparse(node)}" for node in found]
+
+
+@pytest.mark.parametrize("name", sorted(m for m in MODULES if m != RANK_MODULE))
+def test_the_rank_and_world_size_are_read_in_one_place(name: str) -> None:
+    bad = rank_reads(MODULES[name])
+    assert not bad, f"{name} reads the rank or world size itself; ask {RANK_MODULE}: {bad}"
+
+
+def test_the_rank_check_sees_violations() -> None:
+    bad = ('world = int(os.environ.get("WORLD_SIZE", 1))\n'
+           'rank = os.environ["RANK"]\n'
+           'n = dist.get_world_size() + torch.distributed.get_rank()\n'
+           'size = dist.get_world_size(group)  # a given group: its own fact\n'
+           'names = ("RANK", "WORLD_SIZE")\n'
+           'seed = os.getenv("WORLD_SIZE")\n')
+    assert rank_reads(bad) == [
+        "line 1: os.environ.get('WORLD_SIZE', 1)", "line 2: os.environ['RANK']",
+        "line 3: dist.get_world_size()", "line 3: torch.distributed.get_rank()",
+        "line 6: os.getenv('WORLD_SIZE')"]
+    assert rank_reads(MODULES[RANK_MODULE])  # the one place reads them

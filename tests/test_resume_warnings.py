@@ -258,6 +258,60 @@ def test_another_world_size_warns_with_strict_false(caplog: pytest.LogCaptureFix
     assert "resume on 2 process(es)" in caplog.records[-1].getMessage()
 
 
+def _world_size_sentence(loader: Any, caplog: pytest.LogCaptureFixture) -> str:
+    """The warning that names the world size when a state saved by rank 0 of 2 (with ``loader``
+    tracked, if any) loads with strict=False in this process of 1."""
+    rng = devrng.TrainingRNG(seed=0)
+    if loader is not None:
+        rng.track("loader", loader)
+    state = plain_state(rng.state_dict())
+    state["world_size"] = 2
+    with caplog.at_level(logging.WARNING, logger="devrng"), \
+            warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        rng.load_state_dict(state, strict=False)
+    [message] = [str(w.message) for w in caught if issubclass(w.category, devrng.DevRNGWarning)
+                 and "written by a run of 2 process(es)" in str(w.message)]
+    return message
+
+
+def test_the_world_size_warning_says_what_shards_the_data(caplog: pytest.LogCaptureFixture
+                                                          ) -> None:
+    """It names a DistributedSampler only where there is one."""
+    shuffled = DataLoader(range(8), shuffle=True)
+    sentence = _world_size_sentence(shuffled, caplog)
+    assert "DistributedSampler" not in sentence, sentence
+    assert "no loader here shards the data by process (the loader 'loader', a " \
+           "RandomSampler: each process sees every sample, as before)" in sentence
+    sharded = DataLoader(range(8), sampler=torch.utils.data.DistributedSampler(
+        range(8), num_replicas=2, rank=0))
+    sentence = _world_size_sentence(sharded, caplog)
+    assert "the data is split among the processes by their number (the loader 'loader' (its " \
+           "DistributedSampler shards it)), so each process sees other samples; resume on 2 " \
+           "process(es)" in sentence
+    sentence = _world_size_sentence(None, caplog)
+    assert "devrng knows no loader of this run, so it cannot tell whether the data is split" \
+           in sentence
+
+
+def test_a_ranked_loads_warnings_point_at_the_callers_line() -> None:
+    """Both warnings of a lenient load of one rank's entry (the world size it records is
+    not this job's) name the line that called load_state_dict."""
+    import io
+
+    rng = devrng.TrainingRNG(seed=0, strict=False)
+    state = plain_state(rng.state_dict())
+    state["world_size"] = 2
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        rng.load_state_dict({"devrng_rank_0": buffer.getvalue()})
+    found = [w for w in caught if issubclass(w.category, devrng.DevRNGWarning)]
+    where = [(w.filename, w.lineno) for w in found]
+    assert len(where) == 2 and where[0] == where[1] and where[0][0] == __file__, where
+
+
 def test_a_version_1_state_loads_and_unknown_versions_are_refused(no_warnings: None) -> None:
     rng = devrng.TrainingRNG(seed=0)
     state = plain_state(rng.state_dict())

@@ -307,6 +307,46 @@ def test_another_ranks_state_restores_data_position_not_its_streams(
     assert torch.equal(ours, torch.rand(2))
 
 
+def test_a_torchrun_rank_before_its_process_group_resumes_exactly_and_silently(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """WORLD_SIZE=2 RANK=0 and no process group (a torchrun rank before init_process_group):
+    the state records rank 0 of 2, and the load checks against the same two numbers."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    rng = TrainingRNG(seed=4)
+    saved = rng.state_dict()
+    assert list(saved) == ["devrng_rank_0"]
+    assert (plain_state(saved)["rank"], plain_state(saved)["world_size"]) == (0, 2)
+    want = torch.rand(3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "saved by 2 ranks and this job has 1" was a warning
+        rng.load_state_dict(saved)
+    assert torch.equal(torch.rand(3), want)
+
+
+def test_the_devrng_values_of_one_dcp_load_load_together(tmp_path: Any) -> None:
+    """dcp.load calls load_state_dict value by value, in key order: when the RNGStreams under
+    "streams" refuses, the TrainingRNG under "rng" has loaded; it is put back. (One process;
+    the torch versions of every environment, whose dcp.load names its locals differently.)"""
+    dcp = pytest.importorskip("torch.distributed.checkpoint")
+    rng, streams = TrainingRNG(seed=5), devrng.RNGStreams()
+    streams.add("a", 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "torch.distributed is ... uninitialized"
+        dcp.save({"rng": rng, "streams": streams}, checkpoint_id=str(tmp_path), no_dist=True)
+        torch.rand(3)
+        before = devrng.get_rng_state().fingerprint()
+        other = devrng.RNGStreams()
+        other.add("b", 2)
+        with pytest.raises(DevRNGError, match=r"this rank's streams are 'b' \(seed 2\).* The "
+                                              r"devrng values this dcp.load loaded before it "
+                                              r"\('rng'\) were put back as well\."):
+            dcp.load({"rng": rng, "streams": other}, checkpoint_id=str(tmp_path), no_dist=True)
+        assert devrng.get_rng_state().fingerprint() == before
+        dcp.load({"rng": rng, "streams": streams}, checkpoint_id=str(tmp_path), no_dist=True)
+    assert devrng.get_rng_state().fingerprint() != before  # both loaded
+
+
 def test_resume_adopts_the_saved_seed(setup: Any) -> None:
     _rng, _loader, _step, saved = setup
     other = TrainingRNG(99)

@@ -29,7 +29,7 @@ from devrng._backends.registry import current_index, default_types, get_backend
 from devrng._base.errors import DevRNGError
 from devrng._base.lazy import load
 from devrng._base.plain import hash_into, tensor_bytes
-from devrng._base.rank import collective_device, dist_or_none, process_rank
+from devrng._base.rank import collective_device, dist_or_none, group_size, process_rank
 from devrng._base.seeds import check_seed
 from devrng._base.seeds import rank_seed as derive_rank_seed
 from devrng._generators.plan import Plan, make_plan
@@ -177,7 +177,7 @@ def manual_seed_ranks(seed: int, *, group: ProcessGroup | None = None) -> int:
         if rank < 0:
             raise ValueError(
                 f"manual_seed_ranks was given a group that this process (global rank "
-                f"{dist.get_rank()}) is not a member of; pass a group that contains it, or "
+                f"{process_rank()}) is not a member of; pass a group that contains it, or "
                 "group=None for the default group."
             )
     return manual_seed(rank_seed(seed, rank))
@@ -203,7 +203,7 @@ def _require_dist(caller: str) -> Any:
 def _group_ranks(dist: Any, group: ProcessGroup | None) -> list[int]:
     """The group's global ranks, in group-rank order."""
     if group is None:
-        return list(range(dist.get_world_size()))
+        return list(range(group_size()))
     return [int(r) for r in dist.get_process_group_ranks(group)]
 
 
@@ -329,7 +329,7 @@ def broadcast_rng_state(src: int = 0, *, group: ProcessGroup | None = None, devi
             f"src={src} is not a member of the group, whose global ranks are "
             f"{', '.join(map(str, ranks))}; src is a global rank, as in torch.distributed.broadcast."
         )
-    me = int(dist.get_rank())
+    me = process_rank()
     plan = _local_devices(devices, "broadcast_rng_state")
     payload = b""
     if me == src:
@@ -391,7 +391,7 @@ def assert_rng_in_sync(*, group: ProcessGroup | None = None, devices: Any = None
         return
     plan = _local_devices(devices, "assert_rng_in_sync")
     snap = _snapshot(plan, python, numpy)
-    record = {"rank": int(dist.get_rank()), "coverage": _coverage(plan),
+    record = {"rank": process_rank(), "coverage": _coverage(plan),
               "fingerprint": snap.fingerprint(), "parts": _part_fingerprints(snap)}
     records = _all_gather(dist, group, record)
     _check_coverage(records, "assert_rng_in_sync")

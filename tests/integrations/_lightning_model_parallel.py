@@ -50,21 +50,30 @@ class Net(pl.LightningModule):
         return torch.utils.data.DataLoader(data, batch_size=4)
 
 
+class Record(pl.Callback):
+    """The host generators when the callbacks are set up, after the strategy reseeded every
+    rank from PL_GLOBAL_SEED and devrng's callback seeded each its own stream again."""
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self.fingerprint = devrng.get_rng_state(devices=[]).fingerprint()
+
+
 def main(out: Path, mode: str) -> None:
     callback = DevRNGCallback(1234, per_rank=True)
+    record = Record()
     model = Net()
     checkpoints = pl.callbacks.ModelCheckpoint(dirpath=out / "ck", filename="{epoch}",
                                                save_top_k=-1)
     trainer = pl.Trainer(max_epochs=2, accelerator="cpu", devices=2, logger=False,
                          strategy=ModelParallelStrategy(data_parallel_size=2,
                                                         tensor_parallel_size=1),
-                         callbacks=[callback, checkpoints], enable_progress_bar=False,
+                         callbacks=[callback, record, checkpoints], enable_progress_bar=False,
                          enable_model_summary=False, use_distributed_sampler=True)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         trainer.fit(model, ckpt_path=out / "ck" / "epoch=0.ckpt" if mode == "B" else None)
     found = [str(w.message) for w in caught if issubclass(w.category, devrng.DevRNGWarning)]
-    result = {"losses": model.losses, "warnings": found}
+    result = {"losses": model.losses, "warnings": found, "fingerprint": record.fingerprint}
     (out / f"{mode}-{trainer.global_rank}.json").write_text(json.dumps(result))
 
 

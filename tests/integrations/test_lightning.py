@@ -6,12 +6,16 @@ tests/integrations/test_resume_matrix.py.
 
 from __future__ import annotations
 
+import json
+import os
 import random
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
+from tests._helpers import run_python
 
 pl = pytest.importorskip("lightning.pytorch")
 
@@ -30,6 +34,74 @@ def test_the_callback_seeds_when_created_as_seed_everything_does(
     import os
 
     assert os.environ["PL_GLOBAL_SEED"] == "321" and os.environ["PL_SEED_WORKERS"] == "1"
+
+
+def _draws() -> tuple[Any, ...]:
+    return torch.rand(3).tolist(), random.random(), float(np.random.random())
+
+
+@pytest.mark.parametrize("seed", [2**32, 2**40 + 7, 2**64 - 1])
+def test_a_seed_beyond_32_bits_survives_lightnings_own_reseeding(seed: int) -> None:
+    """Lightning's DDP, FSDP, DeepSpeed and ModelParallel strategies call reset_seed() as they
+    set up, which is seed_everything(PL_GLOBAL_SEED), and NumPy takes seeds below 2**32 only:
+    the callback exports a stand-in there, and its setup seeds the process as devrng does."""
+    from lightning.fabric.utilities.seed import reset_seed
+
+    callback = DevRNGCallback(seed)
+    assert 0 <= int(os.environ["PL_GLOBAL_SEED"]) < 2**32
+    reset_seed()  # raised "... is not in bounds, numpy accepts from 0 to 4294967295"
+    callback.setup(None, None, "fit")  # type: ignore[arg-type]
+    ours = _draws()
+    import devrng
+
+    devrng.manual_seed(seed)
+    assert ours == _draws()
+
+
+def test_below_32_bits_lightnings_reseeding_stays_seed_everything() -> None:
+    from lightning.fabric.utilities.seed import reset_seed
+
+    callback = DevRNGCallback(321)
+    torch.rand(5)  # the model is built
+    reset_seed()
+    callback.setup(None, None, "fit")  # type: ignore[arg-type]
+    ours = _draws()
+    pl.seed_everything(321, verbose=False)
+    assert ours == _draws()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("devices", [1, 2])
+def test_any_seed_seeds_every_ddp_process_as_devrng_does(tmp_path: Path, devices: int) -> None:
+    """Trainer(strategy="ddp") on ``devices`` CPU processes (tests/integrations/
+    _lightning_seeds.py): a seed of 2**40 + 7 fits, and when the callbacks are set up every
+    process holds what devrng.manual_seed gives (per_rank: each its own rank_seed); seed 321
+    holds what seed_everything(321) gives."""
+    import devrng
+
+    proc = run_python("tests.integrations._lightning_seeds", module=True,
+                      args=(str(tmp_path), str(devices)),
+                      env={"PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+
+    def fingerprint(seed: int | None) -> str:
+        with devrng.fork_rng(devices=[], python=True, numpy=True):
+            if seed is None:
+                pl.seed_everything(321, verbose=False)
+            else:
+                devrng.manual_seed(seed)
+            return devrng.get_rng_state(devices=[]).fingerprint()
+
+    large = 2**40 + 7
+    for rank in range(devices):
+        seen = json.loads((tmp_path / f"{devices}-{rank}.json").read_text())
+        assert seen["large"]["rank"] == rank
+        assert seen["large"]["fingerprint"] == fingerprint(large), rank
+        assert seen["large_per_rank"]["fingerprint"] == fingerprint(
+            devrng.distributed.rank_seed(large, rank)), rank
+        assert seen["small"]["fingerprint"] == fingerprint(None), rank
+        assert 0 <= int(seen["large"]["exported"]) < 2**32 and seen["small"]["exported"] == "321"
+        assert all(len(fit["losses"]) == 2 for fit in seen.values())
 
 
 def test_the_callback_honours_pl_global_seed(monkeypatch: pytest.MonkeyPatch) -> None:

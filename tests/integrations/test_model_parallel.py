@@ -32,7 +32,15 @@ def _launch(out: Path, mode: str) -> list[dict[str, Any]]:
 
 
 def test_each_rank_resumes_its_own_stream_under_model_parallel_strategy(tmp_path: Path) -> None:
+    import devrng
+
     whole = _launch(tmp_path, "A")
+    # The strategy reseeds every rank alike from PL_GLOBAL_SEED; the callback's setup gives
+    # each rank its own stream again (rank_seed), as it seeded it when created.
+    for rank in range(2):
+        with devrng.fork_rng(devices=[], python=True, numpy=True):
+            devrng.manual_seed(devrng.distributed.rank_seed(1234, rank))
+            assert whole[rank]["fingerprint"] == devrng.get_rng_state(devices=[]).fingerprint()
     resumed = _launch(tmp_path, "B")
     half = len(whole[0]["losses"]) // 2
     # The ranks draw different dropout masks: had a rank got rank 0's state back, its

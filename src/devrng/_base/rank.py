@@ -1,9 +1,15 @@
-"""This process's distributed rank, read the same way everywhere in devrng.
+"""This process's distributed rank and the job's world size, read the same way everywhere in devrng.
 
 The default ``torch.distributed`` process group is asked first, then the
-``RANK`` environment variable (set by torchrun and most launchers), else 0.
-DataLoader workers read it leniently (a worker must never fail on a bad
-``RANK``); ``devrng.distributed`` reads it strictly.
+``RANK`` and ``WORLD_SIZE`` environment variables (set by torchrun and most
+launchers), else rank 0 of 1: a torchrun rank before ``init_process_group`` is
+the rank of the job it belongs to, so what it records in a checkpoint and what
+it checks on resume agree. DataLoader workers read the rank leniently (a
+worker must never fail on a bad ``RANK``); ``devrng.distributed`` reads it
+strictly. How many processes take part in a collective is another fact:
+``group_size``, the default group's size (1 without one). No other module reads
+these variables or asks torch for the default group's rank or size
+(``tests/test_layering.py`` checks it).
 """
 
 from __future__ import annotations
@@ -15,7 +21,8 @@ import torch
 
 from devrng._base.seeds import MASK64
 
-__all__ = ["collective_device", "dist_or_none", "env_rank", "process_rank", "world_size"]
+__all__ = ["collective_device", "dist_or_none", "env_rank", "group_size", "process_rank",
+           "world_size"]
 
 
 def dist_or_none() -> Any:
@@ -67,12 +74,30 @@ def env_rank(*, strict: bool = True) -> int:
 
 
 def world_size() -> int:
-    """How many ranks: the default process group's size, else ``WORLD_SIZE``, else 1."""
+    """How many ranks the job has: the default process group's size, else ``WORLD_SIZE``,
+    else 1 (``process_rank``'s counterpart: what a checkpoint records and a resume checks).
+
+    Examples:
+        >>> world_size()
+        1
+    """
     dist = dist_or_none()
     if dist is not None and dist.is_initialized():
         return int(dist.get_world_size())
     raw = os.environ.get("WORLD_SIZE", "").strip()
     return int(raw) if raw.isdigit() and int(raw) > 0 else 1
+
+
+def group_size() -> int:
+    """How many processes take part in a collective on the default group: its size, or 1
+    without one (a process that has no group talks to nobody, whatever ``WORLD_SIZE`` says).
+
+    Examples:
+        >>> group_size()
+        1
+    """
+    dist = dist_or_none()
+    return int(dist.get_world_size()) if dist is not None and dist.is_initialized() else 1
 
 
 def collective_device(group: Any = None) -> torch.device:

@@ -26,6 +26,7 @@ __all__ = [
     "portable_seed",
     "rank_seed",
     "reseed_seed",
+    "seed32",
     "seed_from_environment",
     "seed_key",
     "splitmix64",
@@ -133,6 +134,18 @@ def reseed_seed(seed: int, rank: int) -> int:
 def portable_seed(seed: int) -> int:
     """The seed of a run's portable stream (``TrainingRNG.portable``; index 2**34)."""
     return nth_seed(seed, 1 << 34)
+
+
+def seed32(seed: int) -> int:
+    """A seed below 2**32 that stands for ``seed`` where a library takes no more (Lightning's
+    ``seed_everything``, through ``PL_GLOBAL_SEED``): ``seed`` itself when it is below 2**32,
+    else the top 32 bits of ``nth_seed`` at index 2**35.
+
+    Examples:
+        >>> seed32(1234), seed32(2**40 + 7) < 2**32
+        (1234, True)
+    """
+    return seed if seed < 1 << 32 else nth_seed(seed, 1 << 35) >> 32
 
 
 def seed_key(seed: int) -> HostKey:

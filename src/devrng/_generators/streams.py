@@ -34,6 +34,8 @@ from devrng._generators.saved import (
     load_ranked,
     ranked,
     ranks_text,
+    save_of,
+    stamp,
 )
 from devrng._generators.snapshot import RNGState, parse_state, prepare_restore, snapshot
 from devrng._generators.undo import Undo, read_devices
@@ -221,8 +223,10 @@ class RNGStreams:
 
         ``{"devrng_rank_<r>": bytes}``: the bytes are what ``torch.save`` makes
         of a dict of plain data (``torch.load(io.BytesIO(b), weights_only=True)``
-        reads it). The rank in the key keeps every rank's streams apart in a
-        ``torch.distributed.checkpoint`` save.
+        reads it), with the identity of this save. The rank in the key keeps
+        every rank's streams apart in a ``torch.distributed.checkpoint`` save; in
+        a job of several processes every process calls this, as ``dcp.save``
+        does (the ranks agree on the save's identity: one small ``all_reduce``).
 
         Examples:
             >>> streams = devrng.RNGStreams()
@@ -234,8 +238,8 @@ class RNGStreams:
             devices = {t: dict(per) for t, per in s.state.devices.items() if per}
             check_plain(devices, f"stream {name!r}'s device states")
             streams[name] = {"seed": s.seed, "cpu": s.state.cpu.clone(), "devices": devices}
-        return ranked(encode({"format": _FORMAT, "version": _VERSION, "streams": streams,
-                              "world_size": world_size()}))
+        return ranked(encode(stamp({"format": _FORMAT, "version": _VERSION, "streams": streams,
+                                    "world_size": world_size()}, self)))
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Replace every stream with those ``RNGStreams.state_dict`` saved.
@@ -276,8 +280,8 @@ class RNGStreams:
                     "fork()."
                 )
             if is_ranked(state_dict):
-                load_ranked(state_dict, what="RNGStreams.load_state_dict", read=_read_entry,
-                            facts=_facts, prepare=self._prepare)
+                load_ranked(state_dict, owner=self, what="RNGStreams.load_state_dict",
+                            read=_read_entry, facts=_facts, prepare=self._prepare)
             else:
                 self._streams = _parse(state_dict)
         finally:
@@ -325,11 +329,12 @@ def _read_entry(entry: Any) -> Any:
     return decode(entry, "RNGStreams.load_state_dict: its entry")
 
 
-def _facts(plain: Any) -> tuple[int, int]:
-    """The world size a plain state records (-1: none) and a hash of its streams."""
+def _facts(plain: Any) -> tuple[int, int, int]:
+    """The world size a plain state records (-1: none), a hash of its streams, its save."""
     world = plain.get("world_size") if isinstance(plain, Mapping) else None
     streams = plain.get("streams") if isinstance(plain, Mapping) else None
-    return (world if type(world) is int else -1), identity_of(streams)
+    return ((world if type(world) is int else -1), identity_of(streams),
+            save_of(plain, "RNGStreams.load_state_dict: its entry"))
 
 
 def _parse(state_dict: Any) -> dict[str, _Stream]:

@@ -147,6 +147,13 @@ class Undo:
         for backend, index, state in states:
             self._steps.append((backend, backend.set_rng_state, (state, index)))
 
+    def hand_over(self) -> Undo:
+        """A new stack holding this one's entries, which ends empty: leaving its ``with``
+        block then keeps every change, and the new stack can still undo them later."""
+        kept = Undo(self.what, kind=self.kind, wrap=self.wrap)
+        kept._steps, self._steps = self._steps, []
+        return kept
+
     # -- putting back ----------------------------------------------------------------
     def _put_back(self) -> tuple[list[tuple[str, BaseException]], BaseException | None]:
         """Set every entry back; returns the failures and the first interrupt that came."""

@@ -35,7 +35,17 @@ from devrng._base.errors import DevRNGError, check_flags
 from devrng._base.lazy import load
 from devrng._base.rank import world_size
 from devrng._base.seeds import MASK64, check_counter, check_seed
-from devrng._generators.saved import Apply, Summary, identity_of, is_ranked, load_ranked, ranked
+from devrng._generators.saved import (
+    SAVE,
+    Apply,
+    Summary,
+    identity_of,
+    is_ranked,
+    load_ranked,
+    ranked,
+    save_of,
+    stamp,
+)
 from devrng._portable import devices, ops, threefry
 from devrng._portable.ops import ENTRIES, Args, Kwargs, Op, aten_entry, entry_name, redispatch
 
@@ -139,21 +149,26 @@ class PortableRNG(TorchFunctionMode):
         """The stream's position, for checkpoints, under a key that names this process's rank.
 
         The rank in the key keeps every rank's stream apart in a
-        ``torch.distributed.checkpoint`` save (``dcp.save({"rng": stream})``).
+        ``torch.distributed.checkpoint`` save (``dcp.save({"rng": stream})``). In
+        a job of several processes every process calls this, as ``dcp.save``
+        does: the ranks agree on the save's identity (one small ``all_reduce``).
 
         Returns:
-            ``{"devrng_rank_<r>": {"seed": ..., "counter": ..., "world_size": ...}}``:
-            plain ints (``counter`` random ops answered so far).
+            ``{"devrng_rank_<r>": {"seed": ..., "counter": ..., "world_size": ...,
+            "save": ...}}``: plain ints (``counter`` random ops answered so far;
+            ``save`` the identity of this save, by which a load refuses entries
+            of different saves).
 
         Examples:
             >>> rng = devrng.portable(seed=3)
             >>> with rng:
             ...     _ = torch.randn(2); _ = torch.rand(2)
-            >>> rng.state_dict()
-            {'devrng_rank_0': {'seed': 3, 'counter': 2, 'world_size': 1}}
+            >>> entry = rng.state_dict()["devrng_rank_0"]
+            >>> entry["seed"], entry["counter"], entry["world_size"]
+            (3, 2, 1)
         """
         seed, counter = self._stream.get()
-        return ranked({"seed": seed, "counter": counter, "world_size": world_size()})
+        return ranked(stamp({"seed": seed, "counter": counter, "world_size": world_size()}, self))
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Continue the stream saved by ``state_dict`` (checked first; nothing changes on error).
@@ -186,16 +201,16 @@ class PortableRNG(TorchFunctionMode):
             (3, 2)
         """
         if is_ranked(state_dict):
-            load_ranked(state_dict, what="PortableRNG.load_state_dict", read=_read_entry,
-                        facts=_facts, prepare=self._prepare)
+            load_ranked(state_dict, owner=self, what="PortableRNG.load_state_dict",
+                        read=_read_entry, facts=_facts, prepare=self._prepare)
         else:
             self._stream.set(*_parse(state_dict))
 
-    def _prepare(self, plain: tuple[int, int, int], summary: Summary
+    def _prepare(self, plain: tuple[int, int, int, int], summary: Summary
                  ) -> tuple[Apply, str | None]:
         """Check one rank's stream in a load of all ranks; the change to make."""
         what = "PortableRNG.load_state_dict"
-        seed, counter, _ = plain
+        seed, counter = plain[:2]
         if seed != self.seed and summary.world > 1:
             whose = (f"rank {summary.source}'s, at this rank's place in the saved layout, "
                      if summary.borrowed else "")
@@ -295,13 +310,14 @@ class PortableRNG(TorchFunctionMode):
 
 def _parse(state_dict: Any) -> tuple[int, int]:
     """The seed and counter of a saved stream, or a ``DevRNGError`` sentence."""
-    keys = set(state_dict) if isinstance(state_dict, Mapping) else None
+    keys = set(state_dict) - {SAVE} if isinstance(state_dict, Mapping) else None
     if keys not in ({"seed", "counter"}, {"seed", "counter", "world_size"}):
         got = sorted(map(str, state_dict)) if isinstance(state_dict, Mapping) \
             else type(state_dict).__name__
         raise DevRNGError(
             f"PortableRNG.load_state_dict needs a mapping with exactly the keys 'seed' and "
-            f"'counter' (and 'world_size', from PortableRNG.state_dict()), not {got!r}."
+            f"'counter' (and 'world_size' and 'save', from PortableRNG.state_dict()), not "
+            f"{got!r}."
         )
     try:
         return (check_seed(state_dict["seed"], "state_dict['seed']"),
@@ -310,8 +326,9 @@ def _parse(state_dict: Any) -> tuple[int, int]:
         raise DevRNGError(f"PortableRNG.load_state_dict: {err}") from None
 
 
-def _read_entry(entry: Any) -> tuple[int, int, int]:
-    """Seed, counter and the world size recorded (-1: none) of one rank's entry."""
+def _read_entry(entry: Any) -> tuple[int, int, int, int]:
+    """Seed, counter, the world size recorded (-1: none) and the save identity (0: none) of
+    one rank's entry."""
     try:
         seed, counter = _parse(entry)
     except DevRNGError as err:
@@ -319,11 +336,12 @@ def _read_entry(entry: Any) -> tuple[int, int, int]:
                           f"({str(err).removeprefix('PortableRNG.load_state_dict: ')})"
                           ) from None
     world = entry.get("world_size", -1)
-    return seed, counter, world if type(world) is int else -1
+    save = save_of(entry, "PortableRNG.load_state_dict: its entry")
+    return seed, counter, world if type(world) is int else -1, save
 
 
-def _facts(plain: tuple[int, int, int]) -> tuple[int, int]:
-    return plain[2], identity_of(list(plain[:2]))
+def _facts(plain: tuple[int, int, int, int]) -> tuple[int, int, int]:
+    return plain[2], identity_of(list(plain[:2])), plain[3]
 
 
 def portable(seed: int | None = None, *, strict: bool = True) -> PortableRNG:

@@ -293,12 +293,13 @@ def resume_problems(saved_world: int, records: Any, loaders: Mapping[str, Any]) 
     ``describe`` said) cannot continue exactly with ``loaders`` (name -> loader) in this
     process (empty: it can)."""
     problems = []
+    now_of = {name: describe(loader) for name, loader in loaders.items()}
     world = world_size()
     if saved_world != world:
-        problems.append(world_size_problem(saved_world, world))
+        problems.append(world_size_problem(
+            saved_world, world, {f"the loader {name!r}": now for name, now in now_of.items()}))
     records = records if isinstance(records, Mapping) else {}
-    for name, loader in loaders.items():
-        now = describe(loader)
+    for name, now in now_of.items():
         record = records.get(name)
         if isinstance(record, Mapping):
             problems += differences(f"the loader {name!r}", record, now)
@@ -338,12 +339,48 @@ def persistent_workers_problem(name: str, fix: str) -> str:
             f"augmentation differs; {fix}")
 
 
-def world_size_problem(saved: int, now: int) -> str:
-    """Another number of processes: other data per rank, other streams."""
-    return (f"the checkpoint was written by a run of {saved} process(es) and this run has "
-            f"{now}: the data is split among the processes differently (a DistributedSampler "
-            "shards it by their number), so each process sees other samples; resume on "
-            f"{saved} process(es)")
+def world_size_problem(saved: int, now: int, loaders: Mapping[str, Mapping[str, Any]]) -> str:
+    """Another number of processes, said of what shards the data among them: ``loaders``
+    maps a loader's name in the sentence to what ``describe`` says of it now.
+
+    Examples:
+        >>> loader = describe(torch.utils.data.DataLoader(range(8), shuffle=True))
+        >>> print(world_size_problem(2, 1, {"the loader 'train'": loader}))
+        ... # doctest: +NORMALIZE_WHITESPACE
+        the checkpoint was written by a run of 2 process(es) and this run has 1: no loader
+        here shards the data by process (the loader 'train', a RandomSampler: each process
+        sees every sample, as before), but the processes, and the streams and results they
+        share, are not the uninterrupted run's; resume on 2 process(es)
+    """
+    head = f"the checkpoint was written by a run of {saved} process(es) and this run has {now}"
+    sharded = [f"{name} ({how})" for name, info in loaders.items()
+               if (how := _sharding(info)) is not None]
+    if sharded:
+        return (f"{head}: the data is split among the processes by their number "
+                f"({'; '.join(sharded)}), so each process sees other samples; resume on "
+                f"{saved} process(es)")
+    if loaders:
+        kinds = "; ".join(f"{name}, a {info.get('sampler')}" for name, info in loaders.items())
+        return (f"{head}: no loader here shards the data by process ({kinds}: each process "
+                "sees every sample, as before), but the processes, and the streams and "
+                "results they share, are not the uninterrupted run's; resume on "
+                f"{saved} process(es)")
+    return (f"{head}: devrng knows no loader of this run, so it cannot tell whether the data "
+            "is split among the processes (a DistributedSampler shards it by their number, "
+            f"and each process then sees other samples); resume on {saved} process(es), or "
+            "track the loaders (rng.track) to be told")
+
+
+def _sharding(info: Mapping[str, Any]) -> str | None:
+    """What splits a loader's data among the processes (from ``describe``), or None."""
+    if info.get("sampler") == "DistributedSampler" or "num_replicas" in (
+            info.get("sampler_args") or {}):
+        return f"its {info.get('sampler')} shards it"
+    if info.get("batch_sampler") == "BatchSamplerShard":
+        return "accelerate's BatchSamplerShard shards it"
+    if info.get("kind") == "DataLoaderDispatcher":
+        return "accelerate's DataLoaderDispatcher hands each process its slice"
+    return None
 
 
 def warn_on_resume(problems: Iterable[str], *, stacklevel: int = 1) -> None:

@@ -37,6 +37,7 @@ from devrng._base.seeds import (
 )
 from devrng._base.sigint import deliver, guard
 from devrng._generators.saved import (
+    SAVE,
     Apply,
     Summary,
     check_cpu_state,
@@ -50,9 +51,11 @@ from devrng._generators.saved import (
     identity_of,
     is_ranked,
     load_ranked,
-    own_entry,
+    nested_state,
     ranked,
     ranks_text,
+    save_of,
+    stamp,
 )
 from devrng._generators.seeding import reseed
 from devrng._generators.snapshot import Restore, RNGState, get_rng_state, prepare_restore
@@ -78,6 +81,7 @@ _VERSION = 2
 _KEYS = frozenset({"format", "version", "seed", "rank", "world_size", "rng", "generators",
                    "tracked", "loaders"})
 _KEYS_OF = {1: _KEYS - {"loaders"}, 2: _KEYS}  # version 1 (devrng 0.1) has no loader records
+_OPTIONAL = frozenset({SAVE})  # an entry's save identity (devrng 0.4 and before wrote none)
 _LOADER_NAME = re.compile(r"dataloader\d+")  # the generators dataloader_kwargs() makes
 _logger = logging.getLogger("devrng")
 _ENTROPY = "drawn from OS entropy"
@@ -349,11 +353,14 @@ class TrainingRNG:
         The bytes are what ``torch.save`` makes of a versioned dict of plain
         data (``torch.load(io.BytesIO(b), weights_only=True)`` reads it): the
         global generators (CPU, every started device, Python, NumPy), every
-        DataLoader generator and every tracked object's state. The rank in the
-        key keeps every rank's state apart in a ``torch.distributed.checkpoint``
-        save (``dcp.save({"rng": rng, ...})``), and the state is taken when this
-        is called (also by ``dcp.async_save``). Save one per rank with
-        ``torch.save``, or all of them with DCP.
+        DataLoader generator, every tracked object's state, and the identity of
+        this save. The rank in the key keeps every rank's state apart in a
+        ``torch.distributed.checkpoint`` save (``dcp.save({"rng": rng, ...})``),
+        and the state is taken when this is called (also by ``dcp.async_save``).
+        Save one per rank with ``torch.save``, or all of them with DCP. In a job
+        of several processes every process calls this, as ``dcp.save`` does:
+        the ranks agree on the save's identity (one small ``all_reduce``), by
+        which a load refuses entries of different saves.
 
         Returns:
             ``{"devrng_rank_<this rank>": bytes}``.
@@ -364,7 +371,7 @@ class TrainingRNG:
         """
         tracked = {}
         for name, obj in self._tracked.items():
-            state = own_entry(obj.state_dict())  # devrng's own objects: their plain state
+            state = nested_state(obj)  # devrng's own objects: their plain state
             check_plain(state, f"the state of the tracked object {name!r}")
             tracked[name] = state
         plain = {
@@ -378,7 +385,7 @@ class TrainingRNG:
             "tracked": tracked,
             "loaders": {name: describe(loader) for name, loader in self._loaders.items()},
         }
-        state = ranked(encode(plain))
+        state = ranked(encode(stamp(plain, self)))
         if self._flight is not None:
             self._flight.checkpoint(_flight_key(plain))
         return state
@@ -432,11 +439,11 @@ class TrainingRNG:
             strict = self.strict if strict is None else strict
             check_flags(strict=strict)
             if is_ranked(state_dict):
-                load_ranked(state_dict, what="TrainingRNG.load_state_dict", read=_read_entry,
-                            facts=_facts, prepare=lambda plain, summary: self._prepare(
-                                plain, summary, strict))
-            else:
-                load_training_state(self, state_dict, strict=strict)
+                load_ranked(state_dict, owner=self, what="TrainingRNG.load_state_dict",
+                            read=_read_entry, facts=_facts,
+                            prepare=lambda plain, summary: self._prepare(plain, summary, strict))
+                return
+            load_training_state(self, state_dict, strict=strict)
         finally:
             deliver()
 
@@ -562,7 +569,7 @@ class _Loading:
         check_loaded({k: v for k, v in data.items() if k != "tracked"},
                      "TrainingRNG.load_state_dict: the state")
         check_depth(data.get("tracked"), "TrainingRNG.load_state_dict: the tracked states")
-        keys = set(data)
+        keys = set(data) - _OPTIONAL
         if keys != expected:
             extra = sorted(map(short_repr, keys - expected))
             missing = sorted(expected - keys)
@@ -636,7 +643,7 @@ class _Loading:
             if name in self.tracked:
                 # A copy: a state_dict() may hold the object's live tensors.
                 undo.push(f"the tracked object {name!r}", obj.load_state_dict,
-                          copy.deepcopy(own_entry(obj.state_dict())))
+                          copy.deepcopy(nested_state(obj)))
                 obj.load_state_dict(self.tracked[name])
                 _materialise(obj)
         # Generators after the tracked loaders: a resumed StatefulDataLoader sets its
@@ -672,10 +679,11 @@ def _read_entry(entry: Any) -> Any:
     return plain
 
 
-def _facts(plain: Mapping[str, Any]) -> tuple[int, int]:
-    """The world size a plain state records (-1: none) and its run's seed, hashed."""
+def _facts(plain: Mapping[str, Any]) -> tuple[int, int, int]:
+    """The world size a plain state records (-1: none), its run's seed, hashed, and its save."""
     world = plain.get("world_size")
-    return (world if type(world) is int else -1), identity_of(plain.get("seed"))
+    return ((world if type(world) is int else -1), identity_of(plain.get("seed")),
+            save_of(plain, "TrainingRNG.load_state_dict: its entry"))
 
 
 def start_flight_record(rng: TrainingRNG, directory: str, *, hooked: bool = False,
@@ -736,7 +744,7 @@ _CHEAP_STATES = frozenset({"SeededFunction", "PortableRNG"})
 
 
 def _tracked_fingerprint(obj: Any) -> Any:
-    return state_fingerprint(own_entry(obj.state_dict()))
+    return state_fingerprint(nested_state(obj))  # (no save identity: no collective)
 
 
 def _flight_key(plain: Mapping[str, Any]) -> str:

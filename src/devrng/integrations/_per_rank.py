@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from devrng._base.errors import DevRNGError, short_repr
-from devrng._base.rank import dist_or_none, process_rank
-from devrng._generators.saved import own_entry
+from devrng._base.rank import dist_or_none, group_size, process_rank
+from devrng._generators.saved import nested_state
 from devrng._training.training_rng import TrainingRNG, load_training_state
 
 __all__ = ["PerRankState", "gather"]
@@ -20,11 +20,11 @@ __all__ = ["PerRankState", "gather"]
 
 def gather(obj: Any) -> list[Any]:
     """``obj`` of every rank, in rank order (a collective: every rank calls it)."""
-    dist = dist_or_none()
-    if dist is None or not dist.is_initialized() or dist.get_world_size() == 1:
+    size = group_size()
+    if size == 1:
         return [obj]
-    out: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj)
+    out: list[Any] = [None] * size
+    dist_or_none().all_gather_object(out, obj)
     return out
 
 
@@ -47,8 +47,9 @@ class PerRankState:
         self.lenient = lenient  # how the user passes strict=False to the owner
 
     def state_dict(self) -> dict[str, Any]:
-        # Each rank's plain state (not its DCP entry): one per rank in the list.
-        return {"ranks": gather(own_entry(self.rng.state_dict()))}
+        # Each rank's plain state (not its DCP entry): one per rank in the list, in one file,
+        # so without a save identity (and the collective that agrees on one).
+        return {"ranks": gather(nested_state(self.rng))}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         ranks = state_dict.get("ranks") if isinstance(state_dict, dict) else None

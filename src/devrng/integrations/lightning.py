@@ -27,6 +27,7 @@ import torch
 
 from devrng._base.errors import DevRNGError, check_flags
 from devrng._base.rank import process_rank
+from devrng._base.seeds import seed32
 from devrng._generators.seeding import manual_seed
 from devrng._training.flight import FLIGHT_VARIABLE
 from devrng._training.loaders import (
@@ -65,8 +66,12 @@ class DevRNGCallback(pl.Callback):
     the resumed run cannot be bitwise the uninterrupted one.
 
     Args:
-        seed: The run's seed; ``None`` takes ``DEVRNG_SEED``, then
-            ``PL_GLOBAL_SEED``, else draws one.
+        seed: The run's seed, an int in ``[0, 2**64)``; ``None`` takes
+            ``DEVRNG_SEED``, then ``PL_GLOBAL_SEED``, else draws one. Lightning
+            takes seeds below 2**32 only: for a larger one ``PL_GLOBAL_SEED``
+            holds a stand-in below 2**32, and when a strategy reseeds the
+            process from it (DDP, FSDP, DeepSpeed and ModelParallel do, as they
+            set up), ``setup`` seeds it again with the run's seed.
         deterministic: Also apply ``devrng.deterministic()``.
         per_rank: Seed each rank with its own ``devrng.distributed.rank_seed``.
         strict: ``False`` resumes on another device count or world size with a
@@ -98,8 +103,9 @@ class DevRNGCallback(pl.Callback):
         self.rng = TrainingRNG(seed, deterministic=deterministic, per_rank=per_rank)
         # What seed_everything(seed, workers=True) leaves for Lightning's own code: spawned
         # processes reseed from PL_GLOBAL_SEED, and the loaders it builds without a
-        # worker_init_fn get its worker seeding (distinct per worker and rank).
-        os.environ["PL_GLOBAL_SEED"] = str(self.rng.seed)
+        # worker_init_fn get its worker seeding (distinct per worker and rank). Lightning
+        # takes seeds below 2**32 there; a larger one has a stand-in (see setup).
+        os.environ["PL_GLOBAL_SEED"] = str(seed32(self.rng.seed))
         os.environ["PL_SEED_WORKERS"] = "1"
         self._seeded_in = (os.getpid(), process_rank(strict=False))
         self._trainer: pl.Trainer | None = None
@@ -115,11 +121,13 @@ class DevRNGCallback(pl.Callback):
             start_flight_record(self.rng, where, hooked=True,
                                 log=logging.getLogger("lightning.pytorch").info)
         here = (os.getpid(), process_rank(strict=False))
-        if here != self._seeded_in and (self.per_rank or here[0] != self._seeded_in[0]):
-            # A process Lightning started (spawn), or a rank known only now: seed it as the
-            # callback seeded the process that created it.
-            rank = here[1]
-            manual_seed(rank_seed(self.rng.seed, rank) if self.per_rank else self.rng.seed)
+        seed = rank_seed(self.rng.seed, here[1]) if self.per_rank else self.rng.seed
+        moved = here != self._seeded_in and (self.per_rank or here[0] != self._seeded_in[0])
+        if moved or _reseeded_by_lightning(seed32(self.rng.seed), seed):
+            # A process Lightning started (spawn), a rank known only now, or a process a
+            # strategy reseeded from PL_GLOBAL_SEED with another seed than devrng's (a seed
+            # of 2**32 or more, or per_rank): seed it as the callback seeds.
+            manual_seed(seed)
             self._seeded_in = here
 
     # -- checkpoints: every rank's state, in the one file rank 0 writes ----------------------
@@ -266,6 +274,16 @@ class DevRNGCallback(pl.Callback):
                 base = torch.empty((), dtype=torch.int64).random_(generator=loader.generator)
                 seeding.set_epoch_seed(int(base.item()))
             self._iterated.add(id(loader))
+
+
+def _reseeded_by_lightning(exported: int, seed: int) -> bool:
+    """Whether a Lightning strategy has just reseeded this process from the value the callback
+    exported in ``PL_GLOBAL_SEED`` (still there: no ``seed_everything`` of the user's since),
+    which is not ``seed``, this process's seed. DDP, FSDP, DeepSpeed and ModelParallel call
+    ``reset_seed()`` as they set up, which is ``seed_everything(PL_GLOBAL_SEED)``: torch's
+    default generator then has that value as its initial seed."""
+    return (os.environ.get("PL_GLOBAL_SEED") == str(exported) and exported != seed
+            and torch.initial_seed() == exported)
 
 
 def _samplers_behind(loader: Any, epoch: int) -> list[Any]:

@@ -180,7 +180,8 @@ class DevRNGTrainerCallback(transformers.TrainerCallback, ExportableState):
         if isinstance(record, Mapping):
             yield from differences("the training loader", record, now)
         if isinstance(saved.get("world_size"), int) and saved["world_size"] != args.world_size:
-            yield world_size_problem(saved["world_size"], args.world_size)
+            yield world_size_problem(saved["world_size"], args.world_size,
+                                     {"the training loader": now})
         if now["persistent_workers"]:
             yield persistent_workers_problem(
                 "the training loader", "set dataloader_persistent_workers=False")
