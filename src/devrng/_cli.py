@@ -25,6 +25,7 @@ from devrng._backends.registry import (
     broken_backends,
     device_count,
     install_command,
+    install_extra,
     is_initialized,
     loaded_backend,
     package_installed,
@@ -85,11 +86,23 @@ def known_problems(versions: dict[str, str | None]) -> list[str]:
     return out
 
 
+def copy_shipped_by(package: str, versions: dict[str, str | None]) -> str | None:
+    """The distribution that put ``package`` on the path when ``package``'s own distribution
+    is not installed, else None. torch_xla 2.9's wheel ships a ``torchax`` folder that pip
+    does not list: it needs JAX and flax, which nothing installed, and the user never asked
+    for torchax. Such a copy is reported as such, never imported or failed over."""
+    if versions.get(package) or not package_installed(package):
+        return None
+    owners = importlib.metadata.packages_distributions().get(package, [])
+    return ", ".join(sorted(set(owners))) or "another package"
+
+
 def _load_installed(versions: dict[str, str | None]) -> dict[str, str]:
     """Import the installed device packages; name -> why it failed, for those that did."""
     failed = {}
     for name, package in _DEVICE_PACKAGES.items():
-        if package_installed(package) and package not in sys.modules:
+        if (package_installed(package) and package not in sys.modules
+                and not copy_shipped_by(package, versions)):
             try:
                 importlib.import_module(package)
             except Exception as err:
@@ -165,6 +178,10 @@ def _backend_rows(load: bool, everything: bool, versions: dict[str, str | None]
         if package and not package_installed(package):
             rows.append((name, f"{package} (not installed)", "-", install_command(name) or ""))
             continue
+        owner = copy_shipped_by(package, versions) if package else None
+        if package and owner:
+            rows.append((name, f"{package} (not installed)", "-", _copy_note(package, owner, name)))
+            continue
         if name in load_failed:
             rows.append((name, package_text, "FAIL", load_failed[name]))
             continue
@@ -196,6 +213,12 @@ def _backend_rows(load: bool, everything: bool, versions: dict[str, str | None]
             status, note = "FAIL", f"{type(err).__name__}: {_first_line(err)}"
         rows.append((name, package_text, status, note))
     return rows, hidden
+
+
+def _copy_note(package: str, owner: str, name: str) -> str:
+    return (f"only the copy of {package} that {owner} ships, which is not installed as a "
+            f"package of its own and is not used; devrng's {install_extra(name)} extra "
+            f"installs it with what it imports: {install_command(name)}")
 
 
 def _table(rows: Sequence[tuple[str, ...]], header: tuple[str, ...]) -> None:
@@ -494,6 +517,7 @@ def selftest() -> int:
 def _skipped(tested: tuple[str, ...], load_failed: dict[str, str]) -> list[str]:
     out = []
     broken = broken_backends()
+    versions = {p: _version(p) for p in _PACKAGES}
     for name in backend_names():
         if name in tested or name in load_failed:
             continue
@@ -502,6 +526,8 @@ def _skipped(tested: tuple[str, ...], load_failed: dict[str, str]) -> list[str]:
             continue  # a FAIL row already
         if package and not package_installed(package):
             out.append(f"{name}: {package} is not installed")
+        elif package and (owner := copy_shipped_by(package, versions)):
+            out.append(f"{name}: {_copy_note(package, owner, name)}")
         else:
             can, why = _buildable(name)
             out.append(f"{name}: {why if not can else 'no device available in this process'}")
