@@ -45,6 +45,9 @@ _PRIVATE: dict[str, tuple[str, str | None]] = {
     "auto_compiler": ("devrng._jit.seeded", "auto_compiler"),
     # The real-SIGINT harness installs devrng's handler over Python's own in a child.
     "sigint": ("devrng._base.sigint", None),
+    # The CPython releases devrng's bytecode readings are tested on, emptied to see the
+    # fallback of an untested one.
+    "bytecode": ("devrng._base.bytecode", None),
     # DevRNGWarning's one raising function, checked for its logger copy and stack level.
     "warn_and_log": ("devrng._base.errors", "warn_and_log"),
     # Every setting deterministic() touches, read to check that it restores all of them.

@@ -31,6 +31,7 @@ from devrng._backends.registry import (
     package_installed,
     requirement,
 )
+from devrng._base import bytecode, sigint
 from devrng._base.seeds import SEED_VARIABLES, seed_from_environment
 from devrng._portable.threefry_cpu import status as kernel_status
 from devrng._training.determinism import CUBLAS_DETERMINISTIC, current_settings
@@ -43,7 +44,7 @@ _PACKAGES = ("torch", "numpy", "torch_xla", "torchax", "jax", "jaxlib", "flax",
 _ENV_VARS = ("CUBLAS_WORKSPACE_CONFIG", "PYTHONHASHSEED", "CUDA_VISIBLE_DEVICES",
              "HIP_VISIBLE_DEVICES", "ZE_AFFINITY_MASK", "PJRT_DEVICE", "XLA_FLAGS",
              "RANK", "WORLD_SIZE", "LOCAL_RANK", "DEVRNG_SEED", "PL_GLOBAL_SEED",
-             "DEVRNG_CPU_KERNEL")
+             "DEVRNG_CPU_KERNEL", "DEVRNG_DEFER_SIGINT")
 # Device packages that back a backend and are imported only when a program uses them.
 _DEVICE_PACKAGES = {"xla": "torch_xla", "jax": "torchax"}
 # The two values with which cuBLAS sums in one fixed order; torch's deterministic mode
@@ -318,6 +319,8 @@ def doctor(*, load: bool = False, everything: bool = False) -> int:
     in_use, why = kernel_status()
     _out("\nPortable streams (devrng.portable) on the CPU:")
     _out(f"  fused C kernel {'in use' if in_use else 'NOT in use'}: {why}")
+    _out("\nInterrupts (Ctrl-C) inside devrng calls:")
+    _out(f"  {_interrupt_guard()}")
     _out("\nEnvironment variables:")
     for var in _ENV_VARS:
         _out(f"  {var:25} {os.environ.get(var, '(unset)')}")
@@ -336,6 +339,22 @@ def doctor(*, load: bool = False, everything: bool = False) -> int:
         _out(f"  - {line}")
     failed = any(row[2] == "FAIL" for row in rows)
     return 1 if (load and failed) or errors or any(p.error for p in mismatched) else 0
+
+
+def _interrupt_guard() -> str:
+    """Whether a Ctrl-C inside a devrng call waits for the call to end, and if not, why."""
+    if sigint.installed():
+        return "guarded: one that lands inside a devrng call is raised when the call ends"
+    if os.environ.get("DEVRNG_DEFER_SIGINT", "1").strip() == "0":
+        why = "DEVRNG_DEFER_SIGINT=0"
+    elif not bytecode.tested():
+        tested = ", ".join(".".join(map(str, v)) for v in bytecode.TESTED)
+        why = (f"devrng reads CPython's bytecode to guard its calls, and that reading is tested "
+               f"on Python {tested}, not on {platform.python_implementation()} "
+               f"{platform.python_version()}")
+    else:
+        why = "another SIGINT handler was installed before devrng (or this is not the main thread)"
+    return f"NOT guarded ({why}): a Ctrl-C may leave a devrng call half done"
 
 
 def _print_problem(problem: Problem) -> None:
