@@ -24,7 +24,7 @@ KERNEL_LOADER = "devrng._portable.threefry_cpu"
 COMPILERS_PACKAGE = "devrng._jit.compilers"
 
 _KERNEL_TABLES = ("BITS", "EXPONENTIAL", "KNOWN_COUNT", "KNOWN_DIGESTS", "KNOWN_START", "NORMAL",
-                  "NORMAL_AT", "UNIFORM", "UNIFORM64", "UNIFORM_AT", "WORDS", "kernel", "status")
+                  "NORMAL_AT", "UNIFORM", "UNIFORM64", "UNIFORM_AT", "WORDS")
 
 # name -> (module, attribute; None for the module itself)
 _PRIVATE: dict[str, tuple[str, str | None]] = {
@@ -69,7 +69,9 @@ _PRIVATE: dict[str, tuple[str, str | None]] = {
     # A damaged C kernel build is put first on the package's __path__ in a child.
     "portable_package": ("devrng._portable", None),
     # The C kernel's known-answer tables, its loader and doctor's sentence about it.
-    **{name: ("devrng._portable.threefry_cpu", name) for name in _KERNEL_TABLES},
+    **{name: ("devrng._portable.kernel_proof", name) for name in _KERNEL_TABLES},
+    "kernel": ("devrng._portable.threefry_cpu", "kernel"),
+    "status": ("devrng._portable.threefry_cpu", "status"),
     # doctor's rules, checked against made-up versions and environments.
     "environment_problems": ("devrng._cli", "environment_problems"),
     "known_problems": ("devrng._cli", "known_problems"),
