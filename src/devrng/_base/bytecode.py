@@ -31,8 +31,10 @@ def tested() -> bool:
 
 # What a `with handle:` statement runs right before it calls __enter__: a load of a name or an
 # attribute, then BEFORE_WITH (CPython 3.11 to 3.13). `with deterministic():` runs a call there.
+# 3.13 fuses a store and the next load (`with make() as a, handle:`) into one instruction.
 _LOADS = frozenset({"LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_NAME", "LOAD_GLOBAL", "LOAD_DEREF",
-                    "LOAD_CLASSDEREF", "LOAD_ATTR"})
+                    "LOAD_CLASSDEREF", "LOAD_ATTR", "LOAD_FAST_LOAD_FAST",
+                    "STORE_FAST_LOAD_FAST"})
 
 
 def with_of_a_name(frame: FrameType) -> bool:
