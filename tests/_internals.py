@@ -22,6 +22,13 @@ KERNEL_MODULE = "devrng._portable._threefry_kernel"
 KERNEL_LOADER = "devrng._portable.threefry_cpu"
 # seeded_jit loads one module per compiler from here; a test drops them to re-import.
 COMPILERS_PACKAGE = "devrng._jit.compilers"
+# The kernel's torch-free proof, run as `python -m` in children (cibuildwheel's test command).
+KERNEL_PROOF = "devrng._portable.kernel_proof"
+# Where pyproject.toml reads the version from (its dynamic `attr`).
+VERSION_ATTR = "devrng._base.version.VERSION"
+# Children under other CPython releases import devrng's bytecode readers without torch.
+BYTECODE_MODULE = "devrng._base.bytecode"
+SIGINT_MODULE = "devrng._base.sigint"
 
 _KERNEL_TABLES = ("BITS", "EXPONENTIAL", "KNOWN_COUNT", "KNOWN_DIGESTS", "KNOWN_START", "NORMAL",
                   "NORMAL_AT", "UNIFORM", "UNIFORM64", "UNIFORM_AT", "WORDS")

@@ -21,6 +21,8 @@ from pathlib import Path
 import pytest
 from tests._docblocks import FRAGMENT, PAGES, python_blocks, rule_broken
 
+import devrng
+
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 
@@ -231,7 +233,7 @@ def test_install_commands_work_as_written() -> None:
     pinned = {r.split("==")[1][:-2] for rs in PYPROJECT["project"]["optional-dependencies"].values()
               for r in rs if r.startswith("torch==")}
     # The wheel carries the compiled kernel, so its tags are the platform's: a glob.
-    wheel = f"dist/{PYPROJECT['project']['name']}-{PYPROJECT['project']['version']}-*.whl"
+    wheel = f"dist/{PYPROJECT['project']['name']}-{devrng.__version__}-*.whl"
     cpu_torch = [c for c in CANONICAL if _CPU_TORCH.fullmatch(c)]
     assert cpu_torch and {m for c in cpu_torch if (m := _CPU_TORCH.fullmatch(c)[2])} <= pinned  # type: ignore[index]
     for command in CANONICAL:

@@ -4,7 +4,7 @@ reads and the abi3 kernel.
 The whole suite runs on Python 3.11 (the environments of envs/*.txt); torch for another
 release is a download of about 500 MB plus its CUDA libraries. What differs between
 releases without torch is checked here under each interpreter of
-``devrng._base.bytecode.TESTED`` found on this machine (``python3.X`` on the PATH, or under
+the bytecode module's ``TESTED`` found on this machine (``python3.X`` on the PATH, or under
 pyenv): ``import devrng`` without torch, the C kernel built for 3.11's limited API proving
 itself (its SHA-256 and known answers), the ``with`` statements devrng tells apart, and real
 SIGINTs landing in a guarded call. Each child runs this checkout's ``src``.
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 from tests._helpers import ROOT, run_env
-from tests._internals import bytecode
+from tests._internals import BYTECODE_MODULE, KERNEL_PROOF, SIGINT_MODULE, bytecode
 from tests._interrupts import under_real_sigint
 
 SRC = str(ROOT / "src")
@@ -71,22 +71,22 @@ def test_devrng_imports_without_torch_and_its_kernel_proves_itself(
         version: tuple[int, int]) -> None:
     python = _python(version)
     out = _run(python, "import sys, devrng\n"
-                       "from devrng._base import bytecode, sigint\n"
+                       f"import {BYTECODE_MODULE} as bytecode, {SIGINT_MODULE} as sigint\n"
                        "print(devrng.__version__, bytecode.tested(), sigint.installed(),\n"
                        "      'torch' in sys.modules)\n")
     assert out.returncode == 0, out.stderr
     import devrng
 
     assert out.stdout.split() == [devrng.__version__, "True", "True", "False"]
-    proof = subprocess.run([python, "-m", "devrng._portable.kernel_proof"], capture_output=True,
+    proof = subprocess.run([python, "-m", KERNEL_PROOF], capture_output=True,
                            text=True, timeout=300, env=run_env({"PYTHONPATH": SRC}), cwd=ROOT)
     assert proof.returncode == 0, proof.stdout + proof.stderr
     assert "_threefry_kernel.abi3" in proof.stdout and "check out" in proof.stdout
 
 
-_WITH_STATEMENTS = """
+_WITH_STATEMENTS = f"""
 import sys
-from devrng._base.bytecode import with_of_a_name
+from {BYTECODE_MODULE} import with_of_a_name
 
 class Probe:
     def __enter__(self):
@@ -131,7 +131,7 @@ def test_with_statements_are_told_apart(version: tuple[int, int]) -> None:
 
 
 _GUARDED_CALL = """
-from devrng._base.sigint import deliver, guard
+from SIGINT_MODULE import deliver, guard
 
 state = {"a": 0, "b": 0}
 
@@ -153,7 +153,7 @@ def op(i):
 
 def check(i):
     return "" if state["a"] == state["b"] else f"half done: {state}"
-"""
+""".replace("SIGINT_MODULE", SIGINT_MODULE)
 
 
 @pytest.mark.parametrize("version", PYTHONS)
@@ -177,9 +177,9 @@ def test_a_real_ctrl_c_leaves_a_guarded_call_whole(version: tuple[int, int],
 
 
 def test_on_an_untested_python_the_guard_stays_off_and_doctor_says_so() -> None:
-    code = """
+    code = f"""
 import signal, devrng
-from devrng._base import bytecode, sigint
+import {BYTECODE_MODULE} as bytecode, {SIGINT_MODULE} as sigint
 signal.signal(signal.SIGINT, signal.default_int_handler)   # as before `import devrng`
 bytecode.TESTED = ()                                        # a release not tested
 sigint.install()
