@@ -130,6 +130,24 @@ def test_forks_exited_out_of_order_say_so(kwargs: dict[str, Any]) -> None:
         assert torch.equal(torch.get_rng_state(), at_inner)
 
 
+def test_interleaved_async_forks_say_so() -> None:
+    """docs/guarantees.md: two coroutines whose @fork_rng() forks interleave exit them out
+    of order (the first to finish was entered first): the generators end as the second saw
+    them at its entry, and devrng warns."""
+    import asyncio
+
+    @fork_rng(devices=[])
+    async def draw(delay: float) -> torch.Tensor:
+        await asyncio.sleep(delay)
+        return torch.rand(1)
+
+    async def both() -> None:
+        await asyncio.gather(draw(0.01), draw(0.05))
+
+    with pytest.warns(devrng.DevRNGWarning, match=r"exited while 1 fork\(s\) entered after it"):
+        asyncio.run(both())
+
+
 def test_forks_in_other_threads_do_not_count_as_out_of_order() -> None:
     import threading
 
