@@ -141,10 +141,7 @@ def bench_flight(number: int, rounds: int) -> list[Row]:
     torch.set_num_threads(1)
     directory = tempfile.mkdtemp(prefix="devrng-bench-flight-")
     try:
-        for name, make, flat in (("LeNet-5", _lenet, False), ("784-256-10 MLP", lambda: (
-                torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 256),
-                                    torch.nn.ReLU(), torch.nn.Dropout(0.1),
-                                    torch.nn.Linear(256, 10))), True)):
+        for name, make in (("LeNet-5", _lenet), ("784-256-10 MLP", _mlp784)):
             steps: dict[str, Any] = {}
             for flight in (True, False):
                 rng = devrng.TrainingRNG(seed=0, flight_record=directory if flight else None)
@@ -172,6 +169,11 @@ def bench_flight(number: int, rounds: int) -> list[Row]:
     finally:
         torch.set_num_threads(threads)
     return rows
+
+
+def _mlp784() -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 256), torch.nn.ReLU(),
+                               torch.nn.Dropout(0.1), torch.nn.Linear(256, 10))
 
 
 def _stepper(rng: Any, loader: Any, model: torch.nn.Module, opt: Any) -> Any:

@@ -29,3 +29,85 @@ venv_for() {
     echo "== the $name environment: $dir (enter it with: source $dir/bin/activate)" >&2
     echo "$dir"
 }
+
+_pip_filtered() {  # pip's output without the lines that only bury its progress
+    grep -v -E "is ignored: it is neither a file nor a directory|^Requirement already satisfied|^Looking in (indexes|links)" >&2 || true
+}
+
+# run_venv prints the path of the main job's environment: torch, NumPy and devrng, nothing
+# else (the test environments above add what CI needs: 5.7 GB for core). Its torch is, first
+# found first:
+#   1. the torch $PYTHON already imports (2.8 or newer, in its own site-packages or a
+#      virtual environment's): the environment sees that folder, nothing is downloaded;
+#   2. a CPU build of torch lying on this disk, in a folder pip reads (--find-links; on these
+#      machines /opt/wheels holds torch 2.13.0+cpu);
+#   3. the CPU build from PyTorch's own index (about 190 MB), not PyPI's CUDA build (5.5 GB).
+# Then `pip install .`, as the README's Install section says. devrng is built again only
+# when its source changed since the last run.
+run_venv() {
+    local torch_version="" wheel="" key dir how step=0
+    local links=()
+    [ -d /opt/wheels ] && links+=(--find-links /opt/wheels)
+    say() { step=$((step + 1)); echo "== [$step] $*" >&2; }
+    # Where $PYTHON's torch lives, if it has one of 2.8 or newer.
+    local torch_site
+    torch_site=$("$PYTHON" -c "import os, sys, torch
+v = tuple(int(p) for p in torch.__version__.split('+')[0].split('.')[:2])
+sys.exit(1) if v < (2, 8) else print(os.path.dirname(os.path.dirname(torch.__file__)), torch.__version__)" \
+        2>/dev/null) || torch_site=""
+    if [ -n "$torch_site" ]; then
+        torch_version=${torch_site##* }
+        torch_site=${torch_site% *}
+        how="reuse:$torch_site:$torch_version"
+    else
+        # Which torch pip would take from this disk alone (no index asked, nothing fetched).
+        wheel=$("$PYTHON" -m pip install --dry-run --no-index --no-deps --quiet --ignore-installed \
+                    "${links[@]}" --report - "torch>=2.8" 2>/dev/null | "$PYTHON" -c "
+import json, sys
+from urllib.parse import unquote
+found = json.load(sys.stdin)['install'][0]
+if '+cpu' in found['metadata']['version'] and found['download_info']['url'].startswith('file://'):
+    print(unquote(found['download_info']['url'][len('file://'):]))" 2>/dev/null) || true
+        if [ -n "$wheel" ]; then how="file:$(basename "$wheel")"; else how="cpu-index"; fi
+    fi
+    key=$( (echo "$how"; "$PYTHON" --version) | sha256sum | cut -c1-12)
+    dir="$DEVRNG_CACHE/venvs/run-$key"
+    if [ ! -f "$dir/.complete" ]; then
+        rm -rf "$dir"
+        say "a new environment in $dir"
+        "$PYTHON" -m venv "$dir"
+        if [[ $how == reuse:* ]]; then
+            # The folder that holds $PYTHON's torch joins the environment's path (a .pth
+            # file): the environment uses that torch, and pip counts it as installed.
+            say "torch $torch_version: the one $PYTHON has, in $torch_site (nothing to download)"
+            local site
+            site=$("$dir/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+            echo "$torch_site" > "$site/devrng-run-reused-torch.pth"
+        else
+            if [[ $how == file:* ]]; then
+                say "torch from $wheel ($(du -m "$wheel" | cut -f1) MB), with what it needs from PyPI"
+                "$dir/bin/python" -m pip install --progress-bar on "${links[@]}" "$wheel" \
+                    2>&1 | _pip_filtered
+            else
+                say "torch's CPU build from https://download.pytorch.org/whl/cpu (about 190 MB" \
+                    "to download; PyPI's torch would be a 5.5 GB CUDA build)"
+                "$dir/bin/python" -m pip install --progress-bar on torch \
+                    --index-url https://download.pytorch.org/whl/cpu 2>&1 | _pip_filtered
+            fi
+        fi
+        touch "$dir/.complete"
+    fi
+    # devrng from this tree, built (its C kernel compiled) when the source changed.
+    local source_key
+    source_key=$(cd "$DEVRNG_ROOT" && find src setup.py pyproject.toml README.md -type f \
+        ! -name '*.so' ! -name '*.pyd' ! -name '*.sha256' ! -path '*__pycache__*' \
+        ! -path '*.egg-info*' | LC_ALL=C sort | xargs sha256sum | sha256sum | cut -c1-12)
+    if [ "$(cat "$dir/.devrng-source" 2>/dev/null)" != "$source_key" ]; then
+        say "devrng and NumPy: pip install $DEVRNG_ROOT (compiles devrng's C kernel)"
+        "$dir/bin/python" -m pip install --progress-bar on "${links[@]}" "$DEVRNG_ROOT" \
+            2>&1 | _pip_filtered
+        echo "$source_key" > "$dir/.devrng-source"
+    fi
+    echo "== the main job's environment: $dir (enter it with: source $dir/bin/activate)" >&2
+    echo "$dir"
+}

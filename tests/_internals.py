@@ -22,9 +22,16 @@ KERNEL_MODULE = "devrng._portable._threefry_kernel"
 KERNEL_LOADER = "devrng._portable.threefry_cpu"
 # seeded_jit loads one module per compiler from here; a test drops them to re-import.
 COMPILERS_PACKAGE = "devrng._jit.compilers"
+# The kernel's torch-free proof, run as `python -m` in children (cibuildwheel's test command).
+KERNEL_PROOF = "devrng._portable.kernel_proof"
+# Where pyproject.toml reads the version from (its dynamic `attr`).
+VERSION_ATTR = "devrng._base.version.VERSION"
+# Children under other CPython releases import devrng's bytecode readers without torch.
+BYTECODE_MODULE = "devrng._base.bytecode"
+SIGINT_MODULE = "devrng._base.sigint"
 
 _KERNEL_TABLES = ("BITS", "EXPONENTIAL", "KNOWN_COUNT", "KNOWN_DIGESTS", "KNOWN_START", "NORMAL",
-                  "NORMAL_AT", "UNIFORM", "UNIFORM64", "UNIFORM_AT", "WORDS", "kernel", "status")
+                  "NORMAL_AT", "UNIFORM", "UNIFORM64", "UNIFORM_AT", "WORDS")
 
 # name -> (module, attribute; None for the module itself)
 _PRIVATE: dict[str, tuple[str, str | None]] = {
@@ -45,6 +52,9 @@ _PRIVATE: dict[str, tuple[str, str | None]] = {
     "auto_compiler": ("devrng._jit.seeded", "auto_compiler"),
     # The real-SIGINT harness installs devrng's handler over Python's own in a child.
     "sigint": ("devrng._base.sigint", None),
+    # The CPython releases devrng's bytecode readings are tested on, emptied to see the
+    # fallback of an untested one.
+    "bytecode": ("devrng._base.bytecode", None),
     # DevRNGWarning's one raising function, checked for its logger copy and stack level.
     "warn_and_log": ("devrng._base.errors", "warn_and_log"),
     # Every setting deterministic() touches, read to check that it restores all of them.
@@ -78,7 +88,9 @@ _PRIVATE: dict[str, tuple[str, str | None]] = {
     # A damaged C kernel build is put first on the package's __path__ in a child.
     "portable_package": ("devrng._portable", None),
     # The C kernel's known-answer tables, its loader and doctor's sentence about it.
-    **{name: ("devrng._portable.threefry_cpu", name) for name in _KERNEL_TABLES},
+    **{name: ("devrng._portable.kernel_proof", name) for name in _KERNEL_TABLES},
+    "kernel": ("devrng._portable.threefry_cpu", "kernel"),
+    "status": ("devrng._portable.threefry_cpu", "status"),
     # doctor's rules, checked against made-up versions and environments.
     "environment_problems": ("devrng._cli", "environment_problems"),
     "known_problems": ("devrng._cli", "known_problems"),

@@ -216,7 +216,8 @@ print("stats " + json.dumps(stats), flush=True)
 
 def under_real_sigint(setup: str, *, interrupts: int, seconds: float = 120,
                       env: dict[str, str | None] | None = None,
-                      gap: tuple[float, float] = (0.0002, 0.002)) -> dict[str, Any]:
+                      gap: tuple[float, float] = (0.0002, 0.002),
+                      python: str = sys.executable) -> dict[str, Any]:
     """Run an operation in a fresh process while this process sends it SIGINT at random moments.
 
     ``setup`` is Python code that defines ``reset()`` (called before each trial),
@@ -227,7 +228,7 @@ def under_real_sigint(setup: str, *, interrupts: int, seconds: float = 120,
     devrng's). Returns the child's counts: ``interrupts``, ``calls`` completed, ``bad``
     (one line per trial that ended half done), ``swallowed`` (calls that returned
     normally although a signal was taken during them) and ``where`` the interrupts
-    surfaced.
+    surfaced. ``python`` is the interpreter of the child (another CPython release).
     """
     import random
     import signal as _signal
@@ -238,7 +239,7 @@ def under_real_sigint(setup: str, *, interrupts: int, seconds: float = 120,
 
     code = (_CHILD.replace("__SETUP__", textwrap.dedent(setup))
             .replace("__TARGET__", str(interrupts)).replace("__SECONDS__", str(seconds)))
-    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+    child = subprocess.Popen([python, "-c", code], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True, env=run_env(env), cwd=ROOT)
     assert child.stdout is not None
     first = child.stdout.readline()

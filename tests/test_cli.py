@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import subprocess
 import sys
 import warnings
@@ -186,7 +187,7 @@ def test_version_and_help_do_not_import_torch() -> None:
             "print('torch imported:', 'torch' in sys.modules)\n")
     out = run_python(code)
     assert out.returncode == 0, out.stderr
-    assert f"devrng {devrng.__version__}" in out.stdout
+    assert f"devrng {devrng.__version__}\n" in out.stdout
     assert out.stdout.strip().endswith("torch imported: False")
 
 
@@ -251,6 +252,80 @@ def test_selftest_turns_a_failing_backend_into_a_fail_row() -> None:
     xla_rows = [line for line in out.stdout.splitlines() if line.startswith("xla ")]
     assert xla_rows and all("FAIL" in line for line in xla_rows)
     assert any(line.split()[:3] == ["cpu", "seed", "pass"] for line in out.stdout.splitlines())
+
+
+# -- torch_xla's copy of torchax ---------------------------------------------------------
+_TORCHAX_COPY = ("raise ModuleNotFoundError(\"No module named 'jax'\", name='jax')\n")
+
+
+def _backend_row(doctor: str, name: str) -> str:
+    table = doctor.split("\nBackends")[1]
+    return next(line for line in table.splitlines() if line.split()[:1] == [name])
+
+
+def _torchax_copy_said(out: str) -> None:
+    assert "only the copy of torchax that torch" in out and "not used" in out, out
+    assert "devrng's torchax extra installs it" in out and "pip install jax" not in out, out
+
+
+def test_doctor_and_selftest_name_a_torchax_copy_and_pass_over_it(tmp_path: Path) -> None:
+    """torch_xla 2.9's wheel ships a torchax folder (listed in its RECORD only) that imports
+    JAX, which nothing installed: faked here as pip lays it out. doctor --load exited 1 with
+    'run: pip install jax' over it; a user who installed the xla extra never asked for it."""
+    try:
+        importlib.metadata.version("torchax")
+        pytest.skip("torchax is installed here as a package of its own")
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    torch_release = torch.__version__.split("+")[0]  # no version problem to report
+    env = fake_distribution(tmp_path, "torch_xla", torch_release)
+    (tmp_path / f"torch_xla-{torch_release}.dist-info" / "RECORD").write_text(
+        "torchax/__init__.py,,\n")
+    (tmp_path / "torchax").mkdir()
+    (tmp_path / "torchax" / "__init__.py").write_text(_TORCHAX_COPY)
+    doctor = cli("doctor", "--load", env=env)
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+    row = _backend_row(doctor.stdout, "jax")
+    assert row.split()[1:4] == ["torchax", "(not", "installed)"], row
+    _torchax_copy_said(row)
+    assert "only the copy of torchax that torch_xla ships" in row  # the owner is named
+    selftest = cli("selftest", env=env)
+    assert selftest.returncode == 0, selftest.stdout + selftest.stderr
+    _torchax_copy_said(selftest.stdout.split("Not tested here:")[1])
+    # The copy is real to Python: importing it fails as torch_xla's does without JAX.
+    assert "No module named 'jax'" in run_python("import torchax", env=env).stderr
+
+
+@pytest.mark.xla
+@pytest.mark.slow  # a new environment, and torch_xla loaded twice
+def test_the_xla_extra_alone_gives_a_clean_doctor(tmp_path: Path) -> None:
+    """`pip install ".[xla]"` alone, for real: this environment without the torchax
+    distribution, JAX and flax (a new venv that sees everything else of it), leaves
+    torch_xla's own copy of torchax."""
+    pytest.importorskip("torch_xla")
+    site = Path(torch.__file__).parent.parent
+    owners = importlib.metadata.packages_distributions().get("torchax", [])
+    if not any(o.replace("-", "_") == "torch_xla" for o in owners):
+        pytest.skip("this torch_xla ships no torchax")
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    (target,) = venv.glob("lib/python*/site-packages")
+    left_out = ("torchax-", "jax", "flax", "__editable__", "devrng")
+    for entry in site.iterdir():
+        if not entry.name.startswith(left_out):
+            (target / entry.name).symlink_to(entry)
+    python = str(venv / "bin" / "python")
+    env = run_env()
+    doctor = subprocess.run([python, "-m", "devrng", "doctor", "--load"], capture_output=True,
+                            text=True, env=env, timeout=600)
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+    assert "torchax                        -" in doctor.stdout  # the distribution is gone
+    _torchax_copy_said(_backend_row(doctor.stdout, "jax"))
+    assert "works (" in _backend_row(doctor.stdout, "xla")
+    selftest = subprocess.run([python, "-m", "devrng", "selftest"], capture_output=True,
+                              text=True, env=env, timeout=600)
+    assert selftest.returncode == 0, selftest.stdout + selftest.stderr
+    _torchax_copy_said(selftest.stdout)
 
 
 # -- the environment's settings ------------------------------------------------------------

@@ -15,7 +15,7 @@ import pytest
 import torch
 from tests._fakes import registered
 from tests._helpers import generator_states, set_environ
-from tests._internals import current_settings
+from tests._internals import bytecode, current_settings
 
 import devrng
 
@@ -185,6 +185,56 @@ def test_handle_can_be_restored_and_entered_again() -> None:
     assert not torch.are_deterministic_algorithms_enabled()
     with handle:
         assert torch.equal(torch.rand(2), first)
+
+
+class _Holder:
+    handle: devrng.DeterministicHandle
+
+
+def test_a_handle_kept_from_a_bare_call_stays_on_after_its_with_block() -> None:
+    """`handle = deterministic()` applies until `handle.restore()`: a later `with handle:`
+    (a name or an attribute) ends with the settings as they were when it started, on. They
+    went off at the block's end before (the bare call's entry did not count)."""
+    handle = devrng.deterministic(seed=5)
+    with handle:
+        assert torch.are_deterministic_algorithms_enabled()
+    assert torch.are_deterministic_algorithms_enabled() and handle.active
+    holder = _Holder()
+    holder.handle = handle
+    with holder.handle, handle:
+        pass
+    assert torch.are_deterministic_algorithms_enabled() and handle.active
+    handle.restore()  # the bare call's own end
+    assert not torch.are_deterministic_algorithms_enabled() and not handle.active
+    with handle:  # restored, then entered: this block applies it and owns it
+        assert torch.are_deterministic_algorithms_enabled()
+    assert not torch.are_deterministic_algorithms_enabled()
+
+
+def test_a_handle_made_by_its_with_statement_or_entered_by_exit_stack_is_owned_by_it() -> None:
+    import contextlib
+
+    def made() -> devrng.DeterministicHandle:
+        return devrng.deterministic()
+
+    for enter in (lambda: made(), lambda: devrng.deterministic(seed=1)):
+        with enter():
+            assert torch.are_deterministic_algorithms_enabled()
+        assert not torch.are_deterministic_algorithms_enabled()
+    handle = devrng.deterministic()
+    with contextlib.ExitStack() as stack:  # not a with statement: the stack owns what it enters
+        stack.enter_context(handle)
+    assert not torch.are_deterministic_algorithms_enabled() and not handle.active
+
+
+def test_on_an_untested_python_every_with_owns_its_handle(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where devrng's bytecode reading is not tested (devrng._base.bytecode), `with handle:`
+    cannot be told from `with deterministic():`: it restores at its exit, the old rule."""
+    monkeypatch.setattr(bytecode, "TESTED", ())
+    handle = devrng.deterministic()
+    with handle:
+        pass
+    assert not torch.are_deterministic_algorithms_enabled() and not handle.active
 
 
 def test_simulated_cuda_rng_state_is_restored(simulate_device: Callable[..., Any],

@@ -5,7 +5,9 @@ the API reference and the guides for what once went wrong: Sphinx roles shown
 literally, examples rendered as nested blockquotes, torch's private parameters in
 signatures, overloads repeated, and the objects users get back left undocumented.
 The install commands are read from the Markdown sources: the README and every docs
-page give the same ones, and those work as written.
+page give the same ones, and those work as written. Every ``python`` block of every page
+runs as copied or says it is a fragment (tests/_docblocks.py has the rule;
+tests/test_examples.py runs the blocks that run).
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from tests._docblocks import FRAGMENT, PAGES, python_blocks, rule_broken
+
+import devrng
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -228,7 +233,7 @@ def test_install_commands_work_as_written() -> None:
     pinned = {r.split("==")[1][:-2] for rs in PYPROJECT["project"]["optional-dependencies"].values()
               for r in rs if r.startswith("torch==")}
     # The wheel carries the compiled kernel, so its tags are the platform's: a glob.
-    wheel = f"dist/{PYPROJECT['project']['name']}-{PYPROJECT['project']['version']}-*.whl"
+    wheel = f"dist/{PYPROJECT['project']['name']}-{devrng.__version__}-*.whl"
     cpu_torch = [c for c in CANONICAL if _CPU_TORCH.fullmatch(c)]
     assert cpu_torch and {m for c in cpu_torch if (m := _CPU_TORCH.fullmatch(c)[2])} <= pinned  # type: ignore[index]
     for command in CANONICAL:
@@ -252,3 +257,36 @@ def test_a_returns_section_renders_as_one_description(site: Path) -> None:
         section = api[api.find("Returns:", start):]
         items = section[:section.find("</ul>")].count("<li")
         assert items == 1, (ident, items)
+
+
+# -- python blocks: each runs as copied, or says it is a fragment ---------------------------
+@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(ROOT)) for p in PAGES])
+def test_every_python_block_runs_as_copied_or_says_it_is_a_fragment(page: Path) -> None:
+    broken = [f"{b.where} {why}" for b in python_blocks(page) if (why := rule_broken(b.code))]
+    assert not broken, "\n".join(broken)
+
+
+@pytest.mark.parametrize(("code", "why"), [
+    # docs/fork-rng.md's first block in round 4: imports, then a name from nowhere.
+    ("import devrng\n\nwith devrng.fork_rng(devices=[batch]):\n    pass\n",
+     "a program that uses ['batch'] without defining"),
+    ("import devrng\n\n@devrng.fork_rng()\ndef f(x): ...\n", "neither starts with its imports"),
+    # its second: a signature tagged python.
+    ('fork_rng(devices=None, _caller="fork_rng", *, python=False)\n', "is not valid Python"),
+    ("snap = devrng.get_rng_state(devices=[model])\n", "neither starts with its imports"),
+    (f"{FRAGMENT} model: yours\nout = model(batch)\n", "does not say where ['batch'] come from"),
+    (">>> devrng.manual_seed(0)\n0\n", "a console block that uses ['devrng']"),
+])
+def test_the_block_rule_catches_each_way_to_break_it(code: str, why: str) -> None:
+    assert why in (rule_broken(code) or "")
+
+
+@pytest.mark.parametrize("code", [
+    "import torch\n\nx = torch.ones(2)\nprint([v for v in x], __name__)\n",
+    f"{FRAGMENT} model, batch: yours\nwith devrng.fork_rng(devices=[batch]):\n    model(batch)\n",
+    ">>> import devrng\n>>> devrng.manual_seed(0)\n0\n",
+    "from pathlib import Path\n\ndef f(p, *rest, key=None):\n    try:\n        return Path(p)\n"
+    "    except OSError as err:\n        return err\n",
+])
+def test_the_block_rule_passes_blocks_that_keep_it(code: str) -> None:
+    assert rule_broken(code) is None

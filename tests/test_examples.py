@@ -30,9 +30,9 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import NamedTuple
 
 import pytest
+from tests._docblocks import Block, console, python_blocks, whole_program
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 SCRIPTS = sorted(EXAMPLES.glob("*.py"))
@@ -151,53 +151,13 @@ def _run_snippet(code: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
 
 
 # -- the docs' code blocks ------------------------------------------------------------
-# A fenced block, also indented under a list item.
-_FENCE = re.compile(r"^(?P<indent>[ \t]*)```(?P<lang>\w*)[^\n]*\n(?P<body>.*?)^(?P=indent)```[ \t]*$",
-                    flags=re.M | re.S)
 HEAVY = ("torch_xla", "torchax", "jax", "intel_extension_for_pytorch")
-
-
-class Block(NamedTuple):
-    """A python block of a docs page, and the text block right after it (its output)."""
-
-    where: str
-    code: str
-    output: str | None
-
-
-def _dedent(match: re.Match[str]) -> str:
-    indent = match["indent"]
-    return "".join(line[len(indent):] if line.startswith(indent) else line
-                   for line in match["body"].splitlines(keepends=True))
-
-
-def python_blocks(page: Path) -> list[Block]:
-    text = page.read_text(encoding="utf-8")
-    fences = list(_FENCE.finditer(text))
-    found: list[Block] = []
-    for i, fence in enumerate(fences):
-        if fence["lang"] != "python":
-            continue
-        after = fences[i + 1] if i + 1 < len(fences) else None
-        shown = (after is not None and after["lang"] == "text"
-                 and not text[fence.end():after.start()].strip())
-        where = f"{page.relative_to(EXAMPLES.parent)}#{len(found)}"
-        found.append(Block(where, _dedent(fence), _dedent(after) if shown and after else None))
-    return found
-
-
-def whole_program(code: str) -> bool:
-    # A whole program starts with its imports; fragments (names from the text around
-    # them, `...` for the rest) start with a comment saying where their names come from.
-    # A `...` inside a comment (`torch.load(..., weights_only=True)`) leaves nothing out.
-    body = "\n".join(line.split("#")[0] for line in code.splitlines())
-    return code.lstrip().startswith(("import ", "from ")) and "..." not in body
 
 
 DOC_PAGES = sorted((EXAMPLES.parent / "docs").rglob("*.md"))
 _DOC_BLOCKS = [block for page in DOC_PAGES for block in python_blocks(page)]
 _PROGRAMS = [pytest.param(b, id=b.where) for b in _DOC_BLOCKS if whole_program(b.code)]
-_CONSOLE = [pytest.param(b, id=b.where) for b in _DOC_BLOCKS if b.code.lstrip().startswith(">>>")]
+_CONSOLE = [pytest.param(b, id=b.where) for b in _DOC_BLOCKS if console(b.code)]
 
 
 def _missing(code: str) -> list[str]:
@@ -249,9 +209,7 @@ def test_the_output_check_fails_on_a_difference() -> None:
 
 _CONSOLE_RUNNER = """
 import doctest, sys
-import torch, devrng
-test = doctest.DocTestParser().get_doctest(sys.stdin.read(), {"torch": torch, "devrng": devrng},
-                                           "docs", None, 0)
+test = doctest.DocTestParser().get_doctest(sys.stdin.read(), {}, "docs", None, 0)
 runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
 sys.exit(1 if runner.run(test).failed else 0)
 """
@@ -260,7 +218,8 @@ sys.exit(1 if runner.run(test).failed else 0)
 @pytest.mark.slow  # a fresh interpreter per program
 @pytest.mark.parametrize("block", _CONSOLE)
 def test_docs_console_block_shows_what_it_prints(block: Block, tmp_path: Path) -> None:
-    """``>>>`` blocks run as doctests, each in a fresh process, with torch and devrng imported."""
+    """``>>>`` blocks run as doctests, each in a fresh process, with nothing imported: as a
+    user pastes them into a new interpreter."""
     missing = _missing(block.code)
     if missing:
         pytest.skip(f"needs {', '.join(missing)}, not installed here")

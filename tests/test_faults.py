@@ -618,10 +618,8 @@ def test_handles_restored_in_any_order_end_where_the_program_started(count: int,
 
 def test_nested_and_reentered_handles_end_where_they_started(clean_env: None) -> None:
     start = _settings_now()
-    outer = devrng.deterministic(seed=1)
-    with outer, outer:  # entered twice: the outer exit restores
-        inner = devrng.deterministic(seed=2, warn_only=True)
-        with inner:
+    with devrng.deterministic(seed=1) as outer, outer:  # entered twice: the outer exit restores
+        with devrng.deterministic(seed=2, warn_only=True):
             assert torch.is_deterministic_algorithms_warn_only_enabled()
         assert torch.are_deterministic_algorithms_enabled()
         assert not torch.is_deterministic_algorithms_warn_only_enabled()

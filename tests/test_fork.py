@@ -103,6 +103,73 @@ def test_same_object_nests_and_recurses() -> None:
     assert torch.equal(torch.get_rng_state(), before)
 
 
+@pytest.mark.parametrize("kwargs", [{"devices": []}, {"devices": [], "python": True}],
+                         ids=["the CPU fork", "any other fork"])
+def test_forks_exited_out_of_order_say_so(kwargs: dict[str, Any]) -> None:
+    """An outer fork exited while an inner one is open (ExitStack misuse, hand-written
+    __enter__/__exit__, concurrent tasks): each puts back what it saw at its own entry, so
+    the generators end as at the inner fork's entry. torch says nothing; devrng warns."""
+    outer, inner = fork_rng(**kwargs), fork_rng(**kwargs)
+    before = torch.get_rng_state()
+    outer.__enter__()
+    torch.rand(1)
+    at_inner = torch.get_rng_state()
+    inner.__enter__()
+    torch.rand(1)
+    with pytest.warns(devrng.DevRNGWarning, match=r"a fork was exited while 1 fork\(s\) entered "
+                      r"after it in this thread are still open.*Exit forks newest first") as said:
+        outer.__exit__(None, None, None)
+    assert [w.filename for w in said] == [__file__]
+    assert torch.equal(torch.get_rng_state(), before)  # the outer one did its part
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        inner.__exit__(None, None, None)  # the newest open one now: nothing to say
+        assert torch.equal(torch.get_rng_state(), at_inner)  # what the warning said
+        with outer, inner:  # in order, afterwards: quiet
+            torch.rand(1)
+        assert torch.equal(torch.get_rng_state(), at_inner)
+
+
+def test_interleaved_async_forks_say_so() -> None:
+    """docs/guarantees.md: two coroutines whose @fork_rng() forks interleave exit them out
+    of order (the first to finish was entered first): the generators end as the second saw
+    them at its entry, and devrng warns."""
+    import asyncio
+
+    @fork_rng(devices=[])
+    async def draw(delay: float) -> torch.Tensor:
+        await asyncio.sleep(delay)
+        return torch.rand(1)
+
+    async def both() -> None:
+        await asyncio.gather(draw(0.01), draw(0.05))
+
+    with pytest.warns(devrng.DevRNGWarning, match=r"exited while 1 fork\(s\) entered after it"):
+        asyncio.run(both())
+
+
+def test_forks_in_other_threads_do_not_count_as_out_of_order() -> None:
+    import threading
+
+    entered, release = threading.Event(), threading.Event()
+
+    def other() -> None:
+        with fork_rng(devices=[]):
+            entered.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=other)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        mine = fork_rng(devices=[])
+        mine.__enter__()
+        thread.start()
+        assert entered.wait(10)
+        mine.__exit__(None, None, None)  # the other thread's fork is still open
+        release.set()
+        thread.join(10)
+
+
 def test_generator_devices_argument_is_listed_once(simulate_device: Any) -> None:
     x = fake_tensor("xpu:1")
     xpu = simulate_device("xpu", count=2)  # SIMULATED

@@ -42,6 +42,8 @@ from tests._internals import (
 
 SOURCE = ROOT / "src" / "devrng" / "_portable" / "_threefry_kernel.c"
 SUFFIX = sysconfig.get_config_var("EXT_SUFFIX")
+# What the build names the kernel: one library for every CPython (the limited API, abi3).
+ABI3 = ".pyd" if sys.platform == "win32" else ".abi3.so"
 # What a child prints: whether the kernel is used, doctor's sentence, and a portable draw.
 PROBE = f"""
 import torch, devrng
@@ -161,7 +163,7 @@ def test_without_the_kernel_the_same_numbers_come_from_tensor_ops(how: str) -> N
 def _copy_tree(dest: Path) -> Path:
     """What ``pip install .`` reads, copied so the build writes nothing into the checkout."""
     dest.mkdir()
-    for name in ("setup.py", "pyproject.toml", "README.md"):
+    for name in ("setup.py", "pyproject.toml", "README.md", "LICENSE"):
         shutil.copy(ROOT / name, dest / name)
     shutil.copytree(ROOT / "src", dest / "src",
                     ignore=shutil.ignore_patterns("*.so", "*.pyd", "__pycache__", "*.egg-info"))
@@ -186,7 +188,9 @@ def test_pip_builds_the_kernel_into_the_wheel_and_installs_without_a_compiler(
     env = {k: v for k, v in os.environ.items() if k not in ("CC", "PYTHONPATH")}
     with_cc = _wheel(tmp_path, "with", env)
     names = zipfile.ZipFile(with_cc).namelist()
-    assert f"devrng/_portable/_threefry_kernel{SUFFIX}" in names
+    assert f"devrng/_portable/_threefry_kernel{ABI3}" in names
+    assert f"devrng/_portable/_threefry_kernel{ABI3}.sha256" in names
+    assert "-cp311-abi3-" in with_cc.name  # one wheel for every supported CPython
     assert not any(n.endswith(".c") for n in names)  # the build, not the source
 
     without_cc = _wheel(tmp_path, "without", {**env, "CC": "/nonexistent/cc"})
@@ -205,6 +209,32 @@ def test_pip_builds_the_kernel_into_the_wheel_and_installs_without_a_compiler(
                             text=True, env={**env, "PYTHONPATH": str(site)}, cwd=tmp_path,
                             timeout=600)
     assert "fused C kernel NOT in use" in doctor.stdout
+
+
+@pytest.mark.slow
+def test_a_compiler_that_cannot_be_kept_from_fusing_multiply_adds_builds_no_kernel(
+        tmp_path: Path) -> None:
+    """A C compiler that refuses -ffp-contract=off (faked: cc, refusing that flag, as a
+    compiler neither GCC nor clang might) could round the float draws differently from torch:
+    the build says so and leaves the kernel out; the install goes on."""
+    import os
+
+    fake = tmp_path / "cc-without-fp-contract"
+    fake.write_text('#!/bin/sh\nfor a in "$@"; do\n  if [ "$a" = -ffp-contract=off ]; then\n'
+                    '    echo "cc: error: unrecognized option $a" >&2; exit 1\n  fi\ndone\n'
+                    'exec cc "$@"\n')
+    fake.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k not in ("CC", "PYTHONPATH")}
+    tree = _copy_tree(tmp_path / "tree")
+    out = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                          "-v", "-w", str(tree / "dist"), str(tree)], capture_output=True,
+                         text=True, env={**env, "CC": str(fake)}, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    said = out.stdout + out.stderr
+    assert "devrng's kernel is not built: the C compiler refuses" in said
+    assert "-ffp-contract=off" in said and "tensor ops instead" in said
+    (wheel,) = (tree / "dist").glob("devrng-*.whl")
+    assert not any("_threefry_kernel" in n for n in zipfile.ZipFile(wheel).namelist())
 
 
 def test_libraries_planted_in_the_old_kernel_cache_are_never_loaded(tmp_path: Path) -> None:

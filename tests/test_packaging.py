@@ -8,13 +8,22 @@ without the claim (or the other way round) fails here.
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import re
+import subprocess
 import sys
 import tomllib
 from pathlib import Path
 
 import pytest
-from tests._internals import MIN_TORCH, TESTED_TORCH, version_problems
+from tests._internals import (
+    KERNEL_PROOF,
+    MIN_TORCH,
+    TESTED_TORCH,
+    VERSION_ATTR,
+    bytecode,
+    version_problems,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
@@ -226,3 +235,72 @@ def test_installed_extras_need_no_newer_python_than_devrng_claims() -> None:
 def test_the_version_checks_of_this_file(specs: list[tuple[str, str]], version: str,
                                          ok: bool) -> None:
     assert _admits(specs, version) is ok
+
+
+# -- the version, written once -------------------------------------------------------------
+def _written_version() -> str:
+    """``VERSION`` as src/devrng/_base/version.py writes it (read, not imported)."""
+    import ast
+
+    path = ROOT / "src" / Path(*VERSION_ATTR.split(".")[:-1]).with_suffix(".py")
+    module = ast.parse(path.read_text())
+    (value,) = [node.value.value for node in module.body if isinstance(node, ast.Assign)
+                and [t.id for t in node.targets if isinstance(t, ast.Name)] == ["VERSION"]
+                and isinstance(node.value, ast.Constant)]
+    return str(value)
+
+
+def _newest_release(changelog: str) -> str:
+    """The newest released entry of a Keep a Changelog file (``## [X.Y.Z] - YYYY-MM-DD``)."""
+    released = re.findall(r"^## \[(\d+\.\d+\.\d+)\] - \d{4}-\d{2}-\d{2}$", changelog, flags=re.M)
+    assert released, "CHANGELOG.md has no released entry"
+    return released[0]
+
+
+def test_the_version_is_written_once_and_everything_shows_that_one() -> None:
+    """pyproject.toml reads the version from the one module that writes it; `devrng --version`,
+    CHANGELOG.md's newest release and the docs' wheel file name show the same."""
+    version = _written_version()
+    assert re.fullmatch(r"\d+\.\d+\.\d+", version), f"{version!r} is not a semantic version"
+    assert "version" not in PROJECT and "version" in PROJECT["dynamic"]
+    assert PYPROJECT["tool"]["setuptools"]["dynamic"]["version"] == {
+        "attr": VERSION_ATTR}
+    shown = subprocess.run([sys.executable, "-m", "devrng", "--version"], capture_output=True,
+                           text=True, env={"PATH": os.environ.get("PATH", ""),
+                                           "PYTHONPATH": str(ROOT / "src")}, timeout=120)
+    assert shown.stdout.strip() == f"devrng {version}", shown.stdout + shown.stderr
+    assert _newest_release((ROOT / "CHANGELOG.md").read_text(encoding="utf-8")) == version
+    for page in (ROOT / "README.md", ROOT / "docs" / "index.md"):
+        named = set(re.findall(r"dist/devrng-([\w.]+)-\*\.whl", page.read_text(encoding="utf-8")))
+        assert named == {version}, f"{page.name} names the wheel of {named}, not {version}"
+
+
+@pytest.mark.parametrize(("changelog", "newest"), [
+    ("## [Unreleased]\n\n## [0.5.0] - 2027-01-02\n\n## [0.4.0] - 2026-11-27\n", "0.5.0"),
+    ("## [0.4.0] - 2026-11-27\n### Added\n- [0.9.9] - 2030-01-01 in a line\n", "0.4.0"),
+])
+def test_the_newest_release_is_read_from_the_changelog(changelog: str, newest: str) -> None:
+    assert _newest_release(changelog) == newest
+
+
+def test_the_python_releases_claimed_are_the_ones_whose_bytecode_is_tested() -> None:
+    """The classifiers name exactly the bytecode module's TESTED, the lowest of which is
+    requires-python's floor and the limited API the kernel is built against (setup.py)."""
+    claimed = sorted(tuple(int(p) for p in c.rsplit(" ", 1)[1].split("."))
+                     for c in PROJECT["classifiers"]
+                     if re.fullmatch(r"Programming Language :: Python :: 3\.\d+", c))
+    assert claimed == sorted(bytecode.TESTED)
+    lowest = ".".join(map(str, claimed[0]))
+    assert _lowest(PYTHON_SPECS) == lowest
+    setup = (ROOT / "setup.py").read_text()
+    assert f"LOWEST_PYTHON = ({claimed[0][0]}, {claimed[0][1]})" in setup
+    assert "Programming Language :: Python :: Implementation :: CPython" in PROJECT["classifiers"]
+
+
+def test_cibuildwheel_builds_one_abi3_wheel_and_tests_it_on_every_supported_python() -> None:
+    cibw = PYPROJECT["tool"]["cibuildwheel"]
+    assert cibw["build"] == [f"cp{m}{n}-*" for m, n in bytecode.TESTED]
+    assert cibw["test-command"] == f"python -m {KERNEL_PROOF}"
+    assert cibw["linux"]["archs"] == ["x86_64", "aarch64"]
+    assert cibw["macos"]["archs"] == ["arm64", "x86_64"]
+    assert cibw["windows"]["archs"] == ["AMD64"]

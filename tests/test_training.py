@@ -347,14 +347,37 @@ def test_the_devrng_values_of_one_dcp_load_load_together(tmp_path: Any) -> None:
     assert devrng.get_rng_state().fingerprint() != before  # both loaded
 
 
-def test_resume_adopts_the_saved_seed(setup: Any) -> None:
-    _rng, _loader, _step, saved = setup
-    other = TrainingRNG(99)
-    other.dataloader_kwargs()
-    other.track("step", devrng.seeded_jit(lambda x: x, backend="eager"))
-    other.load_state_dict(saved)
+@pytest.mark.parametrize("form", ["state_dict()", "its plain dict"])
+def test_resume_adopts_the_saved_seed_and_warns_when_another_was_chosen(
+        setup: Any, form: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A TrainingRNG made with seed 99 that loads a checkpoint of seed 11 continues the run
+    of seed 11: on one process it says so (several processes refuse it, tests/test_dcp.py)."""
+    rng, _loader, _step, saved = setup
+    if form == "state_dict()":
+        saved = rng.state_dict()
+
+    def made(seed: int | None) -> TrainingRNG:
+        other = TrainingRNG(seed)
+        other.dataloader_kwargs()
+        other.track("step", devrng.seeded_jit(lambda x: x, backend="eager"))
+        return other
+
+    other = made(99)
+    with pytest.warns(devrng.DevRNGWarning, match=r"this TrainingRNG was made with seed 99 and "
+                      r"the checkpoint's run used seed 11; it continues that run, with seed 11\. "
+                      r"Make it with seed=11") as caught:
+        other.load_state_dict(saved)
+    assert [w.filename for w in caught] == [__file__]  # the warning points at the call
     assert other.seed == 11
     assert os.environ["DEVRNG_SEED"] == "11"
+    monkeypatch.delenv("DEVRNG_SEED")
+    monkeypatch.delenv("PL_GLOBAL_SEED", raising=False)
+    for seed in (None, 11):  # a seed from entropy, or the checkpoint's own: nothing to say
+        quiet = made(seed)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            quiet.load_state_dict(saved)
+        assert quiet.seed == 11
 
 
 def test_repr_names_what_it_tracks(setup: Any) -> None:

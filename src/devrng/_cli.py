@@ -25,11 +25,13 @@ from devrng._backends.registry import (
     broken_backends,
     device_count,
     install_command,
+    install_extra,
     is_initialized,
     loaded_backend,
     package_installed,
     requirement,
 )
+from devrng._base import bytecode, sigint
 from devrng._base.seeds import SEED_VARIABLES, seed_from_environment
 from devrng._portable.threefry_cpu import status as kernel_status
 from devrng._training.determinism import CUBLAS_DETERMINISTIC, current_settings
@@ -42,7 +44,7 @@ _PACKAGES = ("torch", "numpy", "torch_xla", "torchax", "jax", "jaxlib", "flax",
 _ENV_VARS = ("CUBLAS_WORKSPACE_CONFIG", "PYTHONHASHSEED", "CUDA_VISIBLE_DEVICES",
              "HIP_VISIBLE_DEVICES", "ZE_AFFINITY_MASK", "PJRT_DEVICE", "XLA_FLAGS",
              "RANK", "WORLD_SIZE", "LOCAL_RANK", "DEVRNG_SEED", "PL_GLOBAL_SEED",
-             "DEVRNG_CPU_KERNEL")
+             "DEVRNG_CPU_KERNEL", "DEVRNG_DEFER_SIGINT")
 # Device packages that back a backend and are imported only when a program uses them.
 _DEVICE_PACKAGES = {"xla": "torch_xla", "jax": "torchax"}
 # The two values with which cuBLAS sums in one fixed order; torch's deterministic mode
@@ -85,11 +87,23 @@ def known_problems(versions: dict[str, str | None]) -> list[str]:
     return out
 
 
+def copy_shipped_by(package: str, versions: dict[str, str | None]) -> str | None:
+    """The distribution that put ``package`` on the path when ``package``'s own distribution
+    is not installed, else None. torch_xla 2.9's wheel ships a ``torchax`` folder that pip
+    does not list: it needs JAX and flax, which nothing installed, and the user never asked
+    for torchax. Such a copy is reported as such, never imported or failed over."""
+    if versions.get(package) or not package_installed(package):
+        return None
+    owners = importlib.metadata.packages_distributions().get(package, [])
+    return ", ".join(sorted(set(owners))) or "another package"
+
+
 def _load_installed(versions: dict[str, str | None]) -> dict[str, str]:
     """Import the installed device packages; name -> why it failed, for those that did."""
     failed = {}
     for name, package in _DEVICE_PACKAGES.items():
-        if package_installed(package) and package not in sys.modules:
+        if (package_installed(package) and package not in sys.modules
+                and not copy_shipped_by(package, versions)):
             try:
                 importlib.import_module(package)
             except Exception as err:
@@ -165,6 +179,10 @@ def _backend_rows(load: bool, everything: bool, versions: dict[str, str | None]
         if package and not package_installed(package):
             rows.append((name, f"{package} (not installed)", "-", install_command(name) or ""))
             continue
+        owner = copy_shipped_by(package, versions) if package else None
+        if package and owner:
+            rows.append((name, f"{package} (not installed)", "-", _copy_note(package, owner, name)))
+            continue
         if name in load_failed:
             rows.append((name, package_text, "FAIL", load_failed[name]))
             continue
@@ -196,6 +214,12 @@ def _backend_rows(load: bool, everything: bool, versions: dict[str, str | None]
             status, note = "FAIL", f"{type(err).__name__}: {_first_line(err)}"
         rows.append((name, package_text, status, note))
     return rows, hidden
+
+
+def _copy_note(package: str, owner: str, name: str) -> str:
+    return (f"only the copy of {package} that {owner} ships, which is not installed as a "
+            f"package of its own and is not used; devrng's {install_extra(name)} extra "
+            f"installs it with what it imports: {install_command(name)}")
 
 
 def _table(rows: Sequence[tuple[str, ...]], header: tuple[str, ...]) -> None:
@@ -295,6 +319,8 @@ def doctor(*, load: bool = False, everything: bool = False) -> int:
     in_use, why = kernel_status()
     _out("\nPortable streams (devrng.portable) on the CPU:")
     _out(f"  fused C kernel {'in use' if in_use else 'NOT in use'}: {why}")
+    _out("\nInterrupts (Ctrl-C) inside devrng calls:")
+    _out(f"  {_interrupt_guard()}")
     _out("\nEnvironment variables:")
     for var in _ENV_VARS:
         _out(f"  {var:25} {os.environ.get(var, '(unset)')}")
@@ -313,6 +339,22 @@ def doctor(*, load: bool = False, everything: bool = False) -> int:
         _out(f"  - {line}")
     failed = any(row[2] == "FAIL" for row in rows)
     return 1 if (load and failed) or errors or any(p.error for p in mismatched) else 0
+
+
+def _interrupt_guard() -> str:
+    """Whether a Ctrl-C inside a devrng call waits for the call to end, and if not, why."""
+    if sigint.installed():
+        return "guarded: one that lands inside a devrng call is raised when the call ends"
+    if os.environ.get("DEVRNG_DEFER_SIGINT", "1").strip() == "0":
+        why = "DEVRNG_DEFER_SIGINT=0"
+    elif not bytecode.tested():
+        tested = ", ".join(".".join(map(str, v)) for v in bytecode.TESTED)
+        why = (f"devrng reads CPython's bytecode to guard its calls, and that reading is tested "
+               f"on Python {tested}, not on {platform.python_implementation()} "
+               f"{platform.python_version()}")
+    else:
+        why = "another SIGINT handler was installed before devrng (or this is not the main thread)"
+    return f"NOT guarded ({why}): a Ctrl-C may leave a devrng call half done"
 
 
 def _print_problem(problem: Problem) -> None:
@@ -494,6 +536,7 @@ def selftest() -> int:
 def _skipped(tested: tuple[str, ...], load_failed: dict[str, str]) -> list[str]:
     out = []
     broken = broken_backends()
+    versions = {p: _version(p) for p in _PACKAGES}
     for name in backend_names():
         if name in tested or name in load_failed:
             continue
@@ -502,6 +545,8 @@ def _skipped(tested: tuple[str, ...], load_failed: dict[str, str]) -> list[str]:
             continue  # a FAIL row already
         if package and not package_installed(package):
             out.append(f"{name}: {package} is not installed")
+        elif package and (owner := copy_shipped_by(package, versions)):
+            out.append(f"{name}: {_copy_note(package, owner, name)}")
         else:
             can, why = _buildable(name)
             out.append(f"{name}: {why if not can else 'no device available in this process'}")

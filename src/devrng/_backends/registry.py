@@ -44,6 +44,7 @@ __all__ = [
     "device_indices",
     "get_backend",
     "install_command",
+    "install_extra",
     "is_initialized",
     "loaded_backend",
     "package_installed",
@@ -567,6 +568,12 @@ def requirement(name: str) -> str | None:
     """The package a lazily registered backend needs, if it names one."""
     entry = _entries.get(name)
     return entry.requires if isinstance(entry, _Lazy) else None
+
+
+def install_extra(name: str) -> str | None:
+    """The extra of devrng that installs what backend ``name`` needs, if it names one."""
+    entry = _entries.get(name)
+    return entry.extra if isinstance(entry, _Lazy) else None
 
 
 def install_command(name: str) -> str | None:

@@ -29,7 +29,8 @@ that a noted interrupt is raised where its ``except`` undoes the call.
 The handler is installed only from the main thread and only over
 ``signal.default_int_handler``: a program or framework with a SIGINT handler of
 its own keeps it (and loses this protection). ``DEVRNG_DEFER_SIGINT=0`` keeps
-Python's handler.
+Python's handler, and so does a Python release whose bytecode this reading is not
+tested on (``devrng._base.bytecode.TESTED``; ``devrng doctor`` says so).
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ import threading
 from collections.abc import Callable
 from types import CodeType, FrameType
 from typing import Any, TypeVar
+
+from devrng._base.bytecode import tested
 
 __all__ = ["PENDING", "deliver", "guard", "install", "installed", "interrupt_in", "raised_count"]
 
@@ -167,7 +170,7 @@ def install() -> None:
     """Put devrng's handler in place of Python's default SIGINT handler (see the module
     docstring); nothing where another handler is installed, off the main thread, or with
     ``DEVRNG_DEFER_SIGINT=0``."""
-    if os.environ.get("DEVRNG_DEFER_SIGINT", "1").strip() == "0":
+    if os.environ.get("DEVRNG_DEFER_SIGINT", "1").strip() == "0" or not tested():
         return
     if threading.current_thread() is not threading.main_thread():
         return

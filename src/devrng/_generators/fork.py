@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import functools
 import inspect
+import threading
 from collections.abc import Callable
 from typing import Any, NamedTuple, TypeVar
 
 import torch
 
 from devrng._backends.host import get_cpu_state, set_cpu_state
-from devrng._base.errors import check_flags
+from devrng._base.errors import check_flags, warn_and_log
 from devrng._base.sigint import PENDING, deliver, guard
 from devrng._generators.plan import make_plan
 from devrng._generators.undo import Undo
@@ -24,6 +25,18 @@ _Tensor = torch.Tensor
 # generator) is listed once first, as torch does, since it may be consumed.
 _WALKED = (list, tuple, dict, set, frozenset, str, torch.device, torch.Tensor,
            torch.nn.Module, torch.Generator, int)
+
+
+class _Threads(threading.local):
+    """Per thread, its open fork entries, oldest first: a fork exited while one entered after
+    it is still open puts the generators back under that one's feet, so it says so (torch
+    does not)."""
+
+    def __init__(self) -> None:
+        self.forks: list[Fork] = []
+
+
+_threads = _Threads()
 
 
 class _Args(NamedTuple):
@@ -144,6 +157,7 @@ class Fork:
     def __enter__(self) -> None:
         try:
             saved = self._entry()
+            opened = _threads.forks
         except BaseException:
             deliver()
             raise
@@ -152,6 +166,7 @@ class Fork:
         if PENDING[0]:
             deliver()
         self._open += [saved]
+        opened += [self]
 
     def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
         # A real Ctrl-C is noted, not raised, until deliver() (devrng._base.sigint). An interrupt
@@ -159,6 +174,10 @@ class Fork:
         # last (`del` runs no Python code), and puts everything back again (idempotent).
         try:
             saved = self._open[-1]
+            opened: list[Fork] | None = _threads.forks  # (empty: entered in another thread)
+            if opened and opened[-1] is self:
+                del opened[-1]
+                opened = None
             if saved.__class__ is _Tensor:
                 set_cpu_state(saved)
             elif saved is not None:
@@ -167,6 +186,9 @@ class Fork:
         except BaseException as err:
             saved = self._open[-1]
             del self._open[-1]
+            opened = _threads.forks
+            if opened and opened[-1] is self:  # interrupted before it was taken off
+                del opened[-1]
             if saved is not None and not isinstance(err, Exception):
                 if saved.__class__ is _Tensor:
                     set_cpu_state(saved)
@@ -176,6 +198,12 @@ class Fork:
         finally:
             if PENDING[0]:
                 deliver()
+        if opened:  # not this thread's newest open fork: said once everything is put back
+            try:
+                _exited_out_of_order(self, opened)
+            finally:
+                if PENDING[0]:
+                    deliver()
 
     def __call__(self, fn: F) -> F:
         if inspect.isasyncgenfunction(fn) or inspect.isgeneratorfunction(fn):
@@ -248,15 +276,35 @@ class CpuFork(Fork):
     def __enter__(self) -> None:  # Fork.__enter__ with the CPU's state read in line
         try:
             saved = get_cpu_state() if not self._devices else self._entry()
+            opened = _threads.forks
         except BaseException:
             deliver()
             raise
         if PENDING[0]:
             deliver()
         self._open += [saved]
+        opened += [self]
 
     def _fresh(self) -> Fork:
         return CpuFork(self._devices, self._caller, self._devices_kw)
+
+
+def _exited_out_of_order(fork: Fork, opened: list[Fork]) -> None:
+    """Take ``fork``'s newest entry off ``opened`` (this thread's open forks) and warn of the
+    forks entered after it and still open."""
+    if fork not in opened:  # entered in another thread: no order to judge
+        return
+    at = len(opened) - 1 - opened[::-1].index(fork)
+    later = len(opened) - 1 - at
+    del opened[at]
+    warn_and_log(
+        f"fork_rng: a fork was exited while {later} fork(s) entered after it in this thread "
+        "are still open. It put the generators back as they were when it was entered; each "
+        "later fork will put back, when it exits, what it saw at its own entry, so the "
+        "generators will not end as they were before the outer fork. Exit forks newest first "
+        "(nested with-blocks do; with ExitStack or __enter__/__exit__ calls, close them in "
+        "reverse order; concurrent async tasks or threads must not share a fork's span).",
+        stacklevel=3)
 
 
 guard(Fork.__enter__)

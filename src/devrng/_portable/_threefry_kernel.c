@@ -13,8 +13,26 @@
  * The float transforms (normal, exponential) repeat devrng._threefry's tensor ops one
  * IEEE operation at a time, each rounded to float32 as torch's eager CPU kernels round
  * it: the same bits on every CPU, provided the compiler neither fuses a multiply and
- * an add (setup.py passes -ffp-contract=off) nor reorders (no -ffast-math).
+ * an add nor reorders (no -ffast-math). setup.py passes -ffp-contract=off (GCC, clang)
+ * or /fp:precise (MSVC); the pragmas below say the same in the source, and a compiler
+ * that cannot be held to it stops the build here.
+ *
+ * Only the limited API of Python 3.11 (setup.py defines Py_LIMITED_API): one abi3 build
+ * serves every later CPython.
  */
+#if defined(__FAST_MATH__)
+#error "devrng's kernel must not be built with -ffast-math: it reorders float operations"
+#endif
+#if defined(_MSC_VER) && !defined(__clang__)
+#if _MSC_VER < 1930
+#error "devrng's kernel needs MSVC 19.30 (Visual Studio 2022 17.0) or newer, where /fp:precise does not contract"
+#endif
+#pragma fp_contract(off)
+#elif defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#elif !defined(__GNUC__)
+#error "devrng's kernel is built with GCC, clang or MSVC, which it can keep from fusing multiply-adds"
+#endif
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>

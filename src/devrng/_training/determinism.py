@@ -30,6 +30,7 @@ import torch.utils.deterministic
 
 from devrng._backends.host import put_env
 from devrng._backends.registry import backend_names, loaded_backend
+from devrng._base.bytecode import with_of_a_name
 from devrng._base.errors import DevRNGError, check_flags, warn_and_log
 from devrng._base.locks import ForkSafeLock
 from devrng._base.seeds import check_seed
@@ -337,12 +338,14 @@ _made = threading.local()  # .handle: the last handle this thread activated
 class DeterministicHandle:
     """What ``deterministic()`` returns: the settings it applied and how to undo them.
 
-    Used with ``with``, everything it changed is restored on exit, also when
-    the body raises. ``restore()`` does the same by hand. Handles nest as a
-    stack: restoring one first restores the handles applied after it that are
-    still active, so restoring in any order ends where the program started.
-    Entering an active handle again (``with handle:`` twice) counts the
-    entries; the outermost exit restores.
+    ``with deterministic(...):`` restores everything it changed at the block's
+    exit, also when the body raises. A handle kept from a bare call
+    (``handle = deterministic()``) holds its settings until ``handle.restore()``:
+    a later ``with handle:`` ends with them as they were when it started, on.
+    Entries count: the outermost one (the bare call, or the ``with`` that made
+    the handle) restores. Handles nest as a stack: restoring one first restores
+    the handles applied after it that are still active, so restoring in any
+    order ends where the program started.
 
     Examples:
         >>> with devrng.deterministic(seed=0) as handle:
@@ -474,6 +477,8 @@ class DeterministicHandle:
         try:
             if not self._active:  # re-entering a handle that was restored
                 self._apply()
+            elif self._depth == 0 and with_of_a_name(sys._getframe(1)):
+                self._depth = 1  # `with handle:` after a bare call: the call's entry is outermost
             self._depth += 1
             deliver()  # a Ctrl-C noted meanwhile is raised here, and undone below
             return self

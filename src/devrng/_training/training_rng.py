@@ -142,7 +142,7 @@ class TrainingRNG:
         directory = _flight_directory(flight_record)
         seed, source = _resolve_seed(seed)
         self._seed = seed
-        self._seed_chosen = source != _ENTROPY  # a checkpoint of another seed is then refused
+        self._seed_chosen = source != _ENTROPY  # a checkpoint of another seed: refused or warned
         self._per_rank = per_rank
         self.strict = strict
         self._generators: dict[str, torch.Generator] = {}
@@ -656,11 +656,19 @@ class _Loading:
             self.restore.apply(undo)
         else:  # another rank's state: this rank's generators seeded anew
             reseed(undo, self.reseed_seed)
+        chosen = rng._seed
         undo.push("the seed", setattr, rng, "_seed", rng._seed)
         rng._seed = self.seed
         undo.set_env("DEVRNG_SEED", str(self.seed))
         # The warnings last, inside the undo: a warning turned into an error puts
-        # everything back too.
+        # everything back too. (Several processes refuse another seed: _prepare.)
+        if rng._seed_chosen and chosen != self.seed and world_size() == 1:
+            warn_and_log(f"TrainingRNG.load_state_dict: this TrainingRNG was made with seed "
+                         f"{chosen} and the checkpoint's run used seed {self.seed}; it continues "
+                         f"that run, with seed {self.seed}. Make it with seed={self.seed} (or "
+                         "seed=None, which takes the checkpoint's) to resume without this "
+                         f"warning, or do not load the checkpoint to start a run of seed {chosen}.",
+                         stacklevel=4)
         if self.skipped:
             warn_and_log("TrainingRNG.load_state_dict(strict=False) did not restore: "
                          + "; ".join(self.skipped) + ".", stacklevel=4)
