@@ -73,6 +73,7 @@ def test_a_tracked_loader_is_described_in_the_state() -> None:
     assert record == {"kind": "DataLoader", "stateful": False, "num_workers": 0,
                       "batch_size": 4, "persistent_workers": False, "sampler": "RandomSampler",
                       "private_shuffle": False, "devrng_seeded": True, "sample_rng": False,
+                      "worker_draws": False,
                       "sampler_args": {"replacement": False, "num_samples": None},
                       "batch_sampler": "BatchSampler", "drop_last": False,
                       "dataset_length": 8, "epoch_length": 8}

@@ -31,6 +31,8 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "workers0": {"devrng": True, "sample_rng": True, "workers": 0},
     "nosample": {"devrng": True, "sample_rng": False},
     "persistent": {"devrng": True, "sample_rng": True, "persistent": True},
+    "save5": {"devrng": True, "sample_rng": True, "save_steps": 5},
+    "skipless": {"devrng": True, "sample_rng": True, "ignore_data_skip": True},
 }
 
 
@@ -68,7 +70,8 @@ def train(config: dict[str, Any], out: Path, resume: Path | None = None) -> Resu
         workers = config.get("workers", 2)
         args = TrainingArguments(
             output_dir=str(out / "ck"), per_device_train_batch_size=config.get("batch", 4),
-            num_train_epochs=EPOCHS, save_strategy="steps", save_steps=6, seed=SEED,
+            num_train_epochs=EPOCHS, save_strategy="steps", save_steps=config.get("save_steps", 6),
+            ignore_data_skip=bool(config.get("ignore_data_skip")), seed=SEED,
             use_cpu=True, report_to=[], disable_tqdm=True, logging_strategy="no",
             dataloader_num_workers=workers,
             dataloader_persistent_workers=bool(config.get("persistent")) and workers > 0,

@@ -350,12 +350,12 @@ def _training_problems(name: str, now: Mapping[str, Any], loader: Any, mid_epoch
     if now["persistent_workers"] and not (mid_epoch and now["stateful"]):
         if now["stateful"]:
             yield persistent_workers_problem(
-                name, "set persistent_workers=False, or use a torch DataLoader built with "
+                name, now["sampler"], "set persistent_workers=False, or use a torch DataLoader built with "
                       "**callback.rng.dataloader_kwargs() (the callback gives its workers "
                       "each epoch's seed)")
         elif _epoch_reseeded(loader) is None or not sample_rng:
             yield persistent_workers_problem(
-                name, "build it with **callback.rng.dataloader_kwargs() (made before fit) and "
+                name, now["sampler"], "build it with **callback.rng.dataloader_kwargs() (made before fit) and "
                       "draw each sample's randomness inside devrng.sample_rng(index), and the "
                       "callback gives its workers each epoch's seed; or set "
                       "persistent_workers=False")
@@ -367,6 +367,6 @@ def _validation_problems(name: str, now: Mapping[str, Any]) -> Iterable[str]:
                                             "never restores a validation loader's position")
     if now["persistent_workers"]:
         yield persistent_workers_problem(
-            name, "set persistent_workers=False on validation loaders (without a generator, "
+            name, now["sampler"], "set persistent_workers=False on validation loaders (without a generator, "
                   "the new iterator also draws its base seed from torch's global generator, "
                   "which shifts the training steps after the first validation)")

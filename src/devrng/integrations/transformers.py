@@ -132,7 +132,7 @@ class DevRNGTrainerCallback(transformers.TrainerCallback, ExportableState):
             yield world_size_problem(saved["world_size"], args.world_size)
         if now["persistent_workers"]:
             yield persistent_workers_problem(
-                "the training loader", "set dataloader_persistent_workers=False")
+                "the training loader", now["sampler"], "set dataloader_persistent_workers=False")
         if inside and not now["num_workers"]:
             batches = args.gradient_accumulation_steps
             yield (f"the checkpoint was written inside an epoch, and transformers "
