@@ -345,8 +345,8 @@ def resume_problems(saved_world: int, records: Any, loaders: Mapping[str, Any],
                 problems += [problem] if problem else []
         if now["persistent_workers"]:
             problems.append(persistent_workers_problem(
-                f"the loader {name!r}", now["sampler"], "build it with persistent_workers=False (or use "
-                "devrng's Lightning callback, which reseeds them each epoch)"))
+                f"the loader {name!r}", "build it with persistent_workers=False (or use devrng's "
+                "Lightning callback, which reseeds them each epoch)", now["sampler"]))
     return problems
 
 
@@ -371,13 +371,15 @@ def private_shuffle_problem(name: str, how: str) -> str:
             "**rng.dataloader_kwargs(), whose generator devrng saves and restores")
 
 
-def persistent_workers_problem(name: str, sampler: Any, fix: str) -> str:
+def persistent_workers_problem(name: str, fix: str, sampler: str | None) -> str:
     """Workers that outlive an epoch in the uninterrupted run and start afresh in the resumed one.
 
-    ``sampler``: the class name of the loader's sampler (``describe``'s ``"sampler"``).
+    ``sampler``: the class name of the loader's sampler (``describe``'s ``"sampler"``), whose
+    order the kept workers change too; None where devrng makes the draw of a new iterator
+    for them (Lightning's callback), so that only the augmentation differs.
     """
     what = "the samples' augmentation differs"
-    if _FIX_PERSISTENT_ORDER and sampler not in _FIXED_ORDER:
+    if _FIX_PERSISTENT_ORDER and sampler is not None and sampler not in _FIXED_ORDER:
         # A new iterator draws its workers' base seed from the loader's generator before the
         # shuffle; a kept one draws the shuffle alone, from another point of the generator.
         order = "differs" if sampler in _DRAWN_ORDER else "can differ"
@@ -442,15 +444,22 @@ def place_for_workers(name: str, state: Any, workers: int) -> tuple[Any, str | N
     refit = _with_workers(state, workers) if before and workers else None
     if refit is not None:
         return refit, None
-    why = ("keeps a part of it in each worker here (its dataset has a state of its own)"
-           if before and workers else
-           "keeps it in one form without workers and in another with them")
-    return state, (f"{name} was saved inside an epoch (after batch {yielded}) with "
-                   f"num_workers={before} and has num_workers={workers}; torchdata's "
-                   f"StatefulDataLoader restores a place in an epoch only with the number of "
-                   f"workers that saved it, and {why}, so the loader cannot continue that "
-                   f"epoch; resume with num_workers={before}, or from a checkpoint written after "
-                   "an epoch's loop")
+    return state, worker_count_problem(name, before, workers, yielded,
+                                       "keeps a part of it in each worker here (its dataset has "
+                                       "a state of its own)" if before and workers else "")
+
+
+def worker_count_problem(name: str, before: int, after: int, yielded: Any, why: str = "") -> str:
+    """A StatefulDataLoader saved inside an epoch (after batch ``yielded``) with ``before``
+    workers, which cannot continue that epoch with ``after``."""
+    why = why or ("keeps it in one form without workers and in another with them"
+                  if not before or not after else "")
+    return (f"{name} was saved inside an epoch (after batch {yielded}) with num_workers={before} "
+            f"and has num_workers={after}; torchdata's StatefulDataLoader restores a place in an "
+            "epoch only with the number of workers that saved it"
+            + (f", and {why}" if why else "") + f", so the loader cannot continue that epoch; "
+            f"resume with num_workers={before}, or from a checkpoint written at the end of an "
+            "epoch")
 
 
 def _with_workers(state: Mapping[str, Any], workers: int) -> dict[str, Any] | None:
@@ -515,6 +524,16 @@ class EpochStart(NamedTuple):
     host: RNGState
     sampler: torch.Tensor | None
 
+    def put(self, loader: Any, undo: Undo) -> None:
+        """Set the generators back to this start, each one's state pushed on ``undo`` first."""
+        if not _FIX_REPLAYED_SAMPLERS:
+            return
+        Restore(self.host, []).apply(undo)
+        own = _own_generator(loader)
+        if own is not None and self.sampler is not None:
+            undo.push("the generator of the loader's sampler", own.set_state, own.get_state())
+            own.set_state(self.sampler)
+
     def to_dict(self) -> dict[str, Any]:
         return {"host": self.host.to_dict(), "sampler": self.sampler}
 
@@ -529,35 +548,27 @@ class EpochStart(NamedTuple):
                 check_cpu_state(sampler)
             host_state = RNGState.from_dict(data["host"], source=what)
         except (TypeError, ValueError, DevRNGError) as err:
-            raise DevRNGError(f"TrainingRNG.load_state_dict: {what} is not a record devrng "
-                              f"wrote: {str(err).rstrip('.')}.") from None
+            raise DevRNGError(f"{what} is not a record devrng wrote: "
+                              f"{str(err).rstrip('.')}.") from None
         return cls(host_state, sampler)
-
-    def put(self, loader: Any, undo: Undo) -> None:
-        """Set the generators back to this start, each one's state pushed on ``undo`` first
-        (the caller sets them to the checkpoint's after the loader replayed its sampler)."""
-        if not _FIX_REPLAYED_SAMPLERS:
-            return
-        Restore(self.host, []).apply(undo)
-        own = _own_generator(loader)
-        if own is not None and self.sampler is not None:
-            undo.push("the generator of the loader's sampler", own.set_state, own.get_state())
-            own.set_state(self.sampler)
 
 
 class EpochStarts:
     """Records, on a StatefulDataLoader that replays its sampler, the ``EpochStart`` of each
     iterator it makes (``last``), so that a checkpoint written inside the epoch can have the
-    resumed loader replay the sampler from the same generators. ``watch`` installs it once
-    per loader, around the loader's own ``_get_iterator`` (where every new iterator of
-    torchdata 0.11's loader is made, first epoch, later ones and resumed ones alike)."""
+    resumed loader replay the sampler from the same generators (``arm``). ``watch`` installs
+    it once per loader, around the loader's own ``_get_iterator``, where torchdata 0.11's
+    loader makes every new iterator: the first epoch's, later ones' and resumed ones."""
 
     def __init__(self, loader: Any) -> None:
-        self.loader = loader
         self.last: EpochStart | None = None
+        self._armed: tuple[EpochStart, Undo] | None = None
         make = loader._get_iterator
 
         def recording() -> Any:
+            armed, self._armed = self._armed, None
+            if armed is not None:
+                armed[0].put(loader, armed[1])
             if _FIX_REPLAYED_SAMPLERS:
                 own = _own_generator(loader)
                 self.last = EpochStart(snapshot([], python=True, numpy=True),
@@ -566,14 +577,25 @@ class EpochStarts:
 
         loader._get_iterator = recording
 
+    def arm(self, start: EpochStart, undo: Undo) -> None:
+        """Put ``start`` back just before the loader makes its next iterator (the resumed one,
+        which replays the sampler), each generator's state pushed on ``undo`` first; the
+        caller sets them to the checkpoint's afterwards."""
+        self._armed = (start, undo)
+
+    @classmethod
+    def of(cls, loader: Any) -> EpochStarts | None:
+        """The watch installed on ``loader``, if any."""
+        found = getattr(loader, "_devrng_epoch_starts", None)
+        return found if isinstance(found, cls) else None
+
     @classmethod
     def watch(cls, loader: Any) -> EpochStarts:
-        found = getattr(loader, "_devrng_epoch_starts", None)
-        if isinstance(found, cls):
-            return found
-        starts = cls(loader)
-        loader._devrng_epoch_starts = starts
-        return starts
+        """The watch of ``loader``, installed now if it has none."""
+        found = cls.of(loader)
+        if found is None:
+            found = loader._devrng_epoch_starts = cls(loader)
+        return found
 
 
 def unreplayable_problem(name: str) -> str:

@@ -618,8 +618,8 @@ class _Loading:
         """The saved ``EpochStart`` of each loader that resumes inside an epoch and replays its
         sampler, checked."""
         saved = saved if isinstance(saved, Mapping) else {}
-        return {name: EpochStart.read(saved[name], f"the saved epoch start of the loader "
-                                                   f"{name!r}")
+        return {name: EpochStart.read(saved[name], "TrainingRNG.load_state_dict: the saved "
+                                                   f"epoch start of the loader {name!r}")
                 for name in self.inside if name in self.rng._epoch_starts and name in saved}
 
     # -- apply ----------------------------------------------------------------------
@@ -633,12 +633,12 @@ class _Loading:
                 undo.push(f"the tracked object {name!r}", obj.load_state_dict,
                           copy.deepcopy(own_entry(obj.state_dict())))
                 state = self.states.get(name, self.tracked[name])
-                if name in self.starts:
-                    # The sampler is replayed as its iterator is made: from the generators
-                    # the epoch's iterator was made from (set to the checkpoint's below).
-                    self.starts[name].put(obj, undo)
                 obj.load_state_dict(state)
                 if state != {}:  # ({}: no place to continue; the next iterator starts anew)
+                    if name in self.starts:
+                        # The resumed iterator replays the sampler: from the generators the
+                        # epoch's iterator was made from (set to the checkpoint's below).
+                        rng._epoch_starts[name].arm(self.starts[name], undo)
                     _materialise(obj)
         # Generators after the tracked loaders: a resumed StatefulDataLoader sets its
         # generator back to the start of the epoch when it makes its iterator.
