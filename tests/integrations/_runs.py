@@ -65,6 +65,8 @@ class Result:
     warnings: list[str] = field(default_factory=list)
     logged: list[str] = field(default_factory=list)
     samples: list[str] = field(default_factory=list)  # per epoch, where a program records them
+    order: list[str] = field(default_factory=list)  # per epoch, the sample indices in order
+    error: str = ""  # a resume refused with a DevRNGError: its message (no step was trained)
 
     @classmethod
     def read(cls, path: Path) -> Result:
@@ -89,8 +91,13 @@ def is_exact(whole: Result, resumed: Result) -> bool:
 
 def check_resumed(whole: Result, resumed: Result, expect: str, match: str = "") -> None:
     """Assert what a cell of a resume matrix expects of the resumed run: "exact" (or "exact
-    alone": a control that is) with no warning; "differs" (a control without devrng); or
-    "warned": a DevRNGWarning matching ``match``, logged on "devrng" too, and indeed not exact."""
+    alone": a control that is) with no warning; "differs" (a control without devrng); "warned":
+    a DevRNGWarning matching ``match``, logged on "devrng" too, and indeed not exact; or
+    "refused": the resume raised a DevRNGError matching ``match``."""
+    if expect == "refused":
+        assert re.search(match, resumed.error), resumed.error
+        return
+    assert not resumed.error, resumed.error
     if expect in ("exact", "exact alone"):
         assert is_exact(whole, resumed), (whole, resumed)
         assert resumed.warnings == [] and resumed.logged == []
