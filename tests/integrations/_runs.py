@@ -163,7 +163,9 @@ def job_runner(train: Callable[..., Result], configs: dict[str, dict[str, Any]]
                 in_child(lambda: train({**config, "saves": True}, first, resume=resume))
                 resume = first / "ck" / config["chain"]
             result = train(config, out / name / job["tag"], resume=resume)
-        result.write(target(out, job))
+        path = target(out, job)
+        rank = int(os.environ.get("RANK", "0"))
+        result.write(path.with_name(f"{path.stem}.rank{rank}.json") if rank else path)
 
     return run_job
 

@@ -392,10 +392,11 @@ def persistent_workers_problem(name: str, fix: str, sampler: str | None) -> str:
 
 
 # Samplers whose order the generators decide, and samplers whose order they do not (a
-# DistributedSampler shuffles with a generator of its own, seeded by its seed and epoch).
+# DistributedSampler, and accelerate's SeedableRandomSampler, shuffle with a generator of
+# their own seeded by their seed and epoch).
 _DRAWN_ORDER = ("RandomSampler", "SubsetRandomSampler", "WeightedRandomSampler")
 _FIXED_ORDER = ("SequentialSampler", "_InfiniteConstantSampler", "DistributedSampler",
-                "StatefulDistributedSampler")
+                "StatefulDistributedSampler", "SeedableRandomSampler")
 
 
 def world_size_problem(saved: int, now: int) -> str:
