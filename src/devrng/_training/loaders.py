@@ -599,9 +599,11 @@ class EpochStarts:
         return found
 
 
-def unreplayable_problem(name: str) -> str:
+def unreplayable_problem(name: str) -> str | None:
     """A loader that replays its sampler, resumed inside an epoch from a checkpoint that holds
-    no ``EpochStart`` for it."""
+    no ``EpochStart`` for it (None with the fix turned off: as devrng 0.4, silent)."""
+    if not _FIX_REPLAYED_SAMPLERS:
+        return None
     return (f"the checkpoint was written inside an epoch, and the sampler of {name} keeps no "
             "place of its own, so torchdata replays the epoch's draws from it to find its "
             "place; the checkpoint holds no record of the generators those draws came from "

@@ -213,7 +213,11 @@ class TrainingRNG:
         whose position is saved and restored too) is also described in the state
         -- kind, batch size, workers -- so that a resume that cannot continue
         exactly (another batch size or number of workers, workers kept across
-        epochs) warns with a ``DevRNGWarning`` that says why.
+        epochs, workers that drew outside ``sample_rng`` before a checkpoint inside
+        an epoch) warns with a ``DevRNGWarning`` that says why. For a
+        ``StatefulDataLoader`` whose sampler keeps no place of its own (torchdata
+        draws it again to find its place), the generators of each epoch's start are
+        saved too, so that it resumes inside an epoch exactly.
 
         Args:
             name: A non-empty string, unique in this ``TrainingRNG``; the
@@ -661,7 +665,8 @@ class _Loading:
         unreplayable = [unreplayable_problem(f"the loader {name!r}") for name in self.inside
                         if name in rng._epoch_starts and name not in self.starts]
         warn_on_resume(resume_problems(self.saved_world, self.records, rng._loaders,
-                                       self.inside) + unreplayable, stacklevel=4)
+                                       self.inside) + [p for p in unreplayable if p],
+                       stacklevel=4)
 
 
 def _read_entry(entry: Any) -> Any:

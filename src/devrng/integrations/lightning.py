@@ -233,8 +233,8 @@ class DevRNGCallback(pl.Callback):
         missing = [i for i in replaying if i >= len(starts) or starts[i] is None]
         fetcher = getattr(trainer.fit_loop, "_data_fetcher", None)  # Lightning 2.6's
         if missing or fetcher is None or getattr(fetcher, "batches", None):
-            return [unreplayable_problem(_name("training", i, len(loaders)))
-                    for i in (missing or replaying)]
+            return [problem for i in (missing or replaying)
+                    if (problem := unreplayable_problem(_name("training", i, len(loaders))))]
         if not replaying:
             return []
         # Their places as Lightning loaded them (no batch was taken from the new iterators)
