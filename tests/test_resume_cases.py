@@ -106,8 +106,8 @@ def test_cell(out: Path, cell: Cell) -> None:
 
 
 def test_the_checkpoint_sits_where_the_cells_say(out: Path) -> None:
-    """The uninterrupted runs trained the steps the cells resume from: 7 a epoch (26 samples,
-    batch 4), 10 with a replaying RandomSampler of 40 draws, and step 10 is in epoch 1."""
+    """The uninterrupted runs trained the steps the cells resume from: 7 an epoch (26 samples,
+    batch 4), 10 with a replayed RandomSampler of 40 draws; step 10 is in epoch 1."""
     assert Result.read(out / "stateful" / "A.json").steps == 21
     assert Result.read(out / "stateful-replacement" / "A.json").steps == 30
     subset = Result.read(out / "stateful-subset" / "A.json")

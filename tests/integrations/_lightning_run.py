@@ -79,7 +79,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
     # validation loader in the sanity check, loaders reloaded each epoch, bf16-mixed
     "stateful-outside": {"devrng": True, "loader": "stateful", "kwargs": True},
     "stateful-subset": {"devrng": True, "loader": "stateful", "kwargs": True,
-                        "sample_rng": True, "sampler": "subset"},
+                        "sample_rng": True, "sampler": "subset", "reload": 1},
     "extras": {"devrng": True, "loader": "stateful", "val": "random", "kwargs": True,
                "sample_rng": True, "sanity": 2, "reload": 1, "precision": "bf16-mixed"},
 }

@@ -116,7 +116,8 @@ CELLS = [
          r"an epoch, and the resumed loader starts new workers.*the workers of the training "
          r"loader drew random numbers outside devrng.sample_rng"),
     # a SubsetRandomSampler, which torchdata replays to find its place: from the generators of
-    # the epoch's start (exact; the control turns devrng's fix off)
+    # the epoch's start (exact; the control turns devrng's fix off); the loader is reloaded
+    # every epoch (reload_dataloaders_every_n_epochs=1), so epoch 1's is another one
     Cell(L, "stateful-subset", "step=6.ckpt", "exact"),
     Cell(L, "stateful-subset", "step=18.ckpt", "exact"),
     Cell(L, "stateful-subset", "epoch=0.ckpt", "exact"),

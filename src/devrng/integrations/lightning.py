@@ -257,17 +257,20 @@ class DevRNGCallback(pl.Callback):
         if resumed is None or not _FIX_WORKER_COUNT or not isinstance(exception, AssertionError):
             return
         position = resumed["position"]
+        batch = position.get("batch")
+        if not isinstance(batch, int) or not 0 < batch != position.get("batches"):
+            return  # not inside an epoch: Lightning loads no loader's place
         records = resumed["loaders"].get("training")
         loaders = self._loaders().get("training", [])
         for i, loader in enumerate(loaders):
             record = records[i] if isinstance(records, list) and i < len(records) else None
             now = describe(loader)
-            if isinstance(record, Mapping) and now["stateful"] and not position.get("in_step") \
+            if isinstance(record, Mapping) and now["stateful"] \
                     and record.get("num_workers") != now["num_workers"]:
                 raise DevRNGError(
                     "DevRNGCallback: the run could not resume: " + worker_count_problem(
                         _name("training", i, len(loaders)), int(record.get("num_workers") or 0),
-                        now["num_workers"], position.get("batch")) + ".") from exception
+                        now["num_workers"], batch) + ".") from exception
 
     def _start_at_the_epoch(self, trainer: pl.Trainer, loaders: list[Any],
                             resumed: Mapping[str, Any]) -> list[str]:
@@ -305,6 +308,10 @@ class DevRNGCallback(pl.Callback):
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         for loader in self._loaders()["training"]:
+            if replays_sampler(loader):
+                # A loader Lightning reloaded (reload_dataloaders_every_n_epochs) is new: its
+                # epoch's iterator is made after this hook, under the watch.
+                EpochStarts.watch(loader)
             seeding = _epoch_reseeded(loader)
             if seeding is not None and id(loader) in self._iterated:
                 # Workers kept from the last epoch: make the draw a new iterator would make
