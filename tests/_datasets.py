@@ -54,18 +54,22 @@ class RandomDraws(Dataset[torch.Tensor]):
 class Augmented(Dataset[torch.Tensor]):
     """Samples whose augmentation draws from torch, NumPy and Python's random; with
     ``per_sample``, inside ``devrng.sample_rng(index)``; with ``indexed``, the index in a
-    first column (to tell which sample a row is)."""
+    first column (to tell which sample a row is); with ``augment=False``, none at all."""
 
-    def __init__(self, size: int = 24, per_sample: bool = False, indexed: bool = False) -> None:
+    def __init__(self, size: int = 24, per_sample: bool = False, indexed: bool = False,
+                 augment: bool = True) -> None:
         self.base = torch.linspace(-1, 1, size * 4).reshape(size, 4)
         self.per_sample = per_sample
         self.indexed = indexed
+        self.augment = augment
 
     def __len__(self) -> int:
         return len(self.base)
 
     def __getitem__(self, i: int) -> torch.Tensor:
-        if self.per_sample:
+        if not self.augment:
+            sample = self.base[i]
+        elif self.per_sample:
             with devrng.sample_rng(i):
                 sample = self._augment(i)
         else:
@@ -75,6 +79,15 @@ class Augmented(Dataset[torch.Tensor]):
     def _augment(self, i: int) -> torch.Tensor:
         noise = torch.randn(4) * 0.1 + float(np.random.normal()) * 0.05 + random.random() * 0.05
         return self.base[i] + noise
+
+
+def noisy_collate(rows: list[torch.Tensor]) -> torch.Tensor:
+    """A collate_fn that draws batch-level noise from NumPy (as MixUp draws its weight), outside
+    ``devrng.sample_rng``; the first column (the index, in indexed rows) is left as it is."""
+    batch = torch.stack(rows)
+    noise = torch.from_numpy(np.random.normal(size=batch.shape)).to(batch.dtype) * 0.05
+    noise[:, 0] = 0.0
+    return batch + noise
 
 
 def small_model(device: str = "cpu", *, seeded: bool = True) -> torch.nn.Module:

@@ -104,6 +104,34 @@ _PRIVATE: dict[str, tuple[str, str | None]] = {
 }
 
 
+# The fixes of issue 37's resume cases, each with a switch (module, attribute) that turns it
+# off: a test runs a case without devrng's own fix to show what the run does then (what the
+# flight record must catch). Set in a child before it trains: ``set_fix(name, False)``.
+FIXES: dict[str, tuple[str, str]] = {
+    # workers report draws outside sample_rng (dataset, collate_fn); a resume inside an epoch
+    # warns of them, and another number of workers counts only them
+    "WORKER_DRAWS": ("devrng._training.loaders", "_FIX_WORKER_DRAWS"),
+    # samplers torchdata replays (Subset/WeightedRandomSampler, RandomSampler(replacement))
+    # replay from the generators of the epoch's start
+    "REPLAYED_SAMPLERS": ("devrng._training.loaders", "_FIX_REPLAYED_SAMPLERS"),
+    # a place saved inside an epoch is fitted to another number of workers, or refused in a
+    # sentence (TrainingRNG)
+    "WORKER_COUNT": ("devrng._training.loaders", "_FIX_WORKER_COUNT"),
+    # the same refusal under Lightning, before its teardown error hides torchdata's assertion
+    "LIGHTNING_WORKER_COUNT": ("devrng.integrations.lightning", "_FIX_WORKER_COUNT"),
+    # the warning for workers kept across epochs names the order of the samples too
+    "PERSISTENT_ORDER": ("devrng._training.loaders", "_FIX_PERSISTENT_ORDER"),
+    # HF Trainer: ignore_data_skip=True resumed inside an epoch warns
+    "IGNORE_DATA_SKIP": ("devrng.integrations.transformers", "_FIX_IGNORE_DATA_SKIP"),
+}
+
+
+def set_fix(name: str, on: bool) -> None:
+    """Turn devrng's fix ``name`` (a key of ``FIXES``) on or off in this process."""
+    module, attribute = FIXES[name]
+    setattr(importlib.import_module(module), attribute, on)
+
+
 def __getattr__(name: str) -> Any:
     target = _PRIVATE.get(name)
     if target is None:

@@ -51,8 +51,14 @@ CELLS = [
     # 3. drop_last False -> True: 26 % 4 leaves an incomplete last batch, now dropped
     Cell("loader", "warned", r"the loader 'loader' had drop_last=False and has drop_last=True.*"
          r"resume with drop_last=False", changes={"drop_last": True}),
-    # 6. kept workers: the uninterrupted run's go on, a resumed run starts new ones
-    Cell("persistent", "warned", r"the loader 'loader' keeps its workers from epoch to epoch"),
+    # 6. kept workers: the uninterrupted run's go on, a resumed run starts new ones, which
+    # draw the base seed before the shuffle: the order differs too (issue 37)
+    Cell("persistent", "warned", r"the loader 'loader' keeps its workers from epoch to epoch.*"
+         r"so the order of the samples differs \(a new iterator draws the base seed from the "
+         r"loader's generator before the epoch's shuffle, kept workers do not\), and so does "
+         r"their augmentation"),
+    Cell("persistent", "warned", r"keeps its workers from epoch to epoch.*so the samples' "
+         r"augmentation differs; ", changes={"fix_off": ["PERSISTENT_ORDER"]}),
 ]
 
 
@@ -74,6 +80,18 @@ def test_cell(out: Path, cell: Cell) -> None:
     resumed = Result.read(target(out, {"mode": "B", "name": cell.name, "tag": cell.tag}))
     assert resumed.losses, "the resumed run trained no step"
     check_resumed(whole, resumed, cell.expect, cell.match)
+
+
+@pytest.mark.parametrize(("name", "same"), [("loader", True), ("persistent", False)])
+def test_the_resumed_epochs_order_is_the_uninterrupted_ones_unless_workers_are_kept(
+        out: Path, name: str, same: bool) -> None:
+    """The order of the samples of epoch 1 after a resume from the end of epoch 0: the
+    uninterrupted run's -- unless its workers were kept, as the warning says."""
+    whole = Result.read(out / name / "A.json")
+    resumed = Result.read(target(out, {"mode": "B", "name": name, "tag": "B-epoch1.pt"}))
+    assert len(whole.order) == 3 and len(resumed.order) == 2
+    assert (resumed.order[0] == whole.order[1]) is same
+    assert sorted(resumed.order[0].split(",")) == sorted(whole.order[1].split(","))
 
 
 @pytest.mark.parametrize(("name", "anew"), [("persistent", True),

@@ -5,6 +5,7 @@ tests/integrations/test_resume_matrix.py)."""
 from __future__ import annotations
 
 import logging
+import random
 import re
 import warnings
 from collections.abc import Iterator
@@ -73,6 +74,7 @@ def test_a_tracked_loader_is_described_in_the_state() -> None:
     assert record == {"kind": "DataLoader", "stateful": False, "num_workers": 0,
                       "batch_size": 4, "persistent_workers": False, "sampler": "RandomSampler",
                       "private_shuffle": False, "devrng_seeded": True, "sample_rng": False,
+                      "worker_draws": False,
                       "sampler_args": {"replacement": False, "num_samples": None},
                       "batch_sampler": "BatchSampler", "drop_last": False,
                       "dataset_length": 8, "epoch_length": 8}
@@ -424,3 +426,100 @@ def test_the_epoch_seed_reaches_persistent_workers() -> None:
     seeding.set_epoch_seed(None)
     own = by_index(loader)  # the workers' own seed of their fifth epoch
     assert own not in (first, epoch_seeded) and set(own) == set(first)
+
+
+def _collate_drawing(rows: list[torch.Tensor]) -> torch.Tensor:
+    return torch.stack(rows) + random.random()  # a batch-level draw, outside sample_rng
+
+
+def _none_inside_outside_collate() -> dict[str, DataLoader[Any]]:
+    rng = devrng.TrainingRNG(seed=0)
+    return {
+        "none": DataLoader(range(8), batch_size=2, num_workers=1, **rng.dataloader_kwargs()),
+        "inside": DataLoader(PerSample(inside=True), batch_size=2, num_workers=1,
+                             **rng.dataloader_kwargs()),
+        "outside": DataLoader(PerSample(inside=False), batch_size=2, num_workers=1,
+                              **rng.dataloader_kwargs()),
+        "collate": DataLoader(PerSample(inside=True), batch_size=2, num_workers=1,
+                              collate_fn=_collate_drawing, **rng.dataloader_kwargs()),
+        "unseeded": DataLoader(PerSample(inside=False), batch_size=2, num_workers=1),
+        "main": DataLoader(PerSample(inside=False), batch_size=2, **rng.dataloader_kwargs()),
+    }
+
+
+@pytest.mark.slow  # starts 6 worker processes
+def test_workers_report_draws_outside_sample_rng() -> None:
+    """A worker whose generators moved outside sample_rng -- in the dataset or the collate_fn
+    -- says so (worker_draws); draws inside sample_rng, or none, are not draws outside; devrng
+    cannot tell for workers it does not seed; the main process draws from saved generators."""
+    loaders = _none_inside_outside_collate()
+    for loader in loaders.values():
+        assert describe_loader(loader)["worker_draws"] in (False, None)  # nothing loaded yet
+        list(loader)
+    found = {name: describe_loader(loader)["worker_draws"] for name, loader in loaders.items()}
+    assert found == {"none": False, "inside": False, "outside": True, "collate": True,
+                     "unseeded": None, "main": False}
+
+
+def test_a_state_with_a_corrupt_epoch_start_is_refused_before_anything_changes() -> None:
+    """The generators of an epoch's start are checked with the rest of the state: one that is
+    not a record devrng wrote is refused, and nothing changes."""
+    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+    rng = devrng.TrainingRNG(seed=0)
+    loader = rng.track("loader", stateful.StatefulDataLoader(
+        range(16), batch_size=2, sampler=torch.utils.data.SubsetRandomSampler(range(12)),
+        **rng.dataloader_kwargs()))
+    batches = iter(loader)
+    next(batches)
+    state = plain_state(rng.state_dict())
+    assert set(state["epoch_starts"]["loader"]) == {"host", "sampler"}
+    state["epoch_starts"]["loader"]["host"] = {"cpu": "not a state"}
+    before = torch.get_rng_state()
+    with pytest.raises(devrng.DevRNGError, match=r"TrainingRNG.load_state_dict: the saved epoch "
+                                                 r"start of the loader 'loader' is not a record "
+                                                 r"devrng wrote"):
+        rng.load_state_dict(state)
+    assert torch.equal(torch.get_rng_state(), before)
+    del state["epoch_starts"]
+    rng.load_state_dict(state)  # states of devrng 0.4 had no epoch starts: they load
+
+
+def test_a_stateful_loader_saved_inside_an_epoch_takes_another_number_of_workers(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A place saved with 2 workers continues with 3 (the batches as the uninterrupted run's);
+    with 0, torchdata keeps it in another form: a DevRNGError sentence, nothing changed, and
+    with strict=False the epoch starts afresh with a warning."""
+    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+
+    def make(workers: int) -> tuple[devrng.TrainingRNG, Any]:
+        rng = devrng.TrainingRNG(seed=0)
+        return rng, rng.track("loader", stateful.StatefulDataLoader(
+            PerSample(), batch_size=2, shuffle=True, num_workers=workers,
+            **rng.dataloader_kwargs()))
+
+    rng, loader = make(2)
+    batches = iter(loader)
+    first = next(batches)
+    saved = rng.state_dict()
+    rest = list(batches)
+    rng, loader = make(3)
+    assert resumed_quietly(rng, saved) == []
+    assert all(torch.equal(a, b) for a, b in zip(list(loader), rest, strict=True))
+    rng, loader = make(0)
+    with pytest.raises(devrng.DevRNGError, match=r"the loader 'loader' was saved inside an epoch "
+                                                 r"\(after batch 1\) with num_workers=2 and has "
+                                                 r"num_workers=0.*resume with num_workers=2"):
+        rng.load_state_dict(saved)
+    skipped, different = resumed_quietly(rng, saved, strict=False)
+    assert "did not restore: the place of the loader 'loader' in its epoch" in skipped
+    assert "it starts the epoch afresh" in skipped and "had num_workers=2 and has 0" in different
+    assert len(list(loader)) == 4  # a whole epoch: the saved place was not restored
+    assert len(first) == 2
+
+
+def resumed_quietly(rng: devrng.TrainingRNG, state: Any, **kwargs: Any) -> list[str]:
+    """``rng.load_state_dict(state, **kwargs)``; the DevRNGWarning messages."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        rng.load_state_dict(state, **kwargs)
+    return [str(w.message) for w in caught if issubclass(w.category, devrng.DevRNGWarning)]

@@ -12,15 +12,21 @@ label noise; 2 epochs of 12 steps. The uninterrupted run saves after each epoch'
 Some configurations add: ``seedable`` -- ``DataLoaderConfiguration(use_seedable_sampler=
 True)``; ``accumulate`` -- ``gradient_accumulation_steps`` with ``accelerator.accumulate``;
 ``epochs`` -- more epochs; ``alone`` -- accelerate's own seeding (``set_seed``), no devrng
-at all. Every run records each epoch's order of sample indices (the result's
-``samples``). A resume with ``chain`` resumes twice: a first resumed run (a process of
+at all; ``ranks`` -- a job of that many processes (the program started by
+``torch.distributed.run``; rank r > 0 writes ``*.rank{r}.json``), with ``dispatch``,
+``split`` or ``even=False`` (``DataLoaderConfiguration``'s ``dispatch_batches``,
+``split_batches``, ``even_batches``) and another ``batch``. Every run records each epoch's
+order of sample indices (the result's ``samples``). A resume with ``chain`` resumes twice: a first resumed run (a process of
 its own) saves after each epoch's loop too, and the second resumes from its state
 ``chain`` (see ``tests/integrations/_runs.py``).
 """
 
 from __future__ import annotations
 
+import os
+import socket
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +51,11 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "seedable-alone": {"alone": True, "seedable": True},
     "accumulate": {"register": True, "accumulate": 2, "save_at": [5]},
     "epochs3": {"register": True, "epochs": 3},
+    # issue 37, on 2 processes: batches dispatched from rank 0, split, or uneven (48 samples
+    # in batches of 5: the last batch of an epoch is short on one rank)
+    "dispatch": {"register": True, "ranks": 2, "dispatch": True},
+    "split": {"register": True, "ranks": 2, "split": True},
+    "uneven": {"register": True, "ranks": 2, "even": False, "batch": 5},
 }
 
 
@@ -61,13 +72,40 @@ class Progress:
         self.epoch, self.step = state["epoch"], state["step"]
 
 
+def own_process_group(folder: Path) -> None:
+    """Have this job's processes meet on a port of their own (rank 0 picks a free one and
+    leaves it in ``folder``), not on the launcher's store, which every job of the program
+    would share."""
+    path = folder / "port"
+    if int(os.environ["RANK"]) == 0:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        folder.mkdir(parents=True, exist_ok=True)
+        path.with_suffix(".tmp").write_text(str(port))
+        path.with_suffix(".tmp").replace(path)
+    else:
+        deadline = time.monotonic() + 300
+        while not path.exists():
+            assert time.monotonic() < deadline, f"rank 0 left no port in {folder}"
+            time.sleep(0.05)
+        port = int(path.read_text())
+    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                       "TORCHELASTIC_USE_AGENT_STORE": "False"})
+
+
 def train(config: dict[str, Any], out: Path, resume: Path | None = None) -> Result:
+    if config.get("ranks"):
+        own_process_group(out)
     with devrng_messages() as (found, logged, flight):
         accelerator = accelerate.Accelerator(
             cpu=True, gradient_accumulation_steps=config.get("accumulate", 1),
             dataloader_config=DataLoaderConfiguration(
                 use_stateful_dataloader=bool(config.get("stateful")),
-                use_seedable_sampler=bool(config.get("seedable"))))
+                use_seedable_sampler=bool(config.get("seedable")),
+                dispatch_batches=config.get("dispatch"),
+                split_batches=bool(config.get("split")),
+                even_batches=config.get("even", True)))
         kwargs: dict[str, Any] = {}
         if config.get("alone"):
             accelerate.utils.set_seed(SEED)
@@ -112,6 +150,8 @@ def train(config: dict[str, Any], out: Path, resume: Path | None = None) -> Resu
             progress.epoch += 1
             if saves:
                 accelerator.save_state(str(out / "ck" / f"epoch{progress.epoch}"))
+        if config.get("ranks"):
+            accelerator.wait_for_everyone()
     result = Result(losses, [], digest(model), progress.step)
     result.warnings, result.logged, result.flight = found, logged, flight
     result.samples = [",".join(map(str, epoch)) for epoch in order]

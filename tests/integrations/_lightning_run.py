@@ -17,7 +17,12 @@ sends before a time limit, inside the training step of batch 4 and at the end of
 ``requeued`` picks the newest as a requeued job does (``fit()`` without ``ckpt_path``);
 ``ddp`` -- ``strategy="ddp"`` on 2 CPU processes (Lightning starts the second; its result
 goes to ``*.rank1.json``); ``indexed`` -- each epoch's order of sample indices in the
-result's ``samples``.
+result's ``samples``; ``sampler="subset"`` -- a ``SubsetRandomSampler`` drawing from torch's
+generator (torchdata replays it); ``val="random"`` -- a validation loader that shuffles
+and augments from the generators devrng does not give it (no generator, 1 worker), run in
+the sanity check too (``sanity``); ``reload``, ``precision`` -- the Trainer's
+``reload_dataloaders_every_n_epochs`` and ``precision``; ``fix_off`` -- devrng's fixes
+turned off (``tests/_internals.py``'s ``FIXES``). A resume that fails records its error.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from tests._datasets import Augmented, small_model
+from tests._internals import set_fix
 from tests.integrations._runs import SEED, Result, devrng_messages, digest, main, target
 from torchdata.stateful_dataloader import StatefulDataLoader
 
@@ -69,6 +75,13 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "ddp": {"devrng": True, "loader": "plain", "ddp": True, "workers": 1, "indexed": True},
     "ddp-plain": {"devrng": False, "loader": "plain", "ddp": True, "workers": 1,
                   "indexed": True},
+    # issue 37: augmentation outside sample_rng; a sampler torchdata replays; a random
+    # validation loader in the sanity check, loaders reloaded each epoch, bf16-mixed
+    "stateful-outside": {"devrng": True, "loader": "stateful", "kwargs": True},
+    "stateful-subset": {"devrng": True, "loader": "stateful", "kwargs": True,
+                        "sample_rng": True, "sampler": "subset", "reload": 1},
+    "extras": {"devrng": True, "loader": "stateful", "val": "random", "kwargs": True,
+               "sample_rng": True, "sanity": 2, "reload": 1, "precision": "bf16-mixed"},
 }
 
 
@@ -88,15 +101,17 @@ class Net(pl.LightningModule):
             self.order.setdefault(self.current_epoch, []).extend(batch[:, 0].long().tolist())
             batch = batch[:, 1:]
         y = batch.sum(dim=1, keepdim=True) * 0.5 + torch.randn(len(batch), 1) * 0.01
-        loss = torch.nn.functional.mse_loss(self.net(batch), y)
+        loss = torch.nn.functional.mse_loss(self.net(batch).float(), y)
         if self.current_epoch == 0 and batch_idx + 1 == self.signal_step:
             os.kill(os.getpid(), signal.SIGUSR1)  # in the middle of the step: loss, no backward
         self.losses.append(float(loss).hex())
         return loss
 
     def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
-        loss = torch.nn.functional.mse_loss(self.net(batch), batch.sum(dim=1, keepdim=True))
-        self.val_losses.append(float(loss).hex())
+        loss = torch.nn.functional.mse_loss(self.net(batch).float(),
+                                            batch.sum(dim=1, keepdim=True))
+        if not self.trainer.sanity_checking:
+            self.val_losses.append(float(loss).hex())
 
     def configure_optimizers(self) -> Any:
         return torch.optim.SGD(self.parameters(), lr=0.05)
@@ -107,8 +122,14 @@ class Net(pl.LightningModule):
                    "num_workers": workers,
                    "persistent_workers": bool(self.config.get("persistent")) and workers > 0,
                    **kwargs}
+        if kind == "random":  # shuffled and augmented by generators devrng does not give it
+            return torch.utils.data.DataLoader(Augmented(size=size), batch_size=4,
+                                               shuffle=True, num_workers=1)
         data = Augmented(size=size, per_sample=bool(self.config.get("sample_rng")),
                          indexed=bool(self.config.get("indexed")))
+        if self.config.get("sampler") == "subset" and size == 48:  # the training loader's
+            del options["shuffle"]
+            options["sampler"] = torch.utils.data.SubsetRandomSampler(range(40))
         if kind == "stateful":
             return StatefulDataLoader(data, **options)
         return torch.utils.data.DataLoader(data, **options)
@@ -152,6 +173,8 @@ def slurm_job(out: Path) -> None:
 
 def fit(config: dict[str, Any], out: Path, *, resume: Path | None = None,
         checkpoints: bool = True, epochs: int = EPOCHS) -> tuple[Result, pl.Trainer]:
+    for name in config.get("fix_off", []):
+        set_fix(name, False)
     callbacks: list[Any] = []
     ckpt_path: Path | str | None = resume
     root = out / "ck"
@@ -189,15 +212,25 @@ def fit(config: dict[str, Any], out: Path, *, resume: Path | None = None,
             else []
         trainer = pl.Trainer(max_epochs=epochs, accelerator="cpu", logger=False,
                              enable_checkpointing=checkpoints, enable_progress_bar=False,
-                             enable_model_summary=False, num_sanity_val_steps=0,
+                             enable_model_summary=False,
+                             num_sanity_val_steps=config.get("sanity", 0),
                              limit_val_batches=1.0 if "val" in config else 0,
                              accumulate_grad_batches=config.get("accumulate", 1),
+                             reload_dataloaders_every_n_epochs=config.get("reload", 0),
+                             precision=config.get("precision", "32-true"),
                              callbacks=callbacks, default_root_dir=root, plugins=plugins,
                              **ddp)
-        trainer.fit(model, ckpt_path=ckpt_path)
+        error = ""
+        try:
+            trainer.fit(model, ckpt_path=ckpt_path)
+        except Exception as err:  # a resume that fails: what the user reads last
+            if resume is None:
+                raise
+            error = f"{type(err).__name__}: {err}"
         for process in getattr(trainer.strategy.launcher, "procs", []):  # DDP: rank 1's result
             process.wait()
-    result = Result(model.losses, model.val_losses, digest(model), trainer.global_step)
+    result = Result(model.losses, model.val_losses, digest(model), trainer.global_step,
+                    error=error)
     result.warnings, result.logged, result.flight = found, logged, flight
     result.samples = [",".join(map(str, model.order[e])) for e in sorted(model.order)]
     return result, trainer

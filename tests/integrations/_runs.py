@@ -66,6 +66,8 @@ class Result:
     logged: list[str] = field(default_factory=list)
     samples: list[str] = field(default_factory=list)  # per epoch, where a program records them
     flight: list[str] = field(default_factory=list)  # what the flight record said (log lines)
+    order: list[str] = field(default_factory=list)  # per epoch, the sample indices in order
+    error: str = ""  # a resume refused with a DevRNGError: its message (no step was trained)
 
     @classmethod
     def read(cls, path: Path) -> Result:
@@ -90,8 +92,13 @@ def is_exact(whole: Result, resumed: Result) -> bool:
 
 def check_resumed(whole: Result, resumed: Result, expect: str, match: str = "") -> None:
     """Assert what a cell of a resume matrix expects of the resumed run: "exact" (or "exact
-    alone": a control that is) with no warning; "differs" (a control without devrng); or
-    "warned": a DevRNGWarning matching ``match``, logged on "devrng" too, and indeed not exact."""
+    alone": a control that is) with no warning; "differs" (a control without devrng); "warned":
+    a DevRNGWarning matching ``match``, logged on "devrng" too, and indeed not exact; or
+    "refused": the resume raised a DevRNGError matching ``match``."""
+    if expect == "refused":
+        assert re.search(match, resumed.error), resumed.error
+        return
+    assert not resumed.error, resumed.error
     if expect in ("exact", "exact alone"):
         assert is_exact(whole, resumed), (whole, resumed)
         assert resumed.warnings == [] and resumed.logged == []
@@ -166,7 +173,9 @@ def job_runner(train: Callable[..., Result], configs: dict[str, dict[str, Any]]
                 in_child(lambda: train({**config, "saves": True}, first, resume=resume))
                 resume = first / "ck" / config["chain"]
             result = train(config, out / name / job["tag"], resume=resume)
-        result.write(target(out, job))
+        path = target(out, job)
+        rank = int(os.environ.get("RANK", "0"))
+        result.write(path.with_name(f"{path.stem}.rank{rank}.json") if rank else path)
 
     return run_job
 

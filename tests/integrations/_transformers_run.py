@@ -5,8 +5,10 @@
 A ``Trainer`` on a small module (dropout 0.3, label noise in ``forward``), 48 samples
 whose augmentation draws from torch, NumPy and Python (inside ``devrng.sample_rng`` where
 the configuration says so), batch 4, 2 workers, 2 epochs of 12 steps, plain SGD with a
-constant learning rate. The uninterrupted run saves every 6 steps: ``checkpoint-6`` and
-``checkpoint-18`` inside epochs 0 and 1, ``checkpoint-12`` at the end of epoch 0.
+constant learning rate. The uninterrupted run saves every 6 steps (``save_steps``):
+``checkpoint-6`` and ``checkpoint-18`` inside epochs 0 and 1, ``checkpoint-12`` at the end
+of epoch 0. Some configurations save every 5 steps, or set ``ignore_data_skip=True``;
+``fix_off`` turns devrng's fixes off (``tests/_internals.py``'s ``FIXES``).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 
 import torch
 from tests._datasets import Augmented, small_model
+from tests._internals import set_fix
 from tests.integrations._runs import SEED, Result, devrng_messages, digest, job_runner, main
 from transformers import Trainer, TrainingArguments, set_seed
 
@@ -31,6 +34,10 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "workers0": {"devrng": True, "sample_rng": True, "workers": 0},
     "nosample": {"devrng": True, "sample_rng": False},
     "persistent": {"devrng": True, "sample_rng": True, "persistent": True},
+    # save_steps=5: checkpoints at odd places in both epochs; ignore_data_skip=True
+    "save5": {"devrng": True, "sample_rng": True, "save_steps": 5},
+    "save5-plain": {"devrng": False, "sample_rng": True, "save_steps": 5},
+    "skipless": {"devrng": True, "sample_rng": True, "ignore_data_skip": True},
 }
 
 
@@ -59,6 +66,8 @@ class Model(torch.nn.Module):
 
 
 def train(config: dict[str, Any], out: Path, resume: Path | None = None) -> Result:
+    for name in config.get("fix_off", []):  # devrng's fixes turned off (tests/_internals.py)
+        set_fix(name, False)
     with devrng_messages() as (found, logged, flight):
         callbacks: list[Any] = []
         if config["devrng"]:
@@ -68,7 +77,8 @@ def train(config: dict[str, Any], out: Path, resume: Path | None = None) -> Resu
         workers = config.get("workers", 2)
         args = TrainingArguments(
             output_dir=str(out / "ck"), per_device_train_batch_size=config.get("batch", 4),
-            num_train_epochs=EPOCHS, save_strategy="steps", save_steps=6, seed=SEED,
+            num_train_epochs=EPOCHS, save_strategy="steps", save_steps=config.get("save_steps", 6),
+            ignore_data_skip=bool(config.get("ignore_data_skip")), seed=SEED,
             use_cpu=True, report_to=[], disable_tqdm=True, logging_strategy="no",
             dataloader_num_workers=workers,
             dataloader_persistent_workers=bool(config.get("persistent")) and workers > 0,

@@ -197,7 +197,7 @@ class FlightRecord:
         loader = vars(loader).get("base_dataloader", loader) if hasattr(loader, "__dict__") \
             else loader
         if name not in self._watched and isinstance(loader, torch.utils.data.DataLoader) \
-                and "_get_iterator" not in loader.__dict__:  # (not already watched)
+                and "_devrng_flight" not in loader.__dict__:  # (not watched by another record)
             self._watched[name] = _Watched(self, name, loader)
 
     def begin_step(self) -> None:
@@ -764,6 +764,9 @@ class _Watched:
         self.offset = 0  # send id - yield number, for loaders with workers
         # Weak references both ways: the loader must not be kept in a cycle (see _iterator).
         watched, loader_ref = weakref.ref(self), weakref.ref(loader)
+        # Another wrapper devrng put there (TrainingRNG's record of each epoch's generators)
+        # runs inside this one.
+        self._inner: Callable[[], Any] | None = loader.__dict__.get("_get_iterator")
 
         def get_iterator() -> Any:
             this, target = watched(), loader_ref()
@@ -774,11 +777,16 @@ class _Watched:
             return this._iterator(target)
 
         loader._get_iterator = get_iterator
+        loader._devrng_flight = True
 
     def unwatch(self) -> None:
         loader = self.loader()
         if loader is not None:
-            loader.__dict__.pop("_get_iterator", None)
+            loader.__dict__.pop("_devrng_flight", None)
+            if self._inner is None:
+                loader.__dict__.pop("_get_iterator", None)
+            else:
+                loader._get_iterator = self._inner
 
     def _iterator(self, loader: Any) -> Any:
         key = "batch_sampler" if loader.__dict__.get("batch_sampler") is not None else "sampler"
@@ -788,7 +796,7 @@ class _Watched:
         if tap:
             loader.__dict__[key] = _IndexSource(real, self)
         try:
-            it = type(loader)._get_iterator(loader)
+            it = self._inner() if self._inner is not None else type(loader)._get_iterator(loader)
         finally:
             if tap:
                 loader.__dict__[key] = real

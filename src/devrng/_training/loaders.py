@@ -16,20 +16,39 @@ from __future__ import annotations
 
 import hashlib
 import sys
-from collections.abc import Iterable, Mapping
-from typing import Any
+import weakref
+from collections.abc import Collection, Iterable, Mapping
+from typing import Any, NamedTuple
 
 import torch
 
 from devrng._backends import host
 from devrng._base.errors import DevRNGError, short_repr, warn_and_log
 from devrng._base.rank import world_size
+from devrng._generators.saved import check_cpu_state
+from devrng._generators.snapshot import Restore, RNGState, snapshot
+from devrng._generators.undo import Undo
 from devrng._training.workers import WorkerSeeding
 
 __all__ = ["describe", "differences", "feeding_loader", "is_stateful", "persistent_workers_problem", "position_problem",
            "private_shuffle_problem", "resume_problems", "warn_on_resume", "world_size_problem"]
 
 _PREFIX = "The resumed run will not be bitwise the same as the uninterrupted one: "
+
+# Switches that turn off devrng's handling of the resume cases of issue 37, each for a test
+# showing what a run does without it (what the flight record then has to catch).
+#: Warn of workers that draw outside sample_rng (dataset, collate_fn) when a run resumes inside
+#: an epoch, and count only their draws against another number of workers.
+_FIX_WORKER_DRAWS = True
+#: Record the generators a sampler torchdata replays draws from as each epoch begins, and put
+#: them back while the resumed loader replays it.
+_FIX_REPLAYED_SAMPLERS = True
+#: Fit a position saved inside an epoch to another number of workers, or say in a sentence
+#: why it cannot be (torchdata asserts with an empty message).
+_FIX_WORKER_COUNT = True
+#: Say that workers kept across epochs change the order of the samples, not only their
+#: augmentation.
+_FIX_PERSISTENT_ORDER = True
 
 
 def feeding_loader(obj: Any) -> Any:
@@ -95,6 +114,9 @@ def describe(loader: Any) -> dict[str, Any]:
         "devrng_seeded": seeding is not None and generator is not None
         and seeding.generator is generator,
         "sample_rng": seeding is not None and seeding.sample_rng_used(),
+        # Whether a worker's own generators moved outside sample_rng (in the dataset or the
+        # collate_fn); None: devrng does not seed the workers, so it cannot tell.
+        "worker_draws": _worker_draws(loader, seeding),
         # What else decides which samples each step sees (not in records of devrng 0.1's
         # version-2 states, which are compared only on what they hold).
         "sampler_args": _sampler_arguments(indices),
@@ -103,6 +125,12 @@ def describe(loader: Any) -> dict[str, Any]:
         "dataset_length": _length(getattr(loader, "dataset", None)),
         "epoch_length": _length(indices),  # indices an epoch yields: does drop_last drop any?
     }
+
+
+def _worker_draws(loader: Any, seeding: WorkerSeeding | None) -> bool | None:
+    if not int(getattr(loader, "num_workers", 0) or 0):
+        return False  # the main process draws, from the generators TrainingRNG saves
+    return None if seeding is None else seeding.drew_outside()
 
 
 def _batch_sampler(loader: Any) -> Any:
@@ -191,7 +219,7 @@ def differences(name: str, saved: Mapping[str, Any], now: Mapping[str, Any]) -> 
                         f"with batch_size={saved.get('batch_size')}")
     problems += _sampling_differences(name, saved, now)
     before, after = saved.get("num_workers"), now["num_workers"]
-    if before != after and not (before and after and saved.get("sample_rng")
+    if before != after and not (before and after and _by_index(saved)
                                 and saved.get("devrng_seeded") and now["devrng_seeded"]):
         if not before or not after:
             why = ("with num_workers=0 the samples draw from the main process's generators, "
@@ -204,6 +232,15 @@ def differences(name: str, saved: Mapping[str, Any], now: Mapping[str, Any]) -> 
                    "devrng.sample_rng(index), which makes it independent of the workers")
         problems.append(f"{name} had num_workers={before} and has {after}: {why}; {fix}")
     return problems
+
+
+def _by_index(record: Mapping[str, Any]) -> bool:
+    """Whether the workers' draws depend on each sample's index alone, not on the worker: they
+    drew inside ``sample_rng`` only, or drew nothing (records of devrng 0.4 and older say only
+    whether ``sample_rng`` ran)."""
+    if not _FIX_WORKER_DRAWS or "worker_draws" not in record:
+        return bool(record.get("sample_rng"))
+    return record["worker_draws"] is False
 
 
 #: Records hold class names, counts and fingerprints: no text of theirs is longer.
@@ -288,10 +325,11 @@ def _kind(sampler: Any) -> str:
     return f"{sampler} ({_SHUFFLE[sampler]})" if sampler in _SHUFFLE else str(sampler)
 
 
-def resume_problems(saved_world: int, records: Any, loaders: Mapping[str, Any]) -> list[str]:
+def resume_problems(saved_world: int, records: Any, loaders: Mapping[str, Any],
+                    inside: Collection[str] = ()) -> list[str]:
     """Why a run saved by ``saved_world`` processes with loader ``records`` (name -> what
     ``describe`` said) cannot continue exactly with ``loaders`` (name -> loader) in this
-    process (empty: it can)."""
+    process (empty: it can); ``inside``: the loaders that resume their place inside an epoch."""
     problems = []
     now_of = {name: describe(loader) for name, loader in loaders.items()}
     world = world_size()
@@ -303,10 +341,14 @@ def resume_problems(saved_world: int, records: Any, loaders: Mapping[str, Any]) 
         record = records.get(name)
         if isinstance(record, Mapping):
             problems += differences(f"the loader {name!r}", record, now)
+            if name in inside and now["num_workers"]:
+                problem = inside_epoch_problem(f"the loader {name!r}", record,
+                                               "**rng.dataloader_kwargs()")
+                problems += [problem] if problem else []
         if now["persistent_workers"]:
             problems.append(persistent_workers_problem(
-                f"the loader {name!r}", "build it with persistent_workers=False (or use "
-                "devrng's Lightning callback, which reseeds them each epoch)"))
+                f"the loader {name!r}", "build it with persistent_workers=False (or use devrng's "
+                "Lightning callback, which reseeds them each epoch)", now["sampler"]))
     return problems
 
 
@@ -331,12 +373,32 @@ def private_shuffle_problem(name: str, how: str) -> str:
             "**rng.dataloader_kwargs(), whose generator devrng saves and restores")
 
 
-def persistent_workers_problem(name: str, fix: str) -> str:
-    """Workers that outlive an epoch in the uninterrupted run and start afresh in the resumed one."""
+def persistent_workers_problem(name: str, fix: str, sampler: str | None) -> str:
+    """Workers that outlive an epoch in the uninterrupted run and start afresh in the resumed one.
+
+    ``sampler``: the class name of the loader's sampler (``describe``'s ``"sampler"``), whose
+    order the kept workers change too; None where devrng makes the draw of a new iterator
+    for them (Lightning's callback), so that only the augmentation differs.
+    """
+    what = "the samples' augmentation differs"
+    if _FIX_PERSISTENT_ORDER and sampler is not None and sampler not in _FIXED_ORDER:
+        # A new iterator draws its workers' base seed from the loader's generator before the
+        # shuffle; a kept one draws the shuffle alone, from another point of the generator.
+        order = "differs" if sampler in _DRAWN_ORDER else "can differ"
+        what = (f"the order of the samples {order} (a new iterator draws the base seed from the "
+                "loader's generator before the epoch's shuffle, kept workers do not), and so "
+                "does their augmentation")
     return (f"{name} keeps its workers from epoch to epoch (persistent_workers=True): in the "
             "uninterrupted run they go on from the seeds of the epoch that started them, "
-            "while the resumed run starts new workers with a new base seed, so the samples' "
-            f"augmentation differs; {fix}")
+            f"while the resumed run starts new workers with a new base seed, so {what}; {fix}")
+
+
+# Samplers whose order the generators decide, and samplers whose order they do not (a
+# DistributedSampler, and accelerate's SeedableRandomSampler, shuffle with a generator of
+# their own seeded by their seed and epoch).
+_DRAWN_ORDER = ("RandomSampler", "SubsetRandomSampler", "WeightedRandomSampler")
+_FIXED_ORDER = ("SequentialSampler", "_InfiniteConstantSampler", "DistributedSampler",
+                "StatefulDistributedSampler", "SeedableRandomSampler")
 
 
 def world_size_problem(saved: int, now: int, loaders: Mapping[str, Mapping[str, Any]]) -> str:
@@ -381,6 +443,246 @@ def _sharding(info: Mapping[str, Any]) -> str | None:
     if info.get("kind") == "DataLoaderDispatcher":
         return "accelerate's DataLoaderDispatcher hands each process its slice"
     return None
+
+
+# -- a StatefulDataLoader's place in an epoch (torchdata 0.11's state) -----------------------
+def saved_place(state: Any) -> tuple[int, int, bool] | None:
+    """(number of workers, batches yielded, whether the epoch had ended) of the state a
+    StatefulDataLoader saved; None for a state of another layout."""
+    if not isinstance(state, Mapping):
+        return None
+    finished = bool(state.get("_iterator_finished"))
+    if isinstance(state.get("_num_yielded"), int):  # without workers
+        return 0, state["_num_yielded"], finished
+    snap: Any = state.get("_snapshot")
+    main = snap.get("_main_snapshot") if isinstance(snap, Mapping) else None
+    if not isinstance(main, Mapping) or not isinstance(main.get("_num_workers"), int):
+        return None
+    step, since = snap.get("_snapshot_step"), state.get("_steps_since_snapshot")
+    yielded = (step if isinstance(step, int) else 0) + (since if isinstance(since, int) else 0)
+    return main["_num_workers"], yielded, finished
+
+
+def place_for_workers(name: str, state: Any, workers: int) -> tuple[Any, str | None]:
+    """The saved state of StatefulDataLoader ``name`` to load into it now that it has
+    ``workers`` workers, and why it cannot continue the saved epoch (None: it can).
+
+    torchdata 0.11 loads a state only into a loader with the number of workers that saved it
+    (it asserts with an empty message). At the end of an epoch there is nothing to continue:
+    nothing is loaded (``{}``), and the next epoch starts from the generators. Inside an epoch,
+    a place saved with workers is rewritten for another number of them when the workers hold
+    no part of it (a map-style dataset without a state of its own): the order of the batches
+    does not change, nor, when the samples draw inside ``sample_rng``, their augmentation.
+    """
+    place = saved_place(state)
+    if not _FIX_WORKER_COUNT or place is None or place[0] == workers:
+        return state, None
+    before, yielded, finished = place
+    if finished:
+        return {}, None
+    refit = _with_workers(state, workers) if before and workers else None
+    if refit is not None:
+        return refit, None
+    return state, worker_count_problem(name, before, workers, yielded,
+                                       "keeps a part of it in each worker here (its dataset has "
+                                       "a state of its own)" if before and workers else "")
+
+
+def worker_count_problem(name: str, before: int, after: int, yielded: Any, why: str = "") -> str:
+    """A StatefulDataLoader saved inside an epoch (after batch ``yielded``) with ``before``
+    workers, which cannot continue that epoch with ``after``."""
+    why = why or ("keeps it in one form without workers and in another with them"
+                  if not before or not after else "")
+    return (f"{name} was saved inside an epoch (after batch {yielded}) with num_workers={before} "
+            f"and has num_workers={after}; torchdata's StatefulDataLoader restores a place in an "
+            "epoch only with the number of workers that saved it"
+            + (f", and {why}" if why else "") + f", so the loader cannot continue that epoch; "
+            f"resume with num_workers={before}, or from a checkpoint written at the end of an "
+            "epoch")
+
+
+def _with_workers(state: Mapping[str, Any], workers: int) -> dict[str, Any] | None:
+    """``state`` (saved with workers) for ``workers`` workers, or None where a worker holds a
+    part of the place (a dataset's or an iterable dataset's own state)."""
+    snap: Any = state.get("_snapshot")
+    kept = snap.get("_worker_snapshots") if isinstance(snap, Mapping) else None
+    if not isinstance(kept, Mapping) or not kept or not all(
+            isinstance(w, Mapping) and w.get("dataset_state") is None
+            and w.get("fetcher_state") is None for w in kept.values()):
+        return None
+    template = next(iter(kept.values()))
+    return {**state, "_snapshot": {
+        **snap, "_main_snapshot": {**snap["_main_snapshot"], "_num_workers": workers},
+        "_last_yielded_worker_id": workers - 1,  # the next batch goes to worker 0
+        "_worker_snapshots": {f"worker_{i}": {**template, "worker_id": i}
+                              for i in range(workers)}}}
+
+
+# Samplers torchdata restores without drawing again: its own RandomSampler (whose iterator
+# saves its generator), samplers that draw nothing, and batch samplers that only group.
+_RESTORED_AS_SAVED = frozenset({
+    "torchdata.stateful_dataloader.sampler.RandomSampler",
+    "torch.utils.data.sampler.SequentialSampler",
+    "torch.utils.data.distributed.DistributedSampler",
+    "torch.utils.data.dataloader._InfiniteConstantSampler",
+    "torch.utils.data.sampler.BatchSampler",
+})
+
+
+def replays_sampler(loader: Any) -> bool:
+    """Whether ``loader`` is a StatefulDataLoader that restores its place in an epoch by
+    drawing the epoch's indices again (torchdata's fallback for a sampler without a state of
+    its own: a SubsetRandomSampler, a WeightedRandomSampler, torch's RandomSampler passed as
+    ``sampler=``), from the generators as they are when it makes the resumed iterator."""
+    loader = feeding_loader(loader)
+    if not hasattr(loader, "next_iter_state"):  # torchdata's StatefulDataLoader only
+        return False
+    batches = _batch_sampler(loader)
+    return any(_replays(s) for s in (batches, getattr(batches, "sampler", None)) if s is not None)
+
+
+def _replays(sampler: Any) -> bool:
+    names = {f"{k.__module__}.{k.__qualname__}" for k in type(sampler).__mro__}
+    return not names & _RESTORED_AS_SAVED and not is_stateful(sampler)
+
+
+def _own_generator(loader: Any) -> torch.Generator | None:
+    """The generator of the sampler that yields ``loader``'s indices, unless it is torch's
+    global one (saved with the rest)."""
+    sampler = getattr(_batch_sampler(loader), "sampler", getattr(loader, "sampler", None))
+    generator = getattr(sampler, "generator", None)
+    if not isinstance(generator, torch.Generator) or generator is torch.default_generator:
+        return None
+    return generator
+
+
+class EpochStart(NamedTuple):
+    """The generators a replayed sampler draws from -- torch's, Python's and NumPy's global
+    ones and the sampler's own -- as they stood when a loader made an epoch's iterator."""
+
+    host: RNGState
+    sampler: torch.Tensor | None
+
+    def put(self, loader: Any, undo: Undo) -> None:
+        """Set the generators back to this start, each one's state pushed on ``undo`` first."""
+        if not _FIX_REPLAYED_SAMPLERS:
+            return
+        Restore(self.host, []).apply(undo)
+        own = _own_generator(loader)
+        if own is not None and self.sampler is not None:
+            undo.push("the generator of the loader's sampler", own.set_state, own.get_state())
+            own.set_state(self.sampler)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"host": self.host.to_dict(), "sampler": self.sampler}
+
+    @classmethod
+    def read(cls, data: Any, what: str) -> EpochStart:
+        """``to_dict``'s data, checked; ``DevRNGError`` naming ``what`` if it is not that."""
+        sampler = data.get("sampler") if isinstance(data, Mapping) else None
+        try:
+            if not isinstance(data, Mapping) or set(data) != {"host", "sampler"}:
+                raise ValueError("it is not {'host': ..., 'sampler': ...}")
+            if sampler is not None:
+                check_cpu_state(sampler)
+            host_state = RNGState.from_dict(data["host"], source=what)
+        except (TypeError, ValueError, DevRNGError) as err:
+            raise DevRNGError(f"{what} is not a record devrng wrote: "
+                              f"{str(err).rstrip('.')}.") from None
+        return cls(host_state, sampler)
+
+
+class EpochStarts:
+    """Records, on a StatefulDataLoader that replays its sampler, the ``EpochStart`` of each
+    iterator it makes (``last``), so that a checkpoint written inside the epoch can have the
+    resumed loader replay the sampler from the same generators (``arm``). ``watch`` installs
+    it once per loader, around the loader's own ``_get_iterator``, where torchdata 0.11's
+    loader makes every new iterator: the first epoch's, later ones' and resumed ones."""
+
+    def __init__(self, loader: Any) -> None:
+        self.last: EpochStart | None = None
+        self._armed: tuple[EpochStart, Undo] | None = None
+        # Weakly held: a loader kept in a reference cycle (through its own __dict__) and its
+        # iterator are left to the garbage collector, which may run in a forked worker,
+        # whose clean-up of the iterator then fails ("can only test a child process").
+        watch, loader_ref = weakref.ref(self), weakref.ref(loader)
+        inner = loader.__dict__.get("_get_iterator")  # another of devrng's wrappers: inside
+
+        def recording() -> Any:
+            this, target = watch(), loader_ref()
+            if target is None:  # (the loader calls this: it exists)
+                raise ReferenceError("the DataLoader is gone")
+            if this is not None:
+                armed, this._armed = this._armed, None
+                if armed is not None:
+                    armed[0].put(target, armed[1])
+                if _FIX_REPLAYED_SAMPLERS:
+                    own = _own_generator(target)
+                    this.last = EpochStart(snapshot([], python=True, numpy=True),
+                                           None if own is None else own.get_state())
+            return inner() if inner is not None else type(target)._get_iterator(target)
+
+        loader._get_iterator = recording
+
+    def arm(self, start: EpochStart, undo: Undo) -> None:
+        """Put ``start`` back just before the loader makes its next iterator (the resumed one,
+        which replays the sampler), each generator's state pushed on ``undo`` first; the
+        caller sets them to the checkpoint's afterwards."""
+        self._armed = (start, undo)
+
+    @classmethod
+    def of(cls, loader: Any) -> EpochStarts | None:
+        """The watch installed on ``loader``, if any."""
+        found = getattr(loader, "_devrng_epoch_starts", None)
+        return found if isinstance(found, cls) else None
+
+    @classmethod
+    def watch(cls, loader: Any) -> EpochStarts:
+        """The watch of ``loader``, installed now if it has none."""
+        found = cls.of(loader)
+        if found is None:
+            found = loader._devrng_epoch_starts = cls(loader)
+        return found
+
+
+def unreplayable_problem(name: str) -> str | None:
+    """A loader that replays its sampler, resumed inside an epoch from a checkpoint that holds
+    no ``EpochStart`` for it (None with the fix turned off: as devrng 0.4, silent)."""
+    if not _FIX_REPLAYED_SAMPLERS:
+        return None
+    return (f"the checkpoint was written inside an epoch, and the sampler of {name} keeps no "
+            "place of its own, so torchdata replays the epoch's draws from it to find its "
+            "place; the checkpoint holds no record of the generators those draws came from "
+            "(written by devrng 0.4 or older, or the loader made its iterator before devrng "
+            "tracked it), so the resumed epoch yields other indices; give the sampler a "
+            "state (torchdata's RandomSampler: shuffle=True), or checkpoint after the epoch's "
+            "loop")
+
+
+def inside_epoch_problem(name: str, record: Mapping[str, Any], fix: str) -> str | None:
+    """Why a loader resumed inside an epoch, with new workers, draws other augmentation than
+    the uninterrupted run (None: it does not). ``record``: ``describe`` of the saved loader;
+    ``fix``: how to build the loader with devrng's seeding (``rng.dataloader_kwargs()``)."""
+    if not _FIX_WORKER_DRAWS or not record.get("num_workers"):
+        return None
+    drew = record.get("worker_draws", False if record.get("sample_rng") else None)
+    start = ("the checkpoint was written inside an epoch, and the resumed loader starts new "
+             "workers, whose torch, Python and NumPy generators start afresh")
+    if drew is False:
+        return None
+    if drew:
+        return (f"{start}: the workers of {name} drew random numbers outside "
+                "devrng.sample_rng (in the dataset or in its collate_fn) before the "
+                "checkpoint, so such draws after it differ from the uninterrupted run's; draw "
+                "a sample's randomness inside devrng.sample_rng(index) and a batch's in the "
+                "main process or as docs/resume.md shows for a collate_fn, or checkpoint after "
+                "the epoch's loop")
+    why = ("devrng does not seed its workers" if not record.get("devrng_seeded")
+           else "the checkpoint was written by devrng 0.4 or older")
+    return (f"{start}, and devrng cannot tell whether the workers of {name} drew random numbers "
+            f"outside devrng.sample_rng ({why}): if its dataset or collate_fn draws any "
+            "(augmentation), the resumed run's draws differ from the uninterrupted run's; "
+            f"build it with {fix}, and devrng warns only when they do")
 
 
 def warn_on_resume(problems: Iterable[str], *, stacklevel: int = 1) -> None:

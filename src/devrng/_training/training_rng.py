@@ -65,10 +65,16 @@ from devrng._training.determinism import deterministic as turn_on_determinism
 from devrng._training.digest import generator_fingerprint, state_fingerprint
 from devrng._training.flight import FLIGHT_VARIABLE, LOADER_PREFIX, FlightRecord, global_sources
 from devrng._training.loaders import (
+    EpochStart,
+    EpochStarts,
     describe,
     feeding_loader,
     is_stateful,
+    place_for_workers,
+    replays_sampler,
     resume_problems,
+    saved_place,
+    unreplayable_problem,
     warn_on_resume,
 )
 from devrng._training.workers import dataloader_kwargs
@@ -82,6 +88,9 @@ _KEYS = frozenset({"format", "version", "seed", "rank", "world_size", "rng", "ge
                    "tracked", "loaders"})
 _KEYS_OF = {1: _KEYS - {"loaders"}, 2: _KEYS}  # version 1 (devrng 0.1) has no loader records
 _OPTIONAL = frozenset({SAVE})  # an entry's save identity (devrng 0.4 and before wrote none)
+# Keys a version-2 state holds only when it has something to say: "epoch_starts", the
+# generators each loader that replays its sampler made its epoch's iterator from.
+_OPTIONAL_OF = {1: frozenset(), 2: frozenset({"epoch_starts"})}
 _LOADER_NAME = re.compile(r"dataloader\d+")  # the generators dataloader_kwargs() makes
 _logger = logging.getLogger("devrng")
 _ENTROPY = "drawn from OS entropy"
@@ -148,6 +157,7 @@ class TrainingRNG:
         self._generators: dict[str, torch.Generator] = {}
         self._tracked: dict[str, Any] = {}
         self._loaders: dict[str, Any] = {}  # tracked DataLoaders, described in the state
+        self._epoch_starts: dict[str, EpochStarts] = {}  # tracked loaders that replay a sampler
         self.determinism: DeterministicHandle | None = None
         self._flight: FlightRecord | None = None
         # All or nothing: the exported seed, the determinism switches and the seeding. (No
@@ -256,7 +266,11 @@ class TrainingRNG:
         whose position is saved and restored too) is also described in the state
         -- kind, batch size, workers -- so that a resume that cannot continue
         exactly (another batch size or number of workers, workers kept across
-        epochs) warns with a ``DevRNGWarning`` that says why.
+        epochs, workers that drew outside ``sample_rng`` before a checkpoint inside
+        an epoch) warns with a ``DevRNGWarning`` that says why. For a
+        ``StatefulDataLoader`` whose sampler keeps no place of its own (torchdata
+        draws it again to find its place), the generators of each epoch's start are
+        saved too, so that it resumes inside an epoch exactly.
 
         Args:
             name: A non-empty string, unique in this ``TrainingRNG``; the
@@ -311,6 +325,8 @@ class TrainingRNG:
             self._tracked[name] = obj
         if loader:
             self._loaders[name] = obj
+            if stateful and replays_sampler(obj):
+                self._epoch_starts[name] = EpochStarts.watch(obj)
             if self._flight is not None:
                 self._flight.watch(name, obj)
         return given
@@ -385,6 +401,10 @@ class TrainingRNG:
             "tracked": tracked,
             "loaders": {name: describe(loader) for name, loader in self._loaders.items()},
         }
+        starts = {name: watch.last.to_dict() for name, watch in self._epoch_starts.items()
+                  if watch.last is not None}
+        if starts:
+            plain["epoch_starts"] = starts
         state = ranked(encode(stamp(plain, self)))
         if self._flight is not None:
             self._flight.checkpoint(_flight_key(plain))
@@ -552,6 +572,9 @@ class _Loading:
             self.restore = prepare_restore(state, fit)
         self.saved_world: int = data["world_size"]
         self.records = data.get("loaders")
+        self.inside: set[str] = set()  # loaders that resume their place inside an epoch
+        self.states = self._fit_places()  # the state each tracked loader loads
+        self.starts = self._read_epoch_starts(data.get("epoch_starts"))
         self.key = _flight_key(data)
 
     def fail(self, problem: str) -> DevRNGError:
@@ -562,7 +585,7 @@ class _Loading:
         version = check_header(data, tag=_FORMAT, versions=_KEYS_OF,
                                what="TrainingRNG.load_state_dict",
                                made_by="TrainingRNG.state_dict()")
-        expected = _KEYS_OF[version]
+        expected = _KEYS_OF[version] | (set(data) & _OPTIONAL_OF[version])
         # Bounded before anything reads it: a small file can nest thousands deep or hold a
         # tensor claiming gigabytes (stride 0). Tracked objects' states are their own
         # business, only their nesting is bounded.
@@ -634,6 +657,37 @@ class _Loading:
                     "the object had a state, or by another program."
                 )
 
+    def _fit_places(self) -> dict[str, Any]:
+        """The state each tracked StatefulDataLoader loads: its saved place, fitted to its
+        number of workers now (``place_for_workers``); one that cannot continue its epoch
+        raises (strict), or starts the epoch afresh."""
+        states = {}
+        for name, obj in self.rng._loaders.items():
+            saved = self.tracked.get(name)
+            if name not in self.rng._tracked or saved is None:
+                continue
+            state, problem = place_for_workers(f"the loader {name!r}", saved,
+                                               int(getattr(obj, "num_workers", 0) or 0))
+            if problem is not None:
+                if self.strict:
+                    raise self.fail(problem)
+                self.skipped.append(f"the place of the loader {name!r} in its epoch ({problem}; "
+                                    "it starts the epoch afresh)")
+                state = {}
+            states[name] = state
+            place = saved_place(state)
+            if place is not None and not place[2] and 0 < place[1] < _length(obj):
+                self.inside.add(name)
+        return states
+
+    def _read_epoch_starts(self, saved: Any) -> dict[str, EpochStart]:
+        """The saved ``EpochStart`` of each loader that resumes inside an epoch and replays its
+        sampler, checked."""
+        saved = saved if isinstance(saved, Mapping) else {}
+        return {name: EpochStart.read(saved[name], "TrainingRNG.load_state_dict: the saved "
+                                                   f"epoch start of the loader {name!r}")
+                for name in self.inside if name in self.rng._epoch_starts and name in saved}
+
     # -- apply ----------------------------------------------------------------------
     def apply(self, undo: Undo) -> None:
         """Every change, each one's current value pushed on ``undo`` before it is made; then
@@ -644,8 +698,14 @@ class _Loading:
                 # A copy: a state_dict() may hold the object's live tensors.
                 undo.push(f"the tracked object {name!r}", obj.load_state_dict,
                           copy.deepcopy(nested_state(obj)))
-                obj.load_state_dict(self.tracked[name])
-                _materialise(obj)
+                state = self.states.get(name, self.tracked[name])
+                obj.load_state_dict(state)
+                if state != {}:  # ({}: no place to continue; the next iterator starts anew)
+                    if name in self.starts:
+                        # The resumed iterator replays the sampler: from the generators the
+                        # epoch's iterator was made from (set to the checkpoint's below).
+                        rng._epoch_starts[name].arm(self.starts[name], undo)
+                    _materialise(obj)
         # Generators after the tracked loaders: a resumed StatefulDataLoader sets its
         # generator back to the start of the epoch when it makes its iterator.
         for name, g in rng._generators.items():
@@ -672,7 +732,10 @@ class _Loading:
         if self.skipped:
             warn_and_log("TrainingRNG.load_state_dict(strict=False) did not restore: "
                          + "; ".join(self.skipped) + ".", stacklevel=4)
-        warn_on_resume(resume_problems(self.saved_world, self.records, rng._loaders),
+        unreplayable = [unreplayable_problem(f"the loader {name!r}") for name in self.inside
+                        if name in rng._epoch_starts and name not in self.starts]
+        warn_on_resume(resume_problems(self.saved_world, self.records, rng._loaders,
+                                       self.inside) + [p for p in unreplayable if p],
                        stacklevel=4)
         if rng._flight is not None:  # the steps from here are compared with the saved run's
             rng._flight.resume(self.key)
@@ -736,6 +799,14 @@ def set_generator_states(rng: TrainingRNG, states: Mapping[str, torch.Tensor]) -
     for name, state in states.items():
         if name in rng._generators:
             rng._generators[name].set_state(state)
+
+
+def _length(loader: Any) -> float:
+    """The batches of an epoch of ``loader``, or infinity where it does not say."""
+    try:
+        return len(loader)
+    except Exception:  # no __len__ (an iterable dataset's), or one that raises
+        return float("inf")
 
 
 def _materialise(obj: Any) -> None:

@@ -108,9 +108,10 @@ def dataloader_kwargs(seed: int | None, worker_init_fn: Callable[[int], Any] | N
 
 
 # Slots of WorkerSeeding.shared, an int64 tensor in shared memory.
-_SAMPLE_RNG_USED, _EPOCH_SEED_SET, _EPOCH_SEED = range(3)
+_SAMPLE_RNG_USED, _EPOCH_SEED_SET, _EPOCH_SEED, _DREW_OUTSIDE = range(4)
 _shared: Any = None  # in a worker: its loader's WorkerSeeding.shared, as a NumPy view (fast)
 _marked = False  # in a worker: _SAMPLE_RNG_USED is written
+_untouched: Any = None  # in a worker: its generators' states while nothing drew outside sample_rng
 _fetchers = 0  # in a worker: the fetchers its loop made, one per epoch it served
 _KEPT_EPOCHS = 0x6B657074_65706F63  # mixed into the seeds of the later epochs of kept workers
 
@@ -120,8 +121,10 @@ class WorkerSeeding:
     the user's function; and three int64 slots in shared memory that the workers and the
     main process both see (picklable, so spawned workers get them too).
 
-    The workers record there that a sample drew inside ``sample_rng`` (the main
-    process reads it with ``sample_rng_used()`` when it saves the loader's
+    The workers record there that a sample drew inside ``sample_rng``, and that
+    a worker's own generators (torch's, Python's, NumPy's) moved outside it --
+    in the dataset or the ``collate_fn`` (the main process reads both with
+    ``sample_rng_used()`` and ``drew_outside()`` when it saves the loader's
     description); the main process can give ``sample_rng`` the epoch's seed for
     workers that outlive an epoch (``persistent_workers=True``), which would
     otherwise keep the seed of the epoch that started them.
@@ -129,8 +132,8 @@ class WorkerSeeding:
     Examples:
         >>> from devrng._training.workers import WorkerSeeding
         >>> init = devrng.TrainingRNG(seed=0).dataloader_kwargs()["worker_init_fn"]
-        >>> isinstance(init, WorkerSeeding), init.sample_rng_used()
-        (True, False)
+        >>> isinstance(init, WorkerSeeding), init.sample_rng_used(), init.drew_outside()
+        (True, False, False)
     """
 
     __slots__ = ("generator", "rank", "shared", "then")
@@ -140,13 +143,14 @@ class WorkerSeeding:
         self.generator = generator  # the loader's, in the main process only
         self.rank = rank
         self.then = then
-        self.shared = torch.zeros(3, dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
+        self.shared = torch.zeros(4, dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
 
     def __call__(self, worker_id: int) -> Any:
-        global _shared, _marked
+        global _shared, _marked, _untouched
         # A NumPy view of the same memory reads ten times faster than the tensor, per sample.
         _shared = self.shared.numpy() if host.numpy_or_none() is not None else self.shared
         _marked = False
+        _untouched = None  # taken when the worker's loop makes its first fetcher
         seed_worker(worker_id, rank=self.rank)
         return None if self.then is None else self.then(worker_id)
 
@@ -160,6 +164,11 @@ class WorkerSeeding:
     def sample_rng_used(self) -> bool:
         """Whether a worker of this loader ran ``sample_rng`` (since the loader was made)."""
         return bool(self.shared[_SAMPLE_RNG_USED])
+
+    def drew_outside(self) -> bool:
+        """Whether a worker of this loader drew from its own torch, Python or NumPy generator
+        outside ``sample_rng`` while it loaded a batch (since the loader was made)."""
+        return bool(self.shared[_DREW_OUTSIDE])
 
     def set_epoch_seed(self, seed: int | None) -> None:
         """The seed ``sample_rng`` uses in this loader's workers from now on, in place of the
@@ -186,10 +195,49 @@ def _count_epochs() -> None:
     def counted(*args: Any, **kwargs: Any) -> Any:
         global _fetchers
         _fetchers += 1
-        return make(*args, **kwargs)
+        return _watched(make(*args, **kwargs))
 
     counted._devrng_counts = True  # type: ignore[attr-defined]
     kinds.create_fetcher = staticmethod(counted)
+
+
+def _watched(fetcher: Any) -> Any:
+    """``fetcher``, whose batches are followed, in a worker of a loader devrng seeds, by a look
+    at the worker's generators: one that moved since the worker was seeded drew outside
+    ``sample_rng`` (which puts back what it changes), where the resumed workers of a run
+    restarted inside an epoch draw other numbers. A look only reads; it stops once it saw."""
+    global _untouched
+    fetch = getattr(fetcher, "fetch", None)
+    if _shared is None or fetch is None:
+        return fetcher
+    if _untouched is None:  # after worker_init_fn: what the user's own init drew is no sample's
+        _untouched = _generator_states()
+
+    def watched(index: Any) -> Any:
+        data = fetch(index)
+        if not _shared[_DREW_OUTSIDE] and not _same_states(_generator_states(), _untouched):
+            _shared[_DREW_OUTSIDE] = 1
+        return data
+
+    fetcher.fetch = watched
+    return fetcher
+
+
+def _generator_states() -> tuple[Any, ...]:
+    """This process's torch, Python and NumPy generator states, to compare (reads only)."""
+    np = host.numpy_or_none()
+    return (torch.get_rng_state(), random.getstate(),
+            None if np is None else np.random.get_state())
+
+
+def _same_states(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
+    (torch_a, python_a, numpy_a), (torch_b, python_b, numpy_b) = a, b
+    if not torch.equal(torch_a, torch_b) or python_a != python_b:
+        return False
+    if numpy_a is None or numpy_b is None:
+        return numpy_a is numpy_b
+    # (name, key words, position, has_gauss, cached gaussian)
+    return bool((numpy_a[1] == numpy_b[1]).all()) and numpy_a[2:] == numpy_b[2:]
 
 
 def _worker_epoch_seed(info: Any) -> int:

@@ -29,14 +29,22 @@ from devrng._base.errors import DevRNGError, check_flags
 from devrng._base.rank import process_rank
 from devrng._base.seeds import seed32
 from devrng._generators.seeding import manual_seed
+from devrng._generators.snapshot import get_rng_state, set_rng_state
+from devrng._generators.undo import Undo
 from devrng._training.flight import FLIGHT_VARIABLE
 from devrng._training.loaders import (
+    EpochStart,
+    EpochStarts,
     describe,
     differences,
+    inside_epoch_problem,
     persistent_workers_problem,
     position_problem,
     private_shuffle_problem,
+    replays_sampler,
+    unreplayable_problem,
     warn_on_resume,
+    worker_count_problem,
 )
 from devrng._training.training_rng import (
     TrainingRNG,
@@ -49,6 +57,10 @@ from devrng.distributed import rank_seed
 from devrng.integrations._per_rank import PerRankState, gather
 
 __all__ = ["DevRNGCallback"]
+
+#: Say in a sentence why a resume inside an epoch failed when a training loader has another
+#: number of workers (torchdata's empty assertion, then Lightning's teardown error, hide it).
+_FIX_WORKER_COUNT = True
 
 
 class DevRNGCallback(pl.Callback):
@@ -142,6 +154,9 @@ class DevRNGCallback(pl.Callback):
         state["loaders"] = gather({stage: [describe(loader) for loader in loaders]
                                    for stage, loaders in self._loaders().items()})
         state["position"] = _position(self._trainer)
+        training = self._loaders().get("training", [])
+        if any(map(replays_sampler, training)):
+            state["epoch_starts"] = gather([_last_start(loader) for loader in training])
         return state
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -160,10 +175,11 @@ class DevRNGCallback(pl.Callback):
             rank = process_rank()
             loaders = loaders[rank] if rank < len(loaders) else None
         position = state_dict.get("position")
-        self._resumed = {"cpu": torch.get_rng_state(),
+        self._resumed = {"host": get_rng_state(devices=[]),
                          "generators": generator_states(self.rng),
                          "loaders": loaders if isinstance(loaders, Mapping) else {},
-                         "position": position if isinstance(position, Mapping) else {}}
+                         "position": position if isinstance(position, Mapping) else {},
+                         "starts": _read_starts(state_dict.get("epoch_starts"))}
 
     def _per_rank(self) -> PerRankState:
         return PerRankState(self.rng, strict=self.strict, owner="DevRNGCallback",
@@ -204,21 +220,93 @@ class DevRNGCallback(pl.Callback):
         if resumed is None:
             if getattr(trainer, "ckpt_path", None):  # resumed, and Lightning had nothing for us
                 self._no_state("it has no DevRNGCallback entry")
+            self._watch_epoch_starts(trainer, loaders["training"], None)
             return
         stateful = bool(loaders["training"]) and all(describe(loader)["stateful"]
                                                      for loader in loaders["training"])
         problems = []
         if mid_epoch and stateful:
+            problems += self._replay_samplers(trainer, loaders["training"], resumed["starts"])
             # Lightning built the resumed loaders' iterators after the restore, and they drew
             # what the loaders' saved positions then replaced (a base seed, the sampler's
             # seed, a permutation): undo those draws.
-            torch.set_rng_state(resumed["cpu"])
-            set_generator_states(self.rng, resumed["generators"])
+            self._put_back(resumed)
         elif not mid_epoch:
             problems += self._start_at_the_epoch(trainer, loaders["training"], resumed)
         problems += _problems(trainer, loaders, resumed["loaders"], mid_epoch)
         problems += _position_problems(resumed["position"])
         warn_on_resume(problems, stacklevel=2)
+
+    def _put_back(self, resumed: Mapping[str, Any]) -> None:
+        """The generators as the checkpoint restored them: torch's, Python's, NumPy's and
+        the loaders'."""
+        set_rng_state(resumed["host"])
+        set_generator_states(self.rng, resumed["generators"])
+
+    def _watch_epoch_starts(self, trainer: pl.Trainer, loaders: list[Any],
+                            resumed: Mapping[str, Any] | None) -> None:
+        """Record, on each training loader that replays its sampler (``replays_sampler``), the
+        generators of each epoch's iterator it makes. Lightning made the first one before this
+        hook: it makes it again, under the watch, from the same generators (the restored ones,
+        in a resumed run), so that a checkpoint written inside this epoch holds its start."""
+        unseen = [loader for loader in loaders
+                  if replays_sampler(loader) and EpochStarts.watch(loader).last is None]
+        fetcher = getattr(trainer.fit_loop, "_data_fetcher", None)  # Lightning 2.6's
+        if not unseen or fetcher is None:
+            return
+        if resumed is not None:
+            self._put_back(resumed)
+        for loader in unseen:
+            loader.load_state_dict({})  # (a StatefulDataLoader: no place; a new iterator)
+        iter(fetcher)
+
+    def _replay_samplers(self, trainer: pl.Trainer, loaders: list[Any],
+                         starts: list[EpochStart | None]) -> list[str]:
+        """Make the resumed iterators of the training loaders that replay their samplers again,
+        each from the generators its epoch's iterator was made from in the uninterrupted run
+        (the checkpoint's ``epoch_starts``); the caller then puts the checkpoint's back."""
+        replaying = [i for i, loader in enumerate(loaders) if replays_sampler(loader)]
+        missing = [i for i in replaying if i >= len(starts) or starts[i] is None]
+        fetcher = getattr(trainer.fit_loop, "_data_fetcher", None)  # Lightning 2.6's
+        if missing or fetcher is None or getattr(fetcher, "batches", None):
+            return [problem for i in (missing or replaying)
+                    if (problem := unreplayable_problem(_name("training", i, len(loaders))))]
+        if not replaying:
+            return []
+        # Their places as Lightning loaded them (no batch was taken from the new iterators)
+        places = [loader.state_dict() for loader in loaders]
+        undo = Undo("DevRNGCallback")  # not rolled back: the checkpoint's states follow
+        for i in replaying:
+            start = starts[i]
+            assert start is not None
+            EpochStarts.watch(loaders[i]).arm(start, undo)
+        for loader, place in zip(loaders, places, strict=True):
+            loader.load_state_dict(place)
+        iter(fetcher)
+        return []
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                     exception: BaseException) -> None:
+        """A resume that fails as the loaders take their saved places: say why in a sentence,
+        before Lightning's teardown fails in its turn and hides torchdata's assertion."""
+        resumed = self._resumed
+        if resumed is None or not _FIX_WORKER_COUNT or not isinstance(exception, AssertionError):
+            return
+        position = resumed["position"]
+        batch = position.get("batch")
+        if not isinstance(batch, int) or not 0 < batch != position.get("batches"):
+            return  # not inside an epoch: Lightning loads no loader's place
+        records = resumed["loaders"].get("training")
+        loaders = self._loaders().get("training", [])
+        for i, loader in enumerate(loaders):
+            record = records[i] if isinstance(records, list) and i < len(records) else None
+            now = describe(loader)
+            if isinstance(record, Mapping) and now["stateful"] \
+                    and record.get("num_workers") != now["num_workers"]:
+                raise DevRNGError(
+                    "DevRNGCallback: the run could not resume: " + worker_count_problem(
+                        _name("training", i, len(loaders)), int(record.get("num_workers") or 0),
+                        now["num_workers"], batch) + ".") from exception
 
     def _start_at_the_epoch(self, trainer: pl.Trainer, loaders: list[Any],
                             resumed: Mapping[str, Any]) -> list[str]:
@@ -235,6 +323,7 @@ class DevRNGCallback(pl.Callback):
         stale = [loader for loader, info in zip(loaders, infos, strict=True)
                  if info["num_workers"] and _samplers_behind(loader, epoch)]
         if not stale:
+            self._watch_epoch_starts(trainer, loaders, resumed)
             return []
         fetcher = getattr(trainer.fit_loop, "_data_fetcher", None)  # Lightning 2.6's
         if fetcher is None or any(info["persistent_workers"] or info["stateful"]
@@ -244,11 +333,12 @@ class DevRNGCallback(pl.Callback):
                     "yields the order of another epoch, and devrng cannot make it again for a "
                     "loader that keeps its workers or its position; build the training loader "
                     "with persistent_workers=False (a torch DataLoader), or num_workers=0"]
-        torch.set_rng_state(resumed["cpu"])
-        set_generator_states(self.rng, resumed["generators"])
+        self._put_back(resumed)
         for loader in stale:
             for sampler in _samplers_behind(loader, epoch):
                 sampler.set_epoch(epoch)
+        for loader in filter(replays_sampler, loaders):
+            EpochStarts.watch(loader)  # the iterator made next is this epoch's
         iter(fetcher)  # as Lightning's fit loop does: the loaders' new iterators
         return []
 
@@ -265,6 +355,10 @@ class DevRNGCallback(pl.Callback):
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         for loader in self._loaders()["training"]:
+            if replays_sampler(loader):
+                # A loader Lightning reloaded (reload_dataloaders_every_n_epochs) is new: its
+                # epoch's iterator is made after this hook, under the watch.
+                EpochStarts.watch(loader)
             seeding = _epoch_reseeded(loader)
             if seeding is not None and id(loader) in self._iterated:
                 # Workers kept from the last epoch: make the draw a new iterator would make
@@ -284,6 +378,26 @@ def _reseeded_by_lightning(exported: int, seed: int) -> bool:
     default generator then has that value as its initial seed."""
     return (os.environ.get("PL_GLOBAL_SEED") == str(exported) and exported != seed
             and torch.initial_seed() == exported)
+
+
+def _name(stage: str, i: int, count: int) -> str:
+    """How the sentences name loader ``i`` of ``count`` of a stage."""
+    return f"the {stage} loader" + (f" {i}" if count > 1 else "")
+
+
+def _last_start(loader: Any) -> dict[str, Any] | None:
+    """The ``EpochStart`` of the iterator ``loader`` made last, as plain data (None: none)."""
+    watch = EpochStarts.of(loader)
+    return None if watch is None or watch.last is None else watch.last.to_dict()
+
+
+def _read_starts(saved: Any) -> list[EpochStart | None]:
+    """This rank's saved ``EpochStart`` of each training loader, checked."""
+    rank = process_rank()
+    own = saved[rank] if isinstance(saved, list) and rank < len(saved) else None
+    return [None if data is None else EpochStart.read(
+                data, f"DevRNGCallback: the saved epoch start of training loader {i}")
+            for i, data in enumerate(own if isinstance(own, list) else [])]
 
 
 def _samplers_behind(loader: Any, epoch: int) -> list[Any]:
@@ -367,22 +481,22 @@ def _problems(trainer: pl.Trainer, loaders: Mapping[str, list[Any]],
         records = saved.get(stage)
         records = records if isinstance(records, list) else []
         for i, loader in enumerate(current):
-            name = f"the {stage} loader" + (f" {i}" if len(current) > 1 else "")
+            name = _name(stage, i, len(current))
             now = describe(loader)
+            record: Mapping[str, Any] = {}
             if i < len(records) and isinstance(records[i], Mapping):
-                yield from differences(name, records[i], now)
-                sample_rng = bool(records[i].get("sample_rng"))
-            else:
-                sample_rng = False
+                record = records[i]
+                yield from differences(name, record, now)
             if stage == "training":
                 yield from _training_problems(name, now, loader, mid_epoch, last_batch,
-                                              sample_rng, trainer)
+                                              record, trainer)
             else:
                 yield from _validation_problems(name, now)
 
 
 def _training_problems(name: str, now: Mapping[str, Any], loader: Any, mid_epoch: bool,
-                       last_batch: bool, sample_rng: bool, trainer: pl.Trainer) -> Iterable[str]:
+                       last_batch: bool, record: Mapping[str, Any], trainer: pl.Trainer
+                       ) -> Iterable[str]:
     batches = int(trainer.num_training_batches)
     avoid = ("save at the ends of epochs (ModelCheckpoint's default) or every_n_train_steps "
              f"that does not divide the {batches} batches of an epoch")
@@ -400,22 +514,28 @@ def _training_problems(name: str, now: Mapping[str, Any], loader: Any, mid_epoch
         done = trainer.fit_loop.epoch_loop.batch_progress.current.processed
         yield position_problem(name, now["kind"], f"after batch {done} of {batches}",
                                "Lightning starts the epoch's loader again")
+    elif mid_epoch and not last_batch and now["num_workers"]:
+        problem = inside_epoch_problem(name, record, "**callback.rng.dataloader_kwargs() (made "
+                                                     "before fit)")
+        if problem is not None:
+            yield problem
     if now["private_shuffle"] and not mid_epoch:
         yield private_shuffle_problem(name, "Lightning builds it again when the run resumes "
                                             "and restores its position only in the middle of an "
                                             "epoch")
     if now["persistent_workers"] and not (mid_epoch and now["stateful"]):
+        reseeded = _epoch_reseeded(loader) is not None  # the callback draws the base seed
         if now["stateful"]:
             yield persistent_workers_problem(
                 name, "set persistent_workers=False, or use a torch DataLoader built with "
                       "**callback.rng.dataloader_kwargs() (the callback gives its workers "
-                      "each epoch's seed)")
-        elif _epoch_reseeded(loader) is None or not sample_rng:
+                      "each epoch's seed)", now["sampler"])
+        elif not reseeded or not record.get("sample_rng"):
             yield persistent_workers_problem(
                 name, "build it with **callback.rng.dataloader_kwargs() (made before fit) and "
                       "draw each sample's randomness inside devrng.sample_rng(index), and the "
                       "callback gives its workers each epoch's seed; or set "
-                      "persistent_workers=False")
+                      "persistent_workers=False", None if reseeded else now["sampler"])
 
 
 def _validation_problems(name: str, now: Mapping[str, Any]) -> Iterable[str]:
@@ -426,4 +546,4 @@ def _validation_problems(name: str, now: Mapping[str, Any]) -> Iterable[str]:
         yield persistent_workers_problem(
             name, "set persistent_workers=False on validation loaders (without a generator, "
                   "the new iterator also draws its base seed from torch's global generator, "
-                  "which shifts the training steps after the first validation)")
+                  "which shifts the training steps after the first validation)", now["sampler"])

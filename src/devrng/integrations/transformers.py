@@ -54,6 +54,10 @@ from devrng._training.loaders import (
 
 __all__ = ["DevRNGTrainerCallback"]
 
+#: Warn when ignore_data_skip=True resumes a checkpoint written inside an epoch (the Trainer
+#: then trains that epoch again from its first batch).
+_FIX_IGNORE_DATA_SKIP = True
+
 
 class DevRNGTrainerCallback(transformers.TrainerCallback, ExportableState):
     """Make a ``transformers.Trainer`` device-correct, and its resumes exact or explained.
@@ -130,10 +134,20 @@ class DevRNGTrainerCallback(transformers.TrainerCallback, ExportableState):
         if state.global_step == 0 or now is None:
             return
         per_epoch = _updates_per_epoch(len(loader), args.gradient_accumulation_steps)
-        inside = state.global_step % per_epoch != 0 and not args.ignore_data_skip
+        within = state.global_step % per_epoch  # optimizer steps of its epoch the run trained
+        inside = within != 0 and not args.ignore_data_skip
         if saved is not None:
             self._resumed_epoch_start = _valid(saved.get("epoch_start" if inside else "saved"))
-        warn_on_resume(self._problems(args, saved, now, inside), stacklevel=2)
+        problems = list(self._problems(args, saved, now, inside))
+        if within and args.ignore_data_skip and _FIX_IGNORE_DATA_SKIP:
+            problems.append(
+                f"the checkpoint was written inside an epoch (after {within} of its {per_epoch} "
+                "optimizer steps), and with ignore_data_skip=True the Trainer does not skip "
+                "the batches that epoch trained on: it trains the epoch again from its first "
+                "batch, in a new order, so the resumed run sees other batches than the "
+                "uninterrupted one (what the flag is for: a faster resume, not an exact one); "
+                "set ignore_data_skip=False, or save at the ends of epochs")
+        warn_on_resume(problems, stacklevel=2)
 
     def _start_flight(self, args: Any, state: Any, loader: Any, model: Any,
                       saved: Mapping[str, Any] | None) -> None:
@@ -184,7 +198,7 @@ class DevRNGTrainerCallback(transformers.TrainerCallback, ExportableState):
                                      {"the training loader": now})
         if now["persistent_workers"]:
             yield persistent_workers_problem(
-                "the training loader", "set dataloader_persistent_workers=False")
+                "the training loader", "set dataloader_persistent_workers=False", now["sampler"])
         if inside and not now["num_workers"]:
             batches = args.gradient_accumulation_steps
             yield (f"the checkpoint was written inside an epoch, and transformers "
