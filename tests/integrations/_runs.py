@@ -111,6 +111,29 @@ def check_resumed(whole: Result, resumed: Result, expect: str, match: str = "") 
         assert not is_exact(whole, resumed), "warned, but the resumed run is exact"
 
 
+FLIGHT = "devrng flight record:"
+
+
+def check_flight(expect: str, resumed: Result, flagged: str = "") -> None:
+    """What the flight record (on in every run here: ``main`` points the runs of one
+    configuration at one record) said of a resumed run: an exact resume is verified, with no
+    false alarm; a warned one is flagged too, or said unverified; a "silent" one (a control
+    with one of devrng's fixes turned off: nothing devrng lists says a word) is flagged once,
+    by the record alone, matching ``flagged`` (its first differing step and the cause)."""
+    said = " / ".join(resumed.flight)
+    warned = [w for w in resumed.warnings if w.startswith(FLIGHT)]
+    if expect == "exact":
+        # (A first part's checkpoint holds the uninterrupted run's state at that step: the
+        # record finds it there, and compares with what that run recorded after it.)
+        assert "resume verified: steps" in said, (said, resumed.warnings)
+        assert not warned
+    elif expect == "warned":
+        assert warned or "not verified" in said, (said, resumed.warnings)
+    elif expect == "silent":
+        assert [w for w in resumed.warnings if not w.startswith(FLIGHT)] == []
+        assert len(warned) == 1 and re.search(flagged, warned[0]), warned
+
+
 def digest(model: torch.nn.Module) -> str:
     """SHA-256 of every parameter's bytes: equal digests are bitwise-equal weights."""
     h = hashlib.sha256()
