@@ -65,15 +65,17 @@ def test_a_batch_digest_covers_the_structure_numbers_strings_and_arrays() -> Non
     assert batch_digest(x) != batch_digest(x.reshape(3, 2))  # and shape
 
 
-def test_a_large_tensor_is_digested_on_evenly_spaced_elements() -> None:
-    """Past SAMPLED elements, an element between two sampled ones is not seen (the docs say
-    so); one that is sampled, and any change to every sample (augmentation), is."""
-    sampled = digest_module.SAMPLED
+def test_a_large_tensor_is_digested_on_runs_of_elements_spread_over_it() -> None:
+    """Past SAMPLED elements, RUNS runs of RUN consecutive elements (the docs say so): an
+    element inside a run is seen, one between two runs is not, and a change to every sample
+    (augmentation) is."""
+    runs, run = digest_module.RUNS, digest_module.RUN
     x = torch.zeros(64, 3 * 32 * 32)
-    step = -(-x.numel() // sampled) | 1
+    stride = x.numel() // runs
     seen, unseen = x.clone(), x.clone()
-    seen.view(-1)[step * 10] = 1.0
-    unseen.view(-1)[step * 10 + 1] = 1.0
+    seen.view(-1)[stride * 10 + run - 1] = 1.0
+    unseen.view(-1)[stride * 10 + run] = 1.0
+    assert runs * run == digest_module.SAMPLED
     assert batch_digest(seen) != batch_digest(x)
     assert batch_digest(unseen) == batch_digest(x)
     assert batch_digest(x + torch.rand(x.shape) * 1e-3) != batch_digest(x)
@@ -178,8 +180,10 @@ def _loop(directory: Path, steps: int, *, accumulate: int = 1, workers: int = 0,
                 break
         if done == save_at and saved is None:
             saved = save()
-    verified = rng.flight.verified if rng.flight is not None else None
+    verified = None
     if rng.flight is not None:
+        rng.flight.finish()  # the last steps written and compared
+        verified = rng.flight.verified
         rng.flight.close()
     return {"losses": losses, "saved": saved, "after": devrng.get_rng_state().fingerprint(),
             "verified": verified}

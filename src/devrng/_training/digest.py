@@ -9,10 +9,10 @@ addition modulo 2**64 gives one answer in every order, and the odd weights make 
 see samples that trade places. A floating-point reduction would not: its rounding
 depends on the order a device chooses.
 
-Tensors of more than ``SAMPLED`` elements are digested on ``SAMPLED`` evenly spaced
-elements (every k-th of the flattened tensor, k odd), so a digest costs a few
-microseconds whatever the batch size; augmentation changes most of a sample's elements
-and is seen. A digest of a tensor on an accelerator stays there (a 0-d tensor) until the
+Tensors of more than ``SAMPLED`` elements are digested on ``SAMPLED`` of them: 64 runs
+of 64 consecutive elements, spread evenly over the flattened tensor, so a digest costs a
+few microseconds whatever the batch size; augmentation changes most of a sample's
+elements and is seen. A digest of a tensor on an accelerator stays there (a 0-d tensor) until the
 record is written: no host synchronisation per step.
 """
 
@@ -20,32 +20,76 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
-import math
 import random
 import zlib
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from devrng._backends import host
 
-__all__ = ["SAMPLED", "Pending", "batch_digest", "generator_fingerprint", "indices_digest",
+__all__ = ["RUN", "RUNS", "SAMPLED", "Crc", "Pending", "batch_digest", "batch_parts", "generator_fingerprint", "indices_digest",
            "numpy_fingerprint", "python_fingerprint", "resolve", "state_fingerprint"]
 
-#: Elements digested per tensor at most.
+#: Elements digested per tensor at most: in runs of ``RUN`` consecutive ones.
 SAMPLED = 4096
+RUN = 64
+RUNS = SAMPLED // RUN
 _MASK64 = (1 << 64) - 1
 _INTEGER_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+# CPU tensors NumPy reads as they are (the rest go through torch's integer view first), and
+# NumPy's integers of each size: the same bits as _INTEGER_VIEW's, read with fewer calls.
+_NUMPY_READS = frozenset({torch.float16, torch.float32, torch.float64, torch.uint8, torch.int8,
+                          torch.int16, torch.int32, torch.int64, torch.bool, torch.complex64,
+                          torch.complex128})
+_NUMPY_INTEGERS: dict[int, Any] = {}
 
 
 class Pending:
-    """A digest whose parts are partly 0-d int64 tensors on a device: resolved when written."""
+    """A digest not computed yet (``resolve`` computes many at once, when the record is
+    written): its parts are bytes, ints, copies of the sampled elements of CPU tensors
+    (``_Sample``) and 0-d int64 tensors on devices."""
 
     __slots__ = ("parts",)
 
     def __init__(self, parts: list[Any]) -> None:
         self.parts = parts
+
+
+class _Sample(NamedTuple):
+    """The sampled elements of a CPU tensor of ``n`` elements, copied when the batch was
+    seen (the digest is computed later, and the batch may change in place meanwhile)."""
+
+    n: int
+    values: Any  # a NumPy array of the sampled elements' integer bits
+
+
+class Crc:
+    """A fingerprint not computed yet: the CRC-32 of ``data`` (bytes, or a CPU tensor that
+    is a copy), as 8 hexadecimal digits when ``str()``-ed or resolved. A step only copies
+    the state; the record hashes many together when it writes them."""
+
+    __slots__ = ("_text", "data")
+
+    def __init__(self, data: Any) -> None:
+        self.data: Any = data
+        self._text: str | None = None
+
+    def __str__(self) -> str:
+        if self._text is None:
+            data: Any = self.data.numpy() if isinstance(self.data, torch.Tensor) else self.data
+            self._text, self.data = f"{zlib.crc32(data) & 0xFFFFFFFF:08x}", None
+        return self._text
+
+    def __eq__(self, other: object) -> bool:
+        return str(self) == str(other)
+
+    # Equal to its text, which it computes once: not hashable.
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Crc({str(self)!r})"
 
 
 def resolve(value: Any) -> Any:
@@ -78,6 +122,8 @@ def _collect(value: Any, out: list[torch.Tensor]) -> None:
 
 
 def _substitute(value: Any, host_values: Mapping[int, int]) -> Any:
+    if isinstance(value, Crc):
+        return str(value)
     if isinstance(value, Pending):
         return _finish([host_values[id(p)] if isinstance(p, torch.Tensor) else p
                         for p in value.parts])
@@ -93,6 +139,8 @@ def _substitute(value: Any, host_values: Mapping[int, int]) -> Any:
 def _finish(parts: list[Any]) -> str:
     h = hashlib.blake2b(digest_size=8)
     for part in parts:
+        if isinstance(part, _Sample):
+            part = _sample_sum(part)
         h.update(part if isinstance(part, bytes) else part.to_bytes(8, "little"))
     return h.hexdigest()
 
@@ -112,11 +160,18 @@ def batch_digest(batch: Any) -> str | Pending:
         >>> batch_digest((x.flip(0), [1, 2])) == batch_digest((x, [1, 2]))
         False
     """
+    found = batch_parts(batch)
+    if any(isinstance(p, torch.Tensor) for p in found.parts):
+        return found
+    return _finish(found.parts)
+
+
+def batch_parts(batch: Any) -> Pending:
+    """What ``batch_digest`` hashes, not hashed yet (``resolve`` does that, for many digests
+    at once): a training step pays for reading its batch, not for formatting the digest."""
     parts: list[Any] = []
     _walk(batch, parts, 0)
-    if any(isinstance(p, torch.Tensor) for p in parts):
-        return Pending(parts)
-    return _finish(parts)
+    return Pending(parts)
 
 
 def _walk(obj: Any, parts: list[Any], depth: int) -> None:
@@ -168,14 +223,47 @@ def _header(t: torch.Tensor) -> bytes:
     return header
 
 
-# Weights 2 * position + 1 for the sampled positions, by (device, elements, step).
-_weights: dict[tuple[Any, int, int], Any] = {}
+# Weights 2 * position + 1 for the sampled positions, by (device, elements).
+_weights: dict[tuple[Any, int], Any] = {}
+
+
+def _runs(n: int) -> tuple[int, int]:
+    """How a tensor of ``n`` elements is sampled: ``RUNS`` runs of ``RUN`` consecutive
+    elements, ``stride`` apart (from the first); ``(n, 0)``: all of it.
+
+    Runs, not every k-th element: a batch just made is mostly out of the cache, and every
+    k-th element would touch every cache line of it; 64 runs touch 16 KB.
+    """
+    return (n, 0) if n <= SAMPLED else (RUNS, n // RUNS)
+
+
+def _sampled(flat: Any, n: int) -> Any:
+    """The sampled elements of a flat tensor or array of ``n`` elements (a view)."""
+    runs, stride = _runs(n)
+    return flat if stride == 0 else flat[:runs * stride].reshape(runs, stride)[:, :RUN]
+
+
+def _positions(n: int, arange: Any) -> Any:
+    """``2 * position + 1`` of each sampled element, through ``arange`` (NumPy's or torch's)."""
+    return _sampled(arange(n), n).reshape(-1) * 2 + 1
 
 
 def _tensor_sum(t: torch.Tensor) -> Any:
     """The wrapping sum of ``value * (2 * position + 1)`` over ``t``'s (sampled) elements:
-    an int on the CPU, a 0-d int64 tensor on a device."""
+    a copy of them on the CPU (summed when resolved), a 0-d int64 tensor on a device."""
     t = t.detach()
+    if t.is_cpu and t.layout is torch.strided and not t.is_quantized:
+        np = host.numpy_or_none()
+        if np is not None and t.dtype in _NUMPY_READS:  # few calls: a step pays for each
+            if not _NUMPY_INTEGERS:
+                _NUMPY_INTEGERS.update({1: np.uint8, 2: np.int16, 4: np.int32, 8: np.int64})
+            flat = t.numpy().reshape(-1)
+            # (a complex number as its two parts, as torch.view_as_real reads it)
+            part = flat.itemsize // 2 if flat.dtype.kind == "c" else flat.itemsize
+            flat = flat.view(_NUMPY_INTEGERS[part])
+            if flat.size == 0:
+                return 0
+            return _Sample(flat.size, _sampled(flat, flat.size).copy())
     if t.is_complex():
         t = torch.view_as_real(t)
     size = t.element_size()
@@ -185,26 +273,28 @@ def _tensor_sum(t: torch.Tensor) -> Any:
     if n == 0:
         return 0
     bits = t.view(_INTEGER_VIEW[size]).reshape(-1)
-    step = 1 if n <= SAMPLED else math.ceil(n / SAMPLED) | 1
-    if t.is_cpu:
-        np = host.numpy_or_none()
-        if np is not None:
-            weights = _weights.get(("cpu", n, step))
-            if weights is None:
-                weights = _cached(("cpu", n, step), np.arange(0, n, step, dtype=np.int64) * 2 + 1)
-            values = bits.numpy()
-            return int((values[::step].astype(np.int64) * weights).sum()) & _MASK64
-    if step > 1:
-        bits = bits[::step]
-    key = (t.device, n, step)
+    if t.is_cpu and host.numpy_or_none() is not None:
+        return _Sample(n, _sampled(bits.numpy(), n).copy())
+    key = (t.device, n)
     weights = _weights.get(key)
     if weights is None:
-        weights = _cached(key, torch.arange(0, n, step, dtype=torch.int64, device=t.device) * 2 + 1)
-    total = (bits.to(torch.int64) * weights).sum()
+        weights = _cached(key, _positions(n, lambda k: torch.arange(k, dtype=torch.int64,
+                                                                     device=t.device)))
+    total = (_sampled(bits, n).reshape(-1).to(torch.int64) * weights).sum()
     return int(total) & _MASK64 if t.is_cpu else total
 
 
-def _cached(key: tuple[Any, int, int], weights: Any) -> Any:
+def _sample_sum(sample: _Sample) -> int:
+    """``_tensor_sum`` of a CPU tensor, from the copy of its sampled elements."""
+    np = host.numpy_or_none()
+    weights = _weights.get(("cpu", sample.n))
+    if weights is None:
+        weights = _cached(("cpu", sample.n),
+                          _positions(sample.n, lambda k: np.arange(k, dtype=np.int64)))
+    return int((sample.values.reshape(-1).astype(np.int64) * weights).sum()) & _MASK64
+
+
+def _cached(key: tuple[Any, int], weights: Any) -> Any:
     if len(_weights) > 64:  # shapes vary (the last batch of an epoch): stay small
         _weights.clear()
     _weights[key] = weights
@@ -223,21 +313,18 @@ def indices_digest(indices: Any) -> str:
 
 # -- fingerprints of generators: 8 hexadecimal digits each -------------------------------
 
-def _crc(data: Any) -> str:
-    return f"{zlib.crc32(data) & 0xFFFFFFFF:08x}"
+def generator_fingerprint(generator: torch.Generator) -> Crc:
+    """A torch CPU generator's state (``get_state`` makes the copy)."""
+    return Crc(generator.get_state())
 
 
-def generator_fingerprint(generator: torch.Generator) -> str:
-    """A torch CPU generator's state."""
-    return _crc(generator.get_state().numpy())
-
-
-def state_fingerprint(state: Any) -> str | Pending:
-    """Any generator state (a tensor, an int, a JAX key, nested plain data)."""
+def state_fingerprint(state: Any) -> Crc | Pending:
+    """Any generator state (a tensor, an int, a JAX key, nested plain data): ``state`` is
+    a copy the caller owns (what a backend's ``get_rng_state`` returns)."""
     if isinstance(state, torch.Tensor) and state.device.type == "cpu" \
             and state.dtype == torch.uint8 and state.is_contiguous():
-        return _crc(state.numpy())
-    return batch_digest(_plain_state(state))
+        return Crc(state)
+    return batch_parts(_plain_state(state))
 
 
 def _plain_state(state: Any) -> Any:
@@ -250,7 +337,7 @@ def _plain_state(state: Any) -> Any:
     return state
 
 
-def python_fingerprint() -> str:
+def python_fingerprint() -> Crc | str:
     """Python's ``random`` generator (the module's own).
 
     ``random.getstate()`` builds a tuple of 625 ints (about 6 us); CPython keeps the state
@@ -262,7 +349,7 @@ def python_fingerprint() -> str:
     return _python_reader[0]()
 
 
-_python_reader: list[Callable[[], str]] = []
+_python_reader: list[Callable[[], Crc | str]] = []
 
 
 def _python_slow() -> str:
@@ -272,7 +359,7 @@ def _python_slow() -> str:
     return f"{(hash(words) ^ hash(gauss or 0.0)) & 0xFFFFFFFF:08x}"
 
 
-def _python_fast() -> Callable[[], str] | None:
+def _python_fast() -> Callable[[], Crc | str] | None:
     checked = random._inst  # type: ignore[attr-defined]
     header = object.__basicsize__  # what precedes the generator's own fields
     try:
@@ -285,17 +372,17 @@ def _python_fast() -> Callable[[], str] | None:
     if raw != expected:
         return None
 
-    def fast() -> str:
+    def fast() -> Crc | str:
         rng = random._inst  # type: ignore[attr-defined]
         if rng is not checked:  # replaced since: only getstate is safe
             return _python_slow()
         gauss = getattr(rng, "gauss_next", None) or 0.0
-        return _crc(ctypes.string_at(id(rng) + header, 4 + 624 * 4) + gauss.hex().encode())
+        return Crc(ctypes.string_at(id(rng) + header, 4 + 624 * 4) + gauss.hex().encode())
 
     return fast
 
 
-def numpy_fingerprint() -> Callable[[], str] | None:
+def numpy_fingerprint() -> Callable[[], Crc] | None:
     """A function giving NumPy's global generator's fingerprint, or None without NumPy.
 
     NumPy's ``get_state`` builds its 624-word key in Python (about 30 us); the legacy
@@ -308,15 +395,15 @@ def numpy_fingerprint() -> Callable[[], str] | None:
     if np is None:
         return None
 
-    def slow() -> str:
+    def slow() -> Crc:
         _, key, pos, has_gauss, _ = np.random.get_state()
-        return _crc(key.tobytes() + bytes((pos & 0xFF, pos >> 8, has_gauss)))
+        return Crc(key.tobytes() + bytes((pos & 0xFF, pos >> 8, has_gauss)))
 
-    def fast() -> str:
+    def fast() -> Crc:
         bits = np.random.mtrand._rand._bit_generator
         if bits is not checked:
             return slow()
-        return _crc(ctypes.string_at(address, 2500))
+        return Crc(ctypes.string_at(address, 2500))
 
     try:
         checked = np.random.mtrand._rand._bit_generator

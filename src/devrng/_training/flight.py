@@ -31,6 +31,7 @@ import json
 import logging
 import os
 import threading
+import time
 import weakref
 import zlib
 from collections.abc import Callable, Iterator, Mapping
@@ -44,8 +45,7 @@ from devrng._base.errors import DevRNGError, short_repr, warn_and_log
 from devrng._base.files import atomic_write
 from devrng._base.locks import ForkSafeLock
 from devrng._training.digest import (
-    Pending,
-    batch_digest,
+    batch_parts,
     generator_fingerprint,
     indices_digest,
     numpy_fingerprint,
@@ -70,7 +70,8 @@ MAX_STEPS_VARIABLE = "DEVRNG_MAX_STEPS"
 _FORMAT = 1
 #: Marks the fingerprint of a loader's own generator (its shuffle and worker seeds).
 LOADER_PREFIX = "loader:"
-_FLUSH_EVERY = 16  # steps whose digests wait on a device before they are read together
+_FLUSH_EVERY = 16  # steps written (and their device digests read) together
+_FLUSH_SECONDS = 1.0  # ... or after this long
 _SOURCES_EVERY = 64  # steps between two looks at what generators there are
 PRUNE_BYTES = 1 << 18  # rewrite the file (dropping what no resume needs) past this size
 _KEEP_CHECKPOINTS = 2  # a resume from either of the last two checkpoints can be verified
@@ -82,7 +83,7 @@ def record_path(directory: str, rank: int) -> str:
 
 
 Sources = Callable[[], list[tuple[str, Callable[[], Any]]]]
-_numpy_reader: list[Callable[[], str] | None] = []  # found once per process
+_numpy_reader: list[Callable[[], Any] | None] = []  # found once per process
 
 
 def global_sources() -> list[tuple[str, Callable[[], Any]]]:
@@ -170,7 +171,7 @@ class FlightRecord:
         self._batches: list[tuple[Any, Any, int | None, str]] = []  # (indices, content, pos, loader)
         self._losses: list[Any] = []
         self._pending: list[dict[str, Any]] = []  # finished steps not written yet
-        self._lazy = False  # whether one of them holds a value still on a device
+        self._flushed = time.monotonic()
         # The interrupted run's steps to compare, each with its generator names.
         self._expected: dict[int, tuple[dict[str, Any], list[str]]] = {}
         self._verified: tuple[int, int] | None = None
@@ -222,7 +223,7 @@ class FlightRecord:
                     delivered = watched.delivered.popleft()
                     break
             indices, _, position, name = delivered or (None, None, None, "")
-            self._batches.append((indices, batch_digest(batch), position, name))
+            self._batches.append((indices, batch_parts(batch), position, name))
 
     def watch_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         """Count only the steps of ``optimizer`` (and of others given so): by default every
@@ -253,16 +254,15 @@ class FlightRecord:
                               module.register_forward_hook(after)]
 
     def loss(self, value: Any) -> None:
-        """Add the loss of the step under way to its line (a float or a tensor; a tensor on
-        a device is read when the line is written, not now)."""
+        """Add the loss of the step under way to its line (a float or a one-element tensor,
+        read when the line is written, not now: no host synchronisation per step)."""
         with self._lock:
             if isinstance(value, torch.Tensor):
                 value = value.detach()
                 if value.numel() != 1:
                     raise ValueError(f"flight.loss takes one number, not a tensor of shape "
                                      f"{tuple(value.shape)}.")
-                self._losses.append(value.reshape(()) if value.device.type != "cpu"
-                                    else float(value))
+                self._losses.append(value.reshape(()))  # read when the line is written
             elif isinstance(value, (int, float)) and not isinstance(value, bool):
                 self._losses.append(float(value))
             else:
@@ -289,11 +289,10 @@ class FlightRecord:
                 line["l"] = self._losses
             self._start, self._batches, self._losses = None, [], []
             self._pending.append(line)
-            lazy = any(isinstance(v, Pending) for v in line["g"].values()) \
-                or any(isinstance(v, (Pending, torch.Tensor)) for v in [*line.get("b", ()),
-                                                                        *line.get("l", ())])
-            self._lazy = self._lazy or lazy
-            if len(self._pending) >= _FLUSH_EVERY or not self._lazy:
+            # Written (and compared) in batches: every 16 steps, or once a second for slow
+            # steps (a job killed after its checkpoint has its steps past it on disk).
+            now = time.monotonic()
+            if len(self._pending) >= _FLUSH_EVERY or now - self._flushed >= _FLUSH_SECONDS:
                 self.flush()
             if self._max_steps is not None and self.step >= self._max_steps:
                 self._stop("end", f"{MAX_STEPS_VARIABLE}={self._max_steps}")
@@ -351,7 +350,9 @@ class FlightRecord:
     @property
     def verified(self) -> bool | None:
         """After a resume: True once every step the interrupted run recorded past the
-        checkpoint matched, False if one differed, None while undecided or not compared."""
+        checkpoint matched, False if one differed, None while undecided or not compared.
+        Steps are compared as they are written: every 16 steps, after a second, at a
+        checkpoint and at ``finish()``."""
         if self._diverged:
             return False
         if self._verified is not None and not self._expected and self._verified[0] <= self.step:
@@ -364,8 +365,9 @@ class FlightRecord:
         with self._lock:
             if not self._pending or os.getpid() != self._pid:
                 return
-            lines = resolve(self._pending) if self._lazy else self._pending
-            self._pending, self._lazy = [], False
+            lines = resolve(self._pending)
+            self._pending = []
+            self._flushed = time.monotonic()
             for line in lines:
                 if "l" in line:  # losses left on a device: read now, with the digests
                     line["l"] = [float(v) for v in line["l"]]
@@ -849,7 +851,7 @@ class _Watched:
                 del self.indices[k]
         position = getattr(it, "_num_yielded", None)
         # A step a trainer's hook feeds is digested as the step sees it (consume).
-        entry = (indices, batch_digest(data) if plain else None, position, self.name)
+        entry = (indices, batch_parts(data) if plain else None, position, self.name)
         with record._lock:
             if plain:
                 record._batches.append(entry)
