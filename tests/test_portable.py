@@ -771,7 +771,8 @@ def test_state_dict_round_trip_continues_the_stream() -> None:
     resumed.load_state_dict(saved)
     with resumed:
         got = [torch.rand(3), F.dropout(torch.ones(8), 0.5)]
-    assert plain_state(saved) == {"seed": 21, "counter": 1, "world_size": 1}
+    assert {k: plain_state(saved)[k] for k in ("seed", "counter", "world_size", "rank")} == {
+        "seed": 21, "counter": 1, "world_size": 1, "rank": 0}
     assert resumed.state_dict() == rng.state_dict()
     for a, b in zip(got, want, strict=True):
         assert torch.equal(a, b)
@@ -785,6 +786,11 @@ def test_state_dict_round_trip_continues_the_stream() -> None:
     ({"seed": 1.5, "counter": 0}, r"state_dict\['seed'\] must be an int"),
     ({"seed": 1, "counter": -1}, r"state_dict\['counter'\] must be an int in \[0, 2\*\*63\), not -1"),
     ({"seed": 1, "counter": True}, r"state_dict\['counter'\] must be an int"),
+    ({"seed": 1, "counter": 0, "world_size": [[[[2]]]]}, r"'world_size' is \[\[\[\[...\]\]\]\]; a "
+                                                         "stream's state records an int of 1"),
+    ({"seed": 1, "counter": 0, "world_size": torch.ones(10**6)},
+     r"'world_size' is <a torch.float32 tensor of shape \(1000000,\)>"),
+    ({"seed": 1, "counter": 0, "world_size": 0}, "'world_size' is 0"),
 ])
 def test_bad_state_dict_is_refused_and_changes_nothing(state: Any, match: str) -> None:
     rng = devrng.portable(4)

@@ -8,6 +8,7 @@ Which data a saved state may hold is decided in ``devrng._generators.saved``.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Mapping
 from typing import Any
 
@@ -32,10 +33,17 @@ def tensor_bytes(t: torch.Tensor) -> bytes:
         return bytes(t.reshape(-1).tolist())
 
 
-def hash_into(h: Any, obj: Any) -> None:
+_REPR_BITS = 10_000  # ints below this many bits have a decimal repr (about 3,000 digits)
+
+
+def hash_into(h: Any, obj: Any, *, exact: bool = False) -> None:
     """Feed the canonical bytes of a nesting of tensors, arrays, numbers and strings to hash ``h``.
 
-    Raises ``DevRNGError`` for anything else (its ``repr`` may hold an address).
+    ``exact=True`` gives every distinct value distinct bytes: dict keys keep their type
+    (``0`` and ``"0"`` differ), floats their bits (every NaN, -0.0), tuples differ from
+    lists. Digests of saved states use it; fingerprints use the default, which stays as
+    it was so that they compare across devrng versions. Raises ``DevRNGError`` for
+    anything that is not plain data (its ``repr`` may hold an address).
 
     Examples:
         >>> import hashlib
@@ -47,17 +55,28 @@ def hash_into(h: Any, obj: Any) -> None:
         h.update(tensor_bytes(obj))
     elif isinstance(obj, Mapping):
         h.update(b"{")
-        for k in sorted(obj, key=str):
-            hash_into(h, str(k))
-            hash_into(h, obj[k])
+        if exact:
+            keys = sorted((_exact_bytes(k), k) for k in obj)  # (bytes differ for distinct keys)
+            h.update(f"{len(keys)}:".encode())
+            for raw, k in keys:
+                h.update(raw)
+                hash_into(h, obj[k], exact=True)
+        else:
+            for k in sorted(obj, key=str):
+                hash_into(h, str(k))
+                hash_into(h, obj[k])
         h.update(b"}")
     elif isinstance(obj, (list, tuple)):
-        h.update(f"[{len(obj)}".encode())
+        h.update(f"{'(' if exact and isinstance(obj, tuple) else '['}{len(obj)}".encode())
         for item in obj:
-            hash_into(h, item)
+            hash_into(h, item, exact=exact)
     elif type(obj).__module__ == "numpy" and hasattr(obj, "tobytes"):  # arrays and scalars
         h.update(f"A{obj.dtype}{obj.shape}".encode())
         h.update(obj.tobytes())
+    elif exact and (obj is None or isinstance(obj, (bool, int, float, str, bytes))):
+        h.update(_exact_bytes(obj))
+    elif type(obj) is int and obj.bit_length() > _REPR_BITS:
+        h.update(f"int:{obj:#x};".encode())  # repr refuses ints of over 4,300 digits
     elif obj is None or isinstance(obj, (bool, int, float, str, bytes)):
         h.update(f"{type(obj).__name__}:{obj!r};".encode())
     else:
@@ -67,6 +86,23 @@ def hash_into(h: Any, obj: Any) -> None:
             "(tensors, numbers, strings, lists, dicts), so equal states could hash apart. "
             "Its backend must return plain data."
         )
+
+
+def _exact_bytes(obj: Any) -> bytes:
+    """A scalar's bytes for ``hash_into(exact=True)``: its type, then its value, length-prefixed."""
+    if isinstance(obj, float):
+        return b"f" + struct.pack("<d", obj)
+    if isinstance(obj, str):
+        raw = obj.encode("utf-8", errors="surrogatepass")
+        return b"s%d:" % len(raw) + raw
+    if isinstance(obj, bytes):
+        return b"b%d:" % len(obj) + obj
+    if obj is None or isinstance(obj, bool):
+        return f"{obj};".encode()  # None; True; False;
+    if isinstance(obj, int):
+        return b"i" + obj.to_bytes(obj.bit_length() // 8 + 1, "little", signed=True) + b";"
+    raise DevRNGError(f"A dict key of type {type(obj).__name__} has no canonical bytes; keys of "
+                      "plain data are strings, ints, floats, bools or None.")
 
 
 def uint64_to_tensor(value: int) -> torch.Tensor:

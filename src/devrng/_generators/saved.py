@@ -63,13 +63,15 @@ from devrng._base.plain import hash_into
 from devrng._base.rank import collective_device, dist_or_none, process_rank
 from devrng._base.seeds import MASK64
 from devrng._base.sigint import deliver, guard
+from devrng._base.version import VERSION
 from devrng._generators.undo import DeviceState, Undo
 
-__all__ = ["MAX_STATE_BYTES", "PREFIX", "Fit", "Summary", "check_cpu_state", "check_depth",
-           "check_device_states", "check_header", "check_host_parts", "check_loaded",
-           "check_numpy_state", "check_plain", "check_python_state", "cpu_state_numel", "decode",
-           "describe", "encode", "entry_key", "fit_devices", "identity_of", "is_ranked",
-           "load_ranked", "own_entry", "parse_parts", "ranked", "ranks_text", "signature"]
+__all__ = ["DIGEST", "MAX_STATE_BYTES", "PREFIX", "SEAL_KEYS", "WRITER", "Facts", "Fit",
+           "Summary", "check_cpu_state", "check_depth", "check_device_states", "check_header",
+           "check_host_parts", "check_loaded", "check_numpy_state", "check_plain",
+           "check_python_state", "cpu_state_numel", "decode", "describe", "encode", "entry_key",
+           "fit_devices", "identity_of", "is_ranked", "load_ranked", "own_entry", "parse_parts",
+           "ranked", "ranks_text", "seal", "signature"]
 
 
 # -- what a saved state may hold -------------------------------------------------------------
@@ -135,17 +137,53 @@ def check_loaded(state: Any, what: str) -> None:
                 )
 
 
-def check_header(data: Any, *, tag: str, versions: Collection[int], what: str, made_by: str,
-                 source: str | None = None) -> int:
-    """The version of a saved state tagged ``tag`` (``{"format": tag, "version": v, ...}``),
-    or one ``DevRNGError`` sentence naming what ``data`` is instead: every
-    ``load_state_dict`` and ``load`` reads its header here. ``source`` names a file
-    ``data`` came from.
+# -- the header every saved form carries ---------------------------------------------------------
+#: Keys ``seal`` adds to a saved state: the devrng that wrote it, and a digest of all the rest.
+WRITER = "devrng_version"
+DIGEST = "digest"
+SEAL_KEYS = frozenset({WRITER, DIGEST})
+_HEX = re.compile(r"[0-9a-f]{64}")
+
+
+def seal(data: Mapping[str, Any]) -> dict[str, Any]:
+    """``data`` -- a saved state's plain dict, its ``format`` and ``version`` included --
+    with the devrng version writing it and a SHA-256 digest of all of that, which
+    ``check_header`` verifies before anything of it is read. Every saved form is sealed
+    here, so a key added to a state later is covered without a word about it.
 
     Examples:
-        >>> check_header({"format": "devrng.RNGState", "version": 1}, tag="devrng.RNGState",
-        ...              versions=(1,), what="RNGState.from_dict", made_by="RNGState.to_dict()")
-        1
+        >>> sorted(seal({"format": "devrng.RNGStreams", "version": 2, "streams": {}}))
+        ['devrng_version', 'digest', 'format', 'streams', 'version']
+    """
+    sealed = {**data, WRITER: VERSION}
+    sealed[DIGEST] = _digest(sealed)
+    return sealed
+
+
+def _digest(data: Mapping[Any, Any]) -> str:
+    """SHA-256 of the exact canonical bytes (``hash_into(exact=True)``) of ``data`` without
+    its digest; ``data`` is plain and bounded (checked by the caller)."""
+    h = hashlib.sha256(b"devrng saved state\0")
+    hash_into(h, {k: v for k, v in data.items() if k != DIGEST}, exact=True)
+    return h.hexdigest()
+
+
+def check_header(data: Any, *, tag: str, versions: Collection[int], sealed_since: int,
+                 what: str, made_by: str, source: str | None = None) -> int:
+    """The version of a saved state tagged ``tag`` (``{"format": tag, "version": v, ...}``),
+    once its digest is verified; or one ``DevRNGError`` sentence naming what ``data`` is
+    instead. Every load of a saved form reads its header here, before anything is
+    applied. ``source`` names a file or entry ``data`` came from.
+
+    Versions from ``sealed_since`` on carry a digest (``seal``) and are refused without
+    one; older versions load unchecked, unless they hold a digest (then it is verified:
+    a version changed by a flipped bit does not turn the check off).
+
+    Examples:
+        >>> state = seal({"format": "devrng.RNGState", "version": 2})
+        >>> check_header(state, tag="devrng.RNGState", versions=(1, 2), sealed_since=2,
+        ...              what="RNGState.from_dict", made_by="RNGState.to_dict()")
+        2
     """
     if not isinstance(data, Mapping) or data.get("format") != tag:
         got = (f"its format tag is {short_repr(data.get('format'))}, not {tag!r}"
@@ -161,7 +199,51 @@ def check_header(data: Any, *, tag: str, versions: Collection[int], what: str, m
         raise DevRNGError(f"{what}: {source or 'the state'} is version {short_repr(version)}; "
                           f"this devrng reads version{'s' if len(known) > 1 else ''} "
                           f"{', '.join(map(str, known))}.")
+    if version >= sealed_since or DIGEST in data:
+        _verify(data, version, f"{what}: {source or 'the state'}")
     return version
+
+
+def _verify(data: Mapping[str, Any], version: int, where: str) -> None:
+    """Raise ``DevRNGError`` unless ``data``'s digest is the digest of its content."""
+    stored = data.get(DIGEST)
+    if not (isinstance(stored, str) and _HEX.fullmatch(stored)):
+        problem = ("has no digest, which every state of its version carries" if stored is None
+                   else f"holds the digest {short_repr(stored)}, which is not one devrng writes")
+        raise DevRNGError(f"{where} {problem}: it was altered or damaged after it was written "
+                          f"(version {version}), so none of it is loaded. Load an intact copy.")
+    check_plain(data, where)  # bounded (depth, kinds, sizes) before it is hashed
+    for item in _walk(data, where):
+        if isinstance(item, torch.Tensor) and not _compact(item):
+            raise DevRNGError(
+                f"{where} holds a tensor of shape {short_repr(tuple(item.shape))} "
+                f"({item.numel() * item.element_size()} bytes) that is not a dense CPU tensor "
+                "whose elements lie in its own storage (it is expanded over fewer bytes), so "
+                "it was not written by devrng.")
+    try:
+        actual = _digest(data)
+    except DevRNGError:
+        raise
+    except Exception as err:  # a tensor of an exotic dtype or layout a file can still hold
+        raise DevRNGError(f"{where} could not be hashed ({type(err).__name__}: "
+                          f"{short_repr(str(err), 200)}), so it was not written by devrng.") from None
+    if actual != stored:
+        writer = data.get(WRITER)
+        by = f"devrng {writer}" if isinstance(writer, str) and len(writer) < 40 else "devrng"
+        raise DevRNGError(
+            f"{where} was altered or damaged after {by} wrote it: its content does not match "
+            "the SHA-256 digest written with it (a flipped bit on disk or in transfer, a "
+            "partial copy, an edit), so none of it is loaded. Load an intact copy.")
+
+
+def _compact(t: torch.Tensor) -> bool:
+    """Whether a loaded tensor's elements all lie in its own storage (not stride-0
+    expanded over a few bytes): hashing it then costs what the file holds."""
+    try:
+        return (t.layout is torch.strided and t.device.type == "cpu"
+                and t.numel() * t.element_size() <= t.untyped_storage().nbytes())
+    except Exception:  # no storage to measure (a tensor subclass, a meta tensor)
+        return False
 
 
 def signature(state: Any) -> Any:
@@ -210,7 +292,7 @@ def check_python_state(state: Any) -> None:
         raise ValueError("it is not a tuple (3, 625 ints, gauss) as random.getstate() returns")
     gauss = state[2]
     if gauss is not None and (type(gauss) is not float or not math.isfinite(gauss)):
-        raise ValueError(f"its Gaussian cache is {gauss!r}; it must be a finite float or None")
+        raise ValueError(f"its Gaussian cache is {short_repr(gauss)}; it must be a finite float or None")
     if not any(state[1][:_MT_WORDS]):
         raise ValueError("its MT19937 key is all zeros, which generates nothing but zeros")
     try:
@@ -230,7 +312,7 @@ def check_numpy_state(state: Any) -> None:
         raise ValueError("it is a NumPy state and NumPy is not installed here")
     name = state.get("bit_generator") if isinstance(state, dict) else None
     if name != "MT19937":
-        raise ValueError(f"its bit generator is {name!r}; NumPy's global generator is 'MT19937'")
+        raise ValueError(f"its bit generator is {short_repr(name)}; NumPy's global generator is 'MT19937'")
     try:
         inner = state["state"]
         key, pos = inner["key"], inner["pos"]
@@ -243,11 +325,11 @@ def check_numpy_state(state: Any) -> None:
     if not key.any():
         raise ValueError("its MT19937 key is all zeros, which generates nothing but zeros")
     if type(pos) is not int or not 0 <= pos <= _MT_WORDS:
-        raise ValueError(f"its position is {pos!r}; it must be an int from 0 to 624")
+        raise ValueError(f"its position is {short_repr(pos)}; it must be an int from 0 to 624")
     if has_gauss not in (0, 1) or type(has_gauss) is bool:
-        raise ValueError(f"its has_gauss is {has_gauss!r}; it must be 0 or 1")
+        raise ValueError(f"its has_gauss is {short_repr(has_gauss)}; it must be 0 or 1")
     if type(gauss) is not float or not math.isfinite(gauss):
-        raise ValueError(f"its Gaussian cache is {gauss!r}; it must be a finite float")
+        raise ValueError(f"its Gaussian cache is {short_repr(gauss)}; it must be a finite float")
 
 
 def cpu_state_numel() -> int:
@@ -613,8 +695,16 @@ def _fail_everywhere(what: str, failing: int, error: DevRNGError | None, rank: i
 
 
 # -- loading -----------------------------------------------------------------------------
-def load_ranked(state_dict: Mapping[str, Any], *, what: str, read: Callable[[Any], Any],
-                facts: Callable[[Any], tuple[int, int]],
+class Facts(NamedTuple):
+    """What the ranks compare of their entries before any of them loads (-1: not recorded)."""
+
+    world: int  #: the world size the entry records
+    identity: int  #: a hash of what must be alike on every rank (``identity_of``)
+    rank: int  #: the rank that saved the entry
+
+
+def load_ranked(state_dict: Mapping[str, Any], *, what: str, read: Callable[[Any, str], Any],
+                facts: Callable[[Any], Facts],
                 prepare: Callable[[Any, Summary], tuple[Apply, str | None]]) -> None:
     """Load one rank's entry, all ranks together: all of them, or none.
 
@@ -622,8 +712,11 @@ def load_ranked(state_dict: Mapping[str, Any], *, what: str, read: Callable[[Any
         state_dict: This rank's ``{"devrng_rank_<r>": entry}``, as ``dcp.load`` filled it (an
             entry that is ``None``, or a dict of ``None``, was not in the checkpoint).
         what: The caller, for messages (``"RNGStreams.load_state_dict"``).
-        read: The entry to its plain state; raises ``DevRNGError`` if it is not one.
-        facts: A plain state's (world size it records or -1, fingerprint of its state).
+        read: The entry and what it is in words (``"the entry 'devrng_rank_1'"``) to its
+            plain state, its header and digest checked (``check_header``); raises
+            ``DevRNGError`` if it is not one.
+        facts: What a plain state records (``Facts``); an entry saved by another rank than
+            its key names was moved there (swapped entries) and is refused.
         prepare: Checks a plain state (this rank's own, or the lowest rank's if this rank has
             none) against this process, changing nothing; returns the change and a warning
             for every rank, or raises ``DevRNGError``.
@@ -631,16 +724,18 @@ def load_ranked(state_dict: Mapping[str, Any], *, what: str, read: Callable[[Any
     rank, world = process_rank(), _group_world()
     if world == 1:
         rank = 0
-    (entry,) = state_dict.values()
+    ((key, entry),) = state_dict.items()
     found = not _absent(entry)
     plain: Any = None
     error: DevRNGError | None = None
     saved_world, fingerprint = _NONE, _NONE
     if found:
         try:  # (another rank's entry, from a file of its own, is the object's to judge)
-            plain = read(entry)
-            saved_world, fingerprint = facts(plain)
+            plain = read(entry, f"the entry {key!r}")
+            recorded = facts(plain)
+            saved_world, fingerprint = recorded.world, recorded.identity
             saved_world = _NONE if saved_world < 0 else saved_world
+            _check_key(key, recorded.rank, what)
         except DevRNGError as err:
             error = err
     nobody = _NONE if found or error else rank
@@ -699,6 +794,16 @@ def load_ranked(state_dict: Mapping[str, Any], *, what: str, read: Callable[[Any
             _fail_everywhere(what, failed, error, rank, world, "apply")
         if warning:
             warn_and_log(warning, stacklevel=4)
+
+
+def _check_key(key: str, saved_rank: int, what: str) -> None:
+    """Refuse an entry that the rank its key names did not save (entries swapped or moved)."""
+    match = _KEY.fullmatch(key)
+    if saved_rank >= 0 and match is not None and int(match.group(1)) != saved_rank:
+        raise DevRNGError(
+            f"{what}: the entry {key!r} holds the state that rank {saved_rank} saved: the "
+            "checkpoint's entries were swapped or moved after it was written, so none of them "
+            "is loaded. Load an intact copy of the checkpoint.")
 
 
 def _absent(entry: Any) -> bool:

@@ -36,6 +36,7 @@ from devrng._generators.saved import (
     check_plain,
     encode,
     parse_parts,
+    seal,
 )
 from devrng._generators.undo import DeviceState, Undo, read_devices
 
@@ -43,7 +44,7 @@ __all__ = ["RNGState", "Restore", "check_host", "get_rng_state", "parse_state", 
            "set_rng_state", "snapshot", "with_devices"]
 
 _FORMAT = "devrng.RNGState"
-_VERSION = 1
+_VERSION = 2  # 2: sealed (a digest of the content, checked on load); 1 (devrng <= 0.4) loads unchecked
 _NO_DEVICES: Mapping[str, Mapping[int, Any]] = MappingProxyType({})
 
 
@@ -120,7 +121,11 @@ class RNGState:
 
     # -- serialisation -------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        """Plain data (tensors, ints, strings, dicts, lists) that ``torch.load(weights_only=True)`` reads."""
+        """Plain data (tensors, ints, strings, dicts, lists) that ``torch.load(weights_only=True)`` reads.
+
+        It records the devrng version that wrote it and a SHA-256 digest of its content:
+        ``from_dict`` and ``load`` refuse it if anything in it changed since.
+        """
         data: dict[str, Any] = {
             "format": _FORMAT,
             "version": _VERSION,
@@ -142,7 +147,7 @@ class RNGState:
         for t, per in data["devices"].items():
             for i, state in per.items():
                 check_plain(state, f"the {t}:{i} state")
-        return data
+        return seal(data)
 
     @classmethod
     def from_dict(cls, data: Any, *, source: str = "the data") -> RNGState:
@@ -182,7 +187,7 @@ class RNGState:
     @classmethod
     def _parse(cls, data: Any, source: str) -> RNGState:
         # ``source`` names where the data came from: a file, a TrainingRNG state, a broadcast.
-        check_header(data, tag=_FORMAT, versions=(_VERSION,), what="RNGState",
+        check_header(data, tag=_FORMAT, versions=(1, _VERSION), sealed_since=2, what="RNGState",
                      made_by="RNGState.save or RNGState.to_dict()", source=source)
         return parse_state(data["cpu"], data["devices"], data["python"], data["numpy"])
 

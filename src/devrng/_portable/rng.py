@@ -31,11 +31,22 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from devrng._backends.host import draw_seed
-from devrng._base.errors import DevRNGError, check_flags
+from devrng._base.errors import DevRNGError, check_flags, short_repr
 from devrng._base.lazy import load
-from devrng._base.rank import world_size
+from devrng._base.rank import process_rank, world_size
 from devrng._base.seeds import MASK64, check_counter, check_seed
-from devrng._generators.saved import Apply, Summary, identity_of, is_ranked, load_ranked, ranked
+from devrng._generators.saved import (
+    SEAL_KEYS,
+    Apply,
+    Facts,
+    Summary,
+    check_header,
+    identity_of,
+    is_ranked,
+    load_ranked,
+    ranked,
+    seal,
+)
 from devrng._portable import devices, ops, threefry
 from devrng._portable.ops import ENTRIES, Args, Kwargs, Op, aten_entry, entry_name, redispatch
 
@@ -135,25 +146,30 @@ class PortableRNG(TorchFunctionMode):
         """How many random ops the stream has answered (the next one is number ``counter``)."""
         return self._stream.get()[1]  # type: ignore[no-any-return]
 
-    def state_dict(self) -> dict[str, dict[str, int]]:
+    def state_dict(self) -> dict[str, dict[str, Any]]:
         """The stream's position, for checkpoints, under a key that names this process's rank.
 
         The rank in the key keeps every rank's stream apart in a
         ``torch.distributed.checkpoint`` save (``dcp.save({"rng": stream})``).
 
         Returns:
-            ``{"devrng_rank_<r>": {"seed": ..., "counter": ..., "world_size": ...}}``:
-            plain ints (``counter`` random ops answered so far).
+            ``{"devrng_rank_<r>": {"seed": ..., "counter": ..., "world_size": ...,
+            "rank": ...}}``: plain ints (``counter`` random ops answered so far), with a
+            header (``format``, ``version``, the devrng version, and a digest of it all
+            that ``load_state_dict`` checks).
 
         Examples:
             >>> rng = devrng.portable(seed=3)
             >>> with rng:
             ...     _ = torch.randn(2); _ = torch.rand(2)
-            >>> rng.state_dict()
-            {'devrng_rank_0': {'seed': 3, 'counter': 2, 'world_size': 1}}
+            >>> entry = rng.state_dict()["devrng_rank_0"]
+            >>> entry["seed"], entry["counter"], entry["world_size"]
+            (3, 2, 1)
         """
         seed, counter = self._stream.get()
-        return ranked({"seed": seed, "counter": counter, "world_size": world_size()})
+        return ranked(seal({"format": _FORMAT, "version": _VERSION, "seed": seed,
+                            "counter": counter, "world_size": world_size(),
+                            "rank": process_rank()}))
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Continue the stream saved by ``state_dict`` (checked first; nothing changes on error).
@@ -189,13 +205,13 @@ class PortableRNG(TorchFunctionMode):
             load_ranked(state_dict, what="PortableRNG.load_state_dict", read=_read_entry,
                         facts=_facts, prepare=self._prepare)
         else:
-            self._stream.set(*_parse(state_dict))
+            self._stream.set(*_parse(state_dict)[:2])
 
-    def _prepare(self, plain: tuple[int, int, int], summary: Summary
+    def _prepare(self, plain: tuple[int, int, int, int], summary: Summary
                  ) -> tuple[Apply, str | None]:
         """Check one rank's stream in a load of all ranks; the change to make."""
         what = "PortableRNG.load_state_dict"
-        seed, counter, _ = plain
+        seed, counter = plain[:2]
         if seed != self.seed and summary.world > 1:
             whose = (f"rank {summary.source}'s, at this rank's place in the saved layout, "
                      if summary.borrowed else "")
@@ -293,37 +309,54 @@ class PortableRNG(TorchFunctionMode):
                 UserWarning, stacklevel=4)
 
 
-def _parse(state_dict: Any) -> tuple[int, int]:
-    """The seed and counter of a saved stream, or a ``DevRNGError`` sentence."""
+_FORMAT = "devrng.PortableRNG"
+_VERSION = 2  # 2: with a header and a digest; the dicts without one (devrng <= 0.4) load unchecked
+_KEYS = {"seed", "counter", "world_size", "rank"}
+_OLD_KEYS = ({"seed", "counter"}, {"seed", "counter", "world_size"})
+
+
+def _parse(state_dict: Any, source: str | None = None) -> tuple[int, int, int, int]:
+    """Seed, counter, and the world size and rank recorded (-1: none) of a saved stream,
+    its digest checked if it has a header; or a ``DevRNGError`` sentence."""
+    what = "PortableRNG.load_state_dict"
     keys = set(state_dict) if isinstance(state_dict, Mapping) else None
-    if keys not in ({"seed", "counter"}, {"seed", "counter", "world_size"}):
-        got = sorted(map(str, state_dict)) if isinstance(state_dict, Mapping) \
-            else type(state_dict).__name__
+    if keys is not None and "format" in keys:
+        check_header(state_dict, tag=_FORMAT, versions=(_VERSION,), sealed_since=_VERSION,
+                     what=what, made_by="PortableRNG.state_dict()", source=source)
+        keys -= {"format", "version", *SEAL_KEYS}
+        expected: Any = (_KEYS,)
+    else:
+        expected = _OLD_KEYS
+    where = f"{what}: {source}" if source else what
+    if keys not in expected:
+        got = (f"the keys [{', '.join(sorted(map(short_repr, state_dict)))}]"
+               if isinstance(state_dict, Mapping) else repr(type(state_dict).__name__))
         raise DevRNGError(
-            f"PortableRNG.load_state_dict needs a mapping with exactly the keys 'seed' and "
-            f"'counter' (and 'world_size', from PortableRNG.state_dict()), not {got!r}."
-        )
+            f"{where} needs what PortableRNG.state_dict() returns ('seed', 'counter', "
+            "'world_size' and 'rank' under its header), or a mapping with exactly the keys "
+            f"'seed' and 'counter', not {got}.")
     try:
-        return (check_seed(state_dict["seed"], "state_dict['seed']"),
-                check_counter(state_dict["counter"], "state_dict['counter']"))
+        seed = check_seed(state_dict["seed"], "state_dict['seed']")
+        counter = check_counter(state_dict["counter"], "state_dict['counter']")
     except (TypeError, ValueError) as err:
-        raise DevRNGError(f"PortableRNG.load_state_dict: {err}") from None
+        raise DevRNGError(f"{where}: {err}") from None
+    recorded = []
+    for key, low in (("world_size", 1), ("rank", 0)):
+        value = state_dict.get(key, -1)
+        if key in state_dict and (type(value) is not int or value < low):
+            raise DevRNGError(f"{where}: its {key!r} is {short_repr(value)}; a stream's state "
+                              f"records an int of {low} or more there.")
+        recorded.append(value)
+    return seed, counter, recorded[0], recorded[1]
 
 
-def _read_entry(entry: Any) -> tuple[int, int, int]:
-    """Seed, counter and the world size recorded (-1: none) of one rank's entry."""
-    try:
-        seed, counter = _parse(entry)
-    except DevRNGError as err:
-        raise DevRNGError(f"PortableRNG.load_state_dict: its entry is not a stream's state "
-                          f"({str(err).removeprefix('PortableRNG.load_state_dict: ')})"
-                          ) from None
-    world = entry.get("world_size", -1)
-    return seed, counter, world if type(world) is int else -1
+def _read_entry(entry: Any, source: str) -> tuple[int, int, int, int]:
+    """Seed, counter, and the world size and rank recorded (-1: none) of one rank's entry."""
+    return _parse(entry, source)
 
 
-def _facts(plain: tuple[int, int, int]) -> tuple[int, int]:
-    return plain[2], identity_of(list(plain[:2]))
+def _facts(plain: tuple[int, int, int, int]) -> Facts:
+    return Facts(plain[2], identity_of(list(plain[:2])), plain[3])
 
 
 def portable(seed: int | None = None, *, strict: bool = True) -> PortableRNG:

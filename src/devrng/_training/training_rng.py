@@ -35,7 +35,9 @@ from devrng._base.seeds import (
 )
 from devrng._base.sigint import deliver, guard
 from devrng._generators.saved import (
+    SEAL_KEYS,
     Apply,
+    Facts,
     Summary,
     check_cpu_state,
     check_depth,
@@ -51,6 +53,7 @@ from devrng._generators.saved import (
     own_entry,
     ranked,
     ranks_text,
+    seal,
 )
 from devrng._generators.seeding import reseed
 from devrng._generators.snapshot import Restore, RNGState, get_rng_state, prepare_restore
@@ -70,10 +73,12 @@ __all__ = ["TrainingRNG", "generator_states", "load_training_state", "set_genera
            "tracked_loaders"]
 
 _FORMAT = "devrng.TrainingRNG"
-_VERSION = 2
+_VERSION = 3
+_SEALED_SINCE = 3  # version 3 carries a digest of its content; 1 and 2 load unchecked
 _KEYS = frozenset({"format", "version", "seed", "rank", "world_size", "rng", "generators",
                    "tracked", "loaders"})
-_KEYS_OF = {1: _KEYS - {"loaders"}, 2: _KEYS}  # version 1 (devrng 0.1) has no loader records
+# Version 1 (devrng 0.1) has no loader records; 3 (devrng 0.5) is sealed (``seal``).
+_KEYS_OF = {1: _KEYS - {"loaders"}, 2: _KEYS, 3: _KEYS | SEAL_KEYS}
 _LOADER_NAME = re.compile(r"dataloader\d+")  # the generators dataloader_kwargs() makes
 _logger = logging.getLogger("devrng")
 _ENTROPY = "drawn from OS entropy"
@@ -316,7 +321,7 @@ class TrainingRNG:
             state = own_entry(obj.state_dict())  # devrng's own objects: their plain state
             check_plain(state, f"the state of the tracked object {name!r}")
             tracked[name] = state
-        return ranked(encode({
+        return ranked(encode(seal({
             "format": _FORMAT,
             "version": _VERSION,
             "seed": self._seed,
@@ -326,7 +331,7 @@ class TrainingRNG:
             "generators": {name: g.get_state() for name, g in self._generators.items()},
             "tracked": tracked,
             "loaders": {name: describe(loader) for name, loader in self._loaders.items()},
-        }))
+        })))
 
     def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool | None = None) -> None:
         """Put back everything ``state_dict()`` saved: all of it, or, on any error, nothing.
@@ -401,7 +406,8 @@ class TrainingRNG:
                 f"{'has' if missing[0] == missing[1] else 'have'} none. Make the "
                 "TrainingRNG with strict=False to resume with those ranks' generators seeded "
                 "afresh (with a warning).")
-        loading = _Loading(self, plain, strict, _LENIENT)  # checks everything, changes nothing
+        # Checks everything, changes nothing (the header was checked when the entry was read).
+        loading = _Loading(self, plain, strict, _LENIENT, header_checked=True)
         if self._seed_chosen and loading.seed != self._seed and summary.world > 1:
             problem = (f"this TrainingRNG was made with seed {self._seed} and the checkpoint's "
                        f"run used seed {loading.seed}")
@@ -448,13 +454,13 @@ class _Loading:
     restored and of what will not be exact."""
 
     def __init__(self, rng: TrainingRNG, data: Mapping[str, Any], strict: bool,
-                 lenient: str) -> None:
+                 lenient: str, *, header_checked: bool = False) -> None:
         self.rng = rng
         self.strict = strict
         self.skipped: list[str] = []
         self.hint = "" if not strict else (
             f" Pass {lenient} to resume anyway with a warning listing what was not restored.")
-        self._check_format(data)
+        self._check_format(data, header_checked)
         self.same_rank = self._check_rank(data)
         self._check_names("generators", data["generators"], rng._generators)
         self._check_names("tracked objects", data["tracked"], rng._tracked)
@@ -495,10 +501,8 @@ class _Loading:
         return DevRNGError(f"TrainingRNG.load_state_dict: {problem}.{self.hint}")
 
     # -- check ----------------------------------------------------------------------
-    def _check_format(self, data: Any) -> None:
-        version = check_header(data, tag=_FORMAT, versions=_KEYS_OF,
-                               what="TrainingRNG.load_state_dict",
-                               made_by="TrainingRNG.state_dict()")
+    def _check_format(self, data: Any, header_checked: bool) -> None:
+        version = data["version"] if header_checked else _check_header(data)
         expected = _KEYS_OF[version]
         # Bounded before anything reads it: a small file can nest thousands deep or hold a
         # tensor claiming gigabytes (stride 0). Tracked objects' states are their own
@@ -605,19 +609,24 @@ class _Loading:
                        stacklevel=4)
 
 
-def _read_entry(entry: Any) -> Any:
-    plain = decode(entry, "TrainingRNG.load_state_dict: its entry")
-    if not isinstance(plain, Mapping) or plain.get("format") != _FORMAT:
-        tag = plain.get("format") if isinstance(plain, Mapping) else type(plain).__name__
-        raise DevRNGError("TrainingRNG.load_state_dict: its entry holds no TrainingRNG state "
-                          f"(it is tagged {short_repr(tag)}, not {_FORMAT!r}).")
+def _check_header(data: Any, source: str | None = None) -> int:
+    """The version of a saved TrainingRNG state, its digest verified (``check_header``)."""
+    return check_header(data, tag=_FORMAT, versions=_KEYS_OF, sealed_since=_SEALED_SINCE,
+                        what="TrainingRNG.load_state_dict", made_by="TrainingRNG.state_dict()",
+                        source=source)
+
+
+def _read_entry(entry: Any, source: str) -> Any:
+    plain = decode(entry, f"TrainingRNG.load_state_dict: {source}")
+    _check_header(plain, source)
     return plain
 
 
-def _facts(plain: Mapping[str, Any]) -> tuple[int, int]:
-    """The world size a plain state records (-1: none) and its run's seed, hashed."""
-    world = plain.get("world_size")
-    return (world if type(world) is int else -1), identity_of(plain.get("seed"))
+def _facts(plain: Mapping[str, Any]) -> Facts:
+    """The world size and rank a plain state records (-1: none) and its run's seed, hashed."""
+    world, rank = plain.get("world_size"), plain.get("rank")
+    return Facts(world if type(world) is int else -1, identity_of(plain.get("seed")),
+                 rank if type(rank) is int else -1)
 
 
 def generator_states(rng: TrainingRNG) -> dict[str, torch.Tensor]:
