@@ -174,10 +174,22 @@ def _entry(program: Program, **changes: Any) -> dict[str, Any]:
     return {key: buffer.getvalue()}
 
 
+def _flipped(program: Program) -> dict[str, Any]:
+    """This rank's TrainingRNG entry with one bit flipped in its CPU generator's bytes."""
+    import io
+    (key, raw), = program.rng.state_dict().items()
+    cpu = torch.load(io.BytesIO(raw), weights_only=True)["rng"]["cpu"]
+    data = bytearray(raw)
+    data[raw.find(bytes(cpu.numpy().tobytes())) + 100] ^= 1
+    return {key: bytes(data)}
+
+
 def save_forged(program: Program, root: Path) -> None:
     model, optim = get_state_dict(program.model, program.optim)
     base = {"model": model, "optim": optim}
     other_seed = devrng.TrainingRNG(SEED + 1).state_dict() if program.rank == 1 else None
+    entries: list[Any] = [None] * dist.get_world_size()  # every rank's entry, to swap them
+    dist.all_gather_object(entries, next(iter(program.rng.state_dict().values())))
     torch.manual_seed(SEED + 50)  # the forged objects above seeded: draw on from a known state
     cases: dict[str, Callable[[int], dict[str, Any]]] = {
         "corrupt": lambda r: (program.rng.state_dict() if r != 1
@@ -185,6 +197,8 @@ def save_forged(program: Program, root: Path) -> None:
         "newer": lambda r: _entry(program, version=99) if r == 0 else program.rng.state_dict(),
         "other_seed": lambda r: other_seed if r == 1 else program.rng.state_dict(),
         "missing_rank": lambda r: {} if r == 1 else program.rng.state_dict(),
+        "flipped": lambda r: _flipped(program) if r == 1 else program.rng.state_dict(),
+        "swapped": lambda r: {f"devrng_rank_{r}": entries[(r + 1) % len(entries)]},
     }
     for name, make in cases.items():
         dcp.save({**base, "rng": Forged(make)}, checkpoint_id=str(root / f"bad-{name}"))
@@ -234,7 +248,7 @@ def bad_inputs(root: Path) -> dict[str, Any]:
         ("none", Program, {}), ("none_planner", Program, {"planner": planner}),
         ("live_seed", lambda: Program(seed=SEED + 7), {}),
         ("tracked", lambda: Program(extra=True), {}),
-        ("apply_fails", Program, {}),
+        ("apply_fails", Program, {}), ("flipped", Program, {}), ("swapped", Program, {}),
     ]:
         program = make()
         ckpt = root / ("ckpt" if name in ("live_seed", "tracked", "apply_fails")

@@ -76,6 +76,8 @@ _PRIVATE: dict[str, tuple[str, str | None]] = {
     # A test changes one piece of a saved state, then seals it again (as devrng would have
     # written it) to reach the check behind the digest (tests._helpers.resealed).
     "seal": ("devrng._generators.saved", "seal"),
+    # The one formatter of values in messages, fed values no state should hold.
+    "short_repr": ("devrng._base.errors", "short_repr"),
     # The version tables, checked against pyproject.toml and made-up versions.
     "MIN_TORCH": ("devrng._versions", "MIN_TORCH"),
     "TESTED_TORCH": ("devrng._versions", "TESTED_TORCH"),

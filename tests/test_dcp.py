@@ -116,6 +116,10 @@ def _everyone(results: list[dict[str, Any]], case: str) -> list[dict[str, Any]]:
     ("live_seed", "made with seed 1241 and the checkpoint's run used seed 1234"),
     ("tracked", "'extra', which are tracked here"),
     ("apply_fails", "rank 1 of 2 could not apply .*every rank put its own back.*simulated"),
+    ("flipped", "rank 1 of 2 could not load .*the entry 'devrng_rank_1' was altered or damaged "
+                "after devrng .* wrote it"),
+    ("swapped", "rank 0 of 2 could not load .*the entry 'devrng_rank_0' holds the state that "
+                "rank 1 saved"),
 ])
 def test_bad_checkpoint_raises_on_every_rank_and_changes_nothing(jobs: Launches, case: str,
                                                                   match: str) -> None:

@@ -44,18 +44,15 @@ class DevRNGWarning(UserWarning):
     with ``warnings.simplefilter("error", devrng.DevRNGWarning)``.
 
     Examples:
-        >>> import io, warnings
-        >>> with warnings.catch_warnings():
-        ...     warnings.simplefilter("error", devrng.DevRNGWarning)
-        ...     rng = devrng.TrainingRNG(seed=1)
-        ...     entry = rng.state_dict()["devrng_rank_0"]    # this rank's plain state, saved
-        ...     state = torch.load(io.BytesIO(entry), weights_only=True)
-        ...     state["world_size"] = 2           # saved by one of two ranks
-        ...     try:
-        ...         rng.load_state_dict(state, strict=False)
-        ...     except devrng.DevRNGWarning as warning:
-        ...         print(str(warning)[:45])
-        The resumed run will not be bitwise the same
+        >>> import warnings, torch, devrng
+        >>> saved = devrng.TrainingRNG(seed=1).state_dict()
+        >>> rng = devrng.TrainingRNG(seed=1)
+        >>> _ = rng.track("noise", torch.Generator())    # tracked since the checkpoint
+        >>> with warnings.catch_warnings(record=True) as caught:
+        ...     warnings.simplefilter("always")
+        ...     rng.load_state_dict(saved, strict=False)
+        >>> print(str(caught[0].message)[:60])
+        TrainingRNG.load_state_dict(strict=False) did not restore: n
     """
 
     __module__ = "devrng"  # as DevRNGError: named where users import it from

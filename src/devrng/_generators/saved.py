@@ -45,6 +45,7 @@ import math
 import random
 import re
 from collections.abc import Callable, Collection, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -59,23 +60,24 @@ from devrng._backends.registry import (
     started_types,
 )
 from devrng._base.errors import DevRNGError, short_repr, warn_and_log
-from devrng._base.plain import hash_into
+from devrng._base.plain import exact_bytes, hash_into
 from devrng._base.rank import collective_device, dist_or_none, process_rank
 from devrng._base.seeds import MASK64
 from devrng._base.sigint import deliver, guard
 from devrng._base.version import VERSION
 from devrng._generators.undo import DeviceState, Undo
 
-__all__ = ["DIGEST", "MAX_STATE_BYTES", "PREFIX", "SEAL_KEYS", "WRITER", "Facts", "Fit",
-           "Summary", "check_cpu_state", "check_depth", "check_device_states", "check_header",
-           "check_host_parts", "check_loaded", "check_numpy_state", "check_plain",
-           "check_python_state", "cpu_state_numel", "decode", "describe", "encode", "entry_key",
-           "fit_devices", "identity_of", "is_ranked", "load_ranked", "own_entry", "parse_parts",
-           "ranked", "ranks_text", "seal", "signature"]
+__all__ = ["DIGEST", "MAX_RANKS", "MAX_STATE_BYTES", "PREFIX", "SEAL_KEYS", "WRITER", "Facts",
+           "Fit", "Summary", "check_cpu_state", "check_depth", "check_device_states",
+           "check_header", "check_host_parts", "check_loaded", "check_numpy_state", "check_plain",
+           "check_python_state", "count_problem", "cpu_state_numel", "decode", "describe",
+           "encode", "entry_key", "fit_devices", "identity_of", "is_ranked", "load_ranked",
+           "own_entry", "parse_parts", "ranked", "ranks_text", "refusing", "seal", "signature"]
 
 
 # -- what a saved state may hold -------------------------------------------------------------
 _PLAIN_LEAVES = (torch.Tensor, bool, int, float, str, type(None))
+_PLAIN = (*_PLAIN_LEAVES, list, tuple, dict)
 #: No generator state devrng knows is larger (the CPU's is 5 KB, a TPU's seed 8 bytes):
 #: a bigger tensor in a loaded file is a mistake or an attack, not a state.
 MAX_STATE_BYTES = 1 << 20
@@ -109,7 +111,7 @@ def check_depth(state: Any, what: str) -> None:
 def check_plain(state: Any, what: str) -> None:
     """Raise ``DevRNGError`` unless ``state`` is tensors, numbers, strings, lists and dicts."""
     for item in _walk(state, what):
-        if not isinstance(item, (*_PLAIN_LEAVES, list, tuple, dict)):
+        if not isinstance(item, _PLAIN):
             raise DevRNGError(
                 f"{what} is a {type(item).__name__}, which a weights-only file cannot hold; its "
                 "backend must return tensors, numbers, strings, lists or dicts."
@@ -123,8 +125,9 @@ def check_loaded(state: Any, what: str) -> None:
     storage (stride 0): comparing or hashing it later would allocate all of
     them. Such tensors are refused when the file is read.
     """
-    check_plain(state, what)
     for item in _walk(state, what):
+        if not isinstance(item, _PLAIN):
+            check_plain(item, what)  # its sentence
         if isinstance(item, torch.Tensor):
             size = item.numel() * item.element_size()
             if size > MAX_STATE_BYTES or not item.is_contiguous():
@@ -135,6 +138,46 @@ def check_loaded(state: Any, what: str) -> None:
                     + f"; generator states are compact tensors of at most {MAX_STATE_BYTES} "
                     "bytes, so this file was not written by devrng."
                 )
+
+
+#: No job has this many ranks: a saved rank or world size this large is junk.
+MAX_RANKS = 1 << 32
+
+
+def count_problem(value: Any, low: int) -> str | None:
+    """What is wrong with a rank (``low`` 0) or world size (``low`` 1) a saved state records,
+    as words that follow its name ("is -1, not an int of 0 or more"), or None.
+
+    Examples:
+        >>> count_problem([[2]], 1)
+        'is [[2]], not an int of 1 or more'
+    """
+    if type(value) is not int or value < low:
+        return f"is {short_repr(value)}, not an int of {low} or more"
+    if value >= MAX_RANKS:
+        return f"is {short_repr(value)}, more ranks than any job has"
+    return None
+
+
+@contextmanager
+def refusing(what: str) -> Iterator[None]:
+    """Turn any failure inside but an interrupt into one ``DevRNGError`` sentence: a hostile
+    state can fail a check in ways no check foresaw, and a load raises nothing else (in a
+    job of several ranks, a rank that raised anything else would leave the others waiting)."""
+    try:
+        yield
+    except DevRNGError:
+        raise
+    except Exception as err:
+        raise DevRNGError(f"{what}: the state is malformed ({type(err).__name__}: "
+                          f"{_words(err)}); load what devrng saved.") from err
+
+
+def _words(err: BaseException) -> str:
+    try:
+        return short_repr(str(err), 200)
+    except Exception:  # an exception whose str() fails too
+        return "no message"
 
 
 # -- the header every saved form carries ---------------------------------------------------------
@@ -156,20 +199,41 @@ def seal(data: Mapping[str, Any]) -> dict[str, Any]:
         ['devrng_version', 'digest', 'format', 'streams', 'version']
     """
     sealed = {**data, WRITER: VERSION}
-    sealed[DIGEST] = _digest(sealed)
+    try:
+        sealed[DIGEST] = _digest(sealed, _stand_in)
+    except ValueError as err:  # a state devrng made holds what it should not: a bug
+        raise DevRNGError(f"A {short_repr(data.get('format'))} state cannot be saved: it "
+                          f"{err}.") from None
     return sealed
 
 
-def _digest(data: Mapping[Any, Any]) -> str:
-    """SHA-256 of the exact canonical bytes (``hash_into(exact=True)``) of ``data`` without
-    its digest; ``data`` is plain and bounded (checked by the caller)."""
+def _digest(data: Mapping[Any, Any], stand_in: Callable[[Mapping[Any, Any]], bytes | None]
+            ) -> str:
+    """SHA-256 of the exact canonical bytes (``exact_bytes``) of ``data`` without its
+    digest, in which a devrng state nested in it (a ``TrainingRNG`` state's snapshot and
+    tracked streams) stands as its own digest (``stand_in``): each part is hashed once,
+    and ``_verify`` checks the nested digests too. ``ValueError`` for a hostile state."""
     h = hashlib.sha256(b"devrng saved state\0")
-    hash_into(h, {k: v for k, v in data.items() if k != DIGEST}, exact=True)
+    h.update(exact_bytes(data, stand_in=stand_in, max_depth=MAX_DEPTH, leave_out=DIGEST))
     return h.hexdigest()
 
 
+def _sealed_digest(data: Mapping[Any, Any]) -> Any:
+    """The digest of a sealed devrng state (``seal``), or None for any other dict."""
+    tag = data.get("format")
+    if DIGEST in data and WRITER in data and type(tag) is str and tag.startswith("devrng."):
+        return data[DIGEST]
+    return None
+
+
+def _stand_in(data: Mapping[Any, Any]) -> bytes | None:
+    digest = _sealed_digest(data)
+    return None if digest is None else b"D" + exact_bytes(digest, max_depth=0)
+
+
 def check_header(data: Any, *, tag: str, versions: Collection[int], sealed_since: int,
-                 what: str, made_by: str, source: str | None = None) -> int:
+                 what: str, made_by: str, source: str | None = None,
+                 covered: bool = False) -> int:
     """The version of a saved state tagged ``tag`` (``{"format": tag, "version": v, ...}``),
     once its digest is verified; or one ``DevRNGError`` sentence naming what ``data`` is
     instead. Every load of a saved form reads its header here, before anything is
@@ -177,7 +241,9 @@ def check_header(data: Any, *, tag: str, versions: Collection[int], sealed_since
 
     Versions from ``sealed_since`` on carry a digest (``seal``) and are refused without
     one; older versions load unchecked, unless they hold a digest (then it is verified:
-    a version changed by a flipped bit does not turn the check off).
+    a version changed by a flipped bit does not turn the check off). ``covered``: ``data``
+    is part of a state whose digest was verified (a snapshot inside a ``TrainingRNG``
+    state), so it carries none of its own.
 
     Examples:
         >>> state = seal({"format": "devrng.RNGState", "version": 2})
@@ -185,7 +251,8 @@ def check_header(data: Any, *, tag: str, versions: Collection[int], sealed_since
         ...              what="RNGState.from_dict", made_by="RNGState.to_dict()")
         2
     """
-    if not isinstance(data, Mapping) or data.get("format") != tag:
+    tagged = data.get("format") if isinstance(data, Mapping) else None
+    if not (type(tagged) is str and tagged == tag):
         got = (f"its format tag is {short_repr(data.get('format'))}, not {tag!r}"
                if isinstance(data, Mapping) else "it is None" if data is None
                else f"it is {short_repr(data)} (of type {type(data).__name__})")
@@ -199,7 +266,7 @@ def check_header(data: Any, *, tag: str, versions: Collection[int], sealed_since
         raise DevRNGError(f"{what}: {source or 'the state'} is version {short_repr(version)}; "
                           f"this devrng reads version{'s' if len(known) > 1 else ''} "
                           f"{', '.join(map(str, known))}.")
-    if version >= sealed_since or DIGEST in data:
+    if not covered and (version >= sealed_since or DIGEST in data):
         _verify(data, version, f"{what}: {source or 'the state'}")
     return version
 
@@ -212,22 +279,27 @@ def _verify(data: Mapping[str, Any], version: int, where: str) -> None:
                    else f"holds the digest {short_repr(stored)}, which is not one devrng writes")
         raise DevRNGError(f"{where} {problem}: it was altered or damaged after it was written "
                           f"(version {version}), so none of it is loaded. Load an intact copy.")
-    check_plain(data, where)  # bounded (depth, kinds, sizes) before it is hashed
-    for item in _walk(data, where):
-        if isinstance(item, torch.Tensor) and not _compact(item):
-            raise DevRNGError(
-                f"{where} holds a tensor of shape {short_repr(tuple(item.shape))} "
-                f"({item.numel() * item.element_size()} bytes) that is not a dense CPU tensor "
-                "whose elements lie in its own storage (it is expanded over fewer bytes), so "
-                "it was not written by devrng.")
-    try:
-        actual = _digest(data)
-    except DevRNGError:
-        raise
+    nested: list[Mapping[Any, Any]] = []  # sealed states inside, which stand as their digest
+    seen = {id(data)}  # (a file can make a dict hold itself)
+
+    def stand_in(part: Mapping[Any, Any]) -> bytes | None:
+        instead = _stand_in(part)
+        if instead is not None and id(part) not in seen:
+            seen.add(id(part))
+            nested.append(part)
+        return instead
+
+    try:  # one pass over each part, bounded and checked as it is hashed
+        altered = _digest(data, stand_in) != stored
+        while nested and not altered:
+            part = nested.pop()
+            altered = _digest(part, stand_in) != part[DIGEST]
+    except ValueError as err:
+        raise DevRNGError(f"{where} {err}, so it was not written by devrng.") from None
     except Exception as err:  # a tensor of an exotic dtype or layout a file can still hold
         raise DevRNGError(f"{where} could not be hashed ({type(err).__name__}: "
-                          f"{short_repr(str(err), 200)}), so it was not written by devrng.") from None
-    if actual != stored:
+                          f"{_words(err)}), so it was not written by devrng.") from None
+    if altered:
         writer = data.get(WRITER)
         by = f"devrng {writer}" if isinstance(writer, str) and len(writer) < 40 else "devrng"
         raise DevRNGError(
@@ -236,28 +308,21 @@ def _verify(data: Mapping[str, Any], version: int, where: str) -> None:
             "partial copy, an edit), so none of it is loaded. Load an intact copy.")
 
 
-def _compact(t: torch.Tensor) -> bool:
-    """Whether a loaded tensor's elements all lie in its own storage (not stride-0
-    expanded over a few bytes): hashing it then costs what the file holds."""
-    try:
-        return (t.layout is torch.strided and t.device.type == "cpu"
-                and t.numel() * t.element_size() <= t.untyped_storage().nbytes())
-    except Exception:  # no storage to measure (a tensor subclass, a meta tensor)
-        return False
-
-
-def signature(state: Any) -> Any:
-    """Type, shape and dtype of a state, to compare a saved state with this process's."""
+def signature(state: Any, depth: int = 0) -> Any:
+    """Type, shape and dtype of a state, to compare a saved state with this process's
+    (nestings deeper than any state's are cut: ``"..."``)."""
     if isinstance(state, torch.Tensor):
         return ("tensor", state.dtype, tuple(state.shape))
     if isinstance(state, bool):
         return "bool"
     if isinstance(state, int):
         return "int"
+    if isinstance(state, (dict, list, tuple)) and depth > MAX_DEPTH:
+        return "..."
     if isinstance(state, dict):
-        return {k: signature(v) for k, v in state.items()}
+        return {k: signature(v, depth + 1) for k, v in state.items()}
     if isinstance(state, (list, tuple)):
-        return [signature(v) for v in state]
+        return [signature(v, depth + 1) for v in state]
     return type(state).__name__
 
 
@@ -270,7 +335,7 @@ def describe(state: Any) -> str:
     if isinstance(state, int):
         return "an int"
     if isinstance(state, (dict, list, tuple)):
-        return f"a {type(state).__name__} shaped {signature(state)!r}"
+        return f"a {type(state).__name__} shaped {short_repr(signature(state), 120)}"
     return f"a {type(state).__name__}"
 
 
@@ -731,8 +796,9 @@ def load_ranked(state_dict: Mapping[str, Any], *, what: str, read: Callable[[Any
     saved_world, fingerprint = _NONE, _NONE
     if found:
         try:  # (another rank's entry, from a file of its own, is the object's to judge)
-            plain = read(entry, f"the entry {key!r}")
-            recorded = facts(plain)
+            with refusing(what):
+                plain = read(entry, f"the entry {key!r}")
+                recorded = facts(plain)
             saved_world, fingerprint = recorded.world, recorded.identity
             saved_world = _NONE if saved_world < 0 else saved_world
             _check_key(key, recorded.rank, what)
@@ -774,7 +840,8 @@ def load_ranked(state_dict: Mapping[str, Any], *, what: str, read: Callable[[Any
                       borrowed)
     apply, warning = None, None
     try:
-        apply, warning = prepare(plain, summary)
+        with refusing(what):
+            apply, warning = prepare(plain, summary)
     except DevRNGError as err:
         error = err
     failed = _reduce_min([rank if error else _NONE])[0]

@@ -28,6 +28,7 @@ from devrng._generators.saved import (
     Summary,
     check_header,
     check_plain,
+    count_problem,
     decode,
     encode,
     identity_of,
@@ -35,6 +36,7 @@ from devrng._generators.saved import (
     load_ranked,
     ranked,
     ranks_text,
+    refusing,
     seal,
 )
 from devrng._generators.snapshot import RNGState, parse_state, prepare_restore, snapshot
@@ -281,7 +283,9 @@ class RNGStreams:
                 load_ranked(state_dict, what="RNGStreams.load_state_dict", read=_read_entry,
                             facts=_facts, prepare=self._prepare)
             else:
-                self._streams = _parse(state_dict, _check_header(state_dict))
+                with refusing("RNGStreams.load_state_dict"):
+                    loaded = _parse(state_dict, _check_header(state_dict))
+                self._streams = loaded
         finally:
             deliver()
 
@@ -348,10 +352,10 @@ def _recorded(plain: Mapping[str, Any], key: str) -> int:
         return -1
     value = plain[key]
     what, low = ("world size", 1) if key == "world_size" else ("rank", 0)
-    if type(value) is not int or value < low:
-        raise DevRNGError(f"RNGStreams.load_state_dict: the saved {what} is {short_repr(value)}, "
-                          f"not an int of {low} or more.")
-    return value
+    problem = count_problem(value, low)
+    if problem is not None:
+        raise DevRNGError(f"RNGStreams.load_state_dict: the saved {what} {problem}.")
+    return int(value)
 
 
 def _parse(state_dict: Mapping[str, Any], version: int) -> dict[str, _Stream]:

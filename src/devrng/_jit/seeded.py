@@ -23,7 +23,7 @@ from devrng._base.errors import DevRNGError, short_repr
 from devrng._base.lazy import load
 from devrng._base.seeds import MASK64, check_counter, check_seed, nth_seed
 from devrng._base.sigint import interrupt_in, raised_count
-from devrng._generators.saved import SEAL_KEYS, check_header, seal
+from devrng._generators.saved import SEAL_KEYS, check_header, refusing, seal
 from devrng._jit.compilers.runner import MakeRunner, Runner, input_types
 
 __all__ = ["COMPILER_NAMES", "SeededFunction", "auto_compiler", "seeded_jit"]
@@ -260,31 +260,37 @@ class SeededFunction(Generic[R]):
             >>> step.state_dict()["counter"]
             1
         """
-        keys = set(state_dict) if isinstance(state_dict, Mapping) else None
-        if keys is not None and "format" in keys:
-            check_header(state_dict, tag=_FORMAT, versions=(_VERSION,), sealed_since=_VERSION,
-                         what="SeededFunction.load_state_dict",
-                         made_by="SeededFunction.state_dict()")
-            keys -= {"format", "version", *SEAL_KEYS}
-        if keys != {"base_seed", "counter"}:
-            got = (f"a mapping with the keys {', '.join(sorted(map(short_repr, state_dict)))}"
-                   if isinstance(state_dict, Mapping) else f"a {type(state_dict).__name__}")
-            raise DevRNGError(
-                f"load_state_dict needs what SeededFunction.state_dict() returns, or a mapping "
-                f"with exactly the keys 'base_seed' and 'counter', not {got}."
-            )
-        try:
-            base = check_seed(state_dict["base_seed"], "state_dict['base_seed']")
-            counter = check_counter(state_dict["counter"], "state_dict['counter']")
-        except (TypeError, ValueError) as err:
-            raise DevRNGError(f"SeededFunction.load_state_dict: {err}") from None
+        with refusing("SeededFunction.load_state_dict"):
+            base, counter = _parse_state(state_dict)
         self._base_seed = base
-        self._counter = int(counter)
+        self._counter = counter
 
     def __repr__(self) -> str:
         name = getattr(self._fn, "__qualname__", repr(self._fn))
         return (f"seeded_jit({name}, backend={self._backend!r}, base_seed={self._base_seed}, "
                 f"counter={self._counter}, compile_count={self.compile_count})")
+
+
+def _parse_state(state_dict: Any) -> tuple[int, int]:
+    """Base seed and counter of a saved ``SeededFunction`` state, its digest checked if it
+    has a header; or a ``DevRNGError`` sentence."""
+    keys = set(state_dict) if isinstance(state_dict, Mapping) else None
+    if keys is not None and "format" in keys:
+        check_header(state_dict, tag=_FORMAT, versions=(_VERSION,), sealed_since=_VERSION,
+                     what="SeededFunction.load_state_dict", made_by="SeededFunction.state_dict()")
+        keys -= {"format", "version", *SEAL_KEYS}
+    if keys != {"base_seed", "counter"}:
+        got = (f"a mapping with the keys {', '.join(sorted(map(short_repr, state_dict)))}"
+               if isinstance(state_dict, Mapping) else f"a {type(state_dict).__name__}")
+        raise DevRNGError(
+            f"load_state_dict needs what SeededFunction.state_dict() returns, or a mapping "
+            f"with exactly the keys 'base_seed' and 'counter', not {got}."
+        )
+    try:
+        return (check_seed(state_dict["base_seed"], "state_dict['base_seed']"),
+                check_counter(state_dict["counter"], "state_dict['counter']"))
+    except (TypeError, ValueError) as err:
+        raise DevRNGError(f"SeededFunction.load_state_dict: {err}") from None
 
 
 @overload

@@ -41,10 +41,12 @@ from devrng._generators.saved import (
     Facts,
     Summary,
     check_header,
+    count_problem,
     identity_of,
     is_ranked,
     load_ranked,
     ranked,
+    refusing,
     seal,
 )
 from devrng._portable import devices, ops, threefry
@@ -318,6 +320,11 @@ _OLD_KEYS = ({"seed", "counter"}, {"seed", "counter", "world_size"})
 def _parse(state_dict: Any, source: str | None = None) -> tuple[int, int, int, int]:
     """Seed, counter, and the world size and rank recorded (-1: none) of a saved stream,
     its digest checked if it has a header; or a ``DevRNGError`` sentence."""
+    with refusing("PortableRNG.load_state_dict"):
+        return _parse_checked(state_dict, source)
+
+
+def _parse_checked(state_dict: Any, source: str | None) -> tuple[int, int, int, int]:
     what = "PortableRNG.load_state_dict"
     keys = set(state_dict) if isinstance(state_dict, Mapping) else None
     if keys is not None and "format" in keys:
@@ -342,11 +349,10 @@ def _parse(state_dict: Any, source: str | None = None) -> tuple[int, int, int, i
         raise DevRNGError(f"{where}: {err}") from None
     recorded = []
     for key, low in (("world_size", 1), ("rank", 0)):
-        value = state_dict.get(key, -1)
-        if key in state_dict and (type(value) is not int or value < low):
-            raise DevRNGError(f"{where}: its {key!r} is {short_repr(value)}; a stream's state "
-                              f"records an int of {low} or more there.")
-        recorded.append(value)
+        problem = count_problem(state_dict.get(key), low) if key in state_dict else None
+        if problem is not None:
+            raise DevRNGError(f"{where}: its {key!r} {problem}.")
+        recorded.append(state_dict.get(key, -1))
     return seed, counter, recorded[0], recorded[1]
 
 

@@ -44,6 +44,7 @@ from devrng._generators.saved import (
     check_header,
     check_loaded,
     check_plain,
+    count_problem,
     decode,
     encode,
     fit_devices,
@@ -53,10 +54,11 @@ from devrng._generators.saved import (
     own_entry,
     ranked,
     ranks_text,
+    refusing,
     seal,
 )
 from devrng._generators.seeding import reseed
-from devrng._generators.snapshot import Restore, RNGState, get_rng_state, prepare_restore
+from devrng._generators.snapshot import Restore, get_rng_state, prepare_restore, read_snapshot
 from devrng._generators.undo import Undo
 from devrng._training.determinism import DeterministicHandle
 from devrng._training.determinism import deterministic as turn_on_determinism
@@ -435,7 +437,8 @@ def load_training_state(rng: TrainingRNG, state_dict: Mapping[str, Any], *, stri
     integrations': ``DevRNGCallback(strict=False)``, ...)."""
     try:
         check_flags(strict=strict)
-        loading = _Loading(rng, state_dict, strict, lenient)  # checks everything, changes nothing
+        with refusing("TrainingRNG.load_state_dict"):  # checks everything, changes nothing
+            loading = _Loading(rng, state_dict, strict, lenient)
         with Undo("TrainingRNG.load_state_dict") as undo:
             loading.apply(undo)
     finally:
@@ -476,7 +479,9 @@ class _Loading:
         rank = process_rank()
         self.reseed_seed = (reseed_seed(self.seed, rank) if self.same_rank
                             else rank_seed(self.seed, rank))
-        state = RNGState.from_dict(data["rng"], source="the saved global RNG state")
+        # A sealed state's digest, verified above, covers its snapshot: not verified again.
+        state = read_snapshot(data["rng"], source="the saved global RNG state",
+                              covered=data["version"] >= _SEALED_SINCE)
         for name, saved in self.generators.items():
             if name in rng._generators:
                 try:
@@ -506,10 +511,12 @@ class _Loading:
         expected = _KEYS_OF[version]
         # Bounded before anything reads it: a small file can nest thousands deep or hold a
         # tensor claiming gigabytes (stride 0). Tracked objects' states are their own
-        # business, only their nesting is bounded.
-        check_loaded({k: v for k, v in data.items() if k != "tracked"},
-                     "TrainingRNG.load_state_dict: the state")
-        check_depth(data.get("tracked"), "TrainingRNG.load_state_dict: the tracked states")
+        # business, only their nesting is bounded. (An entry was bounded, all of it, when
+        # it was read: ``decode``.)
+        if not header_checked:
+            check_loaded({k: v for k, v in data.items() if k != "tracked"},
+                         "TrainingRNG.load_state_dict: the state")
+            check_depth(data.get("tracked"), "TrainingRNG.load_state_dict: the tracked states")
         keys = set(data)
         if keys != expected:
             extra = sorted(map(short_repr, keys - expected))
@@ -524,9 +531,9 @@ class _Loading:
         """Whether ``data`` was saved by this rank (with ``strict``: and world size)."""
         saved_rank, saved_world = data["rank"], data["world_size"]
         for what, value, low in (("world size", saved_world, 1), ("rank", saved_rank, 0)):
-            if type(value) is not int or value < low:
-                raise DevRNGError(f"TrainingRNG.load_state_dict: the saved {what} is "
-                                  f"{short_repr(value)}, not an int of {low} or more.")
+            problem = count_problem(value, low)
+            if problem is not None:
+                raise DevRNGError(f"TrainingRNG.load_state_dict: the saved {what} {problem}.")
         if saved_rank >= saved_world:
             raise DevRNGError(f"TrainingRNG.load_state_dict: the saved rank {saved_rank} is not "
                               f"a rank of the saved world size {saved_world}.")
@@ -571,7 +578,8 @@ class _Loading:
                 # A StatefulDataLoader takes {} or None and silently starts the epoch over.
                 raise DevRNGError(
                     f"TrainingRNG.load_state_dict: the saved state of the tracked object "
-                    f"{name!r} is {saved!r}, which would start it afresh; it was saved before "
+                    f"{name!r} is {short_repr(saved)}, which would start it afresh; it was saved "
+                    "before "
                     "the object had a state, or by another program."
                 )
 
@@ -624,9 +632,10 @@ def _read_entry(entry: Any, source: str) -> Any:
 
 def _facts(plain: Mapping[str, Any]) -> Facts:
     """The world size and rank a plain state records (-1: none) and its run's seed, hashed."""
-    world, rank = plain.get("world_size"), plain.get("rank")
-    return Facts(world if type(world) is int else -1, identity_of(plain.get("seed")),
-                 rank if type(rank) is int else -1)
+    world: Any = plain.get("world_size")
+    rank: Any = plain.get("rank")
+    return Facts(world if count_problem(world, 1) is None else -1,
+                 identity_of(plain.get("seed")), rank if count_problem(rank, 0) is None else -1)
 
 
 def generator_states(rng: TrainingRNG) -> dict[str, torch.Tensor]:
