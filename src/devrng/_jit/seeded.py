@@ -22,7 +22,7 @@ from devrng._backends.host import draw_seed
 from devrng._base.errors import DevRNGError, short_repr
 from devrng._base.lazy import load
 from devrng._base.seeds import MASK64, check_counter, check_seed, nth_seed
-from devrng._base.sigint import interrupt_in, raised_count
+from devrng._base.sigint import deliver, guard, interrupt_in, raised_count
 from devrng._generators.saved import SEAL_KEYS, check_header, refusing, seal
 from devrng._jit.compilers.runner import MakeRunner, Runner, input_types
 
@@ -260,15 +260,21 @@ class SeededFunction(Generic[R]):
             >>> step.state_dict()["counter"]
             1
         """
-        with refusing("SeededFunction.load_state_dict"):
-            base, counter = _parse_state(state_dict)
-        self._base_seed = base
-        self._counter = counter
+        try:  # guarded: a Ctrl-C never leaves the seed stream half set
+            with refusing("SeededFunction.load_state_dict"):
+                base, counter = _parse_state(state_dict)
+            self._base_seed = base
+            self._counter = counter
+        finally:
+            deliver()
 
     def __repr__(self) -> str:
         name = getattr(self._fn, "__qualname__", repr(self._fn))
         return (f"seeded_jit({name}, backend={self._backend!r}, base_seed={self._base_seed}, "
                 f"counter={self._counter}, compile_count={self.compile_count})")
+
+
+guard(SeededFunction.load_state_dict)
 
 
 def _parse_state(state_dict: Any) -> tuple[int, int]:

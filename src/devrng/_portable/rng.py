@@ -35,6 +35,7 @@ from devrng._base.errors import DevRNGError, check_flags, short_repr
 from devrng._base.lazy import load
 from devrng._base.rank import process_rank, world_size
 from devrng._base.seeds import MASK64, check_counter, check_seed
+from devrng._base.sigint import deliver, guard
 from devrng._generators.saved import (
     SEAL_KEYS,
     Apply,
@@ -203,11 +204,14 @@ class PortableRNG(TorchFunctionMode):
             >>> rng.seed, rng.counter
             (3, 2)
         """
-        if is_ranked(state_dict):
-            load_ranked(state_dict, what="PortableRNG.load_state_dict", read=_read_entry,
-                        facts=_facts, prepare=self._prepare)
-        else:
-            self._stream.set(*_parse(state_dict)[:2])
+        try:  # guarded: a Ctrl-C never leaves the stream half set
+            if is_ranked(state_dict):
+                load_ranked(state_dict, what="PortableRNG.load_state_dict", read=_read_entry,
+                            facts=_facts, prepare=self._prepare)
+            else:
+                self._stream.set(*_parse(state_dict)[:2])
+        finally:
+            deliver()
 
     def _prepare(self, plain: tuple[int, int, int, int], summary: Summary
                  ) -> tuple[Apply, str | None]:
@@ -315,6 +319,9 @@ _FORMAT = "devrng.PortableRNG"
 _VERSION = 2  # 2: with a header and a digest; the dicts without one (devrng <= 0.4) load unchecked
 _KEYS = {"seed", "counter", "world_size", "rank"}
 _OLD_KEYS = ({"seed", "counter"}, {"seed", "counter", "world_size"})
+
+
+guard(PortableRNG.load_state_dict)
 
 
 def _parse(state_dict: Any, source: str | None = None) -> tuple[int, int, int, int]:
