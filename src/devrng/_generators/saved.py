@@ -1,8 +1,11 @@
 """Saved states: whether one is valid (one owner of every check), and one entry per rank.
 
 Every state devrng reads back -- a snapshot, a ``TrainingRNG``, ``RNGStreams``
-or ``PortableRNG`` checkpoint, a rank's broadcast -- is checked here before
-anything changes: its header (``check_header``); that it is plain data a
+or ``PortableRNG`` checkpoint, a ``seeded_jit`` function's state, a rank's
+broadcast -- is checked here before anything changes: its header and its digest
+(``check_header``: every saved form is ``seal``-ed with the devrng version that
+wrote it and a SHA-256 of its exact content, so a flipped bit, a partial copy or
+an edit is refused, never read as another state); that it is plain data a
 weights-only file holds, of plausible size and nesting (``check_loaded``); that
 its CPU, Python and NumPy parts would install working generators
 (``check_cpu_state`` and its siblings: NumPy does not range-check its MT19937

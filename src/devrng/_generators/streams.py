@@ -260,8 +260,9 @@ class RNGStreams:
 
         Raises:
             DevRNGError: ``state_dict`` is not such a dict, a part is malformed,
-                or (in a job of several processes) the state of some rank does not
-                fit (the message names the rank).
+                it was changed after it was saved (its digest), or (in a job of
+                several processes) the state of some rank does not fit (the message
+                names the rank).
             RuntimeError: A stream is forked right now.
 
         Examples:
@@ -374,7 +375,7 @@ def _parse(state_dict: Mapping[str, Any], version: int) -> dict[str, _Stream]:
                               "stream names are non-empty strings.")
         shown = short_repr(name)
         if not isinstance(entry, Mapping) or not {"seed", "cpu", "devices"} <= set(entry):
-            got = (f"the keys {short_repr(sorted(map(str, entry)))}"
+            got = (f"the keys {', '.join(sorted(map(short_repr, entry)))}"
                    if isinstance(entry, Mapping) else short_repr(entry))
             raise DevRNGError(
                 f"Stream {shown} in the RNGStreams state dict is malformed: it is {got}, and "

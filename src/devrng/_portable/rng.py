@@ -192,9 +192,9 @@ class PortableRNG(TorchFunctionMode):
                 "counter": ...}``.
 
         Raises:
-            DevRNGError: The keys are not ``seed`` and ``counter`` (and
-                ``world_size``), the seed is not an int in ``[0, 2**64)`` or the
-                counter not one in ``[0, 2**63)``; or, in a job of several
+            DevRNGError: The keys are not those, the seed is not an int in
+                ``[0, 2**64)`` or the counter not one in ``[0, 2**63)``, the state
+                was changed after it was saved (its digest); or, in a job of several
                 processes, the state of some rank does not fit (the message names
                 the rank).
 

@@ -305,7 +305,9 @@ class TrainingRNG:
         The bytes are what ``torch.save`` makes of a versioned dict of plain
         data (``torch.load(io.BytesIO(b), weights_only=True)`` reads it): the
         global generators (CPU, every started device, Python, NumPy), every
-        DataLoader generator and every tracked object's state. The rank in the
+        DataLoader generator and every tracked object's state, with the devrng
+        version and a SHA-256 digest of it all, which ``load_state_dict``
+        verifies before anything changes. The rank in the
         key keeps every rank's state apart in a ``torch.distributed.checkpoint``
         save (``dcp.save({"rng": rng, ...})``), and the state is taken when this
         is called (also by ``dcp.async_save``). Save one per rank with
@@ -369,8 +371,9 @@ class TrainingRNG:
             DevRNGError: The state does not fit (another format or version,
                 missing or unknown keys, other devices, rank, world size or
                 tracked names with ``strict=True``, another run's seed, a corrupt
-                generator state) -- here or, in a job of several processes, on
-                any rank. Nothing changed on any rank.
+                generator state, a state changed after it was saved: its digest)
+                -- here or, in a job of several processes, on any rank. Nothing
+                changed on any rank.
 
         Examples:
             >>> rng = devrng.TrainingRNG(seed=5)
