@@ -1,6 +1,7 @@
 """Checkpoint costs: TrainingRNG's state next to a small model checkpoint, what a resumed
 run pays devrng (the state round trip with a tracked loader, the per-epoch seed for
-workers kept across epochs) next to one training step, and activation checkpointing on
+workers kept across epochs) next to one training step, the digest of a saved state next
+to the round trip it is part of, and activation checkpointing on
 XLA through patch_torch() next to torch_xla's own checkpoint.
 
     python -m benchmarks.bench_training [--quick]
@@ -196,6 +197,47 @@ def _stepper(rng: Any, loader: Any, model: torch.nn.Module, opt: Any) -> Any:
     return step
 
 
+def bench_digest(number: int, rounds: int) -> list[Row]:
+    """The digest every saved state carries, on a TrainingRNG state with a tracked DataLoader
+    (about 23 KB): made when the state is saved, verified when it is loaded, each next to the
+    in-memory state round trip (``state_dict`` + ``load_state_dict``) it is part of."""
+    from devrng._generators.saved import check_header, seal  # the digest alone, not public
+
+    rng = devrng.TrainingRNG(seed=0)
+    rng.track("loader", torch.utils.data.DataLoader(range(64), batch_size=32, shuffle=True,
+                                                    **rng.dataloader_kwargs()))
+    rng.track("step", devrng.seeded_jit(lambda x: x, backend="eager"))
+    (entry,) = rng.state_dict().values()
+    plain = torch.load(io.BytesIO(entry), weights_only=True)
+    content = {k: v for k, v in plain.items() if k not in ("devrng_version", "digest")}
+
+    def verify() -> None:
+        check_header(plain, tag=plain["format"], versions=(plain["version"],),
+                     sealed_since=plain["version"], what="bench", made_by="bench")
+
+    def round_trip() -> None:
+        rng.load_state_dict(rng.state_dict())
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as bench_resume_overhead: the round trip is its peer here
+    try:
+        m = interleaved({"seal": lambda: seal(content), "verify": verify, "trip": round_trip},
+                        number=number, rounds=rounds)
+    finally:
+        torch.set_num_threads(threads)
+    peer = "the state round trip it is part of (state_dict + load_state_dict, 1 thread)"
+    note = (f"informational: SHA-256 over the exact bytes of a {len(entry)}-byte TrainingRNG "
+            "state (once per save; a load verifies this and the snapshot inside it)")
+    return [
+        {"case": "digest: seal a TrainingRNG state when it is saved", "devrng_us": m["seal"],
+         "peer": peer, "peer_us": m["trip"], "ratio": m["seal"] / m["trip"], "target": None,
+         "note": note},
+        {"case": "digest: verify a TrainingRNG state before it is loaded",
+         "devrng_us": m["verify"], "peer": peer, "peer_us": m["trip"],
+         "ratio": m["verify"] / m["trip"], "target": None, "note": note},
+    ]
+
+
 def bench_checkpoint_xla(number: int, rounds: int) -> list[Row]:
     """A training step whose two blocks are activation-checkpointed (dropout inside), on XLA:
     torch.utils.checkpoint through devrng.patch_torch() vs torch_xla.utils.checkpoint."""
@@ -251,7 +293,7 @@ def run(quick: bool = False) -> list[Row]:
         torch_xla.device()
     number, rounds = (5, 2) if quick else (200, 9)
     return (bench_state(number, rounds) + bench_resume_overhead(number, rounds)
-            + bench_flight(max(1, number // 4), rounds)
+            + bench_flight(max(1, number // 4), rounds) + bench_digest(number, rounds)
             + bench_checkpoint_xla(max(1, number // 4), rounds))
 
 

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from tests._helpers import resealed
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
@@ -181,12 +182,23 @@ def _plain(entry: dict[str, Any]) -> dict[str, Any]:
 
 
 def _changed(entry: dict[str, Any], **changes: Any) -> dict[str, Any]:
-    """A TrainingRNG entry with ``changes`` made to its plain state."""
+    """A TrainingRNG entry with ``changes`` made to its plain state, sealed again (so that a
+    load reaches the checks behind the digest)."""
     import io
     (key, _), = entry.items()
     buffer = io.BytesIO()
-    torch.save({**_plain(entry), **changes}, buffer)
+    torch.save(resealed({**_plain(entry), **changes}), buffer)
     return {key: buffer.getvalue()}
+
+
+def _flipped(entry: dict[str, Any]) -> dict[str, Any]:
+    """A TrainingRNG entry with one bit flipped in its CPU generator's bytes."""
+    import io
+    (key, raw), = entry.items()
+    cpu = torch.load(io.BytesIO(raw), weights_only=True)["rng"]["cpu"]
+    data = bytearray(raw)
+    data[raw.find(bytes(cpu.numpy().tobytes())) + 100] ^= 1
+    return {key: bytes(data)}
 
 
 def save_forged(program: Program, root: Path) -> None:
@@ -200,6 +212,9 @@ def save_forged(program: Program, root: Path) -> None:
     # Another run's state on rank 1, under this save's identity: the seeds tell them apart.
     other_seed = _changed(other, save=_plain(own)["save"])
     newer = _changed(own, version=99)
+    flipped = _flipped(own)
+    entries: list[Any] = [None] * dist.get_world_size()  # every rank's entry, to swap them
+    dist.all_gather_object(entries, next(iter(own.values())))
     torch.manual_seed(SEED + 50)  # the forged objects above seeded: draw on from a known state
     cases: dict[str, Callable[[int], dict[str, Any]]] = {
         "corrupt": lambda r: own if r != 1 else {"devrng_rank_1": b"PK\x03\x04 not a zip archive"},
@@ -209,6 +224,8 @@ def save_forged(program: Program, root: Path) -> None:
         # What a directory overwritten in place holds when rank 1 died before writing its
         # file (and the entries' sizes let the old metadata read rank 0's new file).
         "mixed": lambda r: later if r == 0 else own,
+        "flipped": lambda r: flipped if r == 1 else own,
+        "swapped": lambda r: {f"devrng_rank_{r}": entries[(r + 1) % len(entries)]},
     }
     for name, make in cases.items():
         dcp.save({**base, "rng": Forged(make)}, checkpoint_id=str(root / f"bad-{name}"))
@@ -269,7 +286,8 @@ def bad_inputs(root: Path) -> dict[str, Any]:
         ("none_partial", Program, {"planner": partial}), ("mixed", Program, {}),
         ("live_seed", lambda: Program(seed=SEED + 7), {}),
         ("tracked", lambda: Program(extra=True), {}),
-        ("apply_fails", Program, {}), ("pair", Program, {}),
+        ("apply_fails", Program, {}), ("pair", Program, {}), ("flipped", Program, {}),
+        ("swapped", Program, {}),
     ]:
         program = make()
         ckpt = root / ("ckpt" if name in ("live_seed", "tracked", "apply_fails", "pair")

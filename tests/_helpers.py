@@ -140,6 +140,31 @@ def install_plugin(where: Path, entry: str, source: str, *, name: str = "devrng-
 
 
 
+def resealed(state: Any) -> Any:
+    """``state`` -- a saved state a test changed a piece of -- with the digest of every devrng
+    state in it made again, innermost first, as if devrng had written it so: loading it then
+    reaches the checks behind the digest."""
+    from tests import _internals
+
+    if isinstance(state, list):
+        return [resealed(item) for item in state]
+    if not isinstance(state, dict):
+        return state
+    inner = {k: resealed(v) for k, v in state.items()}
+    if "digest" not in state:
+        return inner
+    inner.pop("digest")
+    inner.pop("devrng_version", None)
+    return _internals.seal(inner)
+
+
+def unsealed(state: dict[str, Any], version: int) -> dict[str, Any]:
+    """``state`` as a devrng before 0.5 wrote it: version ``version``, with no digest (such
+    states load unchecked)."""
+    return {**{k: v for k, v in state.items() if k not in ("digest", "devrng_version")},
+            "version": version}
+
+
 def plain_state(state_dict: Mapping[str, Any]) -> Any:
     """The plain state inside what a devrng object's ``state_dict()`` returns,
     ``{"devrng_rank_<r>": entry}``: the entry's bytes read as ``torch.load`` reads them, or

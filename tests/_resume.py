@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 from tests._datasets import Augmented, small_model
-from tests._helpers import plain_state
+from tests._helpers import plain_state, resealed
 
 import devrng
 
@@ -196,7 +196,7 @@ def _dropped(drop: str | None, saved: dict[str, Any], rng: Any) -> tuple[dict[st
         del saved["tracked"]["train_step"]
     else:  # "global": this process's own global generators instead of the saved ones
         saved["rng"] = plain_state(rng.state_dict())["rng"]
-    return saved, False
+    return resealed(saved), False
 
 
 def _plain_worker_init(worker_id: int) -> None:

@@ -141,6 +141,10 @@ def _everyone(results: list[dict[str, Any]], case: str) -> list[dict[str, Any]]:
     ("pair", r"PortableRNG.load_state_dict: this stream has seed 78 and the checkpoint's has "
              r"seed 77.* The devrng values this dcp.load loaded before it \('rng'\) were put "
              r"back as well\."),
+    ("flipped", "rank 1 of 2 could not load .*the entry 'devrng_rank_1' was altered or damaged "
+                "after devrng .* wrote it"),
+    ("swapped", "rank 0 of 2 could not load .*the entry 'devrng_rank_0' holds the state that "
+                "rank 1 saved"),
 ])
 def test_bad_checkpoint_raises_on_every_rank_and_changes_nothing(jobs: Launches, case: str,
                                                                   match: str) -> None:

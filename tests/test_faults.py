@@ -36,6 +36,7 @@ from tests._helpers import (
     generators_of,
     install_plugin,
     plain_state,
+    resealed,
     run_env,
     run_python,
     set_environ,
@@ -128,7 +129,7 @@ def test_hostile_numpy_states_are_refused_in_a_subprocess(case: str, tmp_path: P
     data = devrng.get_rng_state(devices=[]).to_dict()
     data["numpy"][field] = value
     path = tmp_path / "hostile.rng"
-    torch.save(data, path)
+    torch.save(resealed(data), path)  # sealed again: the check behind the digest
     out = run_python(f"""
         import numpy as np, devrng
         before = np.random.get_state(legacy=False)
@@ -156,7 +157,7 @@ def test_python_gauss_cache_must_be_a_finite_float(gauss: Any, message: str) -> 
     data["python"][2] = gauss
     before = random.getstate()
     with pytest.raises(DevRNGError, match=message):
-        devrng.RNGState.from_dict(data)
+        devrng.RNGState.from_dict(resealed(data))
     assert random.getstate() == before
 
 
@@ -176,6 +177,7 @@ import random, sys
 import numpy as np, torch
 from hypothesis import given, settings, strategies as st, HealthCheck
 import devrng
+from tests._helpers import resealed
 
 valid = devrng.get_rng_state(devices=[]).to_dict()
 leaves = st.one_of(
@@ -223,7 +225,8 @@ def attempt(data):
           suppress_health_check=list(HealthCheck))
 @given(st.one_of(trees, st.tuples(st.sampled_from(paths), trees).map(lambda pv: mutate(*pv))))
 def fuzz(data):
-    attempt(data)
+    # Sealed again, as devrng would have written it: the checks behind the digest are fuzzed.
+    attempt(resealed(data) if isinstance(data, dict) else data)
 
 fuzz()
 print("refused", checked[0])
@@ -234,6 +237,237 @@ def test_fuzzed_hostile_snapshots_never_crash_or_half_apply() -> None:
     out = run_python(FUZZ, args=["400"], timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr  # a segfault is -11 here
     assert int(out.stdout.split()[-1]) > 100  # most fuzzed inputs are refused, not accepted
+
+
+# ----------------------------------------------------------------------------- saved bytes
+def _fuzzed(count: int, seed: int) -> dict[str, Any]:
+    """``tests._fuzz``'s report for ``count`` changed inputs of each saved form, run in a
+    child (a crash there is a failure here, not the end of the suite)."""
+    import json
+
+    out = run_python("tests._fuzz", module=True, args=[str(count), str(seed)], timeout=3600)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]  # a segfault is -11
+    report: dict[str, Any] = json.loads(out.stdout.splitlines()[-1])
+    return report
+
+
+def _assert_nothing_slipped_through(report: dict[str, Any]) -> int:
+    """Every changed input refused with a sentence that changed nothing, or loaded as exactly
+    the intact state; returns how many inputs there were."""
+    for form, seen in report.items():
+        tally = seen["tally"]
+        for bad in ("raw", "changed", "half", "mute"):
+            assert not tally.get(bad), (form, bad, seen["examples"].get(bad))
+        if form == "swapped entries":
+            assert tally == {"refused": seen["inputs"]}, tally
+            continue
+        assert tally["refused"] > seen["inputs"] // 2, (form, tally)
+        # A bit flipped in a CPU generator's bytes is always refused, never another state.
+        assert not tally.get("flip_hot:same"), (form, tally)
+        if form in ("snapshot file", "TrainingRNG entry", "RNGStreams entry"):  # bytes
+            assert tally["flip_hot:refused"] > 0 and not tally.get("accepted"), (form, tally)
+    return sum(seen["inputs"] for seen in report.values())
+
+
+def test_fuzzed_saved_forms_are_refused_or_loaded_exactly() -> None:
+    """A few hundred changed inputs of each saved form (files and entries with bits flipped,
+    cut short, extended; dicts with values, keys or the digest changed, some sealed again):
+    no other exception, nothing half-applied, no changed state accepted."""
+    assert _assert_nothing_slipped_through(_fuzzed(250, seed=1)) >= 2000
+
+
+@pytest.mark.slow
+def test_twenty_thousand_fuzzed_saved_forms_are_refused_or_loaded_exactly() -> None:
+    assert _assert_nothing_slipped_through(_fuzzed(2250, seed=2)) >= 20_000
+
+
+def _flipped(data: bytes, at: int, bit: int = 0) -> bytes:
+    out = bytearray(data)
+    out[at] ^= 1 << bit
+    return bytes(out)
+
+
+def _cpu_bytes_at(data: bytes, cpu: torch.Tensor) -> int:
+    at = data.find(bytes(cpu.numpy().tobytes()))
+    assert at >= 0
+    return at
+
+
+def test_every_flipped_bit_in_a_saved_snapshots_cpu_state_is_refused(tmp_path: Path) -> None:
+    """torch's zip reader checks no CRC: one flipped bit in the CPU generator's bytes loaded as
+    another state in 200 of 200 tries before files carried a digest."""
+    snap = devrng.get_rng_state(devices=[])
+    path = tmp_path / "s.rng"
+    snap.save(path)
+    data = path.read_bytes()
+    at = _cpu_bytes_at(data, snap.cpu)
+    torch.rand(1)
+    before = generator_states()
+    for i in range(0, snap.cpu.numel(), 25):  # 203 flips over the whole state
+        path.write_bytes(_flipped(data, at + i, i % 8))
+        with pytest.raises(DevRNGError, match=r"s\.rng' was altered or damaged after devrng "
+                           rf"{devrng.__version__} wrote it: its content does not match the "
+                           r"SHA-256 digest written with it .*none of it is loaded\."):
+            devrng.set_rng_state(devrng.RNGState.load(path))
+    assert generator_states() == before
+
+
+def test_a_version_1_file_loads_unchecked_so_the_same_flip_is_another_state(
+        tmp_path: Path) -> None:
+    """Files of devrng 0.4 and before (version 1, no digest) still load, unchecked, as the docs
+    say: the flip the digest refuses above loads there as another state."""
+    from tests._helpers import unsealed
+
+    snap = devrng.get_rng_state(devices=[])
+    path = tmp_path / "old.rng"
+    torch.save(unsealed(snap.to_dict(), 1), path)
+    data = path.read_bytes()
+    path.write_bytes(_flipped(data, _cpu_bytes_at(data, snap.cpu) + 1000, 3))
+    loaded = devrng.RNGState.load(path)
+    assert loaded != snap and not torch.equal(loaded.cpu, snap.cpu)
+    torch.save(unsealed(snap.to_dict(), 1), path)
+    assert devrng.RNGState.load(path) == snap
+
+
+def test_a_flipped_bit_in_each_kind_of_entry_is_refused_naming_the_entry() -> None:
+    rng = devrng.TrainingRNG(seed=4)
+    streams = devrng.RNGStreams()
+    streams.add("a", 1)
+    for obj, cpu in ((rng, lambda p: p["rng"]["cpu"]), (streams, lambda p: p["streams"]["a"]["cpu"])):
+        saved = obj.state_dict()
+        (raw,) = saved.values()
+        at = _cpu_bytes_at(raw, cpu(plain_state(saved)))
+        with pytest.raises(DevRNGError, match=rf"{type(obj).__name__}.load_state_dict: the entry "
+                                              r"'devrng_rank_0' was altered or damaged after "
+                                              r"devrng"):
+            obj.load_state_dict({"devrng_rank_0": _flipped(raw, at + 7, 5)})
+    stream = devrng.portable(9)
+    entry = stream.state_dict()["devrng_rank_0"]
+    for key, value in (("counter", 1), ("seed", 8), ("world_size", 2), ("rank", 1)):
+        with pytest.raises(DevRNGError, match=r"PortableRNG.load_state_dict: the entry "
+                                              r"'devrng_rank_0' was altered or damaged"):
+            stream.load_state_dict({"devrng_rank_0": {**entry, key: value}})
+        with pytest.raises(DevRNGError, match=r"PortableRNG.load_state_dict: the state was "
+                                              r"altered or damaged"):
+            stream.load_state_dict({**entry, key: value})
+    assert (stream.seed, stream.counter) == (9, 0)
+
+
+def test_an_entry_under_another_ranks_key_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Entries swapped between ranks (each one intact): the rank each records is not its key's."""
+    stream = devrng.portable(9)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    theirs = stream.state_dict()["devrng_rank_1"]
+    monkeypatch.delenv("RANK")
+    monkeypatch.delenv("WORLD_SIZE")
+    with pytest.raises(DevRNGError, match=r"the entry 'devrng_rank_0' holds the state that rank 1 "
+                                          r"saved: the checkpoint's entries were swapped or moved"):
+        stream.load_state_dict({"devrng_rank_0": theirs})
+    stream.load_state_dict({"devrng_rank_1": theirs})  # under its own key: rank 1's stream
+
+
+def test_a_digest_on_an_older_version_is_checked_all_the_same() -> None:
+    """A flipped version number must not turn the check off: a state that holds a digest is
+    verified whatever version it says."""
+    data = devrng.get_rng_state(devices=[]).to_dict()
+    data["version"] = 1
+    with pytest.raises(DevRNGError, match="altered or damaged"):
+        devrng.RNGState.from_dict(data)
+    del data["digest"]
+    data["version"] = 2
+    with pytest.raises(DevRNGError, match=r"has no digest, which every state of its version "
+                                          r"carries: it was altered or damaged"):
+        devrng.RNGState.from_dict(data)
+
+
+# Hostile values get a DevRNGError sentence, never another exception (each of these raised
+# something else before: RecursionError, IndexError, or was accepted).
+def test_a_deeply_nested_seed_in_a_portable_state_is_a_sentence() -> None:
+    stream = devrng.portable(1)
+    with pytest.raises(DevRNGError, match=r"state_dict\['seed'\] must be an int in \[0, 2\*\*64\), "
+                                          r"not \[\[\[\[...\]\]\]\] \(a list\)"):
+        stream.load_state_dict({"seed": _deep(100_000), "counter": 0})
+    assert (stream.seed, stream.counter) == (1, 0)
+
+
+def test_a_tensor_where_a_stream_belongs_is_a_sentence() -> None:
+    streams = devrng.RNGStreams()
+    old = {"format": "devrng.RNGStreams", "version": 1, "streams": {"a": torch.zeros(3)}}
+    for state in (old, resealed({**old, "version": 2, "rank": 0, "digest": ""})):
+        with pytest.raises(DevRNGError, match=r"Stream 'a' in the RNGStreams state dict is "
+                                              r"malformed: it is tensor\(\[0., 0., 0.\]\)"):
+            streams.load_state_dict(state)
+    assert streams.names == ()
+
+
+@pytest.mark.parametrize("world", [[[1]], torch.ones(10**6, dtype=torch.int64), 2**64, 0, "2"])
+def test_a_junk_world_size_in_a_saved_state_is_refused(world: Any) -> None:
+    streams = devrng.RNGStreams()
+    streams.add("a", 1)
+    state = resealed({**plain_state(streams.state_dict()), "world_size": world})
+    with pytest.raises(DevRNGError, match=r"RNGStreams.load_state_dict: the saved world size is "
+                                          r".*(not an int of 1 or more|more ranks than any job)"):
+        devrng.RNGStreams().load_state_dict(state)
+    with pytest.raises(DevRNGError, match=r"its 'world_size' is .*(not an int of 1 or more|more "
+                                          r"ranks than any job)"):
+        devrng.portable(1).load_state_dict({"seed": 1, "counter": 0, "world_size": world})
+
+
+class _Hostile:
+    def __repr__(self) -> str:
+        raise RuntimeError("no repr")
+
+    def __eq__(self, other: object) -> bool:
+        raise RuntimeError("no eq")
+
+    __hash__ = object.__hash__
+
+
+@pytest.mark.parametrize("make", [_Hostile, lambda: 10**100_000, lambda: _deep(100_000)],
+                         ids=["raising", "huge int", "deep"])
+def test_hostile_values_anywhere_in_a_small_state_are_sentences(make: Any) -> None:
+    value = make()
+    step = devrng.seeded_jit(lambda x: x, backend="eager", seed=1)
+    stream = devrng.portable(1)
+    for load, state in [(step.load_state_dict, step.state_dict()),
+                        (stream.load_state_dict, stream.state_dict()["devrng_rank_0"])]:
+        for key in state:
+            with pytest.raises(DevRNGError):
+                load({**state, key: value})
+        for key in ("counter", "format"):
+            with pytest.raises(DevRNGError):
+                load({"format": value} if key == "format" else {**state, key: value})
+
+
+def test_one_bounded_formatter_quotes_any_value() -> None:
+    """short_repr: bounded in length, nesting and cost, whatever the value."""
+    import time
+
+    from tests._internals import short_repr
+
+    loop: list[Any] = []
+    loop.append(loop)
+
+    class Recursing:
+        def __repr__(self) -> str:
+            return repr(self)
+
+    started = time.perf_counter()
+    cases = {
+        "expanded": torch.zeros(1).expand(10**12), "huge int": 10**100_000,
+        "deep": _deep(100_000), "loop": loop, "long": list(range(10**7)), "text": "x" * 10**8,
+        "raising": _Hostile(), "recursing": Recursing(),
+    }
+    shown = {name: short_repr(value) for name, value in cases.items()}
+    assert time.perf_counter() - started < 5  # each is cut before it is formatted whole
+    assert all(len(text) <= 60 for text in shown.values()), shown
+    assert shown["expanded"] == "<a torch.float32 tensor of shape (1000000000000,)>"
+    assert shown["huge int"] == "<an int of 332193 bits>"
+    assert shown["deep"] == "[[[[...]]]]" and shown["loop"] == "[[[[...]]]]"
+    assert shown["long"] == "[0, 1, 2, 3, 4, 5, ...]"
+    assert shown["raising"] == "<_Hostile>" and shown["recursing"] == "<Recursing>"
+    assert short_repr(torch.tensor(1)) == "tensor(1)"
 
 
 # ----------------------------------------------------------------------------- saving files
@@ -369,8 +603,17 @@ def test_a_save_killed_by_sigterm_leaves_nothing_the_next_save_keeps(tmp_path: P
     assert sorted(p.name for p in tmp_path.iterdir()) == ["state.rng"]
 
 
-def test_a_stride_zero_memory_bomb_is_refused_at_load(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("version", "shown"), [
+    (2, "(1000000000000 bytes) that is not a dense tensor whose elements lie in its own storage"),
+    (1, "(1000000000000 bytes); generator states are compact"),  # no digest: checked as before
+])
+def test_a_stride_zero_memory_bomb_is_refused_at_load(tmp_path: Path, version: int,
+                                                      shown: str) -> None:
+    from tests._helpers import unsealed
+
     data = devrng.get_rng_state(devices=[]).to_dict()
+    if version == 1:
+        data = unsealed(data, 1)
     data["devices"] = {"cpu2": {0: torch.zeros(1, dtype=torch.uint8).expand(10**12)}}
     path = tmp_path / "bomb.rng"
     torch.save(data, path)
@@ -386,8 +629,7 @@ def test_a_stride_zero_memory_bomb_is_refused_at_load(tmp_path: Path) -> None:
             print("refused:", err)
     """)
     assert out.returncode == 0, out.stderr
-    assert "refused:" in out.stdout and "(1000000000000 bytes); generator states are compact" \
-        in out.stdout, out.stdout
+    assert "refused:" in out.stdout and shown in out.stdout, out.stdout
 
 
 @pytest.mark.parametrize(("path", "error", "message"), [
@@ -492,7 +734,7 @@ def test_a_saved_world_that_cannot_be_is_refused_even_when_not_strict(
     saved["rank"], saved["world_size"] = rank, world
     before = generator_states()
     with pytest.raises(DevRNGError, match=message):
-        rng.load_state_dict(saved, strict=False)
+        rng.load_state_dict(resealed(saved), strict=False)
     assert generator_states() == before
 
 
@@ -823,7 +1065,7 @@ def test_streams_refuse_a_zero_cpu_state_and_junk_device_states(faulty: FaultyBa
         change(sd)
         target = devrng.RNGStreams()
         with pytest.raises(error, match=message):
-            target.load_state_dict(sd)
+            target.load_state_dict(resealed(sd))
         assert target.names == ()
 
 
@@ -845,7 +1087,7 @@ def test_training_rng_refuses_an_empty_loader_state_that_would_start_the_epoch_o
         saved["tracked"]["loader"] = empty
         with pytest.raises(DevRNGError, match=rf"the saved state of the tracked object 'loader' "
                                               rf"is {empty!r}, which would start it afresh"):
-            rng.load_state_dict(saved)
+            rng.load_state_dict(resealed(saved))
 
 
 @pytest.mark.parametrize(("change", "message"), [
@@ -861,7 +1103,7 @@ def test_training_rng_states_of_odd_types_get_sentences(change: Any, message: st
     saved = plain_state(rng.state_dict())
     change(saved)
     with pytest.raises(DevRNGError, match=message):
-        rng.load_state_dict(saved)
+        rng.load_state_dict(resealed(saved))
 
 
 def test_per_rank_state_of_the_wrong_shape_gets_a_sentence() -> None:
@@ -1691,6 +1933,6 @@ def test_a_loader_record_devrng_cannot_have_written_is_refused_in_a_short_senten
     before = generator_states()
     with pytest.raises(DevRNGError, match=f"The saved record of the loader 'loader' holds {shown}"
                                           ) as caught:
-        rng.load_state_dict(saved)
+        rng.load_state_dict(resealed(saved))
     assert len(str(caught.value)) < 400  # a saved value is quoted by a short prefix only
     assert generator_states() == before

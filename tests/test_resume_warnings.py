@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import torch
-from tests._helpers import plain_state
+from tests._helpers import plain_state, resealed, unsealed
 from tests._internals import WorkerSeeding, describe_loader, host
 from torch.utils.data import DataLoader, Dataset
 
@@ -196,6 +196,7 @@ def test_a_record_of_an_older_devrng_is_compared_on_what_it_holds(
     state = plain_state(rng.state_dict())
     for key in ("sampler_args", "batch_sampler", "drop_last", "dataset_length", "epoch_length"):
         del state["loaders"]["loader"][key]
+    state = unsealed(state, 2)
     other = devrng.TrainingRNG(seed=0)
     other.track("loader", _loader({"dataset": range(72), "drop_last": True}))
     caplog.clear()
@@ -251,6 +252,7 @@ def test_another_world_size_warns_with_strict_false(caplog: pytest.LogCaptureFix
     rng = devrng.TrainingRNG(seed=0)
     state = plain_state(rng.state_dict())
     state["world_size"] = 2  # saved by rank 0 of 2: the same rank, so no generator is lost
+    state = resealed(state)
     with pytest.raises(devrng.DevRNGError, match="rank 0 of 2"):
         rng.load_state_dict(state)
     with caplog.at_level(logging.WARNING, logger="devrng"), \
@@ -318,13 +320,13 @@ def test_a_version_1_state_loads_and_unknown_versions_are_refused(no_warnings: N
     rng = devrng.TrainingRNG(seed=0)
     state = plain_state(rng.state_dict())
     del state["loaders"]
-    state["version"] = 1  # devrng 0.1 wrote no loader records
+    state = unsealed(state, 1)  # devrng 0.1 wrote no loader records
     a = torch.rand(2)  # drawn after the state was taken
     rng.load_state_dict(state)
     assert torch.equal(torch.rand(2), a)
-    for version in (3, [2], "2", True):
+    for version in (4, [2], "2", True):
         state["version"] = version
-        with pytest.raises(devrng.DevRNGError, match=r"this devrng reads versions 1, 2\."):
+        with pytest.raises(devrng.DevRNGError, match=r"this devrng reads versions 1, 2, 3\."):
             rng.load_state_dict(state)
 
 
@@ -334,13 +336,13 @@ def test_records_that_are_not_records_are_ignored_and_odd_values_refused(no_warn
     for bad in ([1, 2], {"loader": "not a record"}, {"loader": [4]}):
         state = plain_state(rng.state_dict())
         state["loaders"] = bad
-        rng.load_state_dict(state)  # nothing to compare with: no warning, no error
+        rng.load_state_dict(resealed(state))  # nothing to compare with: no warning, no error
     state = plain_state(rng.state_dict())
     # A record of values describe() never writes: refused before it is compared or quoted.
     state["loaders"] = {"loader": {"batch_size": [1]}}
     with pytest.raises(devrng.DevRNGError, match=r"The saved record of the loader 'loader' "
                                                  r"holds \[1\] under 'batch_size'"):
-        rng.load_state_dict(state)
+        rng.load_state_dict(resealed(state))
 
 
 def test_track_takes_a_plain_dataloader_and_refuses_other_objects() -> None:

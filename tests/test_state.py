@@ -132,7 +132,8 @@ def test_saved_file_loads_weights_only_and_round_trips(tmp_path: Any) -> None:
     snap = devrng.get_rng_state()
     snap.save(tmp_path / "s.rng")
     data = torch.load(tmp_path / "s.rng", weights_only=True)
-    assert data["version"] == 1 and isinstance(data["cpu"], torch.Tensor)
+    assert data["version"] == 2 and isinstance(data["cpu"], torch.Tensor)
+    assert data["devrng_version"] == devrng.__version__ and len(data["digest"]) == 64
     first = draws()
     devrng.set_rng_state(RNGState.load(tmp_path / "s.rng"))
     assert same(first, draws())
@@ -175,7 +176,7 @@ def test_other_file_is_a_clear_error(tmp_path: Any) -> None:
                                           r"for RNGState: its format tag is 'x'"):
         RNGState.from_dict({"format": "x"}, source="the state from rank 1")
     with pytest.raises(DevRNGError, match=r"^RNGState: the data is version 9; this devrng reads "
-                                          r"version 1\.$"):
+                                          r"versions 1, 2\.$"):
         RNGState.from_dict({"format": "devrng.RNGState", "version": 9})
 
 

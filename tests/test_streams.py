@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-from tests._helpers import plain_state
+from tests._helpers import plain_state, resealed
 
 import devrng
 from devrng import DevRNGError, RNGStreams
@@ -258,7 +258,7 @@ def test_forking_a_stream_inside_itself_is_refused() -> None:
 
 @pytest.mark.parametrize(("mutate", "match"), [
     (lambda sd: sd.update(format="other"), r"takes the dict that RNGStreams.state_dict\(\) returns"),
-    (lambda sd: sd.update(version=99), r"version 99; this devrng reads version 1"),
+    (lambda sd: sd.update(version=99), r"version 99; this devrng reads versions 1, 2"),
     (lambda sd: sd["streams"]["a"].update(cpu=torch.zeros(3)), r"Stream 'a''s CPU state is a torch.float32 tensor of shape \(3,\); this torch needs a uint8 "
      r"CPU tensor"),
     (lambda sd: sd["streams"]["a"].pop("seed"), r"Stream 'a' in the RNGStreams state dict is malformed"),
@@ -272,8 +272,11 @@ def test_load_state_dict_checks_everything_and_changes_nothing_on_error(mutate: 
     mutate(sd)
     target = RNGStreams()
     target.add("keep", 9)
-    with pytest.raises(DevRNGError, match=match):
-        target.load_state_dict(sd)
+    with pytest.raises(DevRNGError, match=match):  # sealed again: the check behind the digest
+        target.load_state_dict(resealed(sd))
+    assert target.names == ("keep",)
+    with pytest.raises(DevRNGError, match=r"altered or damaged|format tag|version 99"):
+        target.load_state_dict(sd)  # as changed, under the digest written before
     assert target.names == ("keep",)
 
 

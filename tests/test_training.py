@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 from tests._fakes import FaultyBackend, MinimalBackend, registered
-from tests._helpers import generator_states, plain_state
+from tests._helpers import generator_states, plain_state, resealed
 
 import devrng
 from devrng import DevRNGError, TrainingRNG
@@ -158,7 +158,8 @@ def test_state_dict_is_plain_data_that_loads_weights_only() -> None:
     rng.load_state_dict(loaded)
     assert list(loaded) == ["devrng_rank_0"]  # one rank's entry, which DCP keeps apart
     plain = plain_state(loaded)
-    assert plain["format"] == "devrng.TrainingRNG" and plain["version"] == 2
+    assert plain["format"] == "devrng.TrainingRNG" and plain["version"] == 3
+    assert plain["devrng_version"] == devrng.__version__ and len(plain["digest"]) == 64
     assert plain["loaders"]["loader"]["kind"] == "DataLoader"  # the loader, as plain data
 
 
@@ -223,7 +224,12 @@ def test_a_bad_state_changes_nothing(setup: Any, change: Any, message: str) -> N
     torch.rand(1)
     before = _snapshot(loader, step)
     change(saved)
-    with pytest.raises(DevRNGError, match=message):
+    with pytest.raises(DevRNGError, match=message):  # sealed again: the check behind the digest
+        rng.load_state_dict(resealed(saved))
+    assert before == _snapshot(loader, step)
+    # As changed, under the digest written before: the digest refuses it (its header first).
+    with pytest.raises(DevRNGError, match=r"was altered or damaged after devrng|format tag is "
+                                          r"'x'|version 9"):
         rng.load_state_dict(saved)
     assert before == _snapshot(loader, step)
 
@@ -293,6 +299,7 @@ def test_another_ranks_state_restores_data_position_not_its_streams(
         setup: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     rng, loader, step, saved = setup
     saved["rank"], saved["world_size"] = 1, 2
+    saved = resealed(saved)
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(DevRNGError, match="saved by rank 1 of 2, and this is rank 0 of 2"):
         rng.load_state_dict(saved)
@@ -399,6 +406,7 @@ def test_a_resume_warning_made_an_error_changes_nothing() -> None:
         step = rng.track("noise", torch.Generator().manual_seed(9))
         saved_here = plain_state(rng.state_dict())
         saved_here["rng"] = saved["rng"]  # the 2-device state: devices 2 and 3 seeded anew
+        saved_here = resealed(saved_here)
         torch.rand(5)
         before = generator_states(grown, loader.generator, step)
         with warnings.catch_warnings():

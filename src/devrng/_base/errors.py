@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
+import sys
 import warnings
+from typing import Any
 
 __all__ = ["DevRNGError", "DevRNGWarning", "check_flags", "short_repr",
            "warn_and_log"]
@@ -41,18 +44,15 @@ class DevRNGWarning(UserWarning):
     with ``warnings.simplefilter("error", devrng.DevRNGWarning)``.
 
     Examples:
-        >>> import io, warnings
-        >>> with warnings.catch_warnings():
-        ...     warnings.simplefilter("error", devrng.DevRNGWarning)
-        ...     rng = devrng.TrainingRNG(seed=1)
-        ...     entry = rng.state_dict()["devrng_rank_0"]    # this rank's plain state, saved
-        ...     state = torch.load(io.BytesIO(entry), weights_only=True)
-        ...     state["world_size"] = 2           # saved by one of two ranks
-        ...     try:
-        ...         rng.load_state_dict(state, strict=False)
-        ...     except devrng.DevRNGWarning as warning:
-        ...         print(str(warning)[:45])
-        The resumed run will not be bitwise the same
+        >>> import warnings, torch, devrng
+        >>> saved = devrng.TrainingRNG(seed=1).state_dict()
+        >>> rng = devrng.TrainingRNG(seed=1)
+        >>> _ = rng.track("noise", torch.Generator())    # tracked since the checkpoint
+        >>> with warnings.catch_warnings(record=True) as caught:
+        ...     warnings.simplefilter("always")
+        ...     rng.load_state_dict(saved, strict=False)
+        >>> print(str(caught[0].message)[:60])
+        TrainingRNG.load_state_dict(strict=False) did not restore: n
     """
 
     __module__ = "devrng"  # as DevRNGError: named where users import it from
@@ -68,12 +68,92 @@ def warn_and_log(message: str, *, stacklevel: int = 1) -> None:
 
 
 def short_repr(value: object, limit: int = 60) -> str:
-    """``repr(value)``, cut to ``limit`` characters, for error messages about any input."""
-    try:
-        text = repr(value)
-    except Exception:  # a hostile object's __repr__
-        text = f"<{type(value).__name__}>"
+    """``value`` in at most ``limit`` characters, for a message about any input.
+
+    The one formatter for values quoted in messages, above all values read from a
+    saved state, which may be anything: its length, nesting (3 levels, a few items
+    of each container) and cost are bounded -- a huge tensor, int, string or list is
+    described or cut, never printed whole -- and it never raises (an object whose
+    ``repr`` raises or recurses is named by its type).
+
+    Examples:
+        >>> short_repr([[[[[1]]]], "x" * 100])
+        "[[[[...]]], 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx..."
+        >>> short_repr(2 ** 1000)
+        '<an int of 1001 bits>'
+    """
+    text = _bounded(value, 0, limit + 1)
     return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+_DEPTH = 3  # containers nested deeper are shown as [...]
+_ITEMS = 6  # items shown of each container
+
+
+def _bounded(value: object, depth: int, room: int) -> str:
+    """``value``'s text, cut near ``room`` characters: the work done is bounded by ``room``
+    and the item and depth limits above, whatever ``value`` holds."""
+    kind = type(value)
+    try:
+        if value is None or kind in (bool, float, complex):
+            return repr(value)
+        if kind is int:
+            bits = value.bit_length()  # type: ignore[attr-defined]
+            return repr(value) if bits <= 128 else f"<an int of {bits} bits>"
+        if kind is str:
+            return repr(value[:room])  # type: ignore[index]
+        if kind in (bytes, bytearray):
+            return repr(bytes(value[:room]))  # type: ignore[index]
+        if isinstance(value, (list, tuple, set, frozenset, dict)):  # OrderedDict, Size too
+            return _container(value, depth, room)
+        torch = sys.modules.get("torch")
+        if torch is not None and isinstance(value, torch.Tensor):
+            return _tensor(value)
+        if kind.__module__ == "numpy" and getattr(value, "ndim", None):
+            return f"<a numpy {value.dtype} array of shape {tuple(value.shape)}>"  # type: ignore[attr-defined]
+        text = repr(value)
+        if type(text) is not str:
+            raise TypeError("__repr__ returned a non-string")
+        return text[:room]
+    except Exception:  # a hostile __repr__, a recursion, a container changing under us
+        return f"<{kind.__name__}>"
+
+
+def _container(value: Any, depth: int, room: int) -> str:
+    # The built-in classes' own methods: a subclass's overrides could do anything.
+    base = next(b for b in (dict, list, tuple, set, frozenset) if isinstance(value, b))
+    size = base.__len__(value)
+    opening, closing = {list: ("[", "]"), tuple: ("(", ")")}.get(base, ("{", "}"))
+    if base in (set, frozenset) and not size:
+        return f"{base.__name__}()"
+    if depth >= _DEPTH:
+        return f"{opening}...{closing}" if size else opening + closing
+    items = iter(dict.items(value)) if base is dict else base.__iter__(value)
+    parts: list[str] = []
+    used = 0
+    for item in itertools.islice(items, _ITEMS):
+        if used > room:
+            break
+        if base is dict:
+            key, val = item
+            text = (_bounded(key, depth + 1, room - used) + ": "
+                    + _bounded(val, depth + 1, room - used))
+        else:
+            text = _bounded(item, depth + 1, room - used)
+        parts.append(text)
+        used += len(text) + 2
+    if len(parts) < size:
+        parts.append("...")
+    if base is tuple and size == 1:
+        parts[0] += ","
+    return opening + ", ".join(parts) + closing
+
+
+def _tensor(value: Any) -> str:
+    if type(value).__name__ == "Tensor" and value.device.type == "cpu" and value.numel() <= 4 \
+            and value.layout is sys.modules["torch"].strided:
+        return repr(value)  # a few elements: torch's own words ("tensor(1)")
+    return f"<a {value.dtype} tensor of shape {tuple(value.shape)}>"
 
 
 def check_flags(**flags: object) -> None:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import numbers
 
+from devrng._base.errors import short_repr
+
 __all__ = [
     "GAMMA",
     "MASK64",
@@ -49,11 +51,12 @@ def check_seed(seed: object, name: str = "seed") -> int:
     """
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
         raise TypeError(
-            f"{name} must be an int in [0, 2**64), not {seed!r} (a {type(seed).__name__})."
+            f"{name} must be an int in [0, 2**64), not {short_repr(seed)} (a {type(seed).__name__})."
         )
     value = int(seed)
     if not 0 <= value <= MASK64:
-        raise ValueError(f"{name}={value} is out of range; it must be an int in [0, 2**64).")
+        raise ValueError(f"{name}={short_repr(value)} is out of range; it must be an int in "
+                         "[0, 2**64).")
     return value
 
 
@@ -65,7 +68,7 @@ def check_counter(counter: object, name: str = "counter") -> int:
         3
     """
     if isinstance(counter, bool) or not isinstance(counter, int) or not 0 <= counter < 1 << 63:
-        raise ValueError(f"{name} must be an int in [0, 2**63), not {counter!r}.")
+        raise ValueError(f"{name} must be an int in [0, 2**63), not {short_repr(counter)}.")
     return counter
 
 

@@ -1,8 +1,11 @@
 """Saved states: whether one is valid (one owner of every check), and one entry per rank.
 
 Every state devrng reads back -- a snapshot, a ``TrainingRNG``, ``RNGStreams``
-or ``PortableRNG`` checkpoint, a rank's broadcast -- is checked here before
-anything changes: its header (``check_header``); that it is plain data a
+or ``PortableRNG`` checkpoint, a ``seeded_jit`` function's state, a rank's
+broadcast -- is checked here before anything changes: its header and its digest
+(``check_header``: every saved form is ``seal``-ed with the devrng version that
+wrote it and a SHA-256 of its exact content, so a flipped bit, a partial copy or
+an edit is refused, never read as another state); that it is plain data a
 weights-only file holds, of plausible size and nesting (``check_loaded``); that
 its CPU, Python and NumPy parts would install working generators
 (``check_cpu_state`` and its siblings: NumPy does not range-check its MT19937
@@ -62,6 +65,7 @@ import secrets
 import sys
 import weakref
 from collections.abc import Callable, Collection, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from types import CodeType, FrameType
 from typing import Any, NamedTuple
@@ -77,23 +81,26 @@ from devrng._backends.registry import (
     started_types,
 )
 from devrng._base.errors import DevRNGError, short_repr, warn_and_log
-from devrng._base.plain import hash_into
+from devrng._base.plain import exact_bytes, hash_into
 from devrng._base.rank import collective_device, group_size, process_rank, world_size
 from devrng._base.seeds import MASK64
 from devrng._base.sigint import deliver, guard
+from devrng._base.version import VERSION
 from devrng._generators import dcp_load
 from devrng._generators.undo import DeviceState, Undo
 
-__all__ = ["MAX_STATE_BYTES", "PREFIX", "Fit", "Summary", "check_cpu_state", "check_depth",
-           "check_device_states", "check_header", "check_host_parts", "check_loaded",
-           "check_numpy_state", "check_plain", "check_python_state", "cpu_state_numel", "decode",
-           "describe", "encode", "entry_key", "fit_devices", "identity_of", "is_ranked",
-           "load_ranked", "nested_state", "own_entry", "parse_parts", "ranked", "ranks_text",
-           "save_of", "signature", "stamp"]
+__all__ = ["DIGEST", "MAX_RANKS", "MAX_STATE_BYTES", "PREFIX", "SEAL_KEYS", "WRITER", "Facts",
+           "Fit", "Summary", "check_cpu_state", "check_depth", "check_device_states",
+           "check_header", "check_host_parts", "check_loaded", "check_numpy_state", "check_plain",
+           "check_python_state", "count_problem", "cpu_state_numel", "decode", "describe",
+           "encode", "entry_key", "fit_devices", "identity_of", "is_ranked", "load_ranked",
+           "nested_state", "own_entry", "parse_parts", "ranked", "ranks_text", "refusing",
+           "save_of", "seal", "signature", "stamp"]
 
 
 # -- what a saved state may hold -------------------------------------------------------------
 _PLAIN_LEAVES = (torch.Tensor, bool, int, float, str, type(None))
+_PLAIN = (*_PLAIN_LEAVES, list, tuple, dict)
 #: No generator state devrng knows is larger (the CPU's is 5 KB, a TPU's seed 8 bytes):
 #: a bigger tensor in a loaded file is a mistake or an attack, not a state.
 MAX_STATE_BYTES = 1 << 20
@@ -127,7 +134,7 @@ def check_depth(state: Any, what: str) -> None:
 def check_plain(state: Any, what: str) -> None:
     """Raise ``DevRNGError`` unless ``state`` is tensors, numbers, strings, lists and dicts."""
     for item in _walk(state, what):
-        if not isinstance(item, (*_PLAIN_LEAVES, list, tuple, dict)):
+        if not isinstance(item, _PLAIN):
             raise DevRNGError(
                 f"{what} is a {type(item).__name__}, which a weights-only file cannot hold; its "
                 "backend must return tensors, numbers, strings, lists or dicts."
@@ -141,8 +148,9 @@ def check_loaded(state: Any, what: str) -> None:
     storage (stride 0): comparing or hashing it later would allocate all of
     them. Such tensors are refused when the file is read.
     """
-    check_plain(state, what)
     for item in _walk(state, what):
+        if not isinstance(item, _PLAIN):
+            check_plain(item, what)  # its sentence
         if isinstance(item, torch.Tensor):
             size = item.numel() * item.element_size()
             if size > MAX_STATE_BYTES or not item.is_contiguous():
@@ -155,19 +163,119 @@ def check_loaded(state: Any, what: str) -> None:
                 )
 
 
-def check_header(data: Any, *, tag: str, versions: Collection[int], what: str, made_by: str,
-                 source: str | None = None) -> int:
-    """The version of a saved state tagged ``tag`` (``{"format": tag, "version": v, ...}``),
-    or one ``DevRNGError`` sentence naming what ``data`` is instead: every
-    ``load_state_dict`` and ``load`` reads its header here. ``source`` names a file
-    ``data`` came from.
+#: No job has this many ranks: a saved rank or world size this large is junk.
+MAX_RANKS = 1 << 32
+
+
+def count_problem(value: Any, low: int) -> str | None:
+    """What is wrong with a rank (``low`` 0) or world size (``low`` 1) a saved state records,
+    as words that follow its name ("is -1, not an int of 0 or more"), or None.
 
     Examples:
-        >>> check_header({"format": "devrng.RNGState", "version": 1}, tag="devrng.RNGState",
-        ...              versions=(1,), what="RNGState.from_dict", made_by="RNGState.to_dict()")
-        1
+        >>> count_problem([[2]], 1)
+        'is [[2]], not an int of 1 or more'
     """
-    if not isinstance(data, Mapping) or data.get("format") != tag:
+    if type(value) is not int or value < low:
+        return f"is {short_repr(value)}, not an int of {low} or more"
+    if value >= MAX_RANKS:
+        return f"is {short_repr(value)}, more ranks than any job has"
+    return None
+
+
+@contextmanager
+def refusing(what: str) -> Iterator[None]:
+    """Turn any failure inside but an interrupt into one ``DevRNGError`` sentence: a hostile
+    state can fail a check in ways no check foresaw, and a load raises nothing else (in a
+    job of several ranks, a rank that raised anything else would leave the others waiting)."""
+    try:
+        yield
+    except DevRNGError:
+        raise
+    except Exception as err:
+        raise DevRNGError(f"{what}: the state is malformed ({type(err).__name__}: "
+                          f"{_words(err)}); load what devrng saved.") from err
+
+
+def _words(err: BaseException) -> str:
+    try:
+        return short_repr(str(err), 200)
+    except Exception:  # an exception whose str() fails too
+        return "no message"
+
+
+# -- the header every saved form carries ---------------------------------------------------------
+#: Keys ``seal`` adds to a saved state: the devrng that wrote it, and a digest of all the rest.
+WRITER = "devrng_version"
+DIGEST = "digest"
+SEAL_KEYS = frozenset({WRITER, DIGEST})
+_HEX = re.compile(r"[0-9a-f]{64}")
+
+
+def seal(data: Mapping[str, Any]) -> dict[str, Any]:
+    """``data`` -- a saved state's plain dict, its ``format`` and ``version`` included --
+    with the devrng version writing it and a SHA-256 digest of all of that, which
+    ``check_header`` verifies before anything of it is read. Every saved form is sealed
+    here, so a key added to a state later is covered without a word about it.
+
+    Examples:
+        >>> sorted(seal({"format": "devrng.RNGStreams", "version": 2, "streams": {}}))
+        ['devrng_version', 'digest', 'format', 'streams', 'version']
+    """
+    sealed = {**data, WRITER: VERSION}
+    try:
+        sealed[DIGEST] = _digest(sealed, _stand_in)
+    except ValueError as err:  # a state devrng made holds what it should not: a bug
+        raise DevRNGError(f"A {short_repr(data.get('format'))} state cannot be saved: it "
+                          f"{err}.") from None
+    return sealed
+
+
+def _digest(data: Mapping[Any, Any], stand_in: Callable[[Mapping[Any, Any]], bytes | None]
+            ) -> str:
+    """SHA-256 of the exact canonical bytes (``exact_bytes``) of ``data`` without its
+    digest, in which a devrng state nested in it (a ``TrainingRNG`` state's snapshot and
+    tracked streams) stands as its own digest (``stand_in``): each part is hashed once,
+    and ``_verify`` checks the nested digests too. ``ValueError`` for a hostile state."""
+    h = hashlib.sha256(b"devrng saved state\0")
+    h.update(exact_bytes(data, stand_in=stand_in, max_depth=MAX_DEPTH, leave_out=DIGEST))
+    return h.hexdigest()
+
+
+def _sealed_digest(data: Mapping[Any, Any]) -> Any:
+    """The digest of a sealed devrng state (``seal``), or None for any other dict."""
+    tag = data.get("format")
+    if DIGEST in data and WRITER in data and type(tag) is str and tag.startswith("devrng."):
+        return data[DIGEST]
+    return None
+
+
+def _stand_in(data: Mapping[Any, Any]) -> bytes | None:
+    digest = _sealed_digest(data)
+    return None if digest is None else b"D" + exact_bytes(digest, max_depth=0)
+
+
+def check_header(data: Any, *, tag: str, versions: Collection[int], sealed_since: int,
+                 what: str, made_by: str, source: str | None = None,
+                 covered: bool = False) -> int:
+    """The version of a saved state tagged ``tag`` (``{"format": tag, "version": v, ...}``),
+    once its digest is verified; or one ``DevRNGError`` sentence naming what ``data`` is
+    instead. Every load of a saved form reads its header here, before anything is
+    applied. ``source`` names a file or entry ``data`` came from.
+
+    Versions from ``sealed_since`` on carry a digest (``seal``) and are refused without
+    one; older versions load unchecked, unless they hold a digest (then it is verified:
+    a version changed by a flipped bit does not turn the check off). ``covered``: ``data``
+    is part of a state whose digest was verified (a snapshot inside a ``TrainingRNG``
+    state), so it carries none of its own.
+
+    Examples:
+        >>> state = seal({"format": "devrng.RNGState", "version": 2})
+        >>> check_header(state, tag="devrng.RNGState", versions=(1, 2), sealed_since=2,
+        ...              what="RNGState.from_dict", made_by="RNGState.to_dict()")
+        2
+    """
+    tagged = data.get("format") if isinstance(data, Mapping) else None
+    if not (type(tagged) is str and tagged == tag):
         got = (f"its format tag is {short_repr(data.get('format'))}, not {tag!r}"
                if isinstance(data, Mapping) else "it is None" if data is None
                else f"it is {short_repr(data)} (of type {type(data).__name__})")
@@ -181,21 +289,63 @@ def check_header(data: Any, *, tag: str, versions: Collection[int], what: str, m
         raise DevRNGError(f"{what}: {source or 'the state'} is version {short_repr(version)}; "
                           f"this devrng reads version{'s' if len(known) > 1 else ''} "
                           f"{', '.join(map(str, known))}.")
+    if not covered and (version >= sealed_since or DIGEST in data):
+        _verify(data, version, f"{what}: {source or 'the state'}")
     return version
 
 
-def signature(state: Any) -> Any:
-    """Type, shape and dtype of a state, to compare a saved state with this process's."""
+def _verify(data: Mapping[str, Any], version: int, where: str) -> None:
+    """Raise ``DevRNGError`` unless ``data``'s digest is the digest of its content."""
+    stored = data.get(DIGEST)
+    if not (isinstance(stored, str) and _HEX.fullmatch(stored)):
+        problem = ("has no digest, which every state of its version carries" if stored is None
+                   else f"holds the digest {short_repr(stored)}, which is not one devrng writes")
+        raise DevRNGError(f"{where} {problem}: it was altered or damaged after it was written "
+                          f"(version {version}), so none of it is loaded. Load an intact copy.")
+    nested: list[Mapping[Any, Any]] = []  # sealed states inside, which stand as their digest
+    seen = {id(data)}  # (a file can make a dict hold itself)
+
+    def stand_in(part: Mapping[Any, Any]) -> bytes | None:
+        instead = _stand_in(part)
+        if instead is not None and id(part) not in seen:
+            seen.add(id(part))
+            nested.append(part)
+        return instead
+
+    try:  # one pass over each part, bounded and checked as it is hashed
+        altered = _digest(data, stand_in) != stored
+        while nested and not altered:
+            part = nested.pop()
+            altered = _digest(part, stand_in) != part[DIGEST]
+    except ValueError as err:
+        raise DevRNGError(f"{where} {err}, so it was not written by devrng.") from None
+    except Exception as err:  # a tensor of an exotic dtype or layout a file can still hold
+        raise DevRNGError(f"{where} could not be hashed ({type(err).__name__}: "
+                          f"{_words(err)}), so it was not written by devrng.") from None
+    if altered:
+        writer = data.get(WRITER)
+        by = f"devrng {writer}" if isinstance(writer, str) and len(writer) < 40 else "devrng"
+        raise DevRNGError(
+            f"{where} was altered or damaged after {by} wrote it: its content does not match "
+            "the SHA-256 digest written with it (a flipped bit on disk or in transfer, a "
+            "partial copy, an edit), so none of it is loaded. Load an intact copy.")
+
+
+def signature(state: Any, depth: int = 0) -> Any:
+    """Type, shape and dtype of a state, to compare a saved state with this process's
+    (nestings deeper than any state's are cut: ``"..."``)."""
     if isinstance(state, torch.Tensor):
         return ("tensor", state.dtype, tuple(state.shape))
     if isinstance(state, bool):
         return "bool"
     if isinstance(state, int):
         return "int"
+    if isinstance(state, (dict, list, tuple)) and depth > MAX_DEPTH:
+        return "..."
     if isinstance(state, dict):
-        return {k: signature(v) for k, v in state.items()}
+        return {k: signature(v, depth + 1) for k, v in state.items()}
     if isinstance(state, (list, tuple)):
-        return [signature(v) for v in state]
+        return [signature(v, depth + 1) for v in state]
     return type(state).__name__
 
 
@@ -208,7 +358,7 @@ def describe(state: Any) -> str:
     if isinstance(state, int):
         return "an int"
     if isinstance(state, (dict, list, tuple)):
-        return f"a {type(state).__name__} shaped {signature(state)!r}"
+        return f"a {type(state).__name__} shaped {short_repr(signature(state), 120)}"
     return f"a {type(state).__name__}"
 
 
@@ -230,7 +380,7 @@ def check_python_state(state: Any) -> None:
         raise ValueError("it is not a tuple (3, 625 ints, gauss) as random.getstate() returns")
     gauss = state[2]
     if gauss is not None and (type(gauss) is not float or not math.isfinite(gauss)):
-        raise ValueError(f"its Gaussian cache is {gauss!r}; it must be a finite float or None")
+        raise ValueError(f"its Gaussian cache is {short_repr(gauss)}; it must be a finite float or None")
     if not any(state[1][:_MT_WORDS]):
         raise ValueError("its MT19937 key is all zeros, which generates nothing but zeros")
     try:
@@ -250,7 +400,7 @@ def check_numpy_state(state: Any) -> None:
         raise ValueError("it is a NumPy state and NumPy is not installed here")
     name = state.get("bit_generator") if isinstance(state, dict) else None
     if name != "MT19937":
-        raise ValueError(f"its bit generator is {name!r}; NumPy's global generator is 'MT19937'")
+        raise ValueError(f"its bit generator is {short_repr(name)}; NumPy's global generator is 'MT19937'")
     try:
         inner = state["state"]
         key, pos = inner["key"], inner["pos"]
@@ -263,11 +413,11 @@ def check_numpy_state(state: Any) -> None:
     if not key.any():
         raise ValueError("its MT19937 key is all zeros, which generates nothing but zeros")
     if type(pos) is not int or not 0 <= pos <= _MT_WORDS:
-        raise ValueError(f"its position is {pos!r}; it must be an int from 0 to 624")
+        raise ValueError(f"its position is {short_repr(pos)}; it must be an int from 0 to 624")
     if has_gauss not in (0, 1) or type(has_gauss) is bool:
-        raise ValueError(f"its has_gauss is {has_gauss!r}; it must be 0 or 1")
+        raise ValueError(f"its has_gauss is {short_repr(has_gauss)}; it must be 0 or 1")
     if type(gauss) is not float or not math.isfinite(gauss):
-        raise ValueError(f"its Gaussian cache is {gauss!r}; it must be a finite float")
+        raise ValueError(f"its Gaussian cache is {short_repr(gauss)}; it must be a finite float")
 
 
 def cpu_state_numel() -> int:
@@ -692,14 +842,17 @@ def _fail_everywhere(what: str, failing: int, error: DevRNGError | None, rank: i
 
 
 # -- loading -----------------------------------------------------------------------------
-#: What ``facts`` tells of a plain state: the world size it records (-1: none), a
-#: fingerprint of the state that every rank holding the same streams shares, and its save
-#: identity (``save_of``).
-Facts = tuple[int, int, int]
+class Facts(NamedTuple):
+    """What the ranks compare of their entries before any of them loads (-1: not recorded)."""
+
+    world: int  #: the world size the entry records
+    identity: int  #: a hash of what must be alike on every rank (``identity_of``)
+    rank: int  #: the rank that saved the entry
+    save: int  #: the save identity (``save_of``; 0: an older devrng's entry)
 
 
 def load_ranked(state_dict: Mapping[str, Any], *, owner: Any, what: str,
-                read: Callable[[Any], Any], facts: Callable[[Any], Facts],
+                read: Callable[[Any, str], Any], facts: Callable[[Any], Facts],
                 prepare: Callable[[Any, Summary], tuple[Apply, str | None]]) -> None:
     """Load one rank's entry, all ranks together: all of them, or none.
 
@@ -712,8 +865,11 @@ def load_ranked(state_dict: Mapping[str, Any], *, owner: Any, what: str,
         owner: The object that loads (its latest ``state_dict()`` made the template a
             ``dcp.load`` reads into: see ``stamp``).
         what: The caller, for messages (``"RNGStreams.load_state_dict"``).
-        read: The entry to its plain state; raises ``DevRNGError`` if it is not one.
-        facts: A plain state's ``Facts``; raises ``DevRNGError`` if they are malformed.
+        read: The entry and what it is in words (``"the entry 'devrng_rank_1'"``) to its
+            plain state, its header and digest checked (``check_header``); raises
+            ``DevRNGError`` if it is not one.
+        facts: What a plain state records (``Facts``); an entry saved by another rank than
+            its key names was moved there (swapped entries) and is refused.
         prepare: Checks a plain state (this rank's own, or the lowest rank's if this rank has
             none) against this process, changing nothing; returns the change and a warning
             for every rank, or raises ``DevRNGError``.
@@ -747,7 +903,8 @@ def load_ranked(state_dict: Mapping[str, Any], *, owner: Any, what: str,
     dcp_load.keep(call, kept, state_dict, is_ranked)
 
 
-def _agree(state_dict: Mapping[str, Any], owner: Any, what: str, read: Callable[[Any], Any],
+def _agree(state_dict: Mapping[str, Any], owner: Any, what: str,
+           read: Callable[[Any, str], Any],
            facts: Callable[[Any], Facts],
            prepare: Callable[[Any, Summary], tuple[Apply, str | None]],
            inside_dcp: bool) -> tuple[Apply, str | None, int]:
@@ -755,16 +912,20 @@ def _agree(state_dict: Mapping[str, Any], owner: Any, what: str, read: Callable[
     and this rank's place in the reduced vectors; or the same error on every rank."""
     rank, world, members = process_rank(), world_size(), group_size()
     me = rank if members > 1 else 0  # this process's place in the vectors the ranks reduce
-    (entry,) = state_dict.values()
+    ((key, entry),) = state_dict.items()
     found = not _absent(entry)
     plain: Any = None
     error: DevRNGError | None = None
     saved_world, fingerprint, save = _NONE, _NONE, _NONE
     if found:
         try:  # (another rank's entry, from a file of its own, is the object's to judge)
-            plain = read(entry)
-            saved_world, fingerprint, save = facts(plain)
+            with refusing(what):
+                plain = read(entry, f"the entry {key!r}")
+                recorded = facts(plain)
+            saved_world, fingerprint, save = recorded.world, recorded.identity, recorded.save
+            _check_key(key, recorded.rank, what)
             saved_world = _NONE if saved_world < 0 else saved_world
+            _check_key(key, recorded.rank, what)
         except DevRNGError as err:
             error = err
     nobody = _NONE if found or error else me
@@ -818,7 +979,8 @@ def _agree(state_dict: Mapping[str, Any], owner: Any, what: str, read: Callable[
                       borrowed)
     apply, warning = None, None
     try:
-        apply, warning = prepare(plain, summary)
+        with refusing(what):
+            apply, warning = prepare(plain, summary)
     except DevRNGError as err:
         error = err
     failed = _reduce_min([me if error else _NONE])[0]
@@ -861,6 +1023,16 @@ def _different_saves(what: str, saves: tuple[int, int], mine: int, me: int,
         "finish on every rank (a rank that died while an older checkpoint was overwritten) "
         "leaves files of two saves. Resume from a checkpoint every rank finished writing, and "
         "save each checkpoint to a directory of its own (one per step).")
+
+
+def _check_key(key: str, saved_rank: int, what: str) -> None:
+    """Refuse an entry that the rank its key names did not save (entries swapped or moved)."""
+    match = _KEY.fullmatch(key)
+    if saved_rank >= 0 and match is not None and int(match.group(1)) != saved_rank:
+        raise DevRNGError(
+            f"{what}: the entry {key!r} holds the state that rank {saved_rank} saved: the "
+            "checkpoint's entries were swapped or moved after it was written, so none of them "
+            "is loaded. Load an intact copy of the checkpoint.")
 
 
 def _absent(entry: Any) -> bool:

@@ -22,7 +22,7 @@ import torch
 
 from devrng._backends import host as _host
 from devrng._backends.registry import Backend, device_count
-from devrng._base.errors import DevRNGError, check_flags
+from devrng._base.errors import DevRNGError, check_flags, short_repr
 from devrng._base.files import atomic_write, checked_path, is_file_like, readable_file
 from devrng._base.plain import hash_into
 from devrng._base.sigint import deliver, guard
@@ -36,14 +36,15 @@ from devrng._generators.saved import (
     check_plain,
     encode,
     parse_parts,
+    seal,
 )
 from devrng._generators.undo import DeviceState, Undo, read_devices
 
-__all__ = ["RNGState", "Restore", "check_host", "get_rng_state", "parse_state", "prepare_restore",
-           "set_rng_state", "snapshot", "with_devices"]
+__all__ = ["RNGState", "Restore", "check_host", "get_rng_state", "parse_state", "plain_snapshot",
+           "prepare_restore", "read_snapshot", "set_rng_state", "snapshot", "with_devices"]
 
 _FORMAT = "devrng.RNGState"
-_VERSION = 1
+_VERSION = 2  # 2: sealed (a digest of the content, checked on load); 1 (devrng <= 0.4) loads unchecked
 _NO_DEVICES: Mapping[str, Mapping[int, Any]] = MappingProxyType({})
 
 
@@ -120,29 +121,12 @@ class RNGState:
 
     # -- serialisation -------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        """Plain data (tensors, ints, strings, dicts, lists) that ``torch.load(weights_only=True)`` reads."""
-        data: dict[str, Any] = {
-            "format": _FORMAT,
-            "version": _VERSION,
-            "torch": str(torch.__version__),
-            "cpu": self.cpu,
-            "devices": {t: dict(per) for t, per in self.devices.items()},
-            "python": None,
-            "numpy": None,
-        }
-        if self.python is not None:
-            version, internal, gauss = self.python
-            data["python"] = [version, torch.tensor(internal, dtype=torch.int64), gauss]
-        if self.numpy is not None:
-            st = self.numpy
-            key = torch.from_numpy(st["state"]["key"].astype("int64"))
-            data["numpy"] = {"bit_generator": st["bit_generator"], "key": key,
-                             "pos": int(st["state"]["pos"]), "has_gauss": int(st["has_gauss"]),
-                             "gauss": float(st["gauss"])}
-        for t, per in data["devices"].items():
-            for i, state in per.items():
-                check_plain(state, f"the {t}:{i} state")
-        return data
+        """Plain data (tensors, ints, strings, dicts, lists) that ``torch.load(weights_only=True)`` reads.
+
+        It records the devrng version that wrote it and a SHA-256 digest of its content:
+        ``from_dict`` and ``load`` refuse it if anything in it changed since.
+        """
+        return seal(plain_snapshot(self))
 
     @classmethod
     def from_dict(cls, data: Any, *, source: str = "the data") -> RNGState:
@@ -168,23 +152,7 @@ class RNGState:
             >>> devrng.RNGState.from_dict(snap.to_dict()) == snap
             True
         """
-        check_depth(data, source)  # before anything walks it: a hostile nesting is refused
-        try:
-            return cls._parse(data, source)
-        except (DevRNGError, KeyboardInterrupt, SystemExit):
-            raise
-        except Exception as err:  # hostile input may fail in any way: one error class for it
-            raise DevRNGError(
-                f"{source} is not a valid devrng RNG snapshot: {err}. Write snapshots with "
-                "RNGState.save or RNGState.to_dict."
-            ) from err
-
-    @classmethod
-    def _parse(cls, data: Any, source: str) -> RNGState:
-        # ``source`` names where the data came from: a file, a TrainingRNG state, a broadcast.
-        check_header(data, tag=_FORMAT, versions=(_VERSION,), what="RNGState",
-                     made_by="RNGState.save or RNGState.to_dict()", source=source)
-        return parse_state(data["cpu"], data["devices"], data["python"], data["numpy"])
+        return read_snapshot(data, source=source)
 
     def save(self, f: str | os.PathLike[str] | IO[bytes]) -> None:
         """Write the snapshot to a file that ``torch.load(..., weights_only=True)`` reads.
@@ -338,6 +306,52 @@ def snapshot(devices: Iterable[DeviceState], *, python: bool, numpy: bool) -> RN
     )
     snap._host_checked = True  # this process's own generators: nothing to check
     return snap
+
+
+def plain_snapshot(state: RNGState) -> dict[str, Any]:
+    """``state.to_dict()`` without the keys ``seal`` adds: for a state that holds a snapshot
+    under a digest of its own (``TrainingRNG``), read back with ``read_snapshot(covered=True)``."""
+    data: dict[str, Any] = {
+        "format": _FORMAT,
+        "version": _VERSION,
+        "torch": str(torch.__version__),
+        "cpu": state.cpu,
+        "devices": {t: dict(per) for t, per in state.devices.items()},
+        "python": None,
+        "numpy": None,
+    }
+    if state.python is not None:
+        version, internal, gauss = state.python
+        data["python"] = [version, torch.tensor(internal, dtype=torch.int64), gauss]
+    if state.numpy is not None:
+        st = state.numpy
+        key = torch.from_numpy(st["state"]["key"].astype("int64"))
+        data["numpy"] = {"bit_generator": st["bit_generator"], "key": key,
+                         "pos": int(st["state"]["pos"]), "has_gauss": int(st["has_gauss"]),
+                         "gauss": float(st["gauss"])}
+    for t, per in data["devices"].items():
+        for i, device_state in per.items():
+            check_plain(device_state, f"the {t}:{i} state")
+    return data
+
+
+def read_snapshot(data: Any, *, source: str, covered: bool = False) -> RNGState:
+    """``RNGState.from_dict``; ``covered``: ``data`` is part of a state whose digest was
+    verified, so it carries none of its own (``check_header``)."""
+    check_depth(data, source)  # before anything walks it: a hostile nesting is refused
+    try:
+        # ``source`` names where the data came from: a file, a TrainingRNG state, a broadcast.
+        check_header(data, tag=_FORMAT, versions=(1, _VERSION), sealed_since=2, what="RNGState",
+                     made_by="RNGState.save or RNGState.to_dict()", source=source,
+                     covered=covered)
+        return parse_state(data["cpu"], data["devices"], data["python"], data["numpy"])
+    except (DevRNGError, KeyboardInterrupt, SystemExit):
+        raise
+    except Exception as err:  # hostile input may fail in any way: one error class for it
+        raise DevRNGError(
+            f"{source} is not a valid devrng RNG snapshot: {short_repr(str(err), 200)}. Write "
+            "snapshots with RNGState.save or RNGState.to_dict."
+        ) from err
 
 
 def parse_state(cpu: Any, devices: Any, python: Any = None, numpy: Any = None) -> RNGState:

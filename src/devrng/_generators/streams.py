@@ -18,15 +18,17 @@ import torch
 from devrng._backends import host
 from devrng._backends.registry import Backend, device_count
 from devrng._base.errors import DevRNGError, short_repr
-from devrng._base.rank import world_size
+from devrng._base.rank import process_rank, world_size
 from devrng._base.seeds import check_seed
 from devrng._base.sigint import deliver, guard
 from devrng._generators.plan import Plan, make_plan
 from devrng._generators.saved import (
     Apply,
+    Facts,
     Summary,
     check_header,
     check_plain,
+    count_problem,
     decode,
     encode,
     identity_of,
@@ -34,7 +36,9 @@ from devrng._generators.saved import (
     load_ranked,
     ranked,
     ranks_text,
+    refusing,
     save_of,
+    seal,
     stamp,
 )
 from devrng._generators.snapshot import RNGState, parse_state, prepare_restore, snapshot
@@ -45,7 +49,7 @@ __all__ = ["RNGStreams"]
 F = TypeVar("F", bound=Callable[..., Any])
 
 _FORMAT = "devrng.RNGStreams"
-_VERSION = 1
+_VERSION = 2  # 2: sealed, with the rank that saved it; 1 (devrng <= 0.4) loads unchecked
 
 
 def _stream_seed(name: str, seed: int) -> int:
@@ -238,8 +242,9 @@ class RNGStreams:
             devices = {t: dict(per) for t, per in s.state.devices.items() if per}
             check_plain(devices, f"stream {name!r}'s device states")
             streams[name] = {"seed": s.seed, "cpu": s.state.cpu.clone(), "devices": devices}
-        return ranked(encode(stamp({"format": _FORMAT, "version": _VERSION, "streams": streams,
-                                    "world_size": world_size()}, self)))
+        return ranked(encode(seal(stamp({"format": _FORMAT, "version": _VERSION,
+                                         "streams": streams, "world_size": world_size(),
+                                         "rank": process_rank()}, self))))
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Replace every stream with those ``RNGStreams.state_dict`` saved.
@@ -260,8 +265,9 @@ class RNGStreams:
 
         Raises:
             DevRNGError: ``state_dict`` is not such a dict, a part is malformed,
-                or (in a job of several processes) the state of some rank does not
-                fit (the message names the rank).
+                it was changed after it was saved (its digest), or (in a job of
+                several processes) the state of some rank does not fit (the message
+                names the rank).
             RuntimeError: A stream is forked right now.
 
         Examples:
@@ -283,7 +289,9 @@ class RNGStreams:
                 load_ranked(state_dict, owner=self, what="RNGStreams.load_state_dict",
                             read=_read_entry, facts=_facts, prepare=self._prepare)
             else:
-                self._streams = _parse(state_dict)
+                with refusing("RNGStreams.load_state_dict"):
+                    loaded = _parse(state_dict, _check_header(state_dict))
+                self._streams = loaded
         finally:
             deliver()
 
@@ -301,7 +309,7 @@ class RNGStreams:
                 "saved streams of the rank at its place in the saved layout are taken if they "
                 "are the same; or add the streams afresh instead of loading them.")
         try:
-            loaded = _parse(plain)
+            loaded = _parse(plain, plain["version"])  # its header was checked when it was read
         except DevRNGError as err:
             raise DevRNGError(f"{what}: {err}") from None
         saved = {name: s.seed for name, s in loaded.items()}
@@ -325,43 +333,68 @@ def _names(seeds: Mapping[str, int]) -> str:
     return ", ".join(f"{n!r} (seed {s})" for n, s in seeds.items()) or "none"
 
 
-def _read_entry(entry: Any) -> Any:
-    return decode(entry, "RNGStreams.load_state_dict: its entry")
+def _check_header(data: Any, source: str | None = None) -> int:
+    """The version of a saved RNGStreams state, its digest verified (``check_header``)."""
+    return check_header(data, tag=_FORMAT, versions=(1, _VERSION), sealed_since=2,
+                        what="RNGStreams.load_state_dict", made_by="RNGStreams.state_dict()",
+                        source=source)
 
 
-def _facts(plain: Any) -> tuple[int, int, int]:
-    """The world size a plain state records (-1: none), a hash of its streams, its save."""
-    world = plain.get("world_size") if isinstance(plain, Mapping) else None
-    streams = plain.get("streams") if isinstance(plain, Mapping) else None
-    return ((world if type(world) is int else -1), identity_of(streams),
-            save_of(plain, "RNGStreams.load_state_dict: its entry"))
+def _read_entry(entry: Any, source: str) -> Any:
+    plain = decode(entry, f"RNGStreams.load_state_dict: {source}")
+    _check_header(plain, source)
+    return plain
 
 
-def _parse(state_dict: Any) -> dict[str, _Stream]:
-    """The streams a plain state holds, checked against this process (``DevRNGError``)."""
-    check_header(state_dict, tag=_FORMAT, versions=(_VERSION,), what="RNGStreams.load_state_dict",
-                 made_by="RNGStreams.state_dict()")
+def _facts(plain: Mapping[str, Any]) -> Facts:
+    """The world size and rank a plain state records (-1: none), a hash of its streams, and
+    its save identity."""
+    return Facts(_recorded(plain, "world_size"), identity_of(plain.get("streams")),
+                 _recorded(plain, "rank"), save_of(plain, "RNGStreams.load_state_dict: its entry"))
+
+
+def _recorded(plain: Mapping[str, Any], key: str) -> int:
+    """The world size or rank a saved state records (-1: none), or ``DevRNGError``."""
+    if key not in plain:
+        return -1
+    value = plain[key]
+    what, low = ("world size", 1) if key == "world_size" else ("rank", 0)
+    problem = count_problem(value, low)
+    if problem is not None:
+        raise DevRNGError(f"RNGStreams.load_state_dict: the saved {what} {problem}.")
+    return int(value)
+
+
+def _parse(state_dict: Mapping[str, Any], version: int) -> dict[str, _Stream]:
+    """The streams a plain state of ``version`` holds (its header checked), checked against
+    this process (``DevRNGError``)."""
     raw = state_dict.get("streams")
     if not isinstance(raw, Mapping):
         raise DevRNGError("The RNGStreams state dict has no 'streams' mapping.")
+    _recorded(state_dict, "world_size")
+    if version >= 2 and _recorded(state_dict, "rank") < 0:
+        raise DevRNGError("The RNGStreams state dict does not record the rank that saved it.")
     loaded: dict[str, _Stream] = {}
     for name, entry in raw.items():
         if not isinstance(name, str) or not name:
             raise DevRNGError(f"The RNGStreams state dict names a stream {short_repr(name)}; "
                               "stream names are non-empty strings.")
-        try:
-            seed = check_seed(entry["seed"], f"stream {name!r}'s seed")
-            cpu, devices = entry["cpu"], entry["devices"]
-        except (KeyError, TypeError, ValueError) as err:
+        shown = short_repr(name)
+        if not isinstance(entry, Mapping) or not {"seed", "cpu", "devices"} <= set(entry):
+            got = (f"the keys {', '.join(sorted(map(short_repr, entry)))}"
+                   if isinstance(entry, Mapping) else short_repr(entry))
             raise DevRNGError(
-                f"Stream {name!r} in the RNGStreams state dict is malformed ({err}); it needs "
-                "'seed' (an int in [0, 2**64)), 'cpu' and 'devices'."
-            ) from err
+                f"Stream {shown} in the RNGStreams state dict is malformed: it is {got}, and "
+                "a stream is a dict of 'seed' (an int in [0, 2**64)), 'cpu' and 'devices'.")
         try:
-            state = parse_state(cpu, devices)
+            seed = check_seed(entry["seed"], f"stream {shown}'s seed")
+        except (TypeError, ValueError) as err:
+            raise DevRNGError(f"The RNGStreams state dict is malformed: {err}") from None
+        try:
+            state = parse_state(entry["cpu"], entry["devices"])
         except (ValueError, DevRNGError) as err:
             raise DevRNGError(
-                f"Stream {name!r}'s {str(err).removeprefix('its ')}; load what "
+                f"Stream {shown}'s {str(err).removeprefix('its ')}; load what "
                 "RNGStreams.state_dict() returned."
             ) from None
         prepare_restore(state)  # device types, counts and state layouts of this process

@@ -19,10 +19,11 @@ from typing import Any, Generic, TypeVar, overload
 import torch
 
 from devrng._backends.host import draw_seed
-from devrng._base.errors import DevRNGError
+from devrng._base.errors import DevRNGError, short_repr
 from devrng._base.lazy import load
 from devrng._base.seeds import MASK64, check_counter, check_seed, nth_seed
-from devrng._base.sigint import interrupt_in, raised_count
+from devrng._base.sigint import deliver, guard, interrupt_in, raised_count
+from devrng._generators.saved import SEAL_KEYS, check_header, refusing, seal
 from devrng._jit.compilers.runner import MakeRunner, Runner, input_types
 
 __all__ = ["COMPILER_NAMES", "SeededFunction", "auto_compiler", "seeded_jit"]
@@ -39,6 +40,9 @@ _COMPILERS: dict[str, tuple[str, str | None]] = {
 }
 #: What ``seeded_jit(backend=...)`` accepts (torch.compile's word for a compiler).
 COMPILER_NAMES = (*_COMPILERS, "auto")
+
+_FORMAT = "devrng.SeededFunction"
+_VERSION = 2  # 2: with a header and a digest; the bare dict (devrng <= 0.4) loads unchecked
 
 
 def _active_portable() -> Any:
@@ -224,51 +228,75 @@ class SeededFunction(Generic[R]):
             raise KeyboardInterrupt
         return out
 
-    def state_dict(self) -> dict[str, int]:
+    def state_dict(self) -> dict[str, Any]:
         """Base seed and call counter of the seed stream, for checkpoints.
+
+        With a header: ``format``, ``version``, the devrng version, and a digest of it
+        all that ``load_state_dict`` checks.
 
         Examples:
             >>> step = devrng.seeded_jit(lambda x: x, backend="eager", seed=3)
-            >>> _ = step(torch.ones(1)); step.state_dict()
-            {'base_seed': 3, 'counter': 1}
+            >>> _ = step(torch.ones(1)); state = step.state_dict()
+            >>> state["base_seed"], state["counter"]
+            (3, 1)
         """
-        return {"base_seed": self._base_seed, "counter": self._counter}
+        return seal({"format": _FORMAT, "version": _VERSION, "base_seed": self._base_seed,
+                     "counter": self._counter})
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Continue the seed stream that ``SeededFunction.state_dict`` saved.
 
         Args:
-            state_dict: ``{"base_seed": ..., "counter": ...}``.
+            state_dict: What ``state_dict()`` returned, or ``{"base_seed": ...,
+                "counter": ...}`` (unchecked, as devrng 0.4 saved it).
 
         Raises:
-            DevRNGError: The keys are not exactly those two, or a value is not
-                an int in range.
+            DevRNGError: The keys are not those, a value is not an int in
+                range, or the state was changed after it was saved (its digest).
 
         Examples:
             >>> step = devrng.seeded_jit(lambda x: x, backend="eager")
             >>> step.load_state_dict({"base_seed": 3, "counter": 1})
-            >>> step.state_dict()
-            {'base_seed': 3, 'counter': 1}
+            >>> step.state_dict()["counter"]
+            1
         """
-        if not isinstance(state_dict, Mapping) or set(state_dict) != {"base_seed", "counter"}:
-            got = (f"a mapping with the keys {', '.join(sorted(map(repr, state_dict)))}"
-                   if isinstance(state_dict, Mapping) else f"a {type(state_dict).__name__}")
-            raise DevRNGError(
-                f"load_state_dict needs a mapping with exactly the keys 'base_seed' and 'counter' "
-                f"(from SeededFunction.state_dict()), not {got}."
-            )
-        try:
-            base = check_seed(state_dict["base_seed"], "state_dict['base_seed']")
-            counter = check_counter(state_dict["counter"], "state_dict['counter']")
-        except (TypeError, ValueError) as err:
-            raise DevRNGError(f"SeededFunction.load_state_dict: {err}") from None
-        self._base_seed = base
-        self._counter = int(counter)
+        try:  # guarded: a Ctrl-C never leaves the seed stream half set
+            with refusing("SeededFunction.load_state_dict"):
+                base, counter = _parse_state(state_dict)
+            self._base_seed = base
+            self._counter = counter
+        finally:
+            deliver()
 
     def __repr__(self) -> str:
         name = getattr(self._fn, "__qualname__", repr(self._fn))
         return (f"seeded_jit({name}, backend={self._backend!r}, base_seed={self._base_seed}, "
                 f"counter={self._counter}, compile_count={self.compile_count})")
+
+
+guard(SeededFunction.load_state_dict)
+
+
+def _parse_state(state_dict: Any) -> tuple[int, int]:
+    """Base seed and counter of a saved ``SeededFunction`` state, its digest checked if it
+    has a header; or a ``DevRNGError`` sentence."""
+    keys = set(state_dict) if isinstance(state_dict, Mapping) else None
+    if keys is not None and "format" in keys:
+        check_header(state_dict, tag=_FORMAT, versions=(_VERSION,), sealed_since=_VERSION,
+                     what="SeededFunction.load_state_dict", made_by="SeededFunction.state_dict()")
+        keys -= {"format", "version", *SEAL_KEYS}
+    if keys != {"base_seed", "counter"}:
+        got = (f"a mapping with the keys {', '.join(sorted(map(short_repr, state_dict)))}"
+               if isinstance(state_dict, Mapping) else f"a {type(state_dict).__name__}")
+        raise DevRNGError(
+            f"load_state_dict needs what SeededFunction.state_dict() returns, or a mapping "
+            f"with exactly the keys 'base_seed' and 'counter', not {got}."
+        )
+    try:
+        return (check_seed(state_dict["base_seed"], "state_dict['base_seed']"),
+                check_counter(state_dict["counter"], "state_dict['counter']"))
+    except (TypeError, ValueError) as err:
+        raise DevRNGError(f"SeededFunction.load_state_dict: {err}") from None
 
 
 @overload

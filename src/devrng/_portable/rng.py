@@ -31,19 +31,26 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from devrng._backends.host import draw_seed
-from devrng._base.errors import DevRNGError, check_flags
+from devrng._base.errors import DevRNGError, check_flags, short_repr
 from devrng._base.lazy import load
-from devrng._base.rank import world_size
+from devrng._base.rank import process_rank, world_size
 from devrng._base.seeds import MASK64, check_counter, check_seed
+from devrng._base.sigint import deliver, guard
 from devrng._generators.saved import (
     SAVE,
+    SEAL_KEYS,
     Apply,
+    Facts,
     Summary,
+    check_header,
+    count_problem,
     identity_of,
     is_ranked,
     load_ranked,
     ranked,
+    refusing,
     save_of,
+    seal,
     stamp,
 )
 from devrng._portable import devices, ops, threefry
@@ -145,7 +152,7 @@ class PortableRNG(TorchFunctionMode):
         """How many random ops the stream has answered (the next one is number ``counter``)."""
         return self._stream.get()[1]  # type: ignore[no-any-return]
 
-    def state_dict(self) -> dict[str, dict[str, int]]:
+    def state_dict(self) -> dict[str, dict[str, Any]]:
         """The stream's position, for checkpoints, under a key that names this process's rank.
 
         The rank in the key keeps every rank's stream apart in a
@@ -155,9 +162,10 @@ class PortableRNG(TorchFunctionMode):
 
         Returns:
             ``{"devrng_rank_<r>": {"seed": ..., "counter": ..., "world_size": ...,
-            "save": ...}}``: plain ints (``counter`` random ops answered so far;
-            ``save`` the identity of this save, by which a load refuses entries
-            of different saves).
+            "rank": ..., "save": ...}}``: plain ints (``counter`` random ops answered so far;
+            ``save`` the identity of this save, by which a load refuses entries of
+            different saves), with a header (``format``, ``version``, the devrng version,
+            and a digest of it all that ``load_state_dict`` checks).
 
         Examples:
             >>> rng = devrng.portable(seed=3)
@@ -168,7 +176,9 @@ class PortableRNG(TorchFunctionMode):
             (3, 2, 1)
         """
         seed, counter = self._stream.get()
-        return ranked(stamp({"seed": seed, "counter": counter, "world_size": world_size()}, self))
+        return ranked(seal(stamp({"format": _FORMAT, "version": _VERSION, "seed": seed,
+                                  "counter": counter, "world_size": world_size(),
+                                  "rank": process_rank()}, self)))
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Continue the stream saved by ``state_dict`` (checked first; nothing changes on error).
@@ -188,9 +198,9 @@ class PortableRNG(TorchFunctionMode):
                 "counter": ...}``.
 
         Raises:
-            DevRNGError: The keys are not ``seed`` and ``counter`` (and
-                ``world_size``), the seed is not an int in ``[0, 2**64)`` or the
-                counter not one in ``[0, 2**63)``; or, in a job of several
+            DevRNGError: The keys are not those, the seed is not an int in
+                ``[0, 2**64)`` or the counter not one in ``[0, 2**63)``, the state
+                was changed after it was saved (its digest); or, in a job of several
                 processes, the state of some rank does not fit (the message names
                 the rank).
 
@@ -200,11 +210,14 @@ class PortableRNG(TorchFunctionMode):
             >>> rng.seed, rng.counter
             (3, 2)
         """
-        if is_ranked(state_dict):
-            load_ranked(state_dict, owner=self, what="PortableRNG.load_state_dict",
-                        read=_read_entry, facts=_facts, prepare=self._prepare)
-        else:
-            self._stream.set(*_parse(state_dict))
+        try:  # guarded: a Ctrl-C never leaves the stream half set
+            if is_ranked(state_dict):
+                load_ranked(state_dict, owner=self, what="PortableRNG.load_state_dict",
+                            read=_read_entry, facts=_facts, prepare=self._prepare)
+            else:
+                self._stream.set(*_parse(state_dict)[:2])
+        finally:
+            deliver()
 
     def _prepare(self, plain: tuple[int, int, int, int], summary: Summary
                  ) -> tuple[Apply, str | None]:
@@ -308,40 +321,63 @@ class PortableRNG(TorchFunctionMode):
                 UserWarning, stacklevel=4)
 
 
-def _parse(state_dict: Any) -> tuple[int, int]:
-    """The seed and counter of a saved stream, or a ``DevRNGError`` sentence."""
-    keys = set(state_dict) - {SAVE} if isinstance(state_dict, Mapping) else None
-    if keys not in ({"seed", "counter"}, {"seed", "counter", "world_size"}):
-        got = sorted(map(str, state_dict)) if isinstance(state_dict, Mapping) \
-            else type(state_dict).__name__
+_FORMAT = "devrng.PortableRNG"
+_VERSION = 2  # 2: with a header and a digest; the dicts without one (devrng <= 0.4) load unchecked
+_KEYS = {"seed", "counter", "world_size", "rank"}
+_OLD_KEYS = ({"seed", "counter"}, {"seed", "counter", "world_size"})
+
+
+guard(PortableRNG.load_state_dict)
+
+
+def _parse(state_dict: Any, source: str | None = None) -> tuple[int, int, int, int]:
+    """Seed, counter, and the world size and rank recorded (-1: none) of a saved stream,
+    its digest checked if it has a header; or a ``DevRNGError`` sentence."""
+    with refusing("PortableRNG.load_state_dict"):
+        return _parse_checked(state_dict, source)
+
+
+def _parse_checked(state_dict: Any, source: str | None) -> tuple[int, int, int, int]:
+    what = "PortableRNG.load_state_dict"
+    keys = set(state_dict) if isinstance(state_dict, Mapping) else None
+    if keys is not None and "format" in keys:
+        check_header(state_dict, tag=_FORMAT, versions=(_VERSION,), sealed_since=_VERSION,
+                     what=what, made_by="PortableRNG.state_dict()", source=source)
+        keys -= {"format", "version", SAVE, *SEAL_KEYS}
+        expected: Any = (_KEYS,)
+    else:
+        expected = _OLD_KEYS
+    where = f"{what}: {source}" if source else what
+    if keys not in expected:
+        got = (f"the keys [{', '.join(sorted(map(short_repr, state_dict)))}]"
+               if isinstance(state_dict, Mapping) else repr(type(state_dict).__name__))
         raise DevRNGError(
-            f"PortableRNG.load_state_dict needs a mapping with exactly the keys 'seed' and "
-            f"'counter' (and 'world_size' and 'save', from PortableRNG.state_dict()), not "
-            f"{got!r}."
-        )
+            f"{where} needs what PortableRNG.state_dict() returns ('seed', 'counter', "
+            "'world_size' and 'rank' under its header), or a mapping with exactly the keys "
+            f"'seed' and 'counter', not {got}.")
     try:
-        return (check_seed(state_dict["seed"], "state_dict['seed']"),
-                check_counter(state_dict["counter"], "state_dict['counter']"))
+        seed = check_seed(state_dict["seed"], "state_dict['seed']")
+        counter = check_counter(state_dict["counter"], "state_dict['counter']")
     except (TypeError, ValueError) as err:
-        raise DevRNGError(f"PortableRNG.load_state_dict: {err}") from None
+        raise DevRNGError(f"{where}: {err}") from None
+    recorded = []
+    for key, low in (("world_size", 1), ("rank", 0)):
+        problem = count_problem(state_dict.get(key), low) if key in state_dict else None
+        if problem is not None:
+            raise DevRNGError(f"{where}: its {key!r} {problem}.")
+        recorded.append(state_dict.get(key, -1))
+    return seed, counter, recorded[0], recorded[1]
 
 
-def _read_entry(entry: Any) -> tuple[int, int, int, int]:
-    """Seed, counter, the world size recorded (-1: none) and the save identity (0: none) of
-    one rank's entry."""
-    try:
-        seed, counter = _parse(entry)
-    except DevRNGError as err:
-        raise DevRNGError(f"PortableRNG.load_state_dict: its entry is not a stream's state "
-                          f"({str(err).removeprefix('PortableRNG.load_state_dict: ')})"
-                          ) from None
-    world = entry.get("world_size", -1)
-    save = save_of(entry, "PortableRNG.load_state_dict: its entry")
-    return seed, counter, world if type(world) is int else -1, save
+def _read_entry(entry: Any, source: str) -> tuple[int, int, int, int, int]:
+    """Seed, counter, the world size and rank recorded (-1: none) and the save identity (0:
+    none) of one rank's entry."""
+    return (*_parse(entry, source),
+            save_of(entry, f"PortableRNG.load_state_dict: {source}"))
 
 
-def _facts(plain: tuple[int, int, int, int]) -> tuple[int, int, int]:
-    return plain[2], identity_of(list(plain[:2])), plain[3]
+def _facts(plain: tuple[int, int, int, int, int]) -> Facts:
+    return Facts(plain[2], identity_of(list(plain[:2])), plain[3], plain[4])
 
 
 def portable(seed: int | None = None, *, strict: bool = True) -> PortableRNG:

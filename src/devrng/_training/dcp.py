@@ -32,14 +32,28 @@ _ENTRY = re.compile(re.escape(PREFIX) + r"\d+")
 
 class Planner(DefaultLoadPlanner):
     """DCP's default load planner, except that a devrng entry missing from the checkpoint
-    is marked as not found (``None``) instead of failing the load inside DCP; made by
-    ``devrng.distributed.load_planner``."""
+    is marked as not found (``None``) instead of failing the load inside DCP, and a key an
+    entry gained since (a portable stream's header, devrng 0.5) is left out of the entry
+    when the checkpoint's entry lacks it, so that the older entry loads as what it is;
+    made by ``devrng.distributed.load_planner``."""
 
     def create_local_plan(self) -> LoadPlan:
         saved = self.metadata.state_dict_metadata if self.metadata is not None else {}
+        paths: dict[str, tuple[Any, ...]] = {k: self.mappings.get(k, (k,)) for k in self.state_dict}
         for fqn in [k for k in self.state_dict if k not in saved]:
-            path: tuple[Any, ...] = self.mappings.get(fqn, (fqn,))
-            if any(isinstance(part, str) and _ENTRY.fullmatch(part) for part in path):
-                del self.state_dict[fqn]
+            path = paths[fqn]
+            at = next((i for i, part in enumerate(path)
+                       if isinstance(part, str) and _ENTRY.fullmatch(part)), None)
+            if at is None:
+                continue
+            del self.state_dict[fqn]
+            entry = path[:at + 1]
+            if len(path) > len(entry) and any(k in saved and p[:at + 1] == entry
+                                              for k, p in paths.items()):
+                parent = self.original_state_dict  # the entry was saved: this key is newer
+                for part in path[:-1]:
+                    parent = parent[part]
+                del parent[path[-1]]
+            else:
                 set_element(self.original_state_dict, path, None)  # "not found"
         return super().create_local_plan()  # type: ignore[no-any-return]

@@ -38,13 +38,16 @@ from devrng._base.seeds import (
 from devrng._base.sigint import deliver, guard
 from devrng._generators.saved import (
     SAVE,
+    SEAL_KEYS,
     Apply,
+    Facts,
     Summary,
     check_cpu_state,
     check_depth,
     check_header,
     check_loaded,
     check_plain,
+    count_problem,
     decode,
     encode,
     fit_devices,
@@ -54,11 +57,13 @@ from devrng._generators.saved import (
     nested_state,
     ranked,
     ranks_text,
+    refusing,
     save_of,
+    seal,
     stamp,
 )
 from devrng._generators.seeding import reseed
-from devrng._generators.snapshot import Restore, RNGState, get_rng_state, prepare_restore
+from devrng._generators.snapshot import Restore, get_rng_state, prepare_restore, read_snapshot
 from devrng._generators.undo import Undo
 from devrng._training.determinism import DeterministicHandle
 from devrng._training.determinism import deterministic as turn_on_determinism
@@ -83,14 +88,16 @@ __all__ = ["TrainingRNG", "generator_states", "load_training_state", "set_genera
            "start_flight_record", "tracked_loaders"]
 
 _FORMAT = "devrng.TrainingRNG"
-_VERSION = 2
+_VERSION = 3
+_SEALED_SINCE = 3  # version 3 carries a digest of its content; 1 and 2 load unchecked
 _KEYS = frozenset({"format", "version", "seed", "rank", "world_size", "rng", "generators",
                    "tracked", "loaders"})
-_KEYS_OF = {1: _KEYS - {"loaders"}, 2: _KEYS}  # version 1 (devrng 0.1) has no loader records
+# Version 1 (devrng 0.1) has no loader records; 3 (devrng 0.4) is sealed (``seal``).
+_KEYS_OF = {1: _KEYS - {"loaders"}, 2: _KEYS, 3: _KEYS | SEAL_KEYS}
 _OPTIONAL = frozenset({SAVE})  # an entry's save identity (devrng 0.4 and before wrote none)
-# Keys a version-2 state holds only when it has something to say: "epoch_starts", the
-# generators each loader that replays its sampler made its epoch's iterator from.
-_OPTIONAL_OF = {1: frozenset(), 2: frozenset({"epoch_starts"})}
+# Keys a state holds only when it has something to say: "epoch_starts", the generators
+# each loader that replays its sampler made its epoch's iterator from.
+_OPTIONAL_OF = {1: frozenset(), 2: frozenset({"epoch_starts"}), 3: frozenset({"epoch_starts"})}
 _LOADER_NAME = re.compile(r"dataloader\d+")  # the generators dataloader_kwargs() makes
 _logger = logging.getLogger("devrng")
 _ENTROPY = "drawn from OS entropy"
@@ -369,14 +376,16 @@ class TrainingRNG:
         The bytes are what ``torch.save`` makes of a versioned dict of plain
         data (``torch.load(io.BytesIO(b), weights_only=True)`` reads it): the
         global generators (CPU, every started device, Python, NumPy), every
-        DataLoader generator, every tracked object's state, and the identity of
-        this save. The rank in the key keeps every rank's state apart in a
-        ``torch.distributed.checkpoint`` save (``dcp.save({"rng": rng, ...})``),
-        and the state is taken when this is called (also by ``dcp.async_save``).
-        Save one per rank with ``torch.save``, or all of them with DCP. In a job
-        of several processes every process calls this, as ``dcp.save`` does:
-        the ranks agree on the save's identity (one small ``all_reduce``), by
-        which a load refuses entries of different saves.
+        DataLoader generator, every tracked object's state and the identity of
+        this save, with the devrng version and a SHA-256 digest of it all, which
+        ``load_state_dict`` verifies before anything changes. The rank in the key
+        keeps every rank's state apart in a ``torch.distributed.checkpoint`` save
+        (``dcp.save({"rng": rng, ...})``), and the state is taken when this is
+        called (also by ``dcp.async_save``). Save one per rank with
+        ``torch.save``, or all of them with DCP. In a job of several processes
+        every process calls this, as ``dcp.save`` does: the ranks agree on the
+        save's identity (one small ``all_reduce``), by which a load refuses
+        entries of different saves.
 
         Returns:
             ``{"devrng_rank_<this rank>": bytes}``.
@@ -405,7 +414,7 @@ class TrainingRNG:
                   if watch.last is not None}
         if starts:
             plain["epoch_starts"] = starts
-        state = ranked(encode(stamp(plain, self)))
+        state = ranked(encode(seal(stamp(plain, self))))
         if self._flight is not None:
             self._flight.checkpoint(_flight_key(plain))
         return state
@@ -444,8 +453,9 @@ class TrainingRNG:
             DevRNGError: The state does not fit (another format or version,
                 missing or unknown keys, other devices, rank, world size or
                 tracked names with ``strict=True``, another run's seed, a corrupt
-                generator state) -- here or, in a job of several processes, on
-                any rank. Nothing changed on any rank.
+                generator state, a state changed after it was saved: its digest)
+                -- here or, in a job of several processes, on any rank. Nothing
+                changed on any rank.
 
         Examples:
             >>> rng = devrng.TrainingRNG(seed=5)
@@ -483,7 +493,8 @@ class TrainingRNG:
                 f"{'has' if missing[0] == missing[1] else 'have'} none. Make the "
                 "TrainingRNG with strict=False to resume with those ranks' generators seeded "
                 "afresh (with a warning).")
-        loading = _Loading(self, plain, strict, _LENIENT)  # checks everything, changes nothing
+        # Checks everything, changes nothing (the header was checked when the entry was read).
+        loading = _Loading(self, plain, strict, _LENIENT, header_checked=True)
         if self._seed_chosen and loading.seed != self._seed and summary.world > 1:
             problem = (f"this TrainingRNG was made with seed {self._seed} and the checkpoint's "
                        f"run used seed {loading.seed}")
@@ -511,7 +522,8 @@ def load_training_state(rng: TrainingRNG, state_dict: Mapping[str, Any], *, stri
     integrations': ``DevRNGCallback(strict=False)``, ...)."""
     try:
         check_flags(strict=strict)
-        loading = _Loading(rng, state_dict, strict, lenient)  # checks everything, changes nothing
+        with refusing("TrainingRNG.load_state_dict"):  # checks everything, changes nothing
+            loading = _Loading(rng, state_dict, strict, lenient)
         with Undo("TrainingRNG.load_state_dict") as undo:
             loading.apply(undo)
     finally:
@@ -530,13 +542,13 @@ class _Loading:
     restored and of what will not be exact."""
 
     def __init__(self, rng: TrainingRNG, data: Mapping[str, Any], strict: bool,
-                 lenient: str) -> None:
+                 lenient: str, *, header_checked: bool = False) -> None:
         self.rng = rng
         self.strict = strict
         self.skipped: list[str] = []
         self.hint = "" if not strict else (
             f" Pass {lenient} to resume anyway with a warning listing what was not restored.")
-        self._check_format(data)
+        self._check_format(data, header_checked)
         self.same_rank = self._check_rank(data)
         self._check_names("generators", data["generators"], rng._generators)
         self._check_names("tracked objects", data["tracked"], rng._tracked)
@@ -552,7 +564,9 @@ class _Loading:
         rank = process_rank()
         self.reseed_seed = (reseed_seed(self.seed, rank) if self.same_rank
                             else rank_seed(self.seed, rank))
-        state = RNGState.from_dict(data["rng"], source="the saved global RNG state")
+        # A sealed state's digest, verified above, covers its snapshot: not verified again.
+        state = read_snapshot(data["rng"], source="the saved global RNG state",
+                              covered=data["version"] >= _SEALED_SINCE)
         for name, saved in self.generators.items():
             if name in rng._generators:
                 try:
@@ -581,17 +595,17 @@ class _Loading:
         return DevRNGError(f"TrainingRNG.load_state_dict: {problem}.{self.hint}")
 
     # -- check ----------------------------------------------------------------------
-    def _check_format(self, data: Any) -> None:
-        version = check_header(data, tag=_FORMAT, versions=_KEYS_OF,
-                               what="TrainingRNG.load_state_dict",
-                               made_by="TrainingRNG.state_dict()")
+    def _check_format(self, data: Any, header_checked: bool) -> None:
+        version = data["version"] if header_checked else _check_header(data)
         expected = _KEYS_OF[version] | (set(data) & _OPTIONAL_OF[version])
         # Bounded before anything reads it: a small file can nest thousands deep or hold a
         # tensor claiming gigabytes (stride 0). Tracked objects' states are their own
-        # business, only their nesting is bounded.
-        check_loaded({k: v for k, v in data.items() if k != "tracked"},
-                     "TrainingRNG.load_state_dict: the state")
-        check_depth(data.get("tracked"), "TrainingRNG.load_state_dict: the tracked states")
+        # business, only their nesting is bounded. (An entry was bounded, all of it, when
+        # it was read: ``decode``.)
+        if not header_checked:
+            check_loaded({k: v for k, v in data.items() if k != "tracked"},
+                         "TrainingRNG.load_state_dict: the state")
+            check_depth(data.get("tracked"), "TrainingRNG.load_state_dict: the tracked states")
         keys = set(data) - _OPTIONAL
         if keys != expected:
             extra = sorted(map(short_repr, keys - expected))
@@ -606,9 +620,9 @@ class _Loading:
         """Whether ``data`` was saved by this rank (with ``strict``: and world size)."""
         saved_rank, saved_world = data["rank"], data["world_size"]
         for what, value, low in (("world size", saved_world, 1), ("rank", saved_rank, 0)):
-            if type(value) is not int or value < low:
-                raise DevRNGError(f"TrainingRNG.load_state_dict: the saved {what} is "
-                                  f"{short_repr(value)}, not an int of {low} or more.")
+            problem = count_problem(value, low)
+            if problem is not None:
+                raise DevRNGError(f"TrainingRNG.load_state_dict: the saved {what} {problem}.")
         if saved_rank >= saved_world:
             raise DevRNGError(f"TrainingRNG.load_state_dict: the saved rank {saved_rank} is not "
                               f"a rank of the saved world size {saved_world}.")
@@ -653,7 +667,8 @@ class _Loading:
                 # A StatefulDataLoader takes {} or None and silently starts the epoch over.
                 raise DevRNGError(
                     f"TrainingRNG.load_state_dict: the saved state of the tracked object "
-                    f"{name!r} is {saved!r}, which would start it afresh; it was saved before "
+                    f"{name!r} is {short_repr(saved)}, which would start it afresh; it was saved "
+                    "before "
                     "the object had a state, or by another program."
                 )
 
@@ -741,20 +756,27 @@ class _Loading:
             rng._flight.resume(self.key)
 
 
-def _read_entry(entry: Any) -> Any:
-    plain = decode(entry, "TrainingRNG.load_state_dict: its entry")
-    if not isinstance(plain, Mapping) or plain.get("format") != _FORMAT:
-        tag = plain.get("format") if isinstance(plain, Mapping) else type(plain).__name__
-        raise DevRNGError("TrainingRNG.load_state_dict: its entry holds no TrainingRNG state "
-                          f"(it is tagged {short_repr(tag)}, not {_FORMAT!r}).")
+def _check_header(data: Any, source: str | None = None) -> int:
+    """The version of a saved TrainingRNG state, its digest verified (``check_header``)."""
+    return check_header(data, tag=_FORMAT, versions=_KEYS_OF, sealed_since=_SEALED_SINCE,
+                        what="TrainingRNG.load_state_dict", made_by="TrainingRNG.state_dict()",
+                        source=source)
+
+
+def _read_entry(entry: Any, source: str) -> Any:
+    plain = decode(entry, f"TrainingRNG.load_state_dict: {source}")
+    _check_header(plain, source)
     return plain
 
 
-def _facts(plain: Mapping[str, Any]) -> tuple[int, int, int]:
-    """The world size a plain state records (-1: none), its run's seed, hashed, and its save."""
-    world = plain.get("world_size")
-    return ((world if type(world) is int else -1), identity_of(plain.get("seed")),
-            save_of(plain, "TrainingRNG.load_state_dict: its entry"))
+def _facts(plain: Mapping[str, Any]) -> Facts:
+    """The world size and rank a plain state records (-1: none), its run's seed, hashed,
+    and its save identity."""
+    world: Any = plain.get("world_size")
+    rank: Any = plain.get("rank")
+    return Facts(world if count_problem(world, 1) is None else -1,
+                 identity_of(plain.get("seed")), rank if count_problem(rank, 0) is None else -1,
+                 save_of(plain, "TrainingRNG.load_state_dict: its entry"))
 
 
 def start_flight_record(rng: TrainingRNG, directory: str, *, hooked: bool = False,
