@@ -23,8 +23,11 @@ KERNEL_LOADER = "devrng._portable.threefry_cpu"
 # seeded_jit loads one module per compiler from here; a test drops them to re-import.
 COMPILERS_PACKAGE = "devrng._jit.compilers"
 
-_KERNEL_TABLES = ("BITS", "EXPONENTIAL", "KNOWN_COUNT", "KNOWN_DIGESTS", "KNOWN_START", "NORMAL",
-                  "NORMAL_AT", "UNIFORM", "UNIFORM64", "UNIFORM_AT", "WORDS", "kernel", "status")
+_KERNEL_TABLES = ("BITS", "DTYPES", "EXPONENTIAL", "NORMAL", "NORMAL_AT", "PROOF_DIGEST",
+                  "PROOF_FILLS", "PROOF_KEY", "PROOF_LENGTH", "PROOF_RANDINTS", "PROOF_SPLIT",
+                  "UNIFORM", "UNIFORM64", "UNIFORM_AT", "WORDS",
+                  "CpuKernel", "jax_multiplier", "kernel", "proof_counters", "proof_digest",
+                  "proof_draw_counters", "status")
 
 # name -> (module, attribute; None for the module itself)
 _PRIVATE: dict[str, tuple[str, str | None]] = {
@@ -67,6 +70,8 @@ _PRIVATE: dict[str, tuple[str, str | None]] = {
     "portable_package": ("devrng._portable", None),
     # The C kernel's known-answer tables, its loader and doctor's sentence about it.
     **{name: ("devrng._portable.threefry_cpu", name) for name in _KERNEL_TABLES},
+    # The loader's checks, run on bit-flipped builds of the kernel (tests/_kernel_flips.py).
+    "load_checked": ("devrng._portable.threefry_cpu", "load_checked"),
     # doctor's rules, checked against made-up versions and environments.
     "environment_problems": ("devrng._cli", "environment_problems"),
     "known_problems": ("devrng._cli", "known_problems"),

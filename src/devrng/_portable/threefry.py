@@ -49,6 +49,7 @@ from devrng._portable.threefry_cpu import (
     UNIFORM64,
     UNIFORM_AT,
     WORDS,
+    jax_multiplier,
     kernel,
 )
 
@@ -570,8 +571,7 @@ def randint(source: Source, shape: Sequence[int], low: int, high: int,
     """
     span = high - low
     if low >= -(1 << 31) and high <= 1 << 31 and span < 1 << 32:
-        # JAX squares 2**16 % span in uint32: for spans above 2**16 that wraps to 0.
-        multiplier = ((((1 << 16) % span) ** 2) & M32) % span
+        multiplier = jax_multiplier(span)
         if isinstance(source.key, tuple) and devices.row(source.device).host_memory:
             fused = _kernel_randint(source.key, tuple(shape), span, multiplier, low, dtype,
                                     source.counters)

@@ -2,11 +2,11 @@
 
 The same generator as tensor ops (``devrng._portable.threefry``) is a chain of about
 130 elementwise kernels, each reading and writing the whole array. One C loop
-that keeps both words in registers does the same integer arithmetic at about
-the speed of ``torch.rand`` (``benchmarks/`` has the figures). It also turns the
-words into what the common draws need in the same pass (float32 and float64
-uniforms, float32 normal and exponential draws, ``jax.random.randint``'s
-integers), each the same bits as ``devrng._portable.threefry``'s tensor ops.
+that keeps both words in registers does the same integer arithmetic faster than
+``torch.rand`` (``benchmarks/`` has the figures). It also turns the words into
+what the common draws need in the same pass (float32 and float64 uniforms,
+float32 normal and exponential draws, ``jax.random.randint``'s integers), each
+the same bits as ``devrng._portable.threefry``'s tensor ops.
 
 The loop is ``devrng._portable._threefry_kernel``, an optional extension that
 ``pip install`` compiles (``setup.py``): it lives in site-packages beside the
@@ -14,11 +14,13 @@ rest of the package. Nothing is compiled, cached or loaded from elsewhere at run
 time. Before its first use it proves itself twice: the file must match the
 SHA-256 its build recorded beside it (checked before the library is mapped: a
 truncated library would crash the process), and its output must equal known
-answers (Random123's test vectors for Threefry-2x32-20 in every output mode,
-and the digests of recorded normal and exponential draws). A kernel that fails either is not used, with a warning. Without it (no
-C compiler at install time), with ``DEVRNG_CPU_KERNEL=0``, or after a failed
-check, CPU draws use the tensor ops: the same numbers, more slowly.
-``devrng doctor`` says which is in use (``status``).
+answers: Random123's test vectors for Threefry-2x32-20, and the digest of draws
+that run every mode, output dtype and code path of the kernel (``PROOF_DIGEST``).
+A kernel that fails either is not used, with a ``DevRNGWarning`` once per
+process (also logged on the ``"devrng"`` logger). Without it (no C compiler at
+install time), with ``DEVRNG_CPU_KERNEL=0``, or after a failed check, CPU draws
+use the tensor ops: the same numbers, more slowly. ``devrng doctor`` says which
+is in use (``status``).
 """
 
 from __future__ import annotations
@@ -27,21 +29,21 @@ import ctypes
 import hashlib
 import importlib
 import importlib.util
-import logging
 import os
-import struct
 from collections.abc import Callable
+from importlib.machinery import ModuleSpec
 from typing import Any
 
 import torch
 
+from devrng._base.errors import warn_and_log
 from devrng._base.locks import ForkSafeLock
 
-__all__ = ["BITS", "DTYPES", "EXPONENTIAL", "KNOWN_COUNT", "KNOWN_DIGESTS", "KNOWN_START",
-           "NORMAL", "NORMAL_AT", "UNIFORM", "UNIFORM64", "UNIFORM_AT", "WORDS", "CpuKernel",
-           "kernel", "status"]
-
-_logger = logging.getLogger("devrng")
+__all__ = ["BITS", "DTYPES", "EXPONENTIAL", "NORMAL", "NORMAL_AT", "PROOF_DIGEST", "PROOF_FILLS",
+           "PROOF_KEY", "PROOF_LENGTH", "PROOF_RANDINTS", "PROOF_SPLIT", "PROOF_START",
+           "PROOF_STEP", "UNIFORM", "UNIFORM64", "UNIFORM_AT", "WORDS", "CpuKernel",
+           "jax_multiplier", "kernel", "load_checked", "proof_counters", "proof_digest",
+           "proof_draw_counters", "status"]
 
 # The modes of fill(): out0 = x0 ^ x1 (int32); out0, out1 = x0, x1 (int32); out0 = the
 # float32 uniform; the float64 uniform (from both words); the float32 normal; the float32
@@ -57,17 +59,74 @@ DTYPES = {BITS: torch.int32, WORDS: torch.int32, UNIFORM: torch.float32,
 _KNOWN = (((0x00000000, 0x00000000), (0x00000000, 0x00000000), (0x6B200159, 0x99BA4EFE)),
           ((0xFFFFFFFF, 0xFFFFFFFF), (0xFFFFFFFF, 0xFFFFFFFF), (0x1CB996FC, 0xBB002BE7)),
           ((0x13198A2E, 0x03707344), (0x243F6A88, 0x85A308D3), (0xC4923A9C, 0x483DF7A0)))
-# SHA-256 of 4096 float32 draws (their bytes) of the key (0, 0) at counters 2**32 - 2048 to
-# 2**32 + 2047, made by devrng._portable.threefry's tensor ops (tests/test_kernel.py makes them
-# again), per (mode, scale, shift): each branch of the normal and exponential formulas,
-# the scaling of normal_(0.5, 0.02), and a carry into the high counter word. A kernel
-# built with fused multiply-adds, say, gives other bytes.
-KNOWN_START, KNOWN_COUNT = (1 << 32) - 2048, 4096
-KNOWN_DIGESTS = {
-    (NORMAL, 1.0, 0.0): "4cb295d24d9a443b12b2c6cbc458434665642cdc75b6b332841e976f32b6cea5",
-    (EXPONENTIAL, 1.0, 0.0): "7de614bdafb073e0c4b2365907f17eb6b2365502f827ca0e40bb5d7b963023a8",
-    (NORMAL_AT, 0.02, 0.5): "0897234dd515a47dcc43458fab2a230d8c662a28795ac1ce6a6902a91105453a",
-}
+
+# The draws a kernel must reproduce before its first use: every entry point, mode and output
+# dtype, from a start and from a counters tensor. The kernel works in blocks of 256 elements
+# and computes a last partial block whole: PROOF_LENGTH elements from PROOF_START are whole
+# blocks, one across a carry into the counters' high word, and a partial one of 255; the
+# counters tensor holds scattered 64-bit counters. Each draw starts 7 counters after the one
+# before, so that no draw equals what an earlier one left in memory. The normal draws include
+# erfinv's tails, the randint spans each range reduction (JAX's multiplier, 0 for spans above
+# 2**16 and for powers of 2; span 1) in int64 and int32. PROOF_DIGEST is the SHA-256 of their
+# bytes as devrng._portable.threefry's tensor ops make them (tests/test_kernel.py makes them
+# again).
+PROOF_KEY = (0x243F6A88, 0xB7E15162)
+PROOF_SPLIT = ((0x1E573EDD, 0xAAE7BF55), (0xAA694F87, 0x9F895C85))  # fold_in(PROOF_KEY, 0), (.., 1)
+PROOF_START, PROOF_LENGTH, PROOF_STEP = (0x9E3779BA << 32) - 300, 4 * 256 - 1, 7
+PROOF_FILLS = ((BITS, 1.0, 0.0), (WORDS, 1.0, 0.0), (UNIFORM, 1.0, 0.0), (UNIFORM64, 1.0, 0.0),
+               (NORMAL, 1.0, 0.0), (EXPONENTIAL, 1.0, 0.0), (UNIFORM_AT, 1.25, -0.75),
+               (NORMAL_AT, 0.02, 0.5))
+PROOF_RANDINTS = ((1000, -3, torch.int64), (7, 0, torch.int32), (1 << 16, 5, torch.int64),
+                  ((1 << 16) + 1, 0, torch.int32), (1, 5, torch.int64),
+                  ((1 << 32) - 1, -(1 << 31), torch.int32))
+PROOF_DIGEST = "1282c63c44834c5d7cbb86058a8732405afe2dd992ff2fb7ccc0110dcbe5781c"
+
+
+def proof_counters() -> torch.Tensor:
+    """The proof's counters tensor: 64-bit counters with scattered high and low words (as
+    int64, made without overflowing it)."""
+    i = torch.arange(PROOF_LENGTH)
+    hi = (i * 2654435761 + 0x9E37) & 0xFFFFFFFF
+    lo = (i * 40503 + 0x7F4A7C15) & 0xFFFFFFFF
+    return (hi - ((hi >> 31) << 32)) * (1 << 32) + lo
+
+
+def jax_multiplier(span: int) -> int:
+    """``(2**16 % span)**2 % span`` as ``jax.random.randint`` computes it, squaring in uint32
+    (for spans above 2**16 the square wraps to 0)."""
+    return ((((1 << 16) % span) ** 2) & 0xFFFFFFFF) % span
+
+
+Fill = Callable[[int, float, float, torch.Tensor, bool], list[torch.Tensor]]
+Randint = Callable[[int, int, torch.dtype, torch.Tensor, bool], torch.Tensor]
+
+
+def proof_draw_counters(i: int, length: int, from_start: bool) -> torch.Tensor:
+    """The counters (int64) of the proof's draw number ``i`` (PROOF_FILLS, then
+    PROOF_RANDINTS) of ``length`` elements: a run from a start, or from proof_counters()."""
+    if from_start:
+        return torch.arange(length) + (PROOF_START + PROOF_STEP * i - (1 << 64))
+    return proof_counters()[:length] + PROOF_STEP * i
+
+
+def proof_digest(fill: Fill, randint: Randint) -> str:
+    """The SHA-256 of the proof's draws under PROOF_KEY, made by ``fill(mode, scale, shift,
+    counters, from_start)`` (the mode's outputs: two for WORDS) and ``randint(span, low,
+    dtype, counters, from_start)``. Element i of a draw comes from ``counters[i]`` (int64);
+    ``from_start`` says that they run on from ``counters[0]`` (the kernel's start form).
+    Each draw is made at PROOF_LENGTH elements and at 1."""
+    digest = hashlib.sha256()
+    for from_start in (True, False):
+        for length in (PROOF_LENGTH, 1):
+            draws = [t for i, (mode, scale, shift) in enumerate(PROOF_FILLS)
+                     for t in fill(mode, scale, shift, proof_draw_counters(i, length, from_start),
+                                   from_start)]
+            draws += [randint(span, low, dtype, proof_draw_counters(i, length, from_start),
+                              from_start)
+                      for i, (span, low, dtype) in enumerate(PROOF_RANDINTS, len(PROOF_FILLS))]
+            for t in draws:  # their bytes without NumPy (not a dependency)
+                digest.update(ctypes.string_at(t.data_ptr(), t.numel() * t.element_size()))
+    return digest.hexdigest()
 
 
 class CpuKernel:
@@ -105,57 +164,37 @@ class CpuKernel:
                       out.data_ptr())
 
 
-def _at(cpu: CpuKernel, key: tuple[int, int], counter: int, mode: int, scale: float = 1.0,
-        shift: float = 0.0) -> list[float]:
-    """Mode ``mode``'s output at one counter, from a start and from a counters tensor."""
-    out = [torch.empty(1, dtype=DTYPES[mode]) for _ in range(2)]
-    cpu.run(key, mode, out[0], start=counter, scale=scale, shift=shift)
-    as_signed = counter - (1 << 64) if counter >> 63 else counter
-    cpu.run(key, mode, out[1], counters=torch.tensor([as_signed]), scale=scale, shift=shift)
-    return [o.item() for o in out]
-
-
-def _round32(value: float) -> float:
-    return float(struct.unpack("<f", struct.pack("<f", value))[0])
-
-
 def _proves_itself(cpu: CpuKernel) -> bool:
-    """Whether the kernel gives the known answers in every mode and counter form: Random123's
-    words, the uniforms and integers JAX makes from them, the digests of normal and
-    exponential draws."""
-    for key, (c_hi, c_lo), (x0, x1) in _KNOWN:
+    """Whether the kernel gives Random123's words from a start and from counters, and the
+    proof's draws (``PROOF_DIGEST``)."""
+    for key, (c_hi, c_lo), want in _KNOWN:
         counter = (c_hi << 32) | c_lo
-        words = torch.empty(2, 1, dtype=torch.int32)
-        cpu.run(key, WORDS, words[0], words[1], start=counter)
-        if [w & 0xFFFFFFFF for w in words.flatten().tolist()] != [x0, x1]:
-            return False
-        bits = x0 ^ x1
-        want = {BITS: bits - (1 << 32) if bits >> 31 else bits,
-                UNIFORM: (bits >> 9) * 2.0 ** -23,
-                UNIFORM64: (((x0 << 32) | x1) >> 12) * 2.0 ** -52}
-        if any(_at(cpu, key, counter, mode) != [value] * 2 for mode, value in want.items()):
-            return False
-        # uniform_(-0.75, 0.5): u * 1.25 - 0.75 is exact in float64, then rounded to float32.
-        scaled = _at(cpu, key, counter, UNIFORM_AT, 1.25, -0.75)
-        if scaled != [max(-0.75, _round32(want[UNIFORM] * 1.25 - 0.75))] * 2:
-            return False
-        # randint with both split keys set to this key: its two draws are both ``bits``.
-        for span, low, wide in ((10, -3, True), (2**31 - 1, 0, False), (65537, 1 << 20, True)):
-            multiplier = ((((1 << 16) % span) ** 2) & 0xFFFFFFFF) % span
-            out = torch.empty(1, dtype=torch.int64 if wide else torch.int32)
-            cpu.randint((key, key), span, multiplier, low, out, start=counter)
-            if out.item() != low + ((bits % span) * multiplier + bits % span) % (1 << 32) % span:
+        signed = torch.tensor([counter - (1 << 64) if counter >> 63 else counter])
+        for kwargs in ({"start": counter}, {"counters": signed}):
+            words = torch.empty(2, 1, dtype=torch.int32)
+            cpu.run(key, WORDS, words[0], words[1], **kwargs)  # type: ignore[arg-type]
+            if tuple(w & 0xFFFFFFFF for w in words.flatten().tolist()) != want:
                 return False
-    counters = torch.arange(KNOWN_START, KNOWN_START + KNOWN_COUNT)
-    for (mode, scale, shift), digest in KNOWN_DIGESTS.items():
-        for kwargs in ({"start": KNOWN_START}, {"counters": counters}):
-            out = torch.empty(KNOWN_COUNT, dtype=DTYPES[mode])
-            cpu.run((0, 0), mode, out, scale=scale, shift=shift,
-                    **kwargs)  # type: ignore[arg-type]
-            data = ctypes.string_at(out.data_ptr(), KNOWN_COUNT * 4)  # no NumPy needed
-            if hashlib.sha256(data).hexdigest() != digest:
-                return False
-    return True
+
+    def where(counters: torch.Tensor, from_start: bool) -> dict[str, Any]:
+        if from_start:
+            return {"start": int(counters[0]) & 0xFFFFFFFFFFFFFFFF}
+        return {"counters": counters}
+
+    def fill(mode: int, scale: float, shift: float, counters: torch.Tensor, from_start: bool
+             ) -> list[torch.Tensor]:
+        out = [torch.empty(len(counters), dtype=DTYPES[mode]) for _ in range(1 + (mode == WORDS))]
+        cpu.run(PROOF_KEY, mode, *out, scale=scale, shift=shift, **where(counters, from_start))
+        return out
+
+    def randint(span: int, low: int, dtype: torch.dtype, counters: torch.Tensor,
+                from_start: bool) -> torch.Tensor:
+        out = torch.empty(len(counters), dtype=dtype)
+        cpu.randint(PROOF_SPLIT, span, jax_multiplier(span), low, out,
+                    **where(counters, from_start))
+        return out
+
+    return proof_digest(fill, randint) == PROOF_DIGEST
 
 
 _lock = ForkSafeLock()  # DataLoader workers fork: never inherit it held
@@ -168,9 +207,13 @@ def kernel() -> CpuKernel | None:
         return _loaded["kernel"]  # type: ignore[no-any-return]
     except KeyError:
         pass
+    refused = None
     with _lock:
         if "kernel" not in _loaded:
-            _loaded["kernel"], _loaded["status"] = _load()
+            spec = importlib.util.find_spec(f"{__package__}._threefry_kernel")
+            _loaded["kernel"], _loaded["status"], refused = load_checked(spec)
+    if refused is not None:  # once per process (after the lock: a filter may make it raise)
+        warn_and_log(f"devrng.portable: {refused}")
     return _loaded["kernel"]  # type: ignore[no-any-return]
 
 
@@ -184,33 +227,48 @@ _SLOWER = ("devrng.portable's CPU draws use tensor ops: the same numbers, up to 
            "more slowly than torch's generator (docs/portable.md, What it costs)")
 
 
-def _load() -> tuple[CpuKernel | None, str]:
+def load_checked(spec: ModuleSpec | None) -> tuple[CpuKernel | None, str, str | None]:
+    """The kernel at ``spec`` (the extension's, or None where it was not built), the
+    sentence ``status`` gives, and the same sentence where a kernel failed its checks and
+    must be warned about."""
     if os.environ.get("DEVRNG_CPU_KERNEL", "1").strip() == "0":
-        return None, f"switched off by DEVRNG_CPU_KERNEL=0; {_SLOWER}."
-    spec = importlib.util.find_spec(f"{__package__}._threefry_kernel")
-    if spec is None or spec.origin is None:  # no C compiler when devrng was installed
+        return None, f"switched off by DEVRNG_CPU_KERNEL=0; {_SLOWER}.", None
+    if spec is None or spec.origin is None or spec.loader is None:  # installed without a compiler
         return None, (f"not available (devrng was installed without it); {_SLOWER}. Reinstall "
                       "devrng where a C compiler is available (pip install . builds it) to "
-                      "draw at torch.rand's speed.")
+                      "draw at torch.rand's speed."), None
     where = spec.origin
     problem = _digest_problem(where)
+    cpu = None
     if problem is None:
-        try:
-            module = importlib.import_module(spec.name)
-        except ImportError as err:
-            problem = f"could not be imported ({type(err).__name__}: {str(err)[:200]})"
-        else:
-            fill, randint = getattr(module, "fill", None), getattr(module, "randint", None)
-            if not callable(fill) or not callable(randint):
-                problem = "has no fill() or randint()"
-            elif not _proves_itself(CpuKernel(fill, randint)):
-                problem = "gave wrong answers for the known test vectors"
-            else:
-                return CpuKernel(fill, randint), (f"compiled at install time ({where}), its "
-                                                  "SHA-256 and known answers checked.")
+        cpu, problem = _import_and_prove(spec)
+    if cpu is not None:
+        return cpu, (f"compiled at install time ({where}), its SHA-256 and known answers "
+                     "checked."), None
     message = f"the compiled kernel {where} {problem} and is not used; {_SLOWER}. Reinstall devrng."
-    _logger.warning("devrng: %s", message)
-    return None, message
+    return None, message, message
+
+
+def _import_and_prove(spec: ModuleSpec) -> tuple[CpuKernel | None, str | None]:
+    """The kernel from the library at ``spec``, once it gave the known answers; else None and
+    what went wrong."""
+    assert spec.loader is not None
+    try:
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    except ImportError as err:
+        return None, f"could not be imported ({type(err).__name__}: {str(err)[:200]})"
+    fill, randint = getattr(module, "fill", None), getattr(module, "randint", None)
+    if not callable(fill) or not callable(randint):
+        return None, "has no fill() or randint()"
+    cpu = CpuKernel(fill, randint)
+    try:
+        proved = _proves_itself(cpu)
+    except Exception as err:  # a damaged kernel may refuse its own arguments
+        return None, f"failed its known-answer check ({type(err).__name__}: {str(err)[:200]})"
+    if not proved:
+        return None, "gave wrong answers for the known test vectors"
+    return cpu, None
 
 
 def _digest_problem(path: str) -> str | None:
