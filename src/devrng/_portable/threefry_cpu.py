@@ -26,6 +26,7 @@ is in use (``status``).
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import importlib
 import importlib.util
@@ -40,7 +41,7 @@ from devrng._base.errors import warn_and_log
 from devrng._base.locks import ForkSafeLock
 
 __all__ = ["BITS", "DTYPES", "EXPONENTIAL", "NORMAL", "NORMAL_AT", "PROOF_DIGEST", "PROOF_FILLS",
-           "PROOF_KEY", "PROOF_LENGTH", "PROOF_RANDINTS", "PROOF_SPLIT", "PROOF_START",
+           "PROOF_KEY", "PROOF_LENGTH", "PROOF_LENGTHS", "PROOF_RANDINTS", "PROOF_SPLIT", "PROOF_START",
            "PROOF_STEP", "UNIFORM", "UNIFORM64", "UNIFORM_AT", "WORDS", "CpuKernel",
            "jax_multiplier", "kernel", "load_checked", "proof_counters", "proof_digest",
            "proof_draw_counters", "status"]
@@ -63,29 +64,32 @@ _KNOWN = (((0x00000000, 0x00000000), (0x00000000, 0x00000000), (0x6B200159, 0x99
 # The draws a kernel must reproduce before its first use: every entry point, mode and output
 # dtype, from a start and from a counters tensor. The kernel works in blocks of 256 elements
 # and computes a last partial block whole: PROOF_LENGTH elements from PROOF_START are whole
-# blocks, one across a carry into the counters' high word, and a partial one of 255; the
-# counters tensor holds scattered 64-bit counters. Each draw starts 7 counters after the one
-# before, so that no draw equals what an earlier one left in memory. The normal draws include
-# erfinv's tails, the randint spans each range reduction (JAX's multiplier, 0 for spans above
-# 2**16 and for powers of 2; span 1) in int64 and int32. PROOF_DIGEST is the SHA-256 of their
-# bytes as devrng._portable.threefry's tensor ops make them (tests/test_kernel.py makes them
-# again).
+# blocks, one across a carry into the counters' high word, and a partial one of 255; each draw
+# is also made at 1 element and at 17 blocks less one (what a kernel does may depend on the
+# length and on the block); the counters tensor holds scattered 64-bit counters. Each draw
+# starts 7 counters after the one before, so that no draw equals what an earlier one left in
+# memory. The normal draws include erfinv's tails, the randint spans each range reduction
+# (JAX's multiplier, 0 for spans above 2**16 and for powers of 2; span 1) in int64 and int32.
+# PROOF_DIGEST is the SHA-256 of their bytes as devrng._portable.threefry's tensor ops make
+# them (tests/test_kernel.py makes them again).
 PROOF_KEY = (0x243F6A88, 0xB7E15162)
 PROOF_SPLIT = ((0x1E573EDD, 0xAAE7BF55), (0xAA694F87, 0x9F895C85))  # fold_in(PROOF_KEY, 0), (.., 1)
 PROOF_START, PROOF_LENGTH, PROOF_STEP = (0x9E3779BA << 32) - 300, 4 * 256 - 1, 7
+PROOF_LENGTHS = (PROOF_LENGTH, 1, 17 * 256 - 1)
 PROOF_FILLS = ((BITS, 1.0, 0.0), (WORDS, 1.0, 0.0), (UNIFORM, 1.0, 0.0), (UNIFORM64, 1.0, 0.0),
                (NORMAL, 1.0, 0.0), (EXPONENTIAL, 1.0, 0.0), (UNIFORM_AT, 1.25, -0.75),
                (NORMAL_AT, 0.02, 0.5))
 PROOF_RANDINTS = ((1000, -3, torch.int64), (7, 0, torch.int32), (1 << 16, 5, torch.int64),
                   ((1 << 16) + 1, 0, torch.int32), (1, 5, torch.int64),
                   ((1 << 32) - 1, -(1 << 31), torch.int32))
-PROOF_DIGEST = "1282c63c44834c5d7cbb86058a8732405afe2dd992ff2fb7ccc0110dcbe5781c"
+PROOF_DIGEST = "ebbc2f5725815baa24af28b35e4f12f0c45465638f0143b5a4cc1091075ef7cb"
 
 
-def proof_counters() -> torch.Tensor:
+@functools.lru_cache
+def proof_counters(length: int = PROOF_LENGTH) -> torch.Tensor:
     """The proof's counters tensor: 64-bit counters with scattered high and low words (as
     int64, made without overflowing it)."""
-    i = torch.arange(PROOF_LENGTH)
+    i = torch.arange(length)
     hi = (i * 2654435761 + 0x9E37) & 0xFFFFFFFF
     lo = (i * 40503 + 0x7F4A7C15) & 0xFFFFFFFF
     return (hi - ((hi >> 31) << 32)) * (1 << 32) + lo
@@ -106,7 +110,7 @@ def proof_draw_counters(i: int, length: int, from_start: bool) -> torch.Tensor:
     PROOF_RANDINTS) of ``length`` elements: a run from a start, or from proof_counters()."""
     if from_start:
         return torch.arange(length) + (PROOF_START + PROOF_STEP * i - (1 << 64))
-    return proof_counters()[:length] + PROOF_STEP * i
+    return proof_counters(length) + PROOF_STEP * i
 
 
 def proof_digest(fill: Fill, randint: Randint) -> str:
@@ -114,10 +118,10 @@ def proof_digest(fill: Fill, randint: Randint) -> str:
     counters, from_start)`` (the mode's outputs: two for WORDS) and ``randint(span, low,
     dtype, counters, from_start)``. Element i of a draw comes from ``counters[i]`` (int64);
     ``from_start`` says that they run on from ``counters[0]`` (the kernel's start form).
-    Each draw is made at PROOF_LENGTH elements and at 1."""
+    Each draw is made at every length of PROOF_LENGTHS."""
     digest = hashlib.sha256()
     for from_start in (True, False):
-        for length in (PROOF_LENGTH, 1):
+        for length in PROOF_LENGTHS:
             draws = [t for i, (mode, scale, shift) in enumerate(PROOF_FILLS)
                      for t in fill(mode, scale, shift, proof_draw_counters(i, length, from_start),
                                    from_start)]
