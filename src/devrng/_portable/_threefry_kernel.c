@@ -96,7 +96,7 @@ INLINE void counter_words(uint64_t start, const uint64_t *counters, int64_t i, i
 INLINE void generate(uint32_t k0, uint32_t k1, const uint32_t *hi, const uint32_t *lo,
                      uint32_t *out0, uint32_t *out1) {
     const uint32_t k2 = k0 ^ k1 ^ 0x1BD11BDAu;
-    for (int j = 0; j < NB; j += LANES) {
+    _Pragma("GCC unroll 1") for (int j = 0; j < NB; j += LANES) {
         lanes x0 = *(const lanes_at *)(hi + j) + k0, x1 = *(const lanes_at *)(lo + j) + k1;
         ROUNDS(k0, k1, k2)
         if (out1) {
