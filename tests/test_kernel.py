@@ -168,6 +168,26 @@ def _tensor_ops_draws() -> tuple[Callable[..., list[torch.Tensor]], Callable[...
     return fill, randint
 
 
+@pytest.mark.slow
+def test_randint_is_jaxs_uint32_arithmetic_for_every_span_up_to_2_17() -> None:
+    # The kernel reduces the spans with a non-zero multiplier (3 to 2**16 - 1) in one step
+    # in double, the others with 32-bit integers; JAX computes in uint32. Every span, on a
+    # whole block and a partial one, against NumPy's uint32 arithmetic on NumPy's bits.
+    cpu = kernel()
+    assert cpu is not None
+    keys = ((0x12345678, 0x9ABCDEF0), (0xFFFFFFFF, 0x0BADF00D))
+    n, start = 256 + 37, (1 << 32) - 100
+    counters = np.uint64(start) + np.arange(n, dtype=np.uint64)
+    higher, lower = (ref.bits(k, (n,), counters).astype(np.uint64) for k in keys)
+    got = torch.empty(n, dtype=torch.int64)
+    for span in range(1, 1 << 17):
+        multiplier = jax_multiplier(span)
+        cpu.randint(keys, span, multiplier, -1, got, start=start)
+        offset = (((higher % span) * multiplier) & 0xFFFFFFFF) + lower % span
+        want = ((offset & 0xFFFFFFFF) % span).astype(np.int64) - 1
+        assert np.array_equal(got.numpy(), want), span
+
+
 def test_the_proof_digest_is_the_tensor_ops_draws() -> None:
     # The digest the kernel must reproduce before first use comes from the tensor ops, and
     # randint's two keys are split(PROOF_KEY)'s.

@@ -208,11 +208,18 @@ INLINE void normal_block(const uint32_t *bits, int at, double scale, double shif
         out[j] = at ? affine32(z, scale, shift) : z;
         tails |= w[j] >= 5.0f;
     }
-    if (tails) {
-        EACH(j) {
-            float z = erfinv_tail(w[j]) * x[j] * root2;
-            z = at ? affine32(z, scale, shift) : z;
-            out[j] = w[j] >= 5.0f ? z : out[j];
+    /* The tails, by 32 elements: a block of 256 holds one in 58% of blocks, 32 in 10%. */
+    _Pragma("GCC unroll 1") for (int k = 0; tails && k < NB; k += 32) {
+        int here = 0;
+        _Pragma("GCC unroll 1") for (int j = k; j < k + 32; j++) {
+            here |= w[j] >= 5.0f;
+        }
+        if (here) {
+            _Pragma("GCC unroll 1") for (int j = k; j < k + 32; j++) {
+                float z = erfinv_tail(w[j]) * x[j] * root2;
+                z = at ? affine32(z, scale, shift) : z;
+                out[j] = w[j] >= 5.0f ? z : out[j];
+            }
         }
     }
 }
@@ -308,9 +315,14 @@ INLINE uint32_t mod32(uint32_t x, uint32_t d, uint32_t m) {
 
 /* jax.random.randint for int32 bounds: higher and lower are the 32 bits of keys
    split(key)[0] and [1]; offset = ((higher % span) * multiplier + lower % span) % span
-   in uint32 arithmetic, multiplier = (2**16 % span)**2 % span as JAX computes it (0 for
-   spans above 2**16 and for powers of 2: then higher is not drawn). out gets NB int64
-   (wide) or int32 values low + offset. */
+   in uint32 arithmetic, multiplier = (2**16 % span)**2 % span as JAX computes it. out gets
+   NB int64 (wide) or int32 values low + offset.
+   The multiplier is 0 for spans above 2**16 and for powers of 2: then offset is
+   lower % span and higher is not drawn. Otherwise the span is 3 to 2**16 - 1, nothing
+   wraps (both sums stay below span**2 < 2**32), and offset is (higher * multiplier +
+   lower) % span as integers, made in double with one reduction instead of three: v below
+   2**49 is exact, floor(v / span) is off by at most one (the quotient's error is below
+   2**-4), and r = v - q * span is exact, so one correction each way ends it. */
 INLINE void randint_block(uint32_t a0, uint32_t a1, uint32_t b0, uint32_t b1,
                           const uint32_t *hi, const uint32_t *lo, uint32_t span,
                           uint32_t multiplier, uint32_t m, int64_t low, int wide, void *out) {
@@ -318,9 +330,13 @@ INLINE void randint_block(uint32_t a0, uint32_t a1, uint32_t b0, uint32_t b1,
     generate(b0, b1, hi, lo, lower, NULL);
     if (multiplier) {
         generate(a0, a1, hi, lo, higher, NULL);
+        const double d = span, inv = 1.0 / span;
         EACH(j) {
-            uint32_t product = mod32(higher[j], span, m) * multiplier;
-            offset[j] = mod32(product + mod32(lower[j], span, m), span, m);
+            double v = (double)higher[j] * multiplier + (double)lower[j];
+            double r = v - __builtin_floor(v * inv) * d;
+            r = r < 0.0 ? r + d : r;
+            r = r >= d ? r - d : r;
+            offset[j] = (uint32_t)(int32_t)r;
         }
     } else {
         EACH(j) {

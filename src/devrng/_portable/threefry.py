@@ -212,14 +212,20 @@ def _cpu_counters(counters: torch.Tensor | None) -> torch.Tensor | None:
 
 
 def _kernel_fill(key: HostKey, shape: tuple[int, ...], mode: int,
-                 counters: torch.Tensor | None, scale: float = 1.0, shift: float = 0.0
-                 ) -> torch.Tensor | None:
-    """The fused CPU kernel's output, or None where it cannot run (no compiler, or a
-    FakeTensor without memory to fill)."""
+                 counters: torch.Tensor | None, scale: float = 1.0, shift: float = 0.0,
+                 into: torch.Tensor | None = None) -> torch.Tensor | None:
+    """The fused CPU kernel's output (in ``into``, a tensor on the source's device, where
+    it is a plain contiguous tensor of the shape and dtype), or None where it cannot run
+    (no compiler, or a FakeTensor without memory to fill)."""
     cpu = kernel()
     if cpu is None:
         return None
-    out = torch.empty((2, *shape) if mode == WORDS else shape, dtype=DTYPES[mode])
+    if (into is not None and type(into) is torch.Tensor and mode != WORDS
+            and into.dtype == DTYPES[mode] and tuple(into.shape) == shape
+            and into.is_contiguous()):
+        out = into
+    else:
+        out = torch.empty((2, *shape) if mode == WORDS else shape, dtype=DTYPES[mode])
     if type(out) is not torch.Tensor:
         return None
     if mode == WORDS:
@@ -255,20 +261,24 @@ class Source:
     it; without it element i is counter i of a draw of ``shape``.
     """
 
-    __slots__ = ("counters", "device", "key")
+    __slots__ = ("counters", "device", "into", "key")
 
     def __init__(self, key: HostKey | torch.Tensor, device: torch.device,
                  counters: torch.Tensor | None = None) -> None:
         self.key = key
         self.device = device
         self.counters = counters
+        # An in-place op's own tensor, which the fused kernel may fill instead of a new
+        # one (set by ops' _fill where the draw reads no other tensor).
+        self.into: torch.Tensor | None = None
 
     def fused(self, mode: int, shape: Sequence[int], scale: float = 1.0, shift: float = 0.0
               ) -> torch.Tensor | None:
         """The fused CPU kernel's draw in ``mode`` (``devrng._portable.threefry_cpu``), or None where
         it does not run (another device, a key in a compiled graph, no kernel)."""
         if isinstance(self.key, tuple) and devices.row(self.device).host_memory:
-            return _kernel_fill(self.key, tuple(shape), mode, self.counters, scale, shift)
+            return _kernel_fill(self.key, tuple(shape), mode, self.counters, scale, shift,
+                                self.into)
         return None
 
     def split(self, i: int) -> Source:

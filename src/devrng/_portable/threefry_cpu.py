@@ -41,10 +41,10 @@ from devrng._base.errors import warn_and_log
 from devrng._base.locks import ForkSafeLock
 
 __all__ = ["BITS", "DTYPES", "EXPONENTIAL", "NORMAL", "NORMAL_AT", "PROOF_DIGEST", "PROOF_FILLS",
-           "PROOF_KEY", "PROOF_LENGTH", "PROOF_LENGTHS", "PROOF_RANDINTS", "PROOF_SPLIT", "PROOF_START",
-           "PROOF_STEP", "UNIFORM", "UNIFORM64", "UNIFORM_AT", "WORDS", "CpuKernel",
-           "jax_multiplier", "kernel", "load_checked", "proof_counters", "proof_digest",
-           "proof_draw_counters", "status"]
+           "PROOF_KEY", "PROOF_LENGTH", "PROOF_LENGTHS", "PROOF_RANDINTS", "PROOF_SPLIT",
+           "PROOF_START", "PROOF_STEP", "UNIFORM", "UNIFORM64", "UNIFORM_AT", "WORDS",
+           "CpuKernel", "jax_multiplier", "kernel", "load_checked", "proof_counters",
+           "proof_digest", "proof_draw_counters", "status"]
 
 # The modes of fill(): out0 = x0 ^ x1 (int32); out0, out1 = x0, x1 (int32); out0 = the
 # float32 uniform; the float64 uniform (from both words); the float32 normal; the float32
