@@ -30,8 +30,10 @@ VERSION_ATTR = "devrng._base.version.VERSION"
 BYTECODE_MODULE = "devrng._base.bytecode"
 SIGINT_MODULE = "devrng._base.sigint"
 
-_KERNEL_TABLES = ("BITS", "EXPONENTIAL", "KNOWN_COUNT", "KNOWN_DIGESTS", "KNOWN_START", "NORMAL",
-                  "NORMAL_AT", "UNIFORM", "UNIFORM64", "UNIFORM_AT", "WORDS")
+_KERNEL_TABLES = ("BITS", "EXPONENTIAL", "NORMAL", "NORMAL_AT", "PROOF_DIGEST", "PROOF_FILLS",
+                  "PROOF_KEY", "PROOF_LENGTH", "PROOF_RANDINTS", "PROOF_SPLIT", "UNIFORM",
+                  "UNIFORM64", "UNIFORM_AT", "WORDS", "jax_multiplier", "proof_counters",
+                  "proof_digest", "proof_draw_counters")
 
 # name -> (module, attribute; None for the module itself)
 _PRIVATE: dict[str, tuple[str, str | None]] = {
@@ -89,8 +91,12 @@ _PRIVATE: dict[str, tuple[str, str | None]] = {
     "portable_package": ("devrng._portable", None),
     # The C kernel's known-answer tables, its loader and doctor's sentence about it.
     **{name: ("devrng._portable.kernel_proof", name) for name in _KERNEL_TABLES},
+    "DTYPES": ("devrng._portable.threefry_cpu", "DTYPES"),
+    "CpuKernel": ("devrng._portable.threefry_cpu", "CpuKernel"),
     "kernel": ("devrng._portable.threefry_cpu", "kernel"),
     "status": ("devrng._portable.threefry_cpu", "status"),
+    # The loader's checks, run on bit-flipped builds of the kernel (tests/_kernel_flips.py).
+    "load_checked": ("devrng._portable.threefry_cpu", "load_checked"),
     # doctor's rules, checked against made-up versions and environments.
     "environment_problems": ("devrng._cli", "environment_problems"),
     "known_problems": ("devrng._cli", "known_problems"),

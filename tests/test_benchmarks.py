@@ -46,7 +46,7 @@ def test_portable_benchmark_times_every_op_family_with_and_without_the_kernel() 
     without = [c for c in cases if c.endswith("without the C kernel")]
     assert [c.removeprefix("portable ").split(",")[0] for c in without] == [
         f.split(",")[0] for f in families if f.startswith(bench_portable.NO_KERNEL)]
-    assert len(without) == 6  # rand and randn in two dtypes, randint, dropout
+    assert len(without) == 7  # rand and randn in two dtypes, randn in bfloat16, randint, dropout
     for r in rows:
         if r["ratio"] is None:
             assert r["note"].startswith("skipped: ")

@@ -8,12 +8,17 @@ point, a truncated file) that devrng must refuse, each in a fresh interpreter.
 
 from __future__ import annotations
 
+import ast
 import hashlib
+import os
+import re
 import shutil
 import subprocess
 import sys
 import sysconfig
 import zipfile
+from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -23,22 +28,31 @@ from tests import _threefry_ref as ref
 from tests._helpers import ROOT, run_python
 from tests._internals import (
     BITS,
+    DTYPES,
     EXPONENTIAL,
     KERNEL_LOADER,
     KERNEL_MODULE,
-    KNOWN_COUNT,
-    KNOWN_DIGESTS,
-    KNOWN_START,
     NORMAL,
     NORMAL_AT,
+    PROOF_DIGEST,
+    PROOF_FILLS,
+    PROOF_KEY,
+    PROOF_LENGTH,
+    PROOF_RANDINTS,
+    PROOF_SPLIT,
     UNIFORM,
     UNIFORM64,
     UNIFORM_AT,
     WORDS,
+    jax_multiplier,
     kernel,
+    proof_counters,
+    proof_digest,
+    proof_draw_counters,
     status,
     threefry,
 )
+from tests._kernel_flips import running_code, sample_flips
 
 SOURCE = ROOT / "src" / "devrng" / "_portable" / "_threefry_kernel.c"
 SUFFIX = sysconfig.get_config_var("EXT_SUFFIX")
@@ -57,6 +71,7 @@ print(status()[0], repr(status()[1]), drawn, sep="\\n")
 def _probe(env: dict[str, str | None] | None = None, prelude: str = "") -> list[str]:
     out = run_python(prelude + PROBE, env=env)
     assert out.returncode == 0, out.stderr
+    assert "DevRNGWarning" not in out.stderr  # a kernel switched off or absent is no surprise
     return out.stdout.strip().splitlines()
 
 
@@ -132,18 +147,90 @@ def test_the_kernels_float_and_integer_draws_are_the_tensor_ops_bit_for_bit() ->
                 assert torch.equal(got.to(torch.int64), want), (low, high, dtype)
 
 
-def test_the_known_digests_are_the_tensor_ops_draws() -> None:
-    # The digests the kernel must reproduce before first use come from the tensor ops.
-    import hashlib
+def _signed(counters: list[int]) -> torch.Tensor:
+    """The proof's uint64 counters as the int64 tensor the tensor ops read."""
+    return torch.tensor([c - (1 << 64) if c >> 63 else c for c in counters], dtype=torch.int64)
 
-    ops = _tensor_ops((0, 0), torch.arange(KNOWN_START, KNOWN_START + KNOWN_COUNT))
-    draws = {NORMAL: threefry.normal, EXPONENTIAL: threefry.exponential,
-             NORMAL_AT: lambda *a: threefry.normal(*a, 0.5, 0.02)}
-    assert set(KNOWN_DIGESTS) == {(NORMAL, 1.0, 0.0), (EXPONENTIAL, 1.0, 0.0),
-                                  (NORMAL_AT, 0.02, 0.5)}
-    for (mode, _, _), digest in KNOWN_DIGESTS.items():
-        values = draws[mode](ops, (KNOWN_COUNT,), torch.float32).numpy()
-        assert hashlib.sha256(values.tobytes()).hexdigest() == digest
+
+def _tensor_ops_draws() -> tuple[Callable[..., list[bytes]], Callable[..., bytes]]:
+    """The proof's fill and randint (kernel_proof.proof_digest) made by the tensor ops."""
+    def fill(mode: int, scale: float, shift: float, counters: list[int], _: bool
+             ) -> list[bytes]:
+        ops, shape = _tensor_ops(PROOF_KEY, _signed(counters)), (len(counters),)
+        draws = {BITS: lambda: [ops.bits(shape)], WORDS: lambda: list(ops.words(shape)),
+                 UNIFORM: lambda: [threefry.unit(ops, shape, torch.float32)],
+                 UNIFORM64: lambda: [threefry.unit(ops, shape, torch.float64)],
+                 NORMAL: lambda: [threefry.normal(ops, shape, torch.float32)],
+                 EXPONENTIAL: lambda: [threefry.exponential(ops, shape, torch.float32)],
+                 UNIFORM_AT: lambda: [threefry.uniform(ops, shape, torch.float32, shift,
+                                                       shift + scale)],
+                 NORMAL_AT: lambda: [threefry.normal(ops, shape, torch.float32, shift, scale)]}
+        return [t.contiguous().view(torch.uint8).numpy().tobytes() for t in draws[mode]()]
+
+    def randint(span: int, low: int, wide: bool, counters: list[int], _: bool) -> bytes:
+        ops = _tensor_ops(PROOF_KEY, _signed(counters))
+        out = threefry.randint(ops, (len(counters),), low, low + span,
+                               torch.int64 if wide else torch.int32)
+        return out.contiguous().view(torch.uint8).numpy().tobytes()
+
+    return fill, randint
+
+
+@pytest.mark.slow
+def test_randint_is_jaxs_uint32_arithmetic_for_every_span_up_to_2_17() -> None:
+    # The kernel reduces the spans with a non-zero multiplier (3 to 2**16 - 1) in one step
+    # in double, the others with 32-bit integers; JAX computes in uint32. Every span, on a
+    # whole block and a partial one, against NumPy's uint32 arithmetic on NumPy's bits.
+    cpu = kernel()
+    assert cpu is not None
+    keys = ((0x12345678, 0x9ABCDEF0), (0xFFFFFFFF, 0x0BADF00D))
+    n, start = 256 + 37, (1 << 32) - 100
+    counters = np.uint64(start) + np.arange(n, dtype=np.uint64)
+    higher, lower = (ref.bits(k, (n,), counters).astype(np.uint64) for k in keys)
+    got = torch.empty(n, dtype=torch.int64)
+    for span in range(1, 1 << 17):
+        multiplier = jax_multiplier(span)
+        cpu.randint(keys, span, multiplier, -1, got, start=start)
+        offset = (((higher % span) * multiplier) & 0xFFFFFFFF) + lower % span
+        want = ((offset & 0xFFFFFFFF) % span).astype(np.int64) - 1
+        assert np.array_equal(got.numpy(), want), span
+
+
+def test_the_proof_digest_is_the_tensor_ops_draws() -> None:
+    # The digest the kernel must reproduce before first use comes from the tensor ops, and
+    # randint's two keys are split(PROOF_KEY)'s.
+    assert proof_digest(*_tensor_ops_draws()) == PROOF_DIGEST
+    assert (threefry.fold_in(PROOF_KEY, 0), threefry.fold_in(PROOF_KEY, 1)) == PROOF_SPLIT
+
+
+def test_the_proof_runs_every_mode_block_shape_and_branch_of_the_kernel() -> None:
+    block = int(re.findall(r"#define NB (\d+)", SOURCE.read_text())[0])
+    # Whole blocks, then a partial one of all but one element (computed whole in scratch).
+    assert block < PROOF_LENGTH and PROOF_LENGTH % block == block - 1
+    # Every draw from a start crosses a carry into the high word inside one of its blocks.
+    draws = len(PROOF_FILLS) + len(PROOF_RANDINTS)
+    for i in range(draws):
+        high = [c >> 32 for c in proof_draw_counters(i, PROOF_LENGTH, True)]
+        carry = next(k for k, h in enumerate(high) if h != high[0])
+        assert carry % block and high[0] not in (0, 0xFFFFFFFF)
+    # Scattered counters: high and low words, negative and positive as int64 values.
+    counters = proof_counters()
+    assert len({c >> 32 for c in counters}) == PROOF_LENGTH
+    assert {c >> 63 for c in counters} == {0, 1}
+    # Every mode and output dtype; randint's range reductions in both widths.
+    assert sorted(mode for mode, _, _ in PROOF_FILLS) == sorted(DTYPES)
+    assert {jax_multiplier(span) == 0 for span, _, _ in PROOF_RANDINTS} == {True, False}
+    assert 1 in {span for span, _, _ in PROOF_RANDINTS}
+    assert {wide for _, _, wide in PROOF_RANDINTS} == {True, False}  # int64 and int32
+    # The normal draws reach erfinv's tails (w >= 5) from a start and from counters.
+    lo = -1.0 + 2.0 ** -24
+    for i, (mode, _, _) in enumerate(PROOF_FILLS):
+        for from_start in (True, False) if mode in (NORMAL, NORMAL_AT) else ():
+            ops = _tensor_ops(PROOF_KEY, _signed(proof_draw_counters(i, PROOF_LENGTH,
+                                                                     from_start)))
+            u = threefry.uniform(ops, (PROOF_LENGTH,), torch.float32, lo, 1.0)
+            w = -threefry.log32((1.0 - u) * (1.0 + u))
+            assert int((w >= 5.0).sum()) >= 2, (mode, from_start)
 
 
 @pytest.mark.parametrize("how", ["DEVRNG_CPU_KERNEL=0", "extension absent"])
@@ -322,6 +409,28 @@ def test_a_damaged_kernel_is_refused_with_a_sentence_and_the_numbers_stay_right(
     assert used == "False"
     assert said in why and "tensor ops" in why
     assert drawn == _want()
+    # Seen without any logging set up: one DevRNGWarning (Python's default filters print it)
+    # for a draw and two status() calls, with doctor's sentence.
+    assert out.stderr.count("DevRNGWarning") == 1, out.stderr
+    assert f"DevRNGWarning: devrng.portable: {ast.literal_eval(why)}" in out.stderr
+
+
+def test_a_refused_kernel_warns_once_per_process_even_when_warnings_repeat(
+        tmp_path: Path) -> None:
+    folder = _damaged_kernel(tmp_path, "wrong rotation")
+    out = run_python(f"""
+import warnings, torch, devrng
+from tests._internals import portable_package as p
+p.__path__.insert(0, {str(folder)!r})
+with warnings.catch_warnings(record=True) as seen:
+    warnings.simplefilter("always")
+    for seed in range(3):
+        with devrng.portable(seed):
+            torch.rand(3), torch.randn(3)
+print([type(w.message).__name__ for w in seen])
+""")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "['DevRNGWarning']"
 
 
 def test_doctor_says_whether_the_kernel_is_in_use() -> None:
@@ -330,3 +439,45 @@ def test_doctor_says_whether_the_kernel_is_in_use() -> None:
     assert "fused C kernel in use: compiled at install time" in on.stdout
     assert "fused C kernel NOT in use: switched off by DEVRNG_CPU_KERNEL=0" in off.stdout
     assert "more slowly" in off.stdout
+
+
+def _flip_verdicts(tmp_path: Path, count: int, seed: int) -> Counter[str]:
+    """``count`` single-bit flips in the code this CPU runs of the installed kernel, each
+    judged by devrng's loader with the digest rewritten to match (tests/_kernel_flips.py)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(KERNEL_MODULE)
+    assert spec is not None and spec.origin is not None
+    library = Path(spec.origin)
+    data = library.read_bytes()
+    if sys.platform != "linux" or data[:6] != b"\x7fELF\x02\x01" or not hasattr(os, "fork"):
+        pytest.skip("the flips read a 64-bit little-endian ELF library and fork (Linux)")
+    flags = set(Path("/proc/cpuinfo").read_text().split("flags", 1)[1].split("\n", 1)[0].split())
+    flips = sample_flips(running_code(data, flags), count, seed)
+    out = run_python("tests._kernel_flips", module=True, timeout=600,
+                     args=[str(library), str(tmp_path), *(f"{o}:{b}" for _, o, b in flips)])
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert len(lines) == len(flips), out.stdout + out.stderr
+    where = {f"{o}:{b}": name for name, o, b in flips}
+    verdicts = Counter(line.split()[1] for line in lines)
+    print(f"{count} flips: {dict(verdicts)}")
+    # Refused at load, or the same numbers on every path; a crash or a hang is loud. A flip
+    # that wrote over memory outside the kernel (the intact kernel's draws changed too) is
+    # beyond any known-answer check. Never a silently wrong number.
+    wrong = [f"{where[line.split()[0]]} {line}" for line in lines
+             if line.split()[1] not in ("refused", "exact", "crashed", "hung", "corrupted")]
+    assert not wrong, wrong
+    return verdicts
+
+
+def test_a_few_bit_flips_in_the_kernels_code_are_refused_or_give_the_same_numbers(
+        tmp_path: Path) -> None:
+    _flip_verdicts(tmp_path, 8, seed=0)
+
+
+@pytest.mark.slow
+def test_hundreds_of_bit_flips_in_the_kernels_code_are_refused_or_give_the_same_numbers(
+        tmp_path: Path) -> None:
+    verdicts = _flip_verdicts(tmp_path, 400, seed=1)
+    assert verdicts["refused"] > 100  # the flips reach the known-answer check

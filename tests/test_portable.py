@@ -301,6 +301,39 @@ def test_uniform_normal_exponential_in_place_return_self() -> None:
         assert float(x.min()) >= 0.0 and abs(float(x.mean()) - 0.25) < 0.03
 
 
+def test_in_place_draws_written_into_the_tensor_are_in_place_ops_all_the_same() -> None:
+    # uniform_, normal_ and exponential_ on a contiguous float32 CPU tensor are written by
+    # the kernel straight into it; a view, a transposed tensor and float64 go through a
+    # copy. Either way: the same numbers as a fresh draw, the rest of a base untouched, the
+    # version counter bumped (autograd sees the in-place change).
+    def draws() -> list[torch.Tensor]:
+        return [torch.empty(10, 12).uniform_(-1.0, 2.0), torch.empty(10, 12).normal_(0.5, 0.02),
+                torch.empty(10, 12).exponential_(),
+                torch.empty(10, 12, dtype=torch.float64).normal_(0.5, 0.02)]
+
+    with devrng.portable(4):
+        fresh = draws()
+    base = torch.zeros(3, 10, 12)
+    transposed = torch.empty(12, 10).t()
+    targets = [base[1], transposed, torch.empty(10, 12), torch.empty(10, 12, dtype=torch.float64)]
+    versions = [t._version for t in targets]
+    with devrng.portable(4):
+        targets[0].uniform_(-1.0, 2.0)
+        targets[1].normal_(0.5, 0.02)
+        targets[2].exponential_()
+        targets[3].normal_(0.5, 0.02)
+    assert all(torch.equal(t, f) for t, f in zip(targets, fresh, strict=True))
+    assert not base[0].any() and not base[2].any()
+    assert all(t._version > v for t, v in zip(targets, versions, strict=True))
+    a = torch.ones(5, requires_grad=True)
+    b = a * 2.0
+    saved = b * b  # keeps b for its backward
+    with devrng.portable(0):
+        b.normal_()
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        saved.sum().backward()
+
+
 def test_torch_normal_overloads() -> None:
     mean = torch.arange(4.0)
     with devrng.portable(8):

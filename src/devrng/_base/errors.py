@@ -38,8 +38,10 @@ class DevRNGWarning(UserWarning):
     """A result that will not be what the program asked for, and why.
 
     devrng warns when a run resumes and will not continue bitwise as the
-    uninterrupted one, naming what will differ and how to make it exact, and
-    when restoring a ``deterministic()`` handle switches off a newer one. Each
+    uninterrupted one, naming what will differ and how to make it exact, when
+    restoring a ``deterministic()`` handle switches off a newer one, and (once
+    per process) when the installed CPU kernel of ``devrng.portable`` fails its
+    checks and the same numbers come, more slowly, from tensor ops. Each
     warning is also logged on the ``"devrng"`` logger. Turn them into errors
     with ``warnings.simplefilter("error", devrng.DevRNGWarning)``.
 

@@ -1,21 +1,30 @@
-/* devrng._threefry_kernel: Threefry-2x32 (20 rounds) on the CPU as one fused loop.
+/* devrng._threefry_kernel: Threefry-2x32 (20 rounds) and the common draws on the CPU.
  *
  * Built when devrng is installed (setup.py, an optional extension: without a C
  * compiler the install goes on and CPU draws use tensor ops instead), so it sits in
  * site-packages and is trusted like the rest of the package: nothing is compiled or
- * loaded from a cache at run time. Plain C and Python's C API only, no libtorch.
+ * loaded from a cache at run time. Plain C (GCC or clang) and Python's C API only,
+ * no libtorch.
  *
  * The arithmetic is add, xor and rotate on 32-bit words, all wrapping mod 2**32, so
  * the result is the same bits whatever the compiler vectorises. x0 and x1 start as
  * the counter words plus the key; 20 rounds in five groups of four with a key
  * injection after each group (the schedule JAX uses).
  *
- * The float transforms (normal, exponential) repeat devrng._threefry's tensor ops one
- * IEEE operation at a time, each rounded to float32 as torch's eager CPU kernels round
- * it: the same bits on every CPU, provided the compiler neither fuses a multiply and
- * an add nor reorders (no -ffast-math). setup.py passes -ffp-contract=off (GCC, clang)
- * or /fp:precise (MSVC); the pragmas below say the same in the source, and a compiler
- * that cannot be held to it stops the build here.
+ * The float transforms (normal, exponential) repeat devrng._portable.threefry's tensor
+ * ops one IEEE operation at a time, each rounded to float32 as torch's eager CPU
+ * kernels round it: the same bits on every CPU, provided the compiler neither fuses a
+ * multiply and an add nor reorders (no -ffast-math). setup.py passes -ffp-contract=off
+ * (GCC, clang) or /fp:precise (MSVC); the pragmas below say the same in the source, and
+ * a compiler that cannot be held to it stops the build here.
+ *
+ * A draw is made in blocks of NB elements: the block's counters, then their words
+ * (generate), then one short loop per step of the mode's transform, each over the
+ * whole block. Every loop has the same trip count whatever the draw's length (a last
+ * partial block is computed whole and only its first elements are copied out), so
+ * the code that runs is the same for every length, and short loops of independent
+ * elements keep the CPU busy where one long loop per element waited on its chains of
+ * dependent operations.
  *
  * Only the limited API of Python 3.11 (setup.py defines Py_LIMITED_API): one abi3 build
  * serves every later CPython.
@@ -36,7 +45,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
-#include <math.h>
+#include <string.h>
 
 /* Function multi-versioning (AVX-512 / AVX2 picked at load time) where the
  * toolchain and the loader support it (GCC or clang with ifunc, on Linux x86-64). */
@@ -48,31 +57,95 @@
 #ifndef CLONES
 #define CLONES
 #endif
+#define INLINE static inline __attribute__((always_inline))
+
+#define NB 256 /* elements per block */
+/* A loop over a block, not unrolled: every element runs the same machine code, so the
+   kernel's check (threefry_cpu.py), whose draws run each loop, runs all of it. */
+#define EACH(j) _Pragma("GCC unroll 1") for (int j = 0; j < NB; j++)
+#define LANES 32 /* counters the generator advances together */
+/* LANES words as one value: two AVX-512 registers, four AVX2 ones, eight SSE ones. The
+   rounds of each register are a chain of dependent operations; several independent
+   chains side by side keep the CPU's units busy (a third faster with AVX2 than the
+   compiler's own vectorisation of one element per iteration). */
+typedef uint32_t lanes __attribute__((vector_size(LANES * sizeof(uint32_t))));
+/* The same, read from and written to any uint32_t array. */
+typedef uint32_t lanes_at __attribute__((vector_size(LANES * sizeof(uint32_t)), aligned(4),
+                                          may_alias));
 
 #define ROTL(x, r) (((x) << (r)) | ((x) >> (32 - (r))))
 #define ROUND(r) x0 += x1; x1 = ROTL(x1, r); x1 ^= x0;
-#define BLOCK(k0, k1, k2, c0, c1) \
-    uint32_t x0 = (c0) + k0, x1 = (c1) + k1; \
+#define ROUNDS(k0, k1, k2) \
     ROUND(13) ROUND(15) ROUND(26) ROUND(6) x0 += k1; x1 += k2 + 1u; \
     ROUND(17) ROUND(29) ROUND(16) ROUND(24) x0 += k2; x1 += k0 + 2u; \
     ROUND(13) ROUND(15) ROUND(26) ROUND(6) x0 += k0; x1 += k1 + 3u; \
     ROUND(17) ROUND(29) ROUND(16) ROUND(24) x0 += k1; x1 += k2 + 4u; \
     ROUND(13) ROUND(15) ROUND(26) ROUND(6) x0 += k2; x1 += k0 + 5u;
 
+/* The counters of elements i to i + NB - 1 as high and low words: start + i + j, or
+   counters[i + j], 0 past the m (<= NB) elements of the draw the block holds. */
+INLINE void counter_words(uint64_t start, const uint64_t *counters, int64_t i, int64_t m,
+                          uint32_t *hi, uint32_t *lo) {
+    if (counters) {
+        uint64_t padded[NB];
+        const uint64_t *c = counters + i;
+        if (m < NB) {
+            memset(padded, 0, sizeof padded);
+            memcpy(padded, c, (size_t)m * sizeof(uint64_t));
+            c = padded;
+        }
+        EACH(j) {
+            hi[j] = (uint32_t)(c[j] >> 32);
+            lo[j] = (uint32_t)c[j];
+        }
+    } else {
+        uint64_t first = start + (uint64_t)i;
+        uint32_t h = (uint32_t)(first >> 32), l = (uint32_t)first;
+        EACH(j) {
+            lo[j] = l + (uint32_t)j;
+            hi[j] = h + (lo[j] < l); /* the carry where the low word wraps */
+        }
+    }
+}
+
+/* Threefry-2x32 of the NB counters hi:lo under the key (k0, k1): x0 ^ x1 into out0
+   (out1 NULL), or x0 into out0 and x1 into out1. */
+INLINE void generate(uint32_t k0, uint32_t k1, const uint32_t *hi, const uint32_t *lo,
+                     uint32_t *out0, uint32_t *out1) {
+    const uint32_t k2 = k0 ^ k1 ^ 0x1BD11BDAu;
+    _Pragma("GCC unroll 1") for (int j = 0; j < NB; j += LANES) {
+        lanes x0 = *(const lanes_at *)(hi + j) + k0, x1 = *(const lanes_at *)(lo + j) + k1;
+        ROUNDS(k0, k1, k2)
+        if (out1) {
+            *(lanes_at *)(out0 + j) = x0;
+            *(lanes_at *)(out1 + j) = x1;
+        } else {
+            *(lanes_at *)(out0 + j) = x0 ^ x1;
+        }
+    }
+}
+
 typedef union { uint32_t u; float f; } f32bits;
 
 /* jax.random.uniform's float32: the top 23 bits as the mantissa of [1, 2), minus 1. */
-static inline float unit32(uint32_t bits) {
+INLINE float unit32(uint32_t bits) {
     f32bits v;
     v.u = (bits >> 9) | 0x3F800000u;
     return v.f - 1.0f;
 }
 
-/* devrng._threefry.log32: frexp, m moved into [sqrt(1/2), sqrt(2)), and
+/* jax.random.uniform's float64: the top 52 of the 64 bits x0:x1, in the same way. */
+INLINE double unit64(uint32_t x0, uint32_t x1) {
+    union { uint64_t u; double d; } v;
+    v.u = ((((uint64_t)x0 << 32) | x1) >> 12) | 0x3FF0000000000000u;
+    return v.d - 1.0;
+}
+
+/* devrng._portable.threefry.log32: frexp, m moved into [sqrt(1/2), sqrt(2)), and
    log(m) = 2 atanh(s) as an odd series in s = (m - 1) / (m + 1). t is a positive
    normal float32 here. The constants are the Python doubles rounded to float32, as
    torch rounds a Python scalar to the tensor's dtype. */
-static inline float log32(float t) {
+INLINE float log32(float t) {
     f32bits v;
     v.f = t;
     int32_t exponent = (int32_t)(v.u >> 23) - 126;
@@ -91,50 +164,84 @@ static inline float log32(float t) {
     return s * p + (float)exponent * (float)0.6931471805599453;
 }
 
-/* devrng._threefry.erfinv32 (Giles' single-precision method). */
-static inline float erfinv32(float x) {
-    float w = -log32((1.0f - x) * (1.0f + x));
+/* devrng._portable.threefry.erfinv32 (Giles' single-precision method):
+   erfinv(x) = p(w) * x for w = -log((1 - x)(1 + x)), p a polynomial in w for w < 5 and
+   another in sqrt(w) for the tails (w >= 5, about 1 draw in 300). */
+INLINE float erfinv_central(float w) {
     float c = w - 2.5f;
-    float central = 2.81022636e-08f;
-    central = central * c + 3.43273939e-07f;
-    central = central * c + -3.5233877e-06f;
-    central = central * c + -4.39150654e-06f;
-    central = central * c + 2.1858087e-04f;
-    central = central * c + -1.25372503e-03f;
-    central = central * c + -4.17768164e-03f;
-    central = central * c + 2.46640727e-01f;
-    central = central * c + 1.50140941e00f;
+    float p = 2.81022636e-08f;
+    p = p * c + 3.43273939e-07f;
+    p = p * c + -3.5233877e-06f;
+    p = p * c + -4.39150654e-06f;
+    p = p * c + 2.1858087e-04f;
+    p = p * c + -1.25372503e-03f;
+    p = p * c + -4.17768164e-03f;
+    p = p * c + 2.46640727e-01f;
+    p = p * c + 1.50140941e00f;
+    return p;
+}
+
+INLINE float erfinv_tail(float w) {
     float t = __builtin_sqrtf(w) - 3.0f;
-    float tail = -2.00214257e-04f;
-    tail = tail * t + 1.00950558e-04f;
-    tail = tail * t + 1.34934322e-03f;
-    tail = tail * t + -3.67342844e-03f;
-    tail = tail * t + 5.73950773e-03f;
-    tail = tail * t + -7.6224613e-03f;
-    tail = tail * t + 9.43887047e-03f;
-    tail = tail * t + 1.00167406e00f;
-    tail = tail * t + 2.83297682e00f;
-    return (w < 5.0f ? central : tail) * x;
+    float p = -2.00214257e-04f;
+    p = p * t + 1.00950558e-04f;
+    p = p * t + 1.34934322e-03f;
+    p = p * t + -3.67342844e-03f;
+    p = p * t + 5.73950773e-03f;
+    p = p * t + -7.6224613e-03f;
+    p = p * t + 9.43887047e-03f;
+    p = p * t + 1.00167406e00f;
+    p = p * t + 2.83297682e00f;
+    return p;
 }
 
-/* devrng._threefry.normal in float32: sqrt(2) * erfinv(u), u = jax.random.uniform on
-   [nextafter(-1, 0), 1): u * 2 + lo rounded once (the tensor ops round the exact float64
-   value; the float32 sum of the exact 2u and lo rounds the same), clamped at lo. */
-static inline float normal32(uint32_t bits) {
-    const float lo = -0.99999994039535522f; /* -1 + 2**-24 */
-    float u = unit32(bits) * 2.0f + lo;
-    u = u < lo ? lo : u;
-    return erfinv32(u) * 1.41421353816986084f; /* sqrt(2) rounded to float32 */
-}
-
-/* devrng._threefry.affine for float32: x * scale + shift in float64 (the product of a
-   float32 and a float64 the tensor ops make there, then the sum), rounded once to float32. */
-static inline float affine32(float x, double scale, double shift) {
+/* devrng._portable.threefry.affine for float32: x * scale + shift in float64 (the
+   product of a float32 and a float64 the tensor ops make there, then the sum), rounded
+   once to float32. */
+INLINE float affine32(float x, double scale, double shift) {
     return (float)((double)x * scale + shift);
 }
 
-/* Counter i is start + i, or counters[i] when given. One loop per case, so that each
-   vectorises. Modes (out0/out1 element types in brackets):
+/* devrng._portable.threefry.normal in float32 (NORMAL; NORMAL_AT with at = 1, then
+   affine32) for a block of bits: sqrt(2) * erfinv(x) with x = jax.random.uniform on
+   [nextafter(-1, 0), 1), that is u * 2 + lo rounded once (the tensor ops round the
+   exact float64 value; the float32 sum of the exact 2u and lo rounds the same),
+   clamped at lo. The tail polynomial runs only for a block that needs it. */
+INLINE void normal_block(const uint32_t *bits, int at, double scale, double shift,
+                         float *out) {
+    const float lo = -0.99999994039535522f; /* -1 + 2**-24 */
+    const float root2 = 1.41421353816986084f; /* sqrt(2) rounded to float32 */
+    float x[NB], w[NB];
+    EACH(j) {
+        float u = unit32(bits[j]) * 2.0f + lo;
+        x[j] = u < lo ? lo : u;
+    }
+    EACH(j) {
+        w[j] = -log32((1.0f - x[j]) * (1.0f + x[j]));
+    }
+    int tails = 0;
+    EACH(j) {
+        float z = erfinv_central(w[j]) * x[j] * root2;
+        out[j] = at ? affine32(z, scale, shift) : z;
+        tails |= w[j] >= 5.0f;
+    }
+    /* The tails, by 32 elements: a block of 256 holds one in 58% of blocks, 32 in 10%. */
+    _Pragma("GCC unroll 1") for (int k = 0; tails && k < NB; k += 32) {
+        int here = 0;
+        _Pragma("GCC unroll 1") for (int j = k; j < k + 32; j++) {
+            here |= w[j] >= 5.0f;
+        }
+        if (here) {
+            _Pragma("GCC unroll 1") for (int j = k; j < k + 32; j++) {
+                float z = erfinv_tail(w[j]) * x[j] * root2;
+                z = at ? affine32(z, scale, shift) : z;
+                out[j] = w[j] >= 5.0f ? z : out[j];
+            }
+        }
+    }
+}
+
+/* Modes of fill (out0/out1 element types in brackets):
    0 BITS        out0 = x0 ^ x1 (32 random bits) [uint32]
    1 WORDS       out0 = x0, out1 = x1 (64) [uint32, uint32]
    2 UNIFORM     out0 = jax.random.uniform's float32 from x0 ^ x1 [float]
@@ -144,40 +251,72 @@ static inline float affine32(float x, double scale, double shift) {
    6 UNIFORM_AT  out0 = max(shift, affine32(u, scale, shift)): uniform on [shift,
                  shift + scale) [float]
    7 NORMAL_AT   out0 = affine32(z, scale, shift), z the float32 normal [float] */
-#define LOOP(COUNTER, STORE) \
-    for (int64_t i = 0; i < n; i++) { \
-        uint64_t c = COUNTER; \
-        BLOCK(k0, k1, k2, (uint32_t)(c >> 32), (uint32_t)c) \
-        STORE \
-    }
-#define STORE_BITS ((uint32_t *)out0)[i] = x0 ^ x1;
-#define STORE_WORDS ((uint32_t *)out0)[i] = x0; ((uint32_t *)out1)[i] = x1;
-#define STORE_UNIFORM ((float *)out0)[i] = unit32(x0 ^ x1);
-#define STORE_UNIFORM64 { union { uint64_t u; double d; } v; \
-    v.u = ((((uint64_t)x0 << 32) | x1) >> 12) | 0x3FF0000000000000u; ((double *)out0)[i] = v.d - 1.0; }
-#define STORE_NORMAL ((float *)out0)[i] = normal32(x0 ^ x1);
-#define STORE_EXPONENTIAL ((float *)out0)[i] = -log32(1.0f - unit32(x0 ^ x1));
-#define STORE_UNIFORM_AT { float r = affine32(unit32(x0 ^ x1), scale, shift); \
-    ((float *)out0)[i] = r < low ? low : r; }
-#define STORE_NORMAL_AT ((float *)out0)[i] = affine32(normal32(x0 ^ x1), scale, shift);
-#define BOTH(STORE) \
-    if (counters) LOOP(counters[i], STORE) else LOOP(start + (uint64_t)i, STORE)
 #define MODES 8
+enum { BITS, WORDS, UNIFORM, UNIFORM64, NORMAL, EXPONENTIAL, UNIFORM_AT, NORMAL_AT };
 
+/* One block of mode's draws into out0 (and out1): NB elements of the mode's type. */
+INLINE void fill_block(uint32_t k0, uint32_t k1, const uint32_t *hi, const uint32_t *lo,
+                       int mode, double scale, double shift, void *out0, void *out1) {
+    uint32_t x0[NB], x1[NB];
+    float *f = out0;
+    switch (mode) {
+    case BITS:
+        generate(k0, k1, hi, lo, out0, NULL);
+        break;
+    case WORDS:
+        generate(k0, k1, hi, lo, out0, out1);
+        break;
+    case UNIFORM64:
+        generate(k0, k1, hi, lo, x0, x1);
+        EACH(j) {
+            ((double *)out0)[j] = unit64(x0[j], x1[j]);
+        }
+        break;
+    default:
+        generate(k0, k1, hi, lo, x0, NULL);
+        if (mode == UNIFORM) {
+            EACH(j) {
+                f[j] = unit32(x0[j]);
+            }
+        } else if (mode == EXPONENTIAL) {
+            EACH(j) {
+                f[j] = -log32(1.0f - unit32(x0[j]));
+            }
+        } else if (mode == UNIFORM_AT) {
+            const float low = (float)shift; /* shift is a float32 value */
+            EACH(j) {
+                float r = affine32(unit32(x0[j]), scale, shift);
+                f[j] = r < low ? low : r;
+            }
+        } else if (mode == NORMAL) {
+            normal_block(x0, 0, scale, shift, f);
+        } else {
+            normal_block(x0, 1, scale, shift, f);
+        }
+    }
+}
+
+/* Element i of the draw comes from counter start + i, or counters[i] when given. */
 static CLONES void threefry(uint32_t k0, uint32_t k1, uint64_t start, const uint64_t *counters,
                             int64_t n, int mode, void *out0, void *out1, double scale,
                             double shift) {
-    const uint32_t k2 = k0 ^ k1 ^ 0x1BD11BDAu;
-    const float low = (float)shift; /* the clamp of UNIFORM_AT: shift is a float32 value */
-    switch (mode) {
-    case 0: BOTH(STORE_BITS) break;
-    case 1: BOTH(STORE_WORDS) break;
-    case 2: BOTH(STORE_UNIFORM) break;
-    case 3: BOTH(STORE_UNIFORM64) break;
-    case 4: BOTH(STORE_NORMAL) break;
-    case 5: BOTH(STORE_EXPONENTIAL) break;
-    case 6: BOTH(STORE_UNIFORM_AT) break;
-    default: BOTH(STORE_NORMAL_AT) break;
+    const size_t size = mode == UNIFORM64 ? sizeof(double) : sizeof(uint32_t);
+    uint32_t hi[NB], lo[NB];
+    union { uint32_t u[NB]; double d[NB]; } last0, last1; /* a last, partial block */
+    for (int64_t i = 0; i < n; i += NB) {
+        int64_t m = n - i < NB ? n - i : NB;
+        char *to0 = (char *)out0 + (size_t)i * size;
+        char *to1 = out1 ? (char *)out1 + (size_t)i * size : NULL;
+        counter_words(start, counters, i, m, hi, lo);
+        /* One call, so one copy of the code, whichever memory it writes. */
+        fill_block(k0, k1, hi, lo, mode, scale, shift, m == NB ? (void *)to0 : (void *)&last0,
+                   m == NB ? (void *)to1 : (void *)&last1);
+        if (m < NB) {
+            memcpy(to0, &last0, (size_t)m * size);
+            if (to1) {
+                memcpy(to1, &last1, (size_t)m * size);
+            }
+        }
     }
 }
 
@@ -185,7 +324,7 @@ static CLONES void threefry(uint32_t k0, uint32_t k1, uint64_t start, const uint
    vectorise): with m = floor(2**32 / d) (2**32 - 1 for d = 1), q = (x * m) >> 32 is
    floor(x / d) or one less, so r = x - q * d is in [0, 2d) and one subtraction ends it.
    r fits 32 bits: for d <= 2**31, 2d <= 2**32; above, m = 1 and q = 0, so r = x. */
-static inline uint32_t mod32(uint32_t x, uint32_t d, uint32_t m) {
+INLINE uint32_t mod32(uint32_t x, uint32_t d, uint32_t m) {
     uint32_t q = (uint32_t)(((uint64_t)x * m) >> 32);
     uint32_t r = x - q * d;
     return r >= d ? r - d : r;
@@ -193,29 +332,61 @@ static inline uint32_t mod32(uint32_t x, uint32_t d, uint32_t m) {
 
 /* jax.random.randint for int32 bounds: higher and lower are the 32 bits of keys
    split(key)[0] and [1]; offset = ((higher % span) * multiplier + lower % span) % span
-   in uint32 arithmetic, multiplier = (2**16 % span)**2 % span as JAX computes it. */
-#define RANDINT_LOOP(COUNTER, TYPE) \
-    for (int64_t i = 0; i < n; i++) { \
-        uint64_t c = COUNTER; \
-        uint32_t higher, lower; \
-        { BLOCK(a0, a1, a2, (uint32_t)(c >> 32), (uint32_t)c) higher = x0 ^ x1; } \
-        { BLOCK(b0, b1, b2, (uint32_t)(c >> 32), (uint32_t)c) lower = x0 ^ x1; } \
-        uint32_t product = mod32(higher, span, m) * multiplier; \
-        uint32_t offset = mod32(product + mod32(lower, span, m), span, m); \
-        ((TYPE *)out)[i] = (TYPE)(low + (int64_t)offset); \
+   in uint32 arithmetic, multiplier = (2**16 % span)**2 % span as JAX computes it. out gets
+   NB int64 (wide) or int32 values low + offset.
+   The multiplier is 0 for spans above 2**16 and for powers of 2: then offset is
+   lower % span and higher is not drawn. Otherwise the span is 3 to 2**16 - 1, nothing
+   wraps (both sums stay below span**2 < 2**32), and offset is (higher * multiplier +
+   lower) % span as integers, made in double with one reduction instead of three: v below
+   2**49 is exact, floor(v / span) is off by at most one (the quotient's error is below
+   2**-4), and r = v - q * span is exact, so one correction each way ends it. */
+INLINE void randint_block(uint32_t a0, uint32_t a1, uint32_t b0, uint32_t b1,
+                          const uint32_t *hi, const uint32_t *lo, uint32_t span,
+                          uint32_t multiplier, uint32_t m, int64_t low, int wide, void *out) {
+    uint32_t higher[NB], lower[NB], offset[NB];
+    generate(b0, b1, hi, lo, lower, NULL);
+    if (multiplier) {
+        generate(a0, a1, hi, lo, higher, NULL);
+        const double d = span, inv = 1.0 / span;
+        EACH(j) {
+            double v = (double)higher[j] * multiplier + (double)lower[j];
+            double r = v - __builtin_floor(v * inv) * d;
+            r = r < 0.0 ? r + d : r;
+            r = r >= d ? r - d : r;
+            offset[j] = (uint32_t)(int32_t)r;
+        }
+    } else {
+        EACH(j) {
+            offset[j] = mod32(lower[j], span, m);
+        }
     }
+    if (wide) {
+        EACH(j) {
+            ((int64_t *)out)[j] = low + (int64_t)offset[j];
+        }
+    } else {
+        EACH(j) {
+            ((int32_t *)out)[j] = (int32_t)(low + (int64_t)offset[j]);
+        }
+    }
+}
 
 static CLONES void randint(uint32_t a0, uint32_t a1, uint32_t b0, uint32_t b1, uint64_t start,
                            const uint64_t *counters, int64_t n, uint32_t span,
                            uint32_t multiplier, int64_t low, int wide, void *out) {
-    const uint32_t a2 = a0 ^ a1 ^ 0x1BD11BDAu, b2 = b0 ^ b1 ^ 0x1BD11BDAu;
     const uint32_t m = span == 1 ? 0xFFFFFFFFu : (uint32_t)((1ull << 32) / span);
-    if (wide) {
-        if (counters) RANDINT_LOOP(counters[i], int64_t)
-        else RANDINT_LOOP(start + (uint64_t)i, int64_t)
-    } else {
-        if (counters) RANDINT_LOOP(counters[i], int32_t)
-        else RANDINT_LOOP(start + (uint64_t)i, int32_t)
+    const size_t size = wide ? sizeof(int64_t) : sizeof(int32_t);
+    uint32_t hi[NB], lo[NB];
+    int64_t last[NB];
+    for (int64_t i = 0; i < n; i += NB) {
+        int64_t count = n - i < NB ? n - i : NB;
+        char *to = (char *)out + (size_t)i * size;
+        counter_words(start, counters, i, count, hi, lo);
+        randint_block(a0, a1, b0, b1, hi, lo, span, multiplier, m, low, wide,
+                      count == NB ? (void *)to : (void *)last); /* one call, as in threefry */
+        if (count < NB) {
+            memcpy(to, last, (size_t)count * size);
+        }
     }
 }
 

@@ -4,9 +4,10 @@ The kernel is the C extension ``devrng._portable._threefry_kernel`` that ``pip i
 compiles (``setup.py``); ``threefry_cpu`` wraps it for torch tensors. Before its first use
 it proves itself twice: its file matches the SHA-256 its build recorded beside it (checked
 before the library is mapped: a truncated library would crash the process), and its
-output equals known answers in every mode and counter form (Random123's test vectors for
-Threefry-2x32-20, the uniforms and integers JAX makes from them, and the digests of
-recorded normal and exponential draws, which a build with fused multiply-adds misses).
+output equals known answers: Random123's test vectors for Threefry-2x32-20, and the digest
+of draws that run every mode, output type, counter form, block and tail length of the
+kernel (``PROOF_DIGEST``; a build with fused multiply-adds, or one flipped bit in a path it
+serves, gives other bytes).
 
 Both proofs need only the standard library (the outputs go to ``ctypes`` buffers), so
 ``python -m devrng._portable.kernel_proof`` runs them wherever the kernel is installed,
@@ -18,15 +19,16 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
-import importlib
 import importlib.util
-import struct
 import sys
 from collections.abc import Callable
+from importlib.machinery import ModuleSpec
 from typing import Any, NamedTuple
 
-__all__ = ["BITS", "EXPONENTIAL", "KNOWN_COUNT", "KNOWN_DIGESTS", "KNOWN_START", "NORMAL",
-           "NORMAL_AT", "UNIFORM", "UNIFORM64", "UNIFORM_AT", "WORDS", "Found", "find",
+__all__ = ["BITS", "EXPONENTIAL", "NORMAL", "NORMAL_AT", "PROOF_DIGEST", "PROOF_FILLS",
+           "PROOF_KEY", "PROOF_LENGTH", "PROOF_LENGTHS", "PROOF_RANDINTS", "PROOF_SPLIT",
+           "PROOF_START", "PROOF_STEP", "UNIFORM", "UNIFORM64", "UNIFORM_AT", "WORDS", "Found",
+           "find", "jax_multiplier", "proof_counters", "proof_digest", "proof_draw_counters",
            "proves_itself"]
 
 # The modes of fill(): out0 = x0 ^ x1 (int32); out0, out1 = x0, x1 (int32); out0 = the
@@ -44,78 +46,113 @@ _CTYPES: dict[int, Any] = {BITS: ctypes.c_int32, WORDS: ctypes.c_int32, UNIFORM:
 _KNOWN = (((0x00000000, 0x00000000), (0x00000000, 0x00000000), (0x6B200159, 0x99BA4EFE)),
           ((0xFFFFFFFF, 0xFFFFFFFF), (0xFFFFFFFF, 0xFFFFFFFF), (0x1CB996FC, 0xBB002BE7)),
           ((0x13198A2E, 0x03707344), (0x243F6A88, 0x85A308D3), (0xC4923A9C, 0x483DF7A0)))
-# SHA-256 of 4096 float32 draws (their bytes) of the key (0, 0) at counters 2**32 - 2048 to
-# 2**32 + 2047, made by devrng._portable.threefry's tensor ops (tests/test_kernel.py makes them
-# again), per (mode, scale, shift): each branch of the normal and exponential formulas,
-# the scaling of normal_(0.5, 0.02), and a carry into the high counter word. A kernel
-# built with fused multiply-adds, say, gives other bytes.
-KNOWN_START, KNOWN_COUNT = (1 << 32) - 2048, 4096
-KNOWN_DIGESTS = {
-    (NORMAL, 1.0, 0.0): "4cb295d24d9a443b12b2c6cbc458434665642cdc75b6b332841e976f32b6cea5",
-    (EXPONENTIAL, 1.0, 0.0): "7de614bdafb073e0c4b2365907f17eb6b2365502f827ca0e40bb5d7b963023a8",
-    (NORMAL_AT, 0.02, 0.5): "0897234dd515a47dcc43458fab2a230d8c662a28795ac1ce6a6902a91105453a",
-}
+
+# The draws a kernel must reproduce before its first use: every entry point, mode and output
+# type, from a start and from a counters array. The kernel works in blocks of 256 elements
+# and computes a last partial block whole: PROOF_LENGTH elements from PROOF_START are whole
+# blocks, one across a carry into the counters' high word, and a partial one of 255; each draw
+# is also made at 1 element and at 17 blocks less one (what a kernel does may depend on the
+# length and on the block); the counters array holds scattered 64-bit counters. Each draw
+# starts 7 counters after the one before, so that no draw equals what an earlier one left in
+# memory. The normal draws include erfinv's tails, the randint spans each range reduction
+# (JAX's multiplier, 0 for spans above 2**16 and for powers of 2; span 1) in int64 ("wide")
+# and int32. PROOF_DIGEST is the SHA-256 of their bytes as devrng._portable.threefry's tensor
+# ops make them (tests/test_kernel.py makes them again).
+PROOF_KEY = (0x243F6A88, 0xB7E15162)
+PROOF_SPLIT = ((0x1E573EDD, 0xAAE7BF55), (0xAA694F87, 0x9F895C85))  # fold_in(PROOF_KEY, 0), (.., 1)
+PROOF_START, PROOF_LENGTH, PROOF_STEP = (0x9E3779BA << 32) - 300, 4 * 256 - 1, 7
+PROOF_LENGTHS = (PROOF_LENGTH, 1, 17 * 256 - 1)
+PROOF_FILLS = ((BITS, 1.0, 0.0), (WORDS, 1.0, 0.0), (UNIFORM, 1.0, 0.0), (UNIFORM64, 1.0, 0.0),
+               (NORMAL, 1.0, 0.0), (EXPONENTIAL, 1.0, 0.0), (UNIFORM_AT, 1.25, -0.75),
+               (NORMAL_AT, 0.02, 0.5))
+PROOF_RANDINTS = ((1000, -3, True), (7, 0, False), (1 << 16, 5, True), ((1 << 16) + 1, 0, False),
+                  (1, 5, True), ((1 << 32) - 1, -(1 << 31), False))  # (span, low, wide)
+PROOF_DIGEST = "ebbc2f5725815baa24af28b35e4f12f0c45465638f0143b5a4cc1091075ef7cb"
+_MASK64 = (1 << 64) - 1
 
 Fill = Callable[..., None]
+#: ``fill(mode, scale, shift, counters, from_start)``: the mode's outputs as bytes (two for
+#: WORDS); ``randint(span, low, wide, counters, from_start)``: the integers' bytes.
+ProofFill = Callable[[int, float, float, list[int], bool], list[bytes]]
+ProofRandint = Callable[[int, int, bool, list[int], bool], bytes]
 
 
-def _fill(fill: Fill, key: tuple[int, int], mode: int, n: int, *, start: int = 0,
-          counters: Any = None, scale: float = 1.0, shift: float = 0.0) -> list[Any]:
-    """``fill``'s outputs in ``mode`` for ``n`` counters (from ``start``, or the uint64
-    ``counters`` array), as ctypes arrays: out0, and out1 in WORDS mode."""
-    outs = [(_CTYPES[mode] * n)() for _ in range(2 if mode == WORDS else 1)]
-    fill(key[0], key[1], start, 0 if counters is None else ctypes.addressof(counters), n, mode,
-         ctypes.addressof(outs[0]), ctypes.addressof(outs[1]) if mode == WORDS else 0,
-         float(scale), float(shift))
-    return outs
+def jax_multiplier(span: int) -> int:
+    """``(2**16 % span)**2 % span`` as ``jax.random.randint`` computes it, squaring in uint32
+    (for spans above 2**16 the square wraps to 0)."""
+    return ((((1 << 16) % span) ** 2) & 0xFFFFFFFF) % span
 
 
-def _at(fill: Fill, key: tuple[int, int], counter: int, mode: int, scale: float = 1.0,
-        shift: float = 0.0) -> list[Any]:
-    """Mode ``mode``'s output at one counter, from a start and from a counters array."""
-    from_start = _fill(fill, key, mode, 1, start=counter, scale=scale, shift=shift)[0][0]
-    listed = _fill(fill, key, mode, 1, counters=(ctypes.c_uint64 * 1)(counter), scale=scale,
-                   shift=shift)[0][0]
-    return [from_start, listed]
+def proof_counters(length: int = PROOF_LENGTH) -> list[int]:
+    """The proof's counters: 64-bit counters (as uint64) with scattered high and low words."""
+    return [(((i * 2654435761 + 0x9E37) & 0xFFFFFFFF) << 32) | ((i * 40503 + 0x7F4A7C15)
+                                                                 & 0xFFFFFFFF)
+            for i in range(length)]
 
 
-def _round32(value: float) -> float:
-    return float(struct.unpack("<f", struct.pack("<f", value))[0])
+def proof_draw_counters(i: int, length: int, from_start: bool) -> list[int]:
+    """The counters (uint64) of the proof's draw number ``i`` (PROOF_FILLS, then
+    PROOF_RANDINTS) of ``length`` elements: a run from a start, or from proof_counters()."""
+    if from_start:
+        first = PROOF_START + PROOF_STEP * i
+        return [(first + k) & _MASK64 for k in range(length)]
+    return [(c + PROOF_STEP * i) & _MASK64 for c in proof_counters(length)]
+
+
+def proof_digest(fill: ProofFill, randint: ProofRandint) -> str:
+    """The SHA-256 of the proof's draws under PROOF_KEY, made by ``fill`` and ``randint``
+    (``ProofFill``, ``ProofRandint``): element k of a draw comes from ``counters[k]``;
+    ``from_start`` says that they run on from ``counters[0]`` (the kernel's start form).
+    Each draw is made at every length of PROOF_LENGTHS."""
+    digest = hashlib.sha256()
+    for from_start in (True, False):
+        for length in PROOF_LENGTHS:
+            for i, (mode, scale, shift) in enumerate(PROOF_FILLS):
+                for data in fill(mode, scale, shift, proof_draw_counters(i, length, from_start),
+                                 from_start):
+                    digest.update(data)
+            for i, (span, low, wide) in enumerate(PROOF_RANDINTS, len(PROOF_FILLS)):
+                digest.update(randint(span, low, wide, proof_draw_counters(i, length, from_start),
+                                      from_start))
+    return digest.hexdigest()
 
 
 def proves_itself(fill: Fill, randint: Fill) -> bool:
-    """Whether the kernel's ``fill`` and ``randint`` give the known answers in every mode and
-    counter form: Random123's words, the uniforms and integers JAX makes from them, the
-    digests of normal and exponential draws."""
-    for key, (c_hi, c_lo), (x0, x1) in _KNOWN:
+    """Whether the kernel's ``fill`` and ``randint`` give Random123's words from a start and
+    from counters, and the proof's draws (``PROOF_DIGEST``)."""
+    for key, (c_hi, c_lo), want in _KNOWN:
         counter = (c_hi << 32) | c_lo
-        words = _fill(fill, key, WORDS, 1, start=counter)
-        if [w[0] & 0xFFFFFFFF for w in words] != [x0, x1]:
-            return False
-        bits = x0 ^ x1
-        want = {BITS: bits - (1 << 32) if bits >> 31 else bits,
-                UNIFORM: (bits >> 9) * 2.0 ** -23,
-                UNIFORM64: (((x0 << 32) | x1) >> 12) * 2.0 ** -52}
-        if any(_at(fill, key, counter, mode) != [value] * 2 for mode, value in want.items()):
-            return False
-        # uniform_(-0.75, 0.5): u * 1.25 - 0.75 is exact in float64, then rounded to float32.
-        scaled = _at(fill, key, counter, UNIFORM_AT, 1.25, -0.75)
-        if scaled != [max(-0.75, _round32(want[UNIFORM] * 1.25 - 0.75))] * 2:
-            return False
-        # randint with both split keys set to this key: its two draws are both ``bits``.
-        for span, low, wide in ((10, -3, True), (2**31 - 1, 0, False), (65537, 1 << 20, True)):
-            multiplier = ((((1 << 16) % span) ** 2) & 0xFFFFFFFF) % span
-            out = (ctypes.c_int64 if wide else ctypes.c_int32)()
-            randint(*key, *key, counter, 0, 1, span, multiplier, low, wide, ctypes.addressof(out))
-            if out.value != low + ((bits % span) * multiplier + bits % span) % (1 << 32) % span:
+        for listed in (False, True):
+            words = [ctypes.c_int32(), ctypes.c_int32()]
+            counters = (ctypes.c_uint64 * 1)(counter)
+            fill(key[0], key[1], counter, ctypes.addressof(counters) if listed else 0, 1, WORDS,
+                 ctypes.addressof(words[0]), ctypes.addressof(words[1]), 1.0, 0.0)
+            if tuple(w.value & 0xFFFFFFFF for w in words) != want:
                 return False
-    counters = (ctypes.c_uint64 * KNOWN_COUNT)(*range(KNOWN_START, KNOWN_START + KNOWN_COUNT))
-    for (mode, scale, shift), digest in KNOWN_DIGESTS.items():
-        for kwargs in ({"start": KNOWN_START}, {"counters": counters}):
-            (out,) = _fill(fill, (0, 0), mode, KNOWN_COUNT, scale=scale, shift=shift, **kwargs)
-            if hashlib.sha256(bytes(out)).hexdigest() != digest:
-                return False
-    return True
+
+    def kernel_fill(mode: int, scale: float, shift: float, counters: list[int],
+                    from_start: bool) -> list[bytes]:
+        n = len(counters)
+        outs = [(_CTYPES[mode] * n)() for _ in range(2 if mode == WORDS else 1)]
+        listed = None if from_start else (ctypes.c_uint64 * n)(*counters)
+        fill(*PROOF_KEY, counters[0] if from_start else 0,
+             0 if listed is None else ctypes.addressof(listed), n, mode,
+             ctypes.addressof(outs[0]), ctypes.addressof(outs[1]) if mode == WORDS else 0,
+             float(scale), float(shift))
+        return [bytes(out) for out in outs]
+
+    def kernel_randint(span: int, low: int, wide: bool, counters: list[int],
+                       from_start: bool) -> bytes:
+        n = len(counters)
+        out = ((ctypes.c_int64 if wide else ctypes.c_int32) * n)()
+        listed = None if from_start else (ctypes.c_uint64 * n)(*counters)
+        (a0, a1), (b0, b1) = PROOF_SPLIT
+        randint(a0, a1, b0, b1, counters[0] if from_start else 0,
+                0 if listed is None else ctypes.addressof(listed), n, span, jax_multiplier(span),
+                low, wide, ctypes.addressof(out))
+        return bytes(out)
+
+    return proof_digest(kernel_fill, kernel_randint) == PROOF_DIGEST
 
 
 class Found(NamedTuple):
@@ -127,23 +164,31 @@ class Found(NamedTuple):
     problem: str | None
 
 
-def find() -> Found:
-    """Find the installed kernel and run both proofs (the SHA-256 first, then the answers)."""
-    spec = importlib.util.find_spec(f"{__package__}._threefry_kernel")
-    if spec is None or spec.origin is None:  # no C compiler when devrng was installed
+def find(spec: ModuleSpec | None = None) -> Found:
+    """The kernel at ``spec`` (by default the installed one), after both proofs (the
+    SHA-256 first, then the answers)."""
+    if spec is None:
+        spec = importlib.util.find_spec(f"{__package__}._threefry_kernel")
+    if spec is None or spec.origin is None or spec.loader is None:  # built without a compiler
         return Found(None, None, "is not installed")
     where = spec.origin
     problem = _digest_problem(where)
     if problem is not None:
         return Found(None, where, problem)
     try:
-        module = importlib.import_module(spec.name)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
     except ImportError as err:
         return Found(None, where, f"could not be imported ({type(err).__name__}: {str(err)[:200]})")
     fill, randint = getattr(module, "fill", None), getattr(module, "randint", None)
     if not callable(fill) or not callable(randint):
         return Found(None, where, "has no fill() or randint()")
-    if not proves_itself(fill, randint):
+    try:
+        proved = proves_itself(fill, randint)
+    except Exception as err:  # a damaged kernel may refuse its own arguments
+        return Found(None, where, f"failed its known-answer check ({type(err).__name__}: "
+                                  f"{str(err)[:200]})")
+    if not proved:
         return Found(None, where, "gave wrong answers for the known test vectors")
     return Found((fill, randint), where, None)
 

@@ -122,13 +122,25 @@ def _dtensor() -> Any:
 
 
 def _fill(rng: Stream, self: torch.Tensor,
-          draw: Callable[[Any, tuple[int, ...]], torch.Tensor]) -> torch.Tensor:
-    """``self`` filled in place with ``draw(source, shape)``, shard by shard for a DTensor."""
+          draw: Callable[[Any, tuple[int, ...]], torch.Tensor], *,
+          into_self: bool = False) -> torch.Tensor:
+    """``self`` filled in place with ``draw(source, shape)``, shard by shard for a DTensor.
+
+    ``into_self``: the draw reads no tensor, so the CPU kernel may write it into
+    ``self`` directly (``threefry.Source.into``) instead of into a new tensor that is
+    then copied.
+    """
     if _is_dtensor(self):
         return _dtensor().fill_(rng, self, draw)  # type: ignore[no-any-return]
-    values = draw(rng.source(self.device), tuple(self.shape))
+    source = rng.source(self.device)
+    if into_self and type(source) is threefry.Source:
+        source.into = self
+    values = draw(source, tuple(self.shape))
     with torch.no_grad():
-        self.copy_(values)
+        if values is self:  # written by the kernel: an in-place op all the same
+            torch.autograd.graph.increment_version(self)
+        else:
+            self.copy_(values)
     return self
 
 
@@ -299,7 +311,7 @@ def _uniform_(rng: Stream, func: Any, args: Args, kwargs: Kwargs) -> torch.Tenso
     if not low <= high:
         raise DevRNGError(f"uniform_ needs from <= to, not from={low}, to={high}.")
     dtype = _float_dtype(self.dtype, "uniform_")
-    return _fill(rng, self, lambda s, shape: s.uniform(shape, dtype, low, high))
+    return _fill(rng, self, lambda s, shape: s.uniform(shape, dtype, low, high), into_self=True)
 
 
 def _normal_values(source: Any, shape: tuple[int, ...], dtype: torch.dtype, mean: Any,
@@ -330,7 +342,8 @@ def _normal_(rng: Stream, func: Any, args: Args, kwargs: Kwargs) -> torch.Tensor
     std = float(_arg(args, kwargs, 2, "std", 1.0))
     _check_std(std)
     dtype = _float_dtype(self.dtype, "normal_")
-    return _fill(rng, self, lambda s, shape: _normal_values(s, shape, dtype, mean, std))
+    return _fill(rng, self, lambda s, shape: _normal_values(s, shape, dtype, mean, std),
+                 into_self=True)
 
 
 def _normal(rng: Stream, func: Any, args: Args, kwargs: Kwargs) -> torch.Tensor:
@@ -361,7 +374,7 @@ def _exponential_(rng: Stream, func: Any, args: Args, kwargs: Kwargs) -> torch.T
     if not lambd > 0:
         raise DevRNGError(f"exponential_ needs lambd > 0, not lambd={lambd}.")
     dtype = _float_dtype(self.dtype, "exponential_")
-    return _fill(rng, self, lambda s, shape: s.exponential(shape, dtype, lambd))
+    return _fill(rng, self, lambda s, shape: s.exponential(shape, dtype, lambd), into_self=True)
 
 
 _MANTISSA_BITS = {torch.float16: 11, torch.bfloat16: 8, torch.float32: 24, torch.float64: 53}

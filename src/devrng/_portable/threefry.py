@@ -39,6 +39,7 @@ import torch
 from devrng._base.lazy import load
 from devrng._base.seeds import HostKey, seed_key
 from devrng._portable import devices
+from devrng._portable.kernel_proof import jax_multiplier
 from devrng._portable.threefry_cpu import (
     BITS,
     DTYPES,
@@ -211,14 +212,20 @@ def _cpu_counters(counters: torch.Tensor | None) -> torch.Tensor | None:
 
 
 def _kernel_fill(key: HostKey, shape: tuple[int, ...], mode: int,
-                 counters: torch.Tensor | None, scale: float = 1.0, shift: float = 0.0
-                 ) -> torch.Tensor | None:
-    """The fused CPU kernel's output, or None where it cannot run (no compiler, or a
-    FakeTensor without memory to fill)."""
+                 counters: torch.Tensor | None, scale: float = 1.0, shift: float = 0.0,
+                 into: torch.Tensor | None = None) -> torch.Tensor | None:
+    """The fused CPU kernel's output (in ``into``, a tensor on the source's device, where
+    it is a plain contiguous tensor of the shape and dtype), or None where it cannot run
+    (no compiler, or a FakeTensor without memory to fill)."""
     cpu = kernel()
     if cpu is None:
         return None
-    out = torch.empty((2, *shape) if mode == WORDS else shape, dtype=DTYPES[mode])
+    if (into is not None and type(into) is torch.Tensor and mode != WORDS
+            and into.dtype == DTYPES[mode] and tuple(into.shape) == shape
+            and into.is_contiguous()):
+        out = into
+    else:
+        out = torch.empty((2, *shape) if mode == WORDS else shape, dtype=DTYPES[mode])
     if type(out) is not torch.Tensor:
         return None
     if mode == WORDS:
@@ -254,20 +261,24 @@ class Source:
     it; without it element i is counter i of a draw of ``shape``.
     """
 
-    __slots__ = ("counters", "device", "key")
+    __slots__ = ("counters", "device", "into", "key")
 
     def __init__(self, key: HostKey | torch.Tensor, device: torch.device,
                  counters: torch.Tensor | None = None) -> None:
         self.key = key
         self.device = device
         self.counters = counters
+        # An in-place op's own tensor, which the fused kernel may fill instead of a new
+        # one (set by ops' _fill where the draw reads no other tensor).
+        self.into: torch.Tensor | None = None
 
     def fused(self, mode: int, shape: Sequence[int], scale: float = 1.0, shift: float = 0.0
               ) -> torch.Tensor | None:
         """The fused CPU kernel's draw in ``mode`` (``devrng._portable.threefry_cpu``), or None where
         it does not run (another device, a key in a compiled graph, no kernel)."""
         if isinstance(self.key, tuple) and devices.row(self.device).host_memory:
-            return _kernel_fill(self.key, tuple(shape), mode, self.counters, scale, shift)
+            return _kernel_fill(self.key, tuple(shape), mode, self.counters, scale, shift,
+                                self.into)
         return None
 
     def split(self, i: int) -> Source:
@@ -524,8 +535,9 @@ def _standard_normal(source: Source, shape: Sequence[int], dtype: torch.dtype) -
             return fused.to(dtype)
     lo = -1.0 + torch.finfo(work).eps / 2  # nextafter(-1, 0): the next float towards 0
     u = source.uniform(shape, work, lo, 1.0)
-    z = torch.erfinv(u) if work == torch.float64 else erfinv32(u)
-    return (z * round_to(math.sqrt(2.0), work)).to(dtype)
+    if work == torch.float64:  # in place on the draw's own tensor: 8 bytes a number
+        return u.erfinv_().mul_(round_to(math.sqrt(2.0), work))
+    return (erfinv32(u) * round_to(math.sqrt(2.0), work)).to(dtype)
 
 
 def exponential(source: Source, shape: Sequence[int], dtype: torch.dtype,
@@ -570,8 +582,7 @@ def randint(source: Source, shape: Sequence[int], low: int, high: int,
     """
     span = high - low
     if low >= -(1 << 31) and high <= 1 << 31 and span < 1 << 32:
-        # JAX squares 2**16 % span in uint32: for spans above 2**16 that wraps to 0.
-        multiplier = ((((1 << 16) % span) ** 2) & M32) % span
+        multiplier = jax_multiplier(span)
         if isinstance(source.key, tuple) and devices.row(source.device).host_memory:
             fused = _kernel_randint(source.key, tuple(shape), span, multiplier, low, dtype,
                                     source.counters)

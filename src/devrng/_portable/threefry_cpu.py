@@ -2,38 +2,42 @@
 
 The same generator as tensor ops (``devrng._portable.threefry``) is a chain of about
 130 elementwise kernels, each reading and writing the whole array. One C loop
-that keeps both words in registers does the same integer arithmetic at about
-the speed of ``torch.rand`` (``benchmarks/`` has the figures). It also turns the
-words into what the common draws need in the same pass (float32 and float64
-uniforms, float32 normal and exponential draws, ``jax.random.randint``'s
-integers), each the same bits as ``devrng._portable.threefry``'s tensor ops.
+that keeps both words in registers does the same integer arithmetic faster than
+``torch.rand`` (``benchmarks/`` has the figures). It also turns the words into
+what the common draws need in the same pass (float32 and float64 uniforms,
+float32 normal and exponential draws, ``jax.random.randint``'s integers), each
+the same bits as ``devrng._portable.threefry``'s tensor ops.
 
 The loop is ``devrng._portable._threefry_kernel``, an optional extension that
 ``pip install`` compiles (``setup.py``): it lives in site-packages beside the
 rest of the package. Nothing is compiled, cached or loaded from elsewhere at run
-time. Before its first use it proves itself (``kernel_proof``: the SHA-256 its build
-recorded, and known answers in every mode); a kernel that fails is not used, with a
-warning. Without it (no C compiler at install time), with ``DEVRNG_CPU_KERNEL=0``, or
-after a failed proof, CPU draws use the tensor ops: the same numbers, more slowly.
-``devrng doctor`` says which is in use (``status``).
+time. Before its first use it proves itself twice: the file must match the
+SHA-256 its build recorded beside it (checked before the library is mapped: a
+truncated library would crash the process), and its output must equal known
+answers (``kernel_proof``: Random123's test vectors for Threefry-2x32-20, and the
+digest of draws that run every mode, output type and code path of the kernel).
+A kernel that fails either is not used, with a ``DevRNGWarning`` once per
+process (also logged on the ``"devrng"`` logger). Without it (no C compiler at
+install time), with ``DEVRNG_CPU_KERNEL=0``, or after a failed check, CPU draws
+use the tensor ops: the same numbers, more slowly. ``devrng doctor`` says which
+is in use (``status``).
 """
 
 from __future__ import annotations
 
-import logging
+import importlib.util
 import os
 from collections.abc import Callable
+from importlib.machinery import ModuleSpec
 from typing import Any
 
 import torch
 
+from devrng._base.errors import warn_and_log
 from devrng._base.locks import ForkSafeLock
 from devrng._portable.kernel_proof import (
     BITS,
     EXPONENTIAL,
-    KNOWN_COUNT,
-    KNOWN_DIGESTS,
-    KNOWN_START,
     NORMAL,
     NORMAL_AT,
     UNIFORM,
@@ -43,12 +47,10 @@ from devrng._portable.kernel_proof import (
     find,
 )
 
-__all__ = ["BITS", "DTYPES", "EXPONENTIAL", "KNOWN_COUNT", "KNOWN_DIGESTS", "KNOWN_START",
-           "NORMAL", "NORMAL_AT", "UNIFORM", "UNIFORM64", "UNIFORM_AT", "WORDS", "CpuKernel",
-           "kernel", "status"]
+__all__ = ["BITS", "DTYPES", "EXPONENTIAL", "NORMAL", "NORMAL_AT", "UNIFORM", "UNIFORM64",
+           "UNIFORM_AT", "WORDS", "CpuKernel", "kernel", "load_checked", "status"]
 
-_logger = logging.getLogger("devrng")
-
+# The modes of fill() (``kernel_proof``) and the dtype of what each fills.
 DTYPES = {BITS: torch.int32, WORDS: torch.int32, UNIFORM: torch.float32,
           UNIFORM64: torch.float64, NORMAL: torch.float32, EXPONENTIAL: torch.float32,
           UNIFORM_AT: torch.float32, NORMAL_AT: torch.float32}
@@ -99,9 +101,13 @@ def kernel() -> CpuKernel | None:
         return _loaded["kernel"]  # type: ignore[no-any-return]
     except KeyError:
         pass
+    refused = None
     with _lock:
         if "kernel" not in _loaded:
-            _loaded["kernel"], _loaded["status"] = _load()
+            spec = importlib.util.find_spec(f"{__package__}._threefry_kernel")
+            _loaded["kernel"], _loaded["status"], refused = load_checked(spec)
+    if refused is not None:  # once per process (after the lock: a filter may make it raise)
+        warn_and_log(f"devrng.portable: {refused}")
     return _loaded["kernel"]  # type: ignore[no-any-return]
 
 
@@ -115,18 +121,20 @@ _SLOWER = ("devrng.portable's CPU draws use tensor ops: the same numbers, up to 
            "more slowly than torch's generator (docs/portable.md, What it costs)")
 
 
-def _load() -> tuple[CpuKernel | None, str]:
+def load_checked(spec: ModuleSpec | None) -> tuple[CpuKernel | None, str, str | None]:
+    """The kernel at ``spec`` (the extension's, or None where it was not built), the
+    sentence ``status`` gives, and the same sentence where a kernel failed its checks and
+    must be warned about."""
     if os.environ.get("DEVRNG_CPU_KERNEL", "1").strip() == "0":
-        return None, f"switched off by DEVRNG_CPU_KERNEL=0; {_SLOWER}."
-    found = find()
-    if found.where is None:  # no C compiler when devrng was installed
+        return None, f"switched off by DEVRNG_CPU_KERNEL=0; {_SLOWER}.", None
+    if spec is None or spec.origin is None or spec.loader is None:  # installed without a compiler
         return None, (f"not available (devrng was installed without it); {_SLOWER}. Reinstall "
                       "devrng where a C compiler is available (pip install . builds it) to "
-                      "draw at torch.rand's speed.")
+                      "draw at torch.rand's speed."), None
+    found = find(spec)
     if found.functions is not None:
         return CpuKernel(*found.functions), (f"compiled at install time ({found.where}), its "
-                                             "SHA-256 and known answers checked.")
+                                             "SHA-256 and known answers checked."), None
     message = (f"the compiled kernel {found.where} {found.problem} and is not used; {_SLOWER}. "
                "Reinstall devrng.")
-    _logger.warning("devrng: %s", message)
-    return None, message
+    return None, message, message
