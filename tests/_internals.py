@@ -73,6 +73,9 @@ _PRIVATE: dict[str, tuple[str, str | None]] = {
     "why_not_imported": ("devrng._cli", "why_not_imported"),
     # The state every trainer integration checkpoints, fed bad entries without a trainer.
     "PerRankState": ("devrng.integrations._per_rank", "PerRankState"),
+    # How devrng reads a module another thread may still be importing, tried on a module
+    # held half imported.
+    "imported": ("devrng._base.lazy", "imported"),
     # The version tables, checked against pyproject.toml and made-up versions.
     "MIN_TORCH": ("devrng._versions", "MIN_TORCH"),
     "TESTED_TORCH": ("devrng._versions", "TESTED_TORCH"),

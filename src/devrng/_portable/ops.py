@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import sys
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -21,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from devrng._base.errors import DevRNGError, short_repr
-from devrng._base.lazy import load
+from devrng._base.lazy import imported, load
 from devrng._portable import devices, threefry
 
 __all__ = [
@@ -113,7 +112,7 @@ def _is_dtensor(t: Any) -> bool:
     # DTensor unless torch.distributed.tensor was imported.
     if type(t).__name__ != "DTensor":
         return False
-    module = sys.modules.get("torch.distributed.tensor")
+    module = imported("torch.distributed.tensor")
     return module is not None and isinstance(t, module.DTensor)
 
 
