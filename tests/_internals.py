@@ -58,6 +58,8 @@ _PRIVATE: dict[str, tuple[str, str | None]] = {
     "threefry": ("devrng._portable.threefry", None),
     # The table of random aten ops portable covers, checked against torch's own list.
     "PORTABLE_OPS": ("devrng._portable.ops", "ENTRIES"),
+    # The array functions torchax's bounded uniforms run in (imports JAX and torchax).
+    "JAX_OPS": ("devrng._portable.jax", "JAX_OPS"),
     # The one XLA node that computes Threefry (imports torch_xla).
     "xla_bits": ("devrng._portable.threefry_xla", "xla_bits"),
     # DTensor counter math and a placement no CPU mesh can build (Partial).

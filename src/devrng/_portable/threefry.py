@@ -30,12 +30,16 @@ arithmetic), so compiled draws are eager's, bit for bit.
 
 from __future__ import annotations
 
+import functools
 import math
 import struct
 from collections.abc import Callable, Sequence
+from fractions import Fraction
+from typing import Any, NamedTuple
 
 import torch
 
+from devrng._base.errors import DevRNGError
 from devrng._base.lazy import load
 from devrng._base.seeds import HostKey, seed_key
 from devrng._portable import devices
@@ -315,9 +319,14 @@ class Source:
         return _DISTRIBUTIONS[distribution](self, shape, dtype, *params)
 
     # The distributions, as methods so that JAX's own (devrng._portable.jax) can stand in.
+    def unit(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+        return unit(self, shape, dtype)
+
     def uniform(self, shape: Sequence[int], dtype: torch.dtype, low: float = 0.0,
                 high: float = 1.0) -> torch.Tensor:
-        return uniform(self, shape, dtype, low, high)
+        if low == 0.0 and high == 1.0:
+            return self.unit(shape, dtype)
+        return self._draw_op("uniform", shape, dtype, (low, high))
 
     def normal(self, shape: Sequence[int], dtype: torch.dtype, mean: float = 0.0,
                std: float = 1.0) -> torch.Tensor:
@@ -381,11 +390,14 @@ def round_to(value: float, dtype: torch.dtype) -> float:
     """
     if dtype == torch.float64:
         return float(value)
-    if dtype == torch.bfloat16:  # the top half of float32, rounded to nearest even
-        bits = struct.unpack("<I", struct.pack("<f", value))[0]
-        bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
-        return float(struct.unpack("<f", struct.pack("<I", bits & M32))[0])
-    return float(struct.unpack(_PACK[dtype], struct.pack(_PACK[dtype], value))[0])
+    try:
+        if dtype == torch.bfloat16:  # the top half of float32, rounded to nearest even
+            bits = struct.unpack("<I", struct.pack("<f", value))[0]
+            bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
+            return float(struct.unpack("<f", struct.pack("<I", bits & M32))[0])
+        return float(struct.unpack(_PACK[dtype], struct.pack(_PACK[dtype], value))[0])
+    except OverflowError:  # struct refuses what rounds beyond the largest finite value
+        return math.copysign(math.inf, value)
 
 
 _PACK = {torch.float32: "<f", torch.float16: "<e"}
@@ -408,18 +420,181 @@ def affine(x: torch.Tensor, scale: float | torch.Tensor, shift: float | torch.Te
     return (x.to(torch.float64) * scale + shift).to(dtype)
 
 
+def bounds(low: float, high: float, dtype: torch.dtype, row: devices.Device = devices.CPU
+           ) -> tuple[float, float]:
+    """``(lo, span)`` of a uniform draw on ``[low, high)`` in ``dtype``, as JAX makes them:
+    ``lo = dtype(low)``, ``span = dtype(dtype(high) - lo)`` (the difference of two ``dtype``
+    numbers is rounded once: float64 has more than twice their precision). Refused: bounds
+    whose span is not finite, and on a device that flushes subnormal numbers (``row``),
+    bounds whose draws could pass through one (every value the formula makes is a multiple
+    of the lowest bit of ``lo`` or of ``2**-UNIT_BITS * ulp(span)``)."""
+    lo = round_to(low, dtype)
+    span = round_to(round_to(high, dtype) - lo, dtype)
+    name = str(dtype).removeprefix("torch.")
+    if not (math.isfinite(lo) and math.isfinite(span)):
+        raise DevRNGError(f"devrng.portable draws uniforms between finite bounds whose "
+                          f"difference is a finite {name} number, not [{low!r}, {high!r}).")
+    if row.flushes_subnormals and dtype != torch.float16 and span and (
+            _quantum(lo, span, dtype) < torch.finfo(dtype).tiny):
+        raise DevRNGError(
+            f"{row.name} flushes {name} numbers below {torch.finfo(dtype).tiny:.3g} to zero, "
+            f"and uniform draws on [{low!r}, {high!r}) can pass through such numbers: they "
+            f"would differ from the CPU's. Draw on the CPU and move the result, or draw on a "
+            f"scaled range and scale it back.")
+    return lo, span
+
+
+def _quantum(lo: float, span: float, dtype: torch.dtype) -> Fraction:
+    """A power of two that divides every value of a uniform draw's formula: ``lo``'s lowest
+    bit, and the last bit of ``span``'s significand times ``2**-UNIT_BITS``."""
+    exponent = math.frexp(span)[1]
+    quantum = Fraction(2) ** (exponent - _SIGNIFICAND[dtype] - UNIT_BITS[dtype])
+    return min(quantum, _lowest_bit(lo)) if lo else quantum
+
+
 def uniform(source: Source, shape: Sequence[int], dtype: torch.dtype, low: float = 0.0,
             high: float = 1.0) -> torch.Tensor:
-    """``jax.random.uniform(key, shape, dtype, low, high)``: ``max(low, u * (high - low) + low)``."""
+    """``jax.random.uniform(key, shape, dtype, low, high)``: ``u * span + lo`` rounded once
+    (``scale_shift``), from the unit draw u of ``dtype``."""
     if low == 0.0 and high == 1.0:
-        return unit(source, shape, dtype)  # u * 1 + 0, exactly
-    lo = round_to(low, dtype)
-    span = round_to(round_to(high, dtype) - lo, dtype)  # exact in float64, then rounded
-    if dtype == torch.float32:
+        return source.unit(shape, dtype)  # u * 1 + 0, exactly
+    row = devices.row(source.device)
+    lo, span = bounds(low, high, dtype, row)
+    if dtype == torch.float32 and sum_is_exact(lo, span, dtype, torch.float64):
+        # The kernel rounds u * span + lo to float64 (exactly, here), then to float32.
         fused = source.fused(UNIFORM_AT, shape, span, lo)
         if fused is not None:
             return fused
-    return torch.clamp_min(affine(unit(source, shape, dtype), span, lo, dtype), lo)
+    return scale_shift(source.unit(shape, dtype), lo, span, dtype, row.float64)  # type: ignore[no-any-return]
+
+
+# -- u * span + lo, rounded once on every device ------------------------------------------------
+# A bounded uniform is u * span + lo for the unit draw u = k * 2**-UNIT_BITS[dtype] (k an
+# integer), rounded once to dtype: what one fused multiply-add gives, and what JAX computes
+# (XLA fuses the multiply and the add). torch's eager kernels round the product and the sum
+# separately; XLA, Triton and LLVM may fuse them or not, as they choose. So the formula is
+# written with products that are exact -- then fusing changes nothing -- and additions whose
+# rounding error is kept (two_sum), never with a rounded product:
+# - float16 and bfloat16: in float32, where u * span is exact;
+# - float32: in float64, where u * span is exact (devices without float64: as float64);
+# - float64: u * span split exactly into two float64 numbers through integer arithmetic
+#   (an error-free product without a fused multiply-add), then added to lo as
+#   Boldo and Melquiond's emulated FMA does (IEEE TC 57(4), 2008).
+# A sum in the wider type that is not exact is rounded to odd before it is rounded to dtype:
+# two roundings then give the one rounding of the exact value.
+UNIT_BITS = {torch.float16: 10, torch.bfloat16: 7, torch.float32: 23, torch.float64: 52}
+_PRECISION = {torch.float32: 24, torch.float64: 53}  # significand bits
+_SIGNIFICAND = {torch.float16: 11, torch.bfloat16: 8, **_PRECISION}
+_MIN_EXPONENT = {torch.float32: -149, torch.float64: -1074}  # of the smallest subnormal
+
+
+class Ops(NamedTuple):
+    """The array functions ``scale_shift`` uses: torch's, or JAX's for torchax (whose torch
+    ops compute float64 tensors in float32).
+
+    Attributes:
+        where: ``where(condition, a, b)``.
+        cast: ``cast(x, dtype)``: ``x`` converted to a torch dtype (rounded to nearest).
+        view: ``view(x, dtype)``: ``x``'s bits read as a torch dtype of the same width.
+    """
+
+    where: Callable[[Any, Any, Any], Any]
+    cast: Callable[[Any, torch.dtype], Any]
+    view: Callable[[Any, torch.dtype], Any]
+
+
+TORCH_OPS = Ops(torch.where, lambda x, dtype: x.to(dtype), lambda x, dtype: x.view(dtype))
+
+
+def scale_shift(u: Any, lo: float, span: float, dtype: torch.dtype, float64: bool,
+                ops: Ops = TORCH_OPS) -> Any:
+    """``u * span + lo`` rounded once to ``dtype``, the same bits on every device and whether
+    or not a compiler fuses multiplies and adds (see above). ``u`` is a unit draw of
+    ``dtype`` (never negative), ``lo`` and ``span`` are ``dtype`` numbers (``bounds``),
+    ``float64``: the device computes float64."""
+    if span == 0.0 or (dtype in _PRECISION and math.frexp(span)[0] == 0.5):
+        return u * span + lo  # a power of two: the product is exact, the sum rounds once
+    wide = (torch.float32 if dtype in (torch.float16, torch.bfloat16)
+            else torch.float64 if dtype == torch.float32 and float64 else None)
+    if wide is not None:  # the product is exact in wide; so is the sum, or it rounds to odd
+        product = ops.cast(u, wide) * span
+        exact = sum_is_exact(lo, span, dtype, wide)
+        return ops.cast(product + lo if exact else _odd_sum(product, lo, wide, ops), dtype)
+    high, low = _exact_product(u, span, dtype, ops)
+    total, error = _two_sum(lo, high)
+    return total + _odd_sum(error, low, dtype, ops)
+
+
+@functools.lru_cache(maxsize=256)
+def sum_is_exact(lo: float, span: float, dtype: torch.dtype, wide: torch.dtype) -> bool:
+    """Whether every ``u * span + lo`` (u a unit draw of ``dtype``) is a ``wide`` number: all
+    of them are multiples of ``_quantum`` and no larger than ``|lo| + span``. Then rounding
+    the sum to ``wide`` is exact."""
+    quantum = _quantum(lo, span, dtype)
+    largest = Fraction(abs(lo)) + Fraction(span)
+    return quantum >= Fraction(2) ** _MIN_EXPONENT[wide] and (
+        largest < (1 << _PRECISION[wide]) * quantum)
+
+
+def _lowest_bit(x: float) -> Fraction:
+    """The value of the lowest set bit of a nonzero float."""
+    numerator, denominator = abs(x).as_integer_ratio()  # denominator: a power of two
+    return Fraction(numerator & -numerator, denominator)
+
+
+def _two_sum(a: Any, b: Any) -> tuple[Any, Any]:
+    """``a + b`` rounded, and its rounding error exactly (Knuth's TwoSum: additions only)."""
+    total = a + b
+    b_part = total - a
+    return total, (a - (total - b_part)) + (b - b_part)
+
+
+def _odd_sum(a: Any, b: Any, dtype: torch.dtype, ops: Ops) -> Any:
+    """``a + b`` rounded to odd in ``dtype`` (float32 or float64): the exact sum, or if it is
+    not a ``dtype`` number, the neighbour of it whose last significand bit is 1. Rounding
+    that to a type of at least 2 bits less precision rounds the exact sum once."""
+    total, error = _two_sum(a, b)
+    integer = _SPLITS[dtype][0]
+    bits = ops.view(total, integer)
+    # An inexact sum is not zero; the neighbour away from zero has the next larger bits.
+    neighbour = ops.view(ops.where((error > 0) == (total > 0), bits + 1, bits - 1), dtype)
+    return ops.where((error == 0) | ((bits & 1) == 1), total, neighbour)
+
+
+# (float dtype, its integer, bits of k's low part, bits of the span's low part): u * span
+# as four products of halves, each exact in the float type.
+_SPLITS = {torch.float64: (torch.int64, 26, 27), torch.float32: (torch.int32, 12, 12)}
+
+
+def _exact_product(u: Any, span: float, dtype: torch.dtype, ops: Ops) -> tuple[Any, Any]:
+    """``u * span`` as ``high + low`` exactly (``high`` the product rounded to ``dtype``),
+    with integer arithmetic and no rounded product: u is ``k * 2**-m`` (k < 2**m), span is
+    ``s * 2**a`` (s an integer of ``precision`` bits), and ``k * s = top * 2**m + bottom``."""
+    integer, k_bits, s_bits = _SPLITS[dtype]
+    precision, m = _PRECISION[dtype], UNIT_BITS[dtype]
+    fraction, exponent = math.frexp(span)
+    s, a = int(fraction * (1 << precision)), exponent - precision
+    if a - m < _MIN_EXPONENT[dtype]:
+        raise DevRNGError(
+            f"devrng.portable draws {str(dtype).removeprefix('torch.')} uniforms only over "
+            f"ranges wider than 2**{_MIN_EXPONENT[dtype] + m + precision} here (the low half "
+            f"of u * span would be below the smallest subnormal number); the range given is "
+            f"{span!r} wide.")
+    k = ops.cast(u * float(1 << m), integer)
+    k1, k0 = k >> k_bits, k & ((1 << k_bits) - 1)
+    s1, s0 = s >> s_bits, s & ((1 << s_bits) - 1)
+    # k * s = k1*s1 * 2**(k_bits + s_bits) + (k1*s0 * 2**k_bits + k0*s1 * 2**s_bits) + k0*s0,
+    # each product within the integer type; the middle is mid * 2**shift.
+    shift = min(k_bits, s_bits)
+    mid = k1 * (s0 << (k_bits - shift)) + k0 * (s1 << (s_bits - shift))
+    rest = m - shift
+    bottom = (mid & ((1 << rest) - 1)) * (1 << shift) + k0 * s0
+    top = k1 * (s1 << (k_bits + s_bits - m)) + (mid >> rest) + (bottom >> m)
+    bottom = bottom & ((1 << m) - 1)
+    first = ops.cast(top, dtype) * 2.0 ** a  # both exact: integers below 2**precision
+    second = ops.cast(bottom, dtype) * 2.0 ** (a - m)
+    high = first + second  # Dekker's Fast2Sum (|first| >= |second|): exact error
+    return high, second - (high - first)
 
 
 # Giles, "Approximating the erfinv function" (GPU Computing Gems, 2011), single precision:
@@ -543,8 +718,8 @@ def exponential(source: Source, shape: Sequence[int], dtype: torch.dtype,
 
 
 # The draws devrng::draw makes in compiled code, by name: f(source, shape, dtype, *params).
-_DISTRIBUTIONS: dict[str, Callable[..., torch.Tensor]] = {"normal": normal,
-                                                          "exponential": exponential}
+_DISTRIBUTIONS: dict[str, Callable[..., torch.Tensor]] = {
+    "normal": normal, "exponential": exponential, "uniform": uniform}
 
 
 def bernoulli_mask(source: Source, shape: Sequence[int], p: float | torch.Tensor
