@@ -6,7 +6,6 @@ These run in the xla environment (PJRT_DEVICE=CPU); the core environment skips t
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 from typing import Any
 

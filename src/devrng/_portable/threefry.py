@@ -482,6 +482,9 @@ def uniform(source: Source, shape: Sequence[int], dtype: torch.dtype, low: float
 #   Boldo and Melquiond's emulated FMA does (IEEE TC 57(4), 2008).
 # A sum in the wider type that is not exact is rounded to odd before it is rounded to dtype:
 # two roundings then give the one rounding of the exact value.
+# A complex number's parts (the real and the imaginary one).
+_COMPLEX_PARTS = {torch.complex32: torch.float16, torch.complex64: torch.float32,
+                  torch.complex128: torch.float64}
 UNIT_BITS = {torch.float16: 10, torch.bfloat16: 7, torch.float32: 23, torch.float64: 52}
 _PRECISION = {torch.float32: 24, torch.float64: 53}  # significand bits
 _SIGNIFICAND = {torch.float16: 11, torch.bfloat16: 8, **_PRECISION}
@@ -688,7 +691,7 @@ def _standard_normal(source: Source, shape: Sequence[int], dtype: torch.dtype) -
     the device's ``torch.erfinv``; complex dtypes draw the real and imaginary parts from
     ``split(key)``'s two keys and divide them by sqrt(2), as JAX does."""
     if dtype.is_complex:
-        real = torch.float32 if dtype == torch.complex64 else torch.float64
+        real = _COMPLEX_PARTS[dtype]
         root2 = round_to(math.sqrt(2.0), real)
         return torch.complex(_standard_normal(source.split(0), shape, real) / root2,
                              _standard_normal(source.split(1), shape, real) / root2)
@@ -740,8 +743,9 @@ def randint(source: Source, shape: Sequence[int], low: int, high: int,
     For bounds within int32 this is ``jax.random.randint(key, shape, low,
     high, int32)``: two 32-bit draws (keys ``split(key)``) combined modulo
     the span (for spans above 2**16 JAX's uint32 arithmetic keeps only the
-    second: bias below span / 2**32). Wider spans take 63 bits modulo the
-    span (bias below span / 2**63).
+    second: bias below span / 2**32). Wider spans up to 2**63 take 63 bits modulo
+    the span (bias below span / 2**63); wider ones all 64 bits modulo the span, as
+    torch's CPU kernel does (the values below 2**64 - span come twice as often).
     """
     span = high - low
     if low >= -(1 << 31) and high <= 1 << 31 and span < 1 << 32:
@@ -758,15 +762,20 @@ def randint(source: Source, shape: Sequence[int], low: int, high: int,
         a = higher % span
         product = (a * (multiplier & 0xFFFF) + (((a * (multiplier >> 16)) & 0xFFFF) << 16)) & M32
         offset = ((product + lower % span) & M32) % span
-    elif span <= 1 << 63:
+    elif span <= 1 << 64:
         hi, lo = source.words(shape)
-        wide = ((hi.to(torch.int64) << 32) | unsigned(lo))
-        r = shr(wide, 1)  # 63 random bits, never negative
-        offset = r if span == 1 << 63 else r % span
+        wide = ((hi.to(torch.int64) << 32) | unsigned(lo))  # 64 random bits
+        if span <= 1 << 63:
+            r = shr(wide, 1)  # 63 of them, never negative
+            offset = r if span == 1 << 63 else r % span
+        else:  # all 64 modulo the span, as torch's CPU kernel takes them: one subtraction
+            # (unsigned order is the signed order of the bits with the top one flipped)
+            below = (wide ^ -(1 << 63)) < span - (1 << 63)
+            offset = torch.where(below, wide, wide - (span - (1 << 64)))  # wraps: mod 2**64
     else:
-        raise ValueError(f"devrng.portable draws integers from ranges of at most 2**63 values; "
+        raise ValueError(f"devrng.portable draws integers from ranges of at most 2**64 values; "
                          f"[{low}, {high}) has {span}.")
-    return (offset + low).to(dtype)
+    return (offset + low).to(dtype)  # wraps into int64 as the true value does
 
 
 def randperm(source: Source, n: int, dtype: torch.dtype) -> torch.Tensor:
@@ -818,7 +827,9 @@ def multinomial(source: Source, weights: torch.Tensor, num_samples: int,
     Each draw inverts the prefix sums: ``u * total`` is looked up in them. The
     sums are the same bits on every device and the lookup only compares, so
     the indices are too. Without replacement the draws are made one after
-    another, each with the chosen weight set to zero (``num_samples`` passes).
+    another, each with the chosen weight set to zero (``num_samples`` passes);
+    a row whose non-zero weights are all taken goes on with equal weights on the
+    categories not taken yet (torch takes zero-weight ones then too).
     """
     rows = weights.reshape(-1, weights.shape[-1])
     work = rows.to(torch.float32) if rows.dtype in (torch.float16, torch.bfloat16) else rows
@@ -829,11 +840,14 @@ def multinomial(source: Source, weights: torch.Tensor, num_samples: int,
         picked = source.search(scan, u * scan[:, -1:])
     else:
         columns = []
+        left = torch.ones_like(work)  # 1 for the categories not taken yet
         for j in range(num_samples):
-            scan = prefix_sums(work)
+            exhausted = ~(work > 0).any(-1, keepdim=True)
+            scan = prefix_sums(torch.where(exhausted, left, work))
             index = source.search(scan, u[:, j:j + 1] * scan[:, -1:]).clamp_max(last)
             columns.append(index)
             work = work.scatter(1, index, 0.0)
+            left = left.scatter(1, index, 0.0)
         picked = torch.cat(columns, dim=1)
     return picked.clamp_max(last).reshape(*weights.shape[:-1], num_samples)
 
