@@ -276,7 +276,7 @@ def outcome(call: Call) -> Any:
         warnings.simplefilter("ignore")
         try:
             return call()
-        except Exception as err:  # noqa: BLE001 - the exception is the outcome compared
+        except Exception as err:  # the exception is the outcome compared
             return err
 
 
@@ -493,40 +493,31 @@ def fuzzed_calls(rng: random.Random, count: int) -> Iterator[tuple[str, Call]]:
     def shape() -> tuple[int, ...]:
         return rng.choice([(3,), (0,), (), (2, 3), (2, 0, 3), (1, 1, 4, 4)])
 
-    ops: list[Callable[[torch.dtype], tuple[str, Call]]] = [
-        lambda dt: (f"randint {dt}", lambda a=integer(dt), b=integer(dt), s=shape():
-                    torch.randint(a, b, s, dtype=dt)),
-        lambda dt: (f"random_ {dt}", lambda a=integer(dt), b=integer(dt), s=shape():
-                    torch.zeros(s, dtype=dt).random_(a, b)),
-        lambda dt: (f"random_() {dt}", lambda s=shape(): torch.zeros(s, dtype=dt).random_()),
-        lambda dt: (f"randperm {dt}", lambda n=min(integer(dt), 5000): torch.randperm(
-            n, dtype=dt)),
-        lambda dt: (f"uniform_ {dt}", lambda a=real(dt), b=real(dt), s=shape():
-                    torch.zeros(s, dtype=dt).uniform_(a, b)),
-        lambda dt: (f"normal_ {dt}", lambda m=real(dt), sd=real(dt), s=shape():
-                    torch.zeros(s, dtype=dt).normal_(m, sd)),
-        lambda dt: (f"normal(float, tensor) {dt}", lambda m=real(dt), sd=real(dt), s=shape():
-                    torch.normal(m, torch.full(s, sd).to(dt))),
-        lambda dt: (f"exponential_ {dt}", lambda lam=real(dt), s=shape():
-                    torch.zeros(s, dtype=dt).exponential_(lam)),
-        lambda dt: (f"bernoulli_ {dt}", lambda p=real(dt), s=shape():
-                    torch.zeros(s, dtype=dt).bernoulli_(p)),
-        lambda dt: (f"bernoulli {dt}", lambda p=real(dt), s=shape():
-                    torch.bernoulli(torch.full(s, p).to(dt))),
-        lambda dt: (f"dropout {dt}", lambda p=real(dt), s=shape(), t=rng.random() < 0.8:
-                    F.dropout(torch.ones(s, dtype=dt), p, training=t)),
-        lambda dt: (f"native_dropout {dt}", lambda p=real(dt), s=shape():
-                    torch.native_dropout(torch.ones(s, dtype=dt), p, True)),
-        lambda dt: (f"multinomial {dt}", lambda w=[real(dt) for _ in range(3)],
-                    k=rng.choice([0, 1, 2, 3, 4, -1]), r=rng.random() < 0.5:
-                    torch.multinomial(torch.tensor(w).to(dt), k, r)),
-        lambda dt: (f"rand {dt}", lambda s=shape(): torch.rand(s, dtype=dt)),
-        lambda dt: (f"randn_like {dt}", lambda s=shape(): torch.randn_like(
-            torch.zeros(s, dtype=dt))),
-        lambda dt: (f"rrelu {dt}", lambda a=real(dt), b=real(dt):
-                    F.rrelu(-torch.ones(4, dtype=dt), a, b, training=True)),
-    ]
+    def draws(dt: torch.dtype) -> list[tuple[str, Call]]:
+        """One call of each op, its arguments drawn now (then fixed for both runs)."""
+        a, b, lo, hi, s, k = integer(dt), integer(dt), real(dt), real(dt), shape(), rng.choice(
+            [0, 1, 2, 3, 4, -1])
+        n, w, flag = min(integer(dt), 5000), [real(dt) for _ in range(3)], rng.random() < 0.5
+        return [
+            ("randint", lambda: torch.randint(a, b, s, dtype=dt)),
+            ("random_", lambda: torch.zeros(s, dtype=dt).random_(a, b)),
+            ("random_()", lambda: torch.zeros(s, dtype=dt).random_()),
+            ("randperm", lambda: torch.randperm(n, dtype=dt)),
+            ("uniform_", lambda: torch.zeros(s, dtype=dt).uniform_(lo, hi)),
+            ("normal_", lambda: torch.zeros(s, dtype=dt).normal_(lo, hi)),
+            ("normal(float, tensor)", lambda: torch.normal(lo, torch.full(s, hi).to(dt))),
+            ("exponential_", lambda: torch.zeros(s, dtype=dt).exponential_(lo)),
+            ("bernoulli_", lambda: torch.zeros(s, dtype=dt).bernoulli_(lo)),
+            ("bernoulli", lambda: torch.bernoulli(torch.full(s, lo).to(dt))),
+            ("dropout", lambda: F.dropout(torch.ones(s, dtype=dt), lo, training=flag)),
+            ("native_dropout", lambda: torch.native_dropout(torch.ones(s, dtype=dt), lo, True)),
+            ("multinomial", lambda: torch.multinomial(torch.tensor(w).to(dt), k, flag)),
+            ("rand", lambda: torch.rand(s, dtype=dt)),
+            ("randn_like", lambda: torch.randn_like(torch.zeros(s, dtype=dt))),
+            ("rrelu", lambda: F.rrelu(-torch.ones(4, dtype=dt), lo, hi, training=True)),
+        ]
+
     for _ in range(count):
         dt = rng.choice(ALL)
-        name, call = rng.choice(ops)(dt)
-        yield name.replace("torch.", ""), call
+        name, call = rng.choice(draws(dt))
+        yield f"{name} {_n(dt)}", call

@@ -224,6 +224,7 @@ def _representable(dtype: torch.dtype) -> tuple[float, float]:
 
 
 _MANTISSA_BITS = {torch.float16: 11, torch.bfloat16: 8, torch.float32: 24, torch.float64: 53}
+_HALF = (torch.float16, torch.bfloat16)
 # Integer dtypes torch's random kernels leave out (no random_() over their range, no randperm,
 # no bernoulli; randint and random_(from, to) do take them).
 _BARE_UNSIGNED = {getattr(torch, n) for n in ("uint16", "uint32", "uint64") if hasattr(torch, n)}
@@ -490,7 +491,8 @@ def _normal(rng: Stream, func: Any, args: Args, kwargs: Kwargs) -> torch.Tensor:
             s, shape, dtype, float(mean), float(std)))
         return _finish_factory(values, kwargs)
     shape = tuple(torch.broadcast_shapes(*(t.shape for t in tensors)))  # type: ignore[no-untyped-call]
-    dtype = tensors[0].dtype if len(tensors) == 1 else torch.promote_types(mean.dtype, std.dtype)
+    dtype = tensors[0].dtype if len(tensors) == 1 or mean.dtype == std.dtype \
+        else torch.promote_types(mean.dtype, std.dtype)  # (which torchax cannot run)
     dtype = _float_dtype(dtype, "normal", empty=math.prod(shape) == 0)
     values = _new(rng, tensors[0].device, shape, dtype, lambda s, shape: _normal_values(
         s, shape, dtype, mean, std))
@@ -669,9 +671,13 @@ def _dropout_core(rng: Stream, x: torch.Tensor, p: float, *, feature: bool, alph
     else:
         noise_shape = tuple(x.shape)
     keep = 1.0 - p
+    # float16 and bfloat16 are scaled in float32 and rounded once: XLA keeps intermediates
+    # of these types in float32 anyway (excess precision), and torchax makes float32 of a
+    # half tensor times a Python number; written so, every device rounds the same way.
+    work = torch.float32 if x.dtype in _HALF else x.dtype
 
     def draw(source: Any, shape: tuple[int, ...]) -> torch.Tensor:
-        return source.bernoulli(shape, keep).to(x.dtype)  # type: ignore[no-any-return]
+        return source.bernoulli(shape, keep).to(work)  # type: ignore[no-any-return]
 
     if _is_dtensor(x):
         noise = _dtensor().noise_like(rng, x, noise_shape, draw)
@@ -681,9 +687,15 @@ def _dropout_core(rng: Stream, x: torch.Tensor, p: float, *, feature: bool, alph
         a = 1.0 / math.sqrt((_SELU_ALPHA ** 2 * p + 1) * (1 - p))
         b = (noise - 1) * (_SELU_ALPHA * a) + _SELU_ALPHA * a * p
         noise = noise * a
-        return x.mul_(noise).add_(b) if inplace else x * noise + b
-    noise = noise / keep
-    return x.mul_(noise) if inplace else x * noise
+        if work == x.dtype:
+            return x.mul_(noise).add_(b) if inplace else x * noise + b
+        out = (x.to(work) * noise + b).to(x.dtype)
+    else:
+        noise = noise / keep
+        if work == x.dtype:
+            return x.mul_(noise) if inplace else x * noise
+        out = (x.to(work) * noise).to(x.dtype)
+    return x.copy_(out) if inplace else out
 
 
 def _dropout_fn(*, feature: bool, alpha: bool, inplace: bool | None = None,
@@ -758,8 +770,12 @@ def _native_dropout(rng: Stream, func: Any, args: Args, kwargs: Kwargs
     if train is False or p == 0.0:
         return x.clone(), torch.ones_like(x, dtype=torch.bool)
     keep = 1.0 - p
-    mask = _like(rng, x, lambda s, shape: s.bernoulli(shape, keep))
-    return (x * mask * (1.0 / keep) if p < 1.0 else x * 0.0), mask
+    mask = _like(rng, x, lambda s, shape: s.bernoulli(shape, keep), torch.bool)
+    if p == 1.0:
+        return x * torch.zeros((), dtype=x.dtype, device=x.device), mask
+    if x.dtype in _HALF:  # scaled in float32, rounded once (see _dropout_core)
+        return (x.float() * mask * (1.0 / keep)).to(x.dtype), mask
+    return x * mask * (1.0 / keep), mask
 
 
 # -- nn.init and other Python-level functions with random ops inside --------------------------
@@ -809,7 +825,11 @@ def _gumbel_softmax(rng: Stream, func: Any, args: Args, kwargs: Kwargs) -> torch
     _float_dtype(logits.dtype, "gumbel_softmax", complex_ok=False, empty=not logits.numel())
     # Gumbel(0, 1) noise is -log of Exp(1) noise.
     gumbels = -_like(rng, logits, lambda s, shape: s.exponential(shape, logits.dtype)).log()
-    soft = ((logits + gumbels) / tau).softmax(dim)
+    noisy = logits + gumbels
+    # (float16 and bfloat16 divided in float32 and rounded, as torch's kernels do: torchax
+    # would keep float32)
+    soft = ((noisy.float() / tau).to(noisy.dtype) if noisy.dtype in _HALF
+            else noisy / tau).softmax(dim)
     if not hard:
         return soft
     index = soft.max(dim, keepdim=True)[1]

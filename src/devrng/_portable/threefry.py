@@ -416,7 +416,7 @@ def affine(x: torch.Tensor, scale: float | torch.Tensor, shift: float | torch.Te
     fuses them anyway, so torchax keeps ``dtype``, as does MPS.
     """
     if dtype == torch.float64 or not devices.row(x.device).float64:
-        return x * scale + shift
+        return (x * scale + shift).to(dtype)  # (torchax makes float32 of half * a number)
     return (x.to(torch.float64) * scale + shift).to(dtype)
 
 
