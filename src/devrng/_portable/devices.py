@@ -47,9 +47,10 @@ class Device(NamedTuple):
             on this device; ``None``: such draws read their key from
             ``devrng::next_key``.
         float64: float64 arithmetic is there to lean on (``threefry.affine``
-            rounds once through it, ``threefry.sqrt32`` corrects the device's
-            root in it). MPS has none, JAX only with x64 (and XLA's fused
-            multiply-add and square root need no correction).
+            rounds once through it, ``threefry.scale_shift`` makes float32
+            products exact in it, ``threefry.sqrt32`` corrects the device's root
+            in it). MPS has none, JAX only with x64 (and XLA's fused multiply-add
+            and square root need no correction).
         shift_divides: torch's ``>>`` is a division there, which rounds negative
             values towards zero (``threefry.shr`` shifts the sign bit apart).
         flushes_subnormals: float32, bfloat16 and float64 numbers below the smallest

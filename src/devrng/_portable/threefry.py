@@ -22,10 +22,10 @@ draw rounded (as torch draws them; JAX draws them from 10- and 7-bit uniforms).
 
 On the CPU the fused kernel (``devrng._portable.threefry_cpu``) makes the common draws
 in one pass, the same bits as the tensor ops here. In compiled code the
-draws with a transcendental step (normal, exponential) are one opaque op,
-``devrng::draw``, that runs this module's eager code: the compiler cannot
-substitute its own ``log``, ``sqrt`` or ``erfinv`` (or fuse their
-arithmetic), so compiled draws are eager's, bit for bit.
+draws with a transcendental step (normal, exponential) and uniforms between
+bounds are one opaque op, ``devrng::draw``, that runs this module's eager code:
+the compiler cannot substitute its own ``log``, ``sqrt`` or ``erfinv`` (or fuse
+their arithmetic), so compiled draws are eager's, bit for bit.
 """
 
 from __future__ import annotations
@@ -405,15 +405,17 @@ _PACK = {torch.float32: "<f", torch.float16: "<e"}
 
 def affine(x: torch.Tensor, scale: float | torch.Tensor, shift: float | torch.Tensor,
            dtype: torch.dtype) -> torch.Tensor:
-    """``x * scale + shift`` in ``dtype``, the same bits whether or not a compiler fuses the
-    multiply and the add.
+    """``x * scale + shift`` in ``dtype``: the scaling of normal draws by a mean and a std.
 
     XLA and Triton turn ``a * b + c`` into one fused multiply-add (one
     rounding), torch's eager kernels round twice: 1 ulp apart on a third of
-    the values. A float32 product is exact in float64, so computing there
-    and rounding once to ``dtype`` gives the fused result on every device
-    that has float64. MPS has none, and JAX (torchax) only with x64; XLA
-    fuses them anyway, so torchax keeps ``dtype``, as does MPS.
+    the values. Computed in float64 and rounded to ``dtype``, a fused and an
+    unfused sum differ by a float64 unit at most, which moves the rounded
+    value only where it lies on a rounding boundary of ``dtype`` (a float32
+    ``scale`` makes the product exact, and then nothing moves). MPS has no
+    float64, and JAX (torchax) only with x64: there it is computed in
+    ``dtype``, within 1 ulp of the others. (Uniforms between bounds are
+    exact everywhere: ``scale_shift``.)
     """
     if dtype == torch.float64 or not devices.row(x.device).float64:
         return (x * scale + shift).to(dtype)  # (torchax makes float32 of half * a number)
@@ -858,7 +860,8 @@ def multinomial(source: Source, weights: torch.Tensor, num_samples: int,
 # runs the fused CPU kernel, or the tensor ops on other devices (on XLA they become
 # part of the XLA graph). devrng::draw does the same for the draws with a
 # transcendental step, so that they run eager's code: inductor would compile its own
-# sqrt and erfinv (91 of 2**18 float32 normal draws differed, 72,747 float64 ones).
+# sqrt and erfinv (91 of 2**18 float32 normal draws differed, 72,747 float64 ones);
+# and for uniforms between bounds, whose exact rounding is host arithmetic first.
 def _host_key(key: torch.Tensor) -> HostKey:
     hi, lo = key.tolist()
     return hi & M32, lo & M32
