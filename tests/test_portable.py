@@ -647,12 +647,19 @@ def test_every_nn_init_function_draws_from_the_stream(name: str, init: Callable[
 
 
 def test_kaiming_uniform_uses_torchs_bound() -> None:
-    w = torch.empty(64, 300)
-    with devrng.portable(0):
-        torch.nn.init.kaiming_uniform_(w, a=math.sqrt(5))
-    bound = math.sqrt(3.0) * torch.nn.init.calculate_gain("leaky_relu", math.sqrt(5)) / \
-        math.sqrt(300)
-    assert float(w.abs().max()) <= bound and float(w.abs().max()) > 0.99 * bound
+    # torch's own arithmetic, rounding for rounding (compiled code may run torch's body):
+    # sqrt(3) * (gain / sqrt(fan)), one float64 unit away from sqrt(3) * gain / sqrt(fan).
+    gain = torch.nn.init.calculate_gain("leaky_relu", math.sqrt(5))
+    bound = math.sqrt(3.0) * (gain / math.sqrt(300))
+    assert bound != math.sqrt(3.0) * gain / math.sqrt(300)
+    for dtype in (torch.float32, torch.float64):
+        w = torch.empty(64, 300, dtype=dtype)
+        with devrng.portable(0):
+            torch.nn.init.kaiming_uniform_(w, a=math.sqrt(5))
+        with devrng.portable(0):
+            want = torch.empty(64, 300, dtype=dtype).uniform_(-bound, bound)
+        assert torch.equal(w, want), dtype
+        assert float(w.abs().max()) <= bound and float(w.abs().max()) > 0.99 * bound
 
 
 def test_a_module_built_inside_portable_has_the_same_weights_every_time() -> None:

@@ -384,6 +384,38 @@ def test_draws_that_would_pass_through_subnormal_numbers_are_refused_where_they_
     assert torch.equal(xla, cpu) and np.array_equal(jx, cpu.to(torch.float64).numpy())
 
 
+def _bounded_step(x: torch.Tensor) -> list[torch.Tensor]:
+    out = [torch.empty(64, dtype=dt, device=x.device).uniform_(-3.0, 2.0) for dt in FLOATS]
+    out.append(torch.empty(64, device=x.device).uniform_(2.0 ** -60, 1.0 + 2.0 ** -22))
+    out.append(torch.nn.init.kaiming_uniform_(torch.empty(8, 8, dtype=torch.float64,
+                                                          device=x.device)))
+    return [t + x.to(t.dtype)[:t.shape[-1]] for t in out]
+
+
+@pytest.mark.parametrize("backend", ["torch_xla", "openxla"])
+def test_bounded_uniforms_in_compiled_xla_code_are_eagers_cpu_bits(backend: str) -> None:
+    # The exact rounding runs on XLA with lowered ops only (torch_xla runs frexp and
+    # nextafter on the host, and its dynamo bridge cannot take bit casts).
+    x = torch.zeros(64, device=XLA)
+    torch_xla.sync()
+    with devrng.portable(0):
+        step = devrng.seeded_jit(_bounded_step, backend=backend)
+        got = [t.cpu() for t in step(x, seed=5)]
+    with devrng.portable(5):
+        want = _bounded_step(torch.zeros(64))
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        assert g.dtype == w.dtype and torch.equal(g, w), i
+
+
+def test_bounded_uniforms_on_xla_run_no_op_on_the_host() -> None:
+    before = {n for n in met.counter_names() if n.startswith("aten::")}
+    with devrng.portable(0):
+        for dt in FLOATS:
+            torch.empty(100, dtype=dt, device=XLA).uniform_(2.0 ** -60, 256.0 + 2.0 ** -14)
+    torch_xla.sync()
+    assert {n for n in met.counter_names() if n.startswith("aten::")} == before
+
+
 def _half_dropouts(device: Any, dtype: torch.dtype, x: torch.Tensor) -> list[Any]:
     with devrng.portable(13):
         return [F.dropout(x, 0.3), F.alpha_dropout(x, 0.3, True),

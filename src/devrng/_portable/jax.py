@@ -28,8 +28,7 @@ __all__ = ["JAX_OPS", "JaxSource", "JaxStream", "key_data", "traced_stream"]
 
 _JNP = {torch.float32: jnp.float32, torch.float16: jnp.float16, torch.bfloat16: jnp.bfloat16,
         torch.float64: jnp.float64, torch.int32: jnp.int32, torch.int64: jnp.int64}
-JAX_OPS = threefry.Ops(jnp.where, lambda x, dtype: x.astype(_JNP[dtype]),
-                    lambda x, dtype: jax.lax.bitcast_convert_type(x, _JNP[dtype]))
+JAX_OPS = threefry.Ops(jnp, lambda x, dtype: x.astype(_JNP[dtype]))
 
 
 def key_data(key: HostKey) -> Any:

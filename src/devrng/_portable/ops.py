@@ -812,7 +812,7 @@ def _init_kaiming_uniform_(rng: Stream, func: Any, args: Args, kwargs: Kwargs
         warnings.warn("Initializing zero-element tensors is a no-op", UserWarning, stacklevel=4)
         return tensor  # type: ignore[no-any-return]
     gain = torch.nn.init.calculate_gain(nonlinearity, a)
-    bound = math.sqrt(3.0) * gain / math.sqrt(_fan(tensor, mode))
+    bound = math.sqrt(3.0) * (gain / math.sqrt(_fan(tensor, mode)))  # torch's, rounding alike
     with torch.no_grad():
         return _uniform_(rng, func, (tensor, -bound, bound), {})
 

@@ -480,10 +480,11 @@ def uniform(source: Source, shape: Sequence[int], dtype: torch.dtype, low: float
 # - float16 and bfloat16: in float32, where u * span is exact;
 # - float32: in float64, where u * span is exact (devices without float64: as float64);
 # - float64: u * span split exactly into two float64 numbers through integer arithmetic
-#   (an error-free product without a fused multiply-add), then added to lo as
-#   Boldo and Melquiond's emulated FMA does (IEEE TC 57(4), 2008).
-# A sum in the wider type that is not exact is rounded to odd before it is rounded to dtype:
-# two roundings then give the one rounding of the exact value.
+#   (an error-free product without a fused multiply-add), then added to lo.
+# Where a sum rounded twice could differ from the exact value rounded once -- only when the
+# first rounding lands exactly on a midpoint of the second -- the kept error decides.
+# Additions, comparisons and conversions only: torch_xla runs frexp and nextafter on the
+# host, and its dynamo bridge mishandles bit casts.
 # A complex number's parts (the real and the imaginary one).
 _COMPLEX_PARTS = {torch.complex32: torch.float16, torch.complex64: torch.float32,
                   torch.complex128: torch.float64}
@@ -498,17 +499,15 @@ class Ops(NamedTuple):
     ops compute float64 tensors in float32).
 
     Attributes:
-        where: ``where(condition, a, b)``.
+        xp: ``torch`` or ``jax.numpy`` (for ``where``).
         cast: ``cast(x, dtype)``: ``x`` converted to a torch dtype (rounded to nearest).
-        view: ``view(x, dtype)``: ``x``'s bits read as a torch dtype of the same width.
     """
 
-    where: Callable[[Any, Any, Any], Any]
+    xp: Any
     cast: Callable[[Any, torch.dtype], Any]
-    view: Callable[[Any, torch.dtype], Any]
 
 
-TORCH_OPS = Ops(torch.where, lambda x, dtype: x.to(dtype), lambda x, dtype: x.view(dtype))
+TORCH_OPS = Ops(torch, lambda x, dtype: x.to(dtype))
 
 
 def scale_shift(u: Any, lo: float, span: float, dtype: torch.dtype, float64: bool,
@@ -521,13 +520,14 @@ def scale_shift(u: Any, lo: float, span: float, dtype: torch.dtype, float64: boo
         return u * span + lo  # a power of two: the product is exact, the sum rounds once
     wide = (torch.float32 if dtype in (torch.float16, torch.bfloat16)
             else torch.float64 if dtype == torch.float32 and float64 else None)
-    if wide is not None:  # the product is exact in wide; so is the sum, or it rounds to odd
+    if wide is not None:  # the product is exact in wide; so is the sum, or its error decides
         product = ops.cast(u, wide) * span
-        exact = sum_is_exact(lo, span, dtype, wide)
-        return ops.cast(product + lo if exact else _odd_sum(product, lo, wide, ops), dtype)
+        if sum_is_exact(lo, span, dtype, wide):
+            return ops.cast(product + lo, dtype)
+        return _rounded_once(*_two_sum(product, lo), dtype, wide, ops)
     high, low = _exact_product(u, span, dtype, ops)
     total, error = _two_sum(lo, high)
-    return total + _odd_sum(error, low, dtype, ops)
+    return _sum_rounded_once(total, error, low, ops)
 
 
 @functools.lru_cache(maxsize=256)
@@ -554,16 +554,32 @@ def _two_sum(a: Any, b: Any) -> tuple[Any, Any]:
     return total, (a - (total - b_part)) + (b - b_part)
 
 
-def _odd_sum(a: Any, b: Any, dtype: torch.dtype, ops: Ops) -> Any:
-    """``a + b`` rounded to odd in ``dtype`` (float32 or float64): the exact sum, or if it is
-    not a ``dtype`` number, the neighbour of it whose last significand bit is 1. Rounding
-    that to a type of at least 2 bits less precision rounds the exact sum once."""
-    total, error = _two_sum(a, b)
-    integer = _SPLITS[dtype][0]
-    bits = ops.view(total, integer)
-    # An inexact sum is not zero; the neighbour away from zero has the next larger bits.
-    neighbour = ops.view(ops.where((error > 0) == (total > 0), bits + 1, bits - 1), dtype)
-    return ops.where((error == 0) | ((bits & 1) == 1), total, neighbour)
+def _rounded_once(total: Any, error: Any, dtype: torch.dtype, wide: torch.dtype,
+                  ops: Ops) -> Any:
+    """``total + error`` (``total`` a ``wide`` sum, ``error`` its exact rounding error)
+    rounded once to the narrower ``dtype``. Rounding ``total`` can go wrong only where it is
+    exactly halfway between two ``dtype`` numbers and ``error`` is not 0: then ``error``'s
+    sign picks the neighbour. ``2 * total - rounded`` is the other one (exactly)."""
+    rounded = ops.cast(total, dtype)
+    back = ops.cast(rounded, wide)
+    mirrored = total + (total - back)  # both steps exact: the neighbour across ``total``
+    other = ops.cast(mirrored, dtype)
+    halfway = (total != back) & (ops.cast(other, wide) == mirrored)
+    beyond = (error != 0) & ((error > 0) == (total > back))
+    return ops.xp.where(halfway & beyond, other, rounded)
+
+
+def _sum_rounded_once(high: Any, middle: Any, low: Any, ops: Ops) -> Any:
+    """``high + middle + low`` rounded once, for ``high = round(high + middle)`` (a two_sum)
+    and ``low`` smaller than ``high``'s last bit: the smaller two are added first; their
+    rounding error can change the result only where the sum is exactly halfway between two
+    numbers, and then its sign picks the side."""
+    small, small_error = _two_sum(middle, low)
+    total, error = _two_sum(high, small)
+    other = total + 2 * error  # the neighbour on error's side, if total + error is halfway
+    halfway = (error != 0) & (other - total == 2 * error)
+    beyond = (small_error != 0) & ((small_error > 0) == (error > 0))
+    return ops.xp.where(halfway & beyond, other, total)
 
 
 # (float dtype, its integer, bits of k's low part, bits of the span's low part): u * span
