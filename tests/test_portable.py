@@ -962,8 +962,9 @@ def test_off_the_cpu_draws_run_tensor_ops_and_never_read_a_simulated_cuda_genera
     assert torch.equal(before, fake.generators[0].get_state()) and not fake.set_calls
 
 
-def test_mps_keeps_float32_math_for_bounds() -> None:
-    # MPS has no float64: affine() rounds twice there, at most 1 ulp from the others.
+def test_mps_scales_normal_draws_in_float32_within_1_ulp() -> None:
+    # MPS has no float64: affine() (normal's mean and std) rounds twice there, at most 1 ulp
+    # from the others. (Uniforms between bounds are exact there too: the bounded tests.)
     u = threefry.unit(host(1), (10_000,), torch.float32)
     span, low = float(torch.tensor(0.7)), float(torch.tensor(-0.35))  # float32 values
     fused = threefry.affine(u, span, low, torch.float32)
