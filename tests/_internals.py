@@ -82,6 +82,8 @@ _PRIVATE: dict[str, tuple[str, str | None]] = {
     "threefry": ("devrng._portable.threefry", None),
     # The table of random aten ops portable covers, checked against torch's own list.
     "PORTABLE_OPS": ("devrng._portable.ops", "ENTRIES"),
+    # The array functions torchax's bounded uniforms run in (imports JAX and torchax).
+    "JAX_OPS": ("devrng._portable.jax", "JAX_OPS"),
     # The one XLA node that computes Threefry (imports torch_xla).
     "xla_bits": ("devrng._portable.threefry_xla", "xla_bits"),
     # DTensor counter math and a placement no CPU mesh can build (Partial).
@@ -108,6 +110,9 @@ _PRIVATE: dict[str, tuple[str, str | None]] = {
     "seal": ("devrng._generators.saved", "seal"),
     # The one formatter of values in messages, fed values no state should hold.
     "short_repr": ("devrng._base.errors", "short_repr"),
+    # How devrng reads a module another thread may still be importing, tried on a module
+    # held half imported.
+    "imported": ("devrng._base.lazy", "imported"),
     # The version tables, checked against pyproject.toml and made-up versions.
     "MIN_TORCH": ("devrng._versions", "MIN_TORCH"),
     "TESTED_TORCH": ("devrng._versions", "TESTED_TORCH"),

@@ -3,10 +3,14 @@
 Written from the Threefry paper's schedule (Salmon et al., 2011: 20 rounds, rotations
 13 15 26 6 17 29 16 24, key parity 0x1BD11BDA) and JAX's partitionable layout: the
 tests compare devrng's tensor ops and CPU kernel with it in every environment, and
-with real JAX where JAX is installed.
+with real JAX where JAX is installed. ``rounded_once`` is the rounding reference for
+bounded uniforms.
 """
 
 from __future__ import annotations
+
+import math
+from fractions import Fraction
 
 import numpy as np
 
@@ -62,3 +66,28 @@ def uniform(k: tuple[int, int], shape: tuple[int, ...], counters: np.ndarray | N
             ) -> np.ndarray:
     b = bits(k, shape, counters)
     return ((b >> np.uint32(9)) | np.uint32(0x3F800000)).view(np.float32) - np.float32(1)
+
+
+# Binary formats: (significand bits, exponent of the smallest normal number, of the largest).
+FORMATS = {"float16": (11, -14, 15), "bfloat16": (8, -126, 127), "float32": (24, -126, 127),
+           "float64": (53, -1022, 1023)}
+
+
+def rounded_once(x: Fraction, fmt: str) -> float:
+    """The exact rational ``x`` rounded to nearest (ties to even) in the binary format
+    ``fmt`` once, with integer arithmetic only: what a fused multiply-add gives."""
+    precision, min_exponent, max_exponent = FORMATS[fmt]
+    if x == 0:
+        return 0.0
+    magnitude = abs(x)
+    exponent = magnitude.numerator.bit_length() - magnitude.denominator.bit_length()
+    if Fraction(2) ** exponent > magnitude:  # 2**exponent <= magnitude < 2**(exponent + 1)
+        exponent -= 1
+    quantum = Fraction(2) ** (max(exponent, min_exponent) - precision + 1)
+    steps, rest = divmod(magnitude, quantum)  # magnitude = steps * quantum + rest
+    if rest * 2 > quantum or (rest * 2 == quantum and steps % 2 == 1):
+        steps += 1
+    value = steps * quantum
+    if value >= Fraction(2) ** (max_exponent + 1):
+        return math.copysign(math.inf, x)
+    return math.copysign(float(value), x)

@@ -260,6 +260,40 @@ def test_every_lock_is_fork_safe() -> None:
     assert not made_here, f"plain threading locks in {made_here}; use ForkSafeLock"
 
 
+def sys_modules_reads(source: str) -> list[str]:
+    """Every ``sys.modules.get(...)`` / ``sys.modules[...]`` read in ``source`` whose module
+    is used for more than its presence or identity (``is``, ``is not``, ``in``)."""
+    tree = ast.parse(source)
+    parents = {id(child): node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    bad = []
+    for node in ast.walk(tree):
+        read = (isinstance(node, ast.Call) and ast.unparse(node.func) == "sys.modules.get") or (
+            isinstance(node, ast.Subscript) and ast.unparse(node.value) == "sys.modules"
+            and isinstance(node.ctx, ast.Load))
+        parent = parents.get(id(node))
+        if read and not (isinstance(parent, ast.Compare)
+                         and all(isinstance(op, (ast.Is, ast.IsNot)) for op in parent.ops)):
+            bad.append(f"line {node.lineno}: {ast.unparse(parents.get(id(node), node))}")
+    return bad
+
+
+def test_modules_another_thread_may_be_importing_are_read_through_imported() -> None:
+    """A module is in sys.modules before its body has run: its attributes are read through
+    devrng._base.lazy.imported, which waits for an import under way in another thread."""
+    bad = {name: found for name, source in MODULES.items() if name != "devrng._base.lazy"
+           and (found := sys_modules_reads(source))}
+    assert not bad, f"read these through devrng._base.lazy.imported: {bad}"
+
+
+def test_the_sys_modules_check_sees_violations() -> None:
+    source = ('module = sys.modules.get("torch_xla")\n'
+              'ok = sys.modules.get("torchax.device_module") is module\n'
+              'present = "numpy" in sys.modules\n'
+              'np = sys.modules["numpy"].random\n')
+    assert sys_modules_reads(source) == ['line 1: module = sys.modules.get(\'torch_xla\')',
+                                         "line 4: sys.modules['numpy'].random"]
+
+
 # The capability packages, bottom up. A module imports (at import time) only modules on its
 # own floor or below, and the three capabilities on floor 3 do not import one another: each
 # can be read, and changed, knowing only the floors beneath it.

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import warnings
 from collections.abc import Callable
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -112,6 +113,10 @@ def dtype_table(n: int = 4099) -> dict[str, torch.Tensor]:
             out[f"randn {dt}"] = torch.randn(n, dtype=dt)
         for dt in FLOATS:
             out[f"uniform_ {dt}"] = torch.empty(n, dtype=dt).uniform_(-0.3, 0.7)
+            for low, high in bounded_cases(dt)[1:]:
+                out[f"uniform_({low}, {high}) {dt}"] = torch.empty(n, dtype=dt).uniform_(low, high)
+            out[f"kaiming_uniform_ {dt}"] = torch.nn.init.kaiming_uniform_(
+                torch.empty(64, 64, dtype=dt))
             out[f"normal_ {dt}"] = torch.empty(n, dtype=dt).normal_(0.5, 0.02)
             out[f"exponential_ {dt}"] = torch.empty(n, dtype=dt).exponential_(3.0)
             out[f"bernoulli_ {dt}"] = torch.empty(n, dtype=dt).bernoulli_(0.3)
@@ -142,6 +147,91 @@ def test_every_op_and_dtype_draws_the_same_with_and_without_the_cpu_kernel(tmp_p
     assert sorted(without) == sorted(with_kernel)
     for name, values in with_kernel.items():
         assert values.dtype == without[name].dtype and torch.equal(values, without[name]), name
+
+
+# -- bounded uniforms: u * span + lo rounded once --------------------------------------------------
+UNIT_BITS = {torch.float16: 10, torch.bfloat16: 7, torch.float32: 23, torch.float64: 52}
+EPS = {dt: torch.finfo(dt).eps for dt in FLOATS}
+
+
+def bounded_cases(dtype: torch.dtype) -> list[tuple[float, float]]:
+    """Bounds of every kind: nn.init's symmetric ones, a lower bound far from the span's
+    scale, and a tiny lower bound with a span one bit above 1 (its products sit on the
+    rounding midpoints of the type: two roundings go wrong there)."""
+    return [(-0.3, 0.7), (-3.0, 2.0), (0.1, 0.2), (-0.0721, 0.0721), (1000.0, 1001.5),
+            (-1000.0, 3000.0), *odd_cases(dtype)]
+
+
+def odd_cases(dtype: torch.dtype) -> list[tuple[float, float]]:
+    """Bounds where a sum rounded in the wider type lands on a rounding midpoint of the
+    dtype for some small k: a tiny lower bound, a span a few bits above a power of two."""
+    tiny, eps = (2.0 ** -24 if dtype == torch.float16 else 2.0 ** -60), EPS[dtype]
+    return [(tiny, (1 + 3 * eps) * 256), (-tiny, (1 + eps) * 256), (-tiny, (1 + 5 * eps) * 256),
+            (tiny, 1 + eps)]
+
+
+def unit_values(dtype: torch.dtype) -> tuple[list[int], torch.Tensor]:
+    """Unit draws k * 2**-bits: every one for float16 and bfloat16, else the edges and the
+    small odd k that land on midpoints, and random ones."""
+    bits = UNIT_BITS[dtype]
+    if bits <= 10:
+        ks = list(range(1 << bits))
+    else:
+        g = torch.Generator().manual_seed(5)
+        ks = [0, 1, 2, 3, 5, 7, (1 << bits) - 1, 1 << (bits - 1), 3 << (bits - 2),
+              *torch.randint(0, 1 << bits, (300,), generator=g, dtype=torch.int64).tolist()]
+    u = (torch.tensor(ks, dtype=torch.float64) * 2.0 ** -bits).to(dtype)
+    return ks, u
+
+
+@pytest.mark.parametrize(("dtype", "float64"), [
+    (torch.float16, True), (torch.bfloat16, True), (torch.float32, True), (torch.float64, True),
+    (torch.float32, False),  # a device without float64 (MPS, torchax), SIMULATED on the CPU
+], ids=["float16", "bfloat16", "float32", "float64", "float32-without-float64"])
+def test_bounded_uniforms_are_the_exact_value_rounded_once(dtype: torch.dtype, float64: bool
+                                                           ) -> None:
+    # The formula every device computes: u * span + lo exactly, rounded once to the dtype.
+    fmt = str(dtype).removeprefix("torch.")
+    ks, u = unit_values(dtype)
+    twice = 0  # draws where rounding the product, then the sum, would differ
+    for low, high in bounded_cases(dtype):
+        lo, span = threefry.bounds(low, high, dtype)
+        got = threefry.scale_shift(u, lo, span, dtype, float64)
+        exact = [Fraction(k, 1 << UNIT_BITS[dtype]) * Fraction(span) + Fraction(lo) for k in ks]
+        want = [ref.rounded_once(x, fmt) for x in exact]
+        assert got.dtype == dtype and got.tolist() == want, (low, high)
+        product = [ref.rounded_once(Fraction(k, 1 << UNIT_BITS[dtype]) * Fraction(span), fmt)
+                   for k in ks]
+        twice += sum(ref.rounded_once(Fraction(p) + Fraction(lo), fmt) != w
+                     for p, w in zip(product, want, strict=True))
+    assert twice > 50  # the cases tell one rounding from two
+
+
+def test_uniform_with_bounds_draws_the_unit_draw_scaled_and_rounded_once() -> None:
+    # End to end, through the stream (and the CPU kernel where it serves the bounds).
+    for dtype in FLOATS:
+        fmt, bits = str(dtype).removeprefix("torch."), UNIT_BITS[dtype]
+        for low, high in bounded_cases(dtype):
+            with devrng.portable(4):
+                got = torch.empty(3000, dtype=dtype).uniform_(low, high)
+            with devrng.portable(4):
+                u = torch.rand(3000, dtype=dtype)
+            lo, span = threefry.bounds(low, high, dtype)
+            want = [ref.rounded_once(Fraction(int(x * 2 ** bits), 1 << bits) * Fraction(span)
+                                     + Fraction(lo), fmt) for x in u.tolist()]
+            assert got.tolist() == want, (dtype, low, high)
+
+
+def test_bounds_that_are_not_finite_or_too_close_are_refused() -> None:
+    with pytest.raises(devrng.DevRNGError, match=r"finite float16 number, "
+                                                 r"not \[-60000.0, 60000.0\)"):
+        threefry.uniform(host(0), (3,), torch.float16, -60000.0, 60000.0)  # span 120000: inf
+    u = torch.rand(4)
+    with pytest.raises(devrng.DevRNGError, match=r"float32 uniforms only over ranges wider than "
+                                                 r"2\*\*-102 here"):
+        threefry.scale_shift(u, 0.0, 2.0 ** -110 * 3, torch.float32, False)
+    assert torch.equal(threefry.scale_shift(u, 0.0, 2.0 ** -110 * 3, torch.float32, True),
+                       u.double().mul(2.0 ** -110 * 3).float())  # with float64: drawn
 
 
 def test_half_precision_normals_are_the_float32_draw_rounded() -> None:
@@ -590,12 +680,19 @@ def test_every_nn_init_function_draws_from_the_stream(name: str, init: Callable[
 
 
 def test_kaiming_uniform_uses_torchs_bound() -> None:
-    w = torch.empty(64, 300)
-    with devrng.portable(0):
-        torch.nn.init.kaiming_uniform_(w, a=math.sqrt(5))
-    bound = math.sqrt(3.0) * torch.nn.init.calculate_gain("leaky_relu", math.sqrt(5)) / \
-        math.sqrt(300)
-    assert float(w.abs().max()) <= bound and float(w.abs().max()) > 0.99 * bound
+    # torch's own arithmetic, rounding for rounding (compiled code may run torch's body):
+    # sqrt(3) * (gain / sqrt(fan)), one float64 unit away from sqrt(3) * gain / sqrt(fan).
+    gain = torch.nn.init.calculate_gain("leaky_relu", math.sqrt(5))
+    bound = math.sqrt(3.0) * (gain / math.sqrt(300))
+    assert bound != math.sqrt(3.0) * gain / math.sqrt(300)
+    for dtype in (torch.float32, torch.float64):
+        w = torch.empty(64, 300, dtype=dtype)
+        with devrng.portable(0):
+            torch.nn.init.kaiming_uniform_(w, a=math.sqrt(5))
+        with devrng.portable(0):
+            want = torch.empty(64, 300, dtype=dtype).uniform_(-bound, bound)
+        assert torch.equal(w, want), dtype
+        assert float(w.abs().max()) <= bound and float(w.abs().max()) > 0.99 * bound
 
 
 def test_a_module_built_inside_portable_has_the_same_weights_every_time() -> None:
@@ -907,8 +1004,9 @@ def test_off_the_cpu_draws_run_tensor_ops_and_never_read_a_simulated_cuda_genera
     assert torch.equal(before, fake.generators[0].get_state()) and not fake.set_calls
 
 
-def test_mps_keeps_float32_math_for_bounds() -> None:
-    # MPS has no float64: affine() rounds twice there, at most 1 ulp from the others.
+def test_mps_scales_normal_draws_in_float32_within_1_ulp() -> None:
+    # MPS has no float64: affine() (normal's mean and std) rounds twice there, at most 1 ulp
+    # from the others. (Uniforms between bounds are exact there too: the bounded tests.)
     u = threefry.unit(host(1), (10_000,), torch.float32)
     span, low = float(torch.tensor(0.7)), float(torch.tensor(-0.35))  # float32 values
     fused = threefry.affine(u, span, low, torch.float32)

@@ -270,6 +270,188 @@ def test_torchax_float64_draws_with_x64_match_the_cpu(x64: None) -> None:
         assert np.max(np.abs(got - want) / np.abs(want)) < 1e-12
 
 
+# -- bounded uniforms: the CPU's bits on every device ------------------------------------------------
+FLOATS = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
+BOUNDED = [(-0.3, 0.7), (-3.0, 2.0), (0.1, 0.2), (1000.0, 1001.5), (2.0 ** -60, 1.0 + 2.0 ** -22)]
+
+
+def as_float64(t: Any) -> np.ndarray:
+    if isinstance(t, torchax.tensor.Tensor):
+        return np.asarray(t.jax()).astype(np.float64)
+    return t.detach().cpu().to(torch.float64).numpy()
+
+
+def _bounded(device: Any, dtype: torch.dtype, rrelu: bool = True) -> list[np.ndarray]:
+    with devrng.portable(11):
+        out = [torch.empty(1000, dtype=dtype, device=device).uniform_(lo, hi) for lo, hi in BOUNDED]
+        out.append(torch.nn.init.kaiming_uniform_(torch.empty(32, 32, dtype=dtype, device=device)))
+        out.append(torch.nn.init.xavier_uniform_(torch.empty(16, 48, dtype=dtype, device=device)))
+        if rrelu:
+            out.append(F.rrelu(-torch.ones(1000, dtype=dtype, device=device), training=True))
+    return [as_float64(t) for t in out]
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=lambda d: str(d).removeprefix("torch."))
+@pytest.mark.parametrize("where", ["xla", "torchax", "torchax-x64"])
+def test_bounded_uniforms_are_the_cpus_bits_on_every_device(where: str, dtype: torch.dtype,
+                                                            request: pytest.FixtureRequest
+                                                            ) -> None:
+    # Before: float64 on XLA and on torchax with x64 differed from the CPU in about half of
+    # the draws (the CPU rounded u * span, then the sum; XLA fused them into one rounding),
+    # bfloat16 on torchax by up to 102 ulp (JAX rounds the product to bfloat16 first).
+    if where == "torchax" and dtype == torch.float64:
+        pytest.skip("refused without x64 (test_torchax_refuses_float64_draws_without_jax_x64)")
+    if where == "torchax-x64":
+        request.getfixturevalue("x64")
+    # torchax 0.0.13 multiplies float64 tensors in float32 (rrelu's x * slope: not a draw).
+    rrelu = where == "xla" or dtype != torch.float64
+    cpu = _bounded("cpu", dtype, rrelu)
+    if where == "xla":
+        got = _bounded(XLA, dtype)
+    else:
+        with ENV:
+            got = _bounded("jax", dtype, rrelu)
+    for i, (want, values) in enumerate(zip(cpu, got, strict=True)):
+        assert np.array_equal(values, want), (i, int((values != want).sum()))
+
+
+@pytest.mark.parametrize("dtype", FLOATS, ids=lambda d: str(d).removeprefix("torch."))
+@pytest.mark.parametrize("jax_x64", [False, True])
+def test_rounding_to_odd_runs_the_same_on_xla_and_in_jax(dtype: torch.dtype, jax_x64: bool,
+                                                         request: pytest.FixtureRequest) -> None:
+    # Unit draws whose products sit on rounding midpoints, bounds whose sums are not exact in
+    # the wider type: the rounding to odd decides, on the CPU (checked against exact
+    # arithmetic in tests/test_portable.py), XLA and JAX alike.
+    from tests._internals import JAX_OPS, threefry
+    from tests.test_portable import odd_cases
+
+    if jax_x64:
+        request.getfixturevalue("x64")
+    bits = {torch.float16: 10, torch.bfloat16: 7, torch.float32: 23, torch.float64: 52}[dtype]
+    ks = list(range(1, 1 << min(bits, 11)))  # the small ones, whose products are short
+    if bits > 11:
+        ks += [(j * 2654435761) % (1 << bits) for j in range(1, 2048)]  # and spread ones
+    u = (torch.tensor(ks, dtype=torch.float64) * 2.0 ** -bits).to(dtype)
+    wide = {torch.float16: torch.float32, torch.bfloat16: torch.float32,
+            torch.float32: torch.float64, torch.float64: torch.float64}[dtype]
+    twice = 0
+    for low, high in [*odd_cases(dtype), (-3.0, 2.0)]:
+        lo, span = threefry.bounds(low, high, dtype)
+        cpu = threefry.scale_shift(u, lo, span, dtype, True)
+        xla = threefry.scale_shift(u.to(XLA), lo, span, dtype, True).cpu()
+        assert torch.equal(xla, cpu), (low, high)
+        # Rounded in the wider type, then to dtype (float64: the product, then the sum).
+        twice += int(((u.to(wide) * span + lo).to(dtype) != cpu).sum())
+        if dtype == torch.float64 and not jax_x64:
+            continue
+        ju = jnp.asarray(u.to(torch.float64).numpy()).astype(
+            jnp.dtype(str(dtype).removeprefix("torch.")))
+        got = threefry.scale_shift(ju, lo, span, dtype, False, JAX_OPS)  # as on torchax
+        assert np.array_equal(np.asarray(got).astype(np.float64), cpu.to(torch.float64).numpy())
+    assert twice  # the cases need the rounding to odd
+
+
+def test_bounded_float32_and_float64_uniforms_are_jaxs(x64: None) -> None:
+    # JAX's uniform(minval, maxval) is the same formula, which XLA fuses into one rounding.
+    for dtype, jnp_dtype in ((torch.float32, jnp.float32), (torch.float64, jnp.float64)):
+        with devrng.portable(31):
+            draws = [torch.empty(2000, dtype=dtype).uniform_(lo, hi) for lo, hi in BOUNDED]
+        for n, ((lo, hi), got) in enumerate(zip(BOUNDED, draws, strict=True)):
+            want = np.asarray(jax.random.uniform(jkey(31, n), (2000,), jnp_dtype, lo, hi))
+            assert np.array_equal(got.numpy(), want), (dtype, lo, hi)
+
+
+def test_draws_that_would_pass_through_subnormal_numbers_are_refused_where_they_flush() -> None:
+    # XLA and JAX on the CPU flush float32 (and bfloat16, float64) numbers below the
+    # smallest normal one to zero; float16 ones are kept.
+    tiny = torch.tensor([1e-39, 3e-39])
+    assert torch.equal((tiny.to(XLA) * 3.0).cpu(), torch.zeros(2))
+    with ENV:
+        assert not bool((torch.tensor([1e-39, 3e-39], device="jax") * 3.0).any())
+    for device, name in ((XLA, "XLA"), ("jax", "torchax")):
+        for dtype in (torch.float32, torch.bfloat16):
+            with ENV, devrng.portable(0), pytest.raises(devrng.DevRNGError, match=(
+                    rf"{name} flushes {str(dtype).removeprefix('torch.')} numbers below "
+                    r"1.18e-38 to zero, and uniform draws on \[0.0, 1e-39\) can pass through")):
+                torch.empty(8, dtype=dtype, device=device).uniform_(0.0, 1e-39)
+    with devrng.portable(2):
+        cpu = torch.empty(2000, dtype=torch.float16).uniform_(0.0, 1e-5)  # float16 subnormals
+    with devrng.portable(2):
+        xla = torch.empty(2000, dtype=torch.float16, device=XLA).uniform_(0.0, 1e-5).cpu()
+    with ENV, devrng.portable(2):
+        jx = as_float64(torch.empty(2000, dtype=torch.float16, device="jax").uniform_(0.0, 1e-5))
+    assert bool((cpu < torch.finfo(torch.float16).tiny).any())
+    assert torch.equal(xla, cpu) and np.array_equal(jx, cpu.to(torch.float64).numpy())
+
+
+def _bounded_step(x: torch.Tensor) -> list[torch.Tensor]:
+    out = [torch.empty(64, dtype=dt, device=x.device).uniform_(-3.0, 2.0) for dt in FLOATS]
+    out.append(torch.empty(64, device=x.device).uniform_(2.0 ** -60, 1.0 + 2.0 ** -22))
+    out.append(torch.nn.init.kaiming_uniform_(torch.empty(8, 8, dtype=torch.float64,
+                                                          device=x.device)))
+    return [t + x.to(t.dtype)[:t.shape[-1]] for t in out]
+
+
+@pytest.mark.parametrize("backend", ["torch_xla", "openxla"])
+def test_bounded_uniforms_in_compiled_xla_code_are_eagers_cpu_bits(backend: str) -> None:
+    # The exact rounding runs on XLA with lowered ops only (torch_xla runs frexp and
+    # nextafter on the host, and its dynamo bridge cannot take bit casts).
+    x = torch.zeros(64, device=XLA)
+    torch_xla.sync()
+    with devrng.portable(0):
+        step = devrng.seeded_jit(_bounded_step, backend=backend)
+        got = [t.cpu() for t in step(x, seed=5)]
+    with devrng.portable(5):
+        want = _bounded_step(torch.zeros(64))
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        assert g.dtype == w.dtype and torch.equal(g, w), i
+
+
+def test_bounded_uniforms_on_xla_run_no_op_on_the_host() -> None:
+    before = {n for n in met.counter_names() if n.startswith("aten::")}
+    with devrng.portable(0):
+        for dt in FLOATS:
+            torch.empty(100, dtype=dt, device=XLA).uniform_(2.0 ** -60, 256.0 + 2.0 ** -14)
+    torch_xla.sync()
+    assert {n for n in met.counter_names() if n.startswith("aten::")} == before
+
+
+def _half_dropouts(device: Any, dtype: torch.dtype, x: torch.Tensor) -> list[Any]:
+    with devrng.portable(13):
+        return [F.dropout(x, 0.3), F.alpha_dropout(x, 0.3, True),
+                F.dropout2d(x.reshape(10, 10, 10), 0.3), torch.native_dropout(x, 0.3, True)[0],
+                F.rrelu(x, training=True), torch.normal(x, 0.5),
+                F.dropout(x.clone(), 0.4, inplace=True)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16],
+                         ids=lambda d: str(d).removeprefix("torch."))
+def test_half_precision_dropout_is_the_cpus_bits_and_dtype_everywhere(dtype: torch.dtype) -> None:
+    # Before: XLA kept x * mask / keep in float32 before rounding (662 of 1000 float16 values
+    # differed), torchax returned float32 for float16 dropout (a half tensor times a Python
+    # number). The scaling is float32, rounded once, on every device.
+    values = torch.linspace(-2, 2, 1000, dtype=dtype)
+    cpu = _half_dropouts("cpu", dtype, values)
+    xla = _half_dropouts(XLA, dtype, values.to(XLA))
+    with ENV:
+        tx = _half_dropouts("jax", dtype, torch.tensor(values.tolist(), dtype=dtype,
+                                                        device="jax"))
+    for i, want in enumerate(cpu):
+        for got in (xla[i], tx[i]):
+            assert got.dtype == dtype, (i, got.dtype)
+            assert np.array_equal(as_float64(got), as_float64(want)), i
+
+
+def test_normal_with_a_mean_and_std_keeps_a_half_dtype_on_torchax() -> None:
+    # torchax made float32 of torch.normal(0.5, 0.02, size, dtype=float16).
+    with ENV, devrng.portable(1):
+        got = [torch.normal(0.5, 0.02, (100,), dtype=dt, device="jax")
+               for dt in (torch.float16, torch.bfloat16)]
+        both = torch.normal(torch.zeros(4, device="jax"), torch.ones(4, device="jax"))
+    assert [g.dtype for g in got] == [torch.float16, torch.bfloat16]
+    assert both.dtype == torch.float32  # two tensors of one dtype (torchax has no promote_types)
+
+
 def test_trunc_normal_is_torchs_code_around_the_streams_draws() -> None:
     # The documented exception. torch 2.9's trunc_normal_ turns a portable uniform draw
     # into a normal with the device's erfinv_: CPU and XLA within 64 ulp (58 measured with

@@ -326,8 +326,7 @@ def _is_torchax_placeholder(module: object) -> bool:
     # torchax registers a module whose get_rng_state() returns [] and whose set_rng_state
     # does nothing; checkpointing through it is silently wrong. Only that exact module is
     # replaced, and only while it still has no real RNG state.
-    placeholder = sys.modules.get("torchax.device_module")
-    return placeholder is not None and module is placeholder
+    return module is not None and module is sys.modules.get("torchax.device_module")
 
 
 def _candidates() -> Iterator[str]:

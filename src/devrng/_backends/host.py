@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import os
 import random
-import sys
 from typing import Any
 
 import torch
+
+from devrng._base.lazy import imported
 
 __all__ = ["draw_seed", "get_cpu_state", "get_numpy_state", "get_python_state", "numpy_or_none",
            "seed_cpu", "seed_numpy", "set_cpu_state", "set_numpy_state", "set_python_state"]
@@ -39,7 +40,7 @@ def draw_seed() -> int:
     hi, lo = torch.randint(0, 1 << 32, (2,), dtype=torch.int64).tolist()
     return int((hi << 32) | lo)
 def numpy_or_none() -> Any:
-    np = sys.modules.get("numpy")
+    np = imported("numpy")  # an import under way in another thread: wait for it
     if np is None:
         try:
             import numpy as np

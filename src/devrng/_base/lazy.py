@@ -4,6 +4,9 @@ Backends (``devrng._backends.xla``) and compilers (``devrng._jit.compilers.torch
 import heavy packages at their top; they are loaded through ``load`` the
 first time they are needed, so ``import devrng`` stays light and a missing
 package becomes one ``ImportError`` that says what to install.
+
+``imported`` is the other direction: a module's attributes, but only if the
+program has imported it already (devrng never pays for the import itself).
 """
 
 from __future__ import annotations
@@ -12,9 +15,11 @@ import importlib
 import importlib.metadata
 import re
 import shlex
+import sys
+from types import ModuleType
 from typing import Any
 
-__all__ = ["install_hint", "load"]
+__all__ = ["imported", "install_hint", "load"]
 
 
 def install_hint(package: str, extra: str | None) -> str:
@@ -66,3 +71,23 @@ def load(target: str, *, what: str, extra: str | None = None) -> Any:
             + install_hint(package, extra)
         ) from err
     return getattr(module, attr) if attr else module
+
+
+def imported(name: str) -> ModuleType | None:
+    """The module ``name`` if the program has imported it (or is importing it), else None.
+
+    A module enters ``sys.modules`` before its body runs: read from there while
+    another thread is still importing it, it lacks the names defined further down
+    (``AttributeError: partially initialized module``). Going through the import
+    system instead waits for that import to finish, as a second ``import`` would;
+    a module nobody imported is never imported here.
+
+    Examples:
+        >>> imported("devrng._base.lazy").__name__
+        'devrng._base.lazy'
+        >>> imported("devrng_no_such_module") is None
+        True
+    """
+    if sys.modules.get(name) is None:  # never imported (or blocked with None)
+        return None
+    return importlib.import_module(name)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import sys
 from collections.abc import Callable, Mapping
 from typing import Any, Generic, TypeVar, overload
 
@@ -20,7 +19,7 @@ import torch
 
 from devrng._backends.host import draw_seed
 from devrng._base.errors import DevRNGError, short_repr
-from devrng._base.lazy import load
+from devrng._base.lazy import imported, load
 from devrng._base.seeds import MASK64, check_counter, check_seed, nth_seed
 from devrng._base.sigint import deliver, guard, interrupt_in, raised_count
 from devrng._generators.saved import SEAL_KEYS, check_header, refusing, seal
@@ -46,8 +45,10 @@ _VERSION = 2  # 2: with a header and a digest; the bare dict (devrng <= 0.4) loa
 
 
 def _active_portable() -> Any:
-    """The active ``devrng.portable`` stream, if portable is in use at all in this process."""
-    module = sys.modules.get("devrng._portable.rng")
+    """The active ``devrng.portable`` stream, if portable is in use at all in this process
+    (a stream can be active only once its module is imported; ``imported`` waits for an
+    import another thread has under way)."""
+    module = imported("devrng._portable.rng")
     return None if module is None else module.active()
 
 

@@ -12,9 +12,10 @@ device's row here (``row(device)``) instead of testing ``device.type`` itself
 | any other (``cuda``, ``xpu``, ``meta``, ...) | an int32 tensor copied to the device | the Threefry rounds as tensor ops on the device | ``devrng::bits``, one opaque op running those tensor ops |
 
 Eager draws take the key as host ints everywhere (the stream folds it in with Python
-ints); compiled code reads it from ``devrng::next_key`` as a tensor on the device. Two
+ints); compiled code reads it from ``devrng::next_key`` as a tensor on the device. Three
 facts of arithmetic complete the rows: MPS and JAX draw as the others but without float64
-(``Device.float64``), and XLA's ``>>`` is a division (``Device.shift_divides``).
+(``Device.float64``), XLA's ``>>`` is a division (``Device.shift_divides``), and XLA and
+JAX flush subnormal numbers to zero (``Device.flushes_subnormals``).
 """
 
 from __future__ import annotations
@@ -46,11 +47,16 @@ class Device(NamedTuple):
             on this device; ``None``: such draws read their key from
             ``devrng::next_key``.
         float64: float64 arithmetic is there to lean on (``threefry.affine``
-            rounds once through it, ``threefry.sqrt32`` corrects the device's
-            root in it). MPS has none, JAX only with x64 (and XLA's fused
-            multiply-add and square root need no correction).
+            rounds once through it, ``threefry.scale_shift`` makes float32
+            products exact in it, ``threefry.sqrt32`` corrects the device's root
+            in it). MPS has none, JAX only with x64 (and XLA's fused multiply-add
+            and square root need no correction).
         shift_divides: torch's ``>>`` is a division there, which rounds negative
             values towards zero (``threefry.shr`` shifts the sign bit apart).
+        flushes_subnormals: float32, bfloat16 and float64 numbers below the smallest
+            normal one become zero there (XLA and JAX on the CPU, measured; float16 ones
+            are kept): bounded uniforms that would reach them are refused
+            (``threefry.bounds``).
     """
 
     name: str
@@ -61,17 +67,19 @@ class Device(NamedTuple):
     compile_error: str | None = None
     float64: bool = True
     shift_divides: bool = False
+    flushes_subnormals: bool = False
 
 
 CPU = Device("the CPU", host_memory=True)
 XLA = Device(
     "XLA", whole_draw="devrng._portable.threefry_xla:xla_bits", extra="xla", shift_divides=True,
+    flushes_subnormals=True,
     compile_error=(
         "devrng.portable cannot draw inside torch.compile(backend='openxla'): XLA's "
         "bridge would keep the first step's key. Use devrng.seeded_jit(fn, "
         "backend='openxla') inside portable, or torch_xla.compile."))
 TORCHAX = Device("torchax", source="devrng._portable.jax:JaxSource", extra="torchax",
-                 float64=False)
+                 float64=False, flushes_subnormals=True)
 OTHER = Device("another device")  # cuda, xpu, privateuse1 devices, meta, ...
 
 DEVICES = {"cpu": CPU, "xla": XLA, "jax": TORCHAX, "mps": Device("MPS", float64=False)}

@@ -20,14 +20,15 @@ import torch
 from torchax import interop
 
 from devrng._base.errors import DevRNGError
-from devrng._portable import devices
+from devrng._portable import devices, threefry
 from devrng._portable.rng import PortableRNG
 from devrng._portable.threefry import HostKey, Source
 
-__all__ = ["JaxSource", "JaxStream", "key_data", "traced_stream"]
+__all__ = ["JAX_OPS", "JaxSource", "JaxStream", "key_data", "traced_stream"]
 
 _JNP = {torch.float32: jnp.float32, torch.float16: jnp.float16, torch.bfloat16: jnp.bfloat16,
-        torch.float64: jnp.float64}
+        torch.float64: jnp.float64, torch.int32: jnp.int32, torch.int64: jnp.int64}
+JAX_OPS = threefry.Ops(jnp, lambda x, dtype: x.astype(_JNP[dtype]))
 
 
 def key_data(key: HostKey) -> Any:
@@ -72,12 +73,24 @@ class JaxSource(Source):
                           "jax.config.update('jax_enable_x64', True).")
 
     def unit_float32(self, shape: Sequence[int]) -> torch.Tensor:
-        return self.uniform(shape, torch.float32)
+        return self.unit(shape, torch.float32)
+
+    def unit(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+        return interop.torch_view(self._unit(shape, dtype))  # type: ignore[no-any-return]
+
+    def _unit(self, shape: Sequence[int], dtype: torch.dtype) -> Any:
+        _check_float64(dtype)  # every float64 draw starts here, or in normal or exponential
+        return jax.random.uniform(self.jax_key, tuple(shape), _JNP[dtype])
 
     def uniform(self, shape: Sequence[int], dtype: torch.dtype, low: float = 0.0,
                 high: float = 1.0) -> torch.Tensor:
-        _check_float64(dtype)  # every float64 draw starts here, or in the two below
-        values = jax.random.uniform(self.jax_key, tuple(shape), _JNP[dtype], low, high)
+        # JAX's unit draw, then the bounds as every device applies them (threefry.scale_shift,
+        # here in JAX: torchax's float64 tensor ops round through float32). Not JAX's own
+        # u * span + lo, which XLA may or may not fuse, and rounds bfloat16 products first.
+        values = self._unit(shape, dtype)
+        if low != 0.0 or high != 1.0:
+            lo, span = threefry.bounds(low, high, dtype, devices.TORCHAX)
+            values = threefry.scale_shift(values, lo, span, dtype, False, JAX_OPS)
         return interop.torch_view(values)  # type: ignore[no-any-return]
 
     # float64 normal and exponential draws in JAX itself: torchax 0.0.13 multiplies float64

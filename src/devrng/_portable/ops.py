@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 import math
-import sys
+import operator
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from devrng._base.errors import DevRNGError, short_repr
-from devrng._base.lazy import load
+from devrng._base.lazy import imported, load
 from devrng._portable import devices, threefry
 
 __all__ = [
@@ -113,7 +113,7 @@ def _is_dtensor(t: Any) -> bool:
     # DTensor unless torch.distributed.tensor was imported.
     if type(t).__name__ != "DTensor":
         return False
-    module = sys.modules.get("torch.distributed.tensor")
+    module = imported("torch.distributed.tensor")
     return module is not None and isinstance(t, module.DTensor)
 
 
@@ -121,6 +121,8 @@ def _dtensor() -> Any:
     return load("devrng._portable.dtensor", what="devrng.portable on DTensors")
 
 
+# An empty result takes its key of the stream, as every op does, and draws nothing: torch
+# draws nothing there either, and checks no dtype for most of its random ops.
 def _fill(rng: Stream, self: torch.Tensor,
           draw: Callable[[Any, tuple[int, ...]], torch.Tensor], *,
           into_self: bool = False) -> torch.Tensor:
@@ -133,6 +135,8 @@ def _fill(rng: Stream, self: torch.Tensor,
     if _is_dtensor(self):
         return _dtensor().fill_(rng, self, draw)  # type: ignore[no-any-return]
     source = rng.source(self.device)
+    if not self.numel():
+        return self
     if into_self and type(source) is threefry.Source:
         source.into = self
     values = draw(source, tuple(self.shape))
@@ -145,11 +149,22 @@ def _fill(rng: Stream, self: torch.Tensor,
 
 
 def _like(rng: Stream, like: torch.Tensor,
-          draw: Callable[[Any, tuple[int, ...]], torch.Tensor]) -> torch.Tensor:
-    """A new tensor shaped like ``like`` from ``draw(source, shape)`` (a DTensor for a DTensor)."""
+          draw: Callable[[Any, tuple[int, ...]], torch.Tensor],
+          dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A new tensor shaped like ``like`` from ``draw(source, shape)`` (a DTensor for a
+    DTensor); ``dtype``: the draw's (``like``'s if None)."""
     if _is_dtensor(like):
         return _dtensor().new_like(rng, like, draw)  # type: ignore[no-any-return]
-    return draw(rng.source(like.device), tuple(like.shape))
+    return _new(rng, like.device, tuple(like.shape), dtype or like.dtype, draw)
+
+
+def _new(rng: Stream, device: torch.device, shape: tuple[int, ...], dtype: torch.dtype,
+         draw: Callable[[Any, tuple[int, ...]], torch.Tensor]) -> torch.Tensor:
+    """A new tensor from ``draw(source, shape)``, drawn on ``device``."""
+    source = rng.source(device)
+    if math.prod(shape) == 0:
+        return torch.empty(shape, dtype=dtype, device=device)
+    return draw(source, shape)
 
 
 # -- the covered ops --------------------------------------------------------------------------
@@ -180,19 +195,120 @@ class Op:
         return at is not None and len(args) > at and args[at] is not None
 
 
-def _float_dtype(dtype: torch.dtype | None, name: str) -> torch.dtype:
+# -- torch's own refusals -----------------------------------------------------------------------
+# Inside portable an op refuses what torch refuses, before it draws: a DevRNGError where torch
+# raises a RuntimeError (or NotImplementedError: a dtype its kernels do not take), torch's own
+# type otherwise. Without these, out-of-range bounds wrapped, dtypes changed silently, and
+# overflowing bounds raised errors from deep inside the draw.
+def _float_dtype(dtype: torch.dtype | None, name: str, complex_ok: bool = True,
+                 empty: bool = False) -> torch.dtype:
+    """``dtype`` (the default one for None), refused unless floating-point (or complex); not
+    checked for an ``empty`` draw of the ops where torch does not check it there either."""
     dtype = dtype or torch.get_default_dtype()
-    if not (dtype.is_floating_point or dtype.is_complex):
-        raise DevRNGError(f"{name} draws floating-point numbers; it got dtype={dtype}.")
+    if empty:
+        return dtype
+    if not (dtype.is_floating_point or (complex_ok and dtype.is_complex)):
+        kinds = "floating-point or complex" if complex_ok else "floating-point"
+        raise DevRNGError(f"{name} draws {kinds} numbers; it got dtype={dtype}.")
     return dtype
 
 
-def _unit_complex(source: Any, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    if dtype.is_complex:  # real and imaginary parts, as torch.rand does
-        real = torch.float32 if dtype == torch.complex64 else torch.float64
-        both = source.uniform((2, *shape), real)
+# A complex draw is two draws of its parts' dtype (the real, then the imaginary parts).
+_COMPLEX_PARTS = {torch.complex32: torch.float16, torch.complex64: torch.float32,
+                  torch.complex128: torch.float64}
+
+
+def _uniform_values(source: Any, shape: tuple[int, ...], dtype: torch.dtype, low: float = 0.0,
+                    high: float = 1.0) -> torch.Tensor:
+    """Uniforms on [low, high) of ``dtype``; complex: both parts, as torch.rand and uniform_ do."""
+    if dtype.is_complex:
+        both = source.uniform((2, *shape), _COMPLEX_PARTS[dtype], low, high)
         return torch.complex(both[0], both[1])
-    return source.uniform(shape, dtype)  # type: ignore[no-any-return]
+    return source.uniform(shape, dtype, low, high)  # type: ignore[no-any-return]
+
+
+def _representable(dtype: torch.dtype) -> tuple[float, float]:
+    """The lowest and the largest finite value of a real dtype (bool: 0 and 1)."""
+    if dtype == torch.bool:
+        return 0, 1
+    info = torch.finfo(dtype) if dtype.is_floating_point else torch.iinfo(dtype)
+    return info.min, info.max
+
+
+_MANTISSA_BITS = {torch.float16: 11, torch.bfloat16: 8, torch.float32: 24, torch.float64: 53}
+_HALF = (torch.float16, torch.bfloat16)
+# Integer dtypes torch's random kernels leave out (no random_() over their range, no randperm,
+# no bernoulli; randint and random_(from, to) do take them).
+_BARE_UNSIGNED = {getattr(torch, n) for n in ("uint16", "uint32", "uint64") if hasattr(torch, n)}
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+
+
+def _check_range(low: int, high: int, name: str) -> None:
+    if not low < high:
+        raise DevRNGError(f"{name} needs low < high (integers in [low, high)), not low={low}, "
+                          f"high={high}.")
+
+
+def _random_bounds(low: int, high: int, dtype: torch.dtype, name: str) -> tuple[int, int]:
+    """torch's integers in [low, high) drawn into ``dtype``: refused unless low < high and low
+    and high - 1 are values of it. For a floating-point dtype torch first moves a bound
+    whose neighbour rounds past it (``update_from`` / ``update_to`` in its
+    DistributionTemplates.h): the bounds drawn between, returned."""
+    _check_range(low, high, name)
+    if dtype.is_complex:
+        raise DevRNGError(f"{name} draws integers into integral, floating-point or bool "
+                          f"tensors, not {dtype} ones.")
+    if dtype.is_floating_point:
+        digits = _MANTISSA_BITS[dtype]
+        after = _through(low + 1, dtype)
+        if after < low:
+            low = after + (1 << (abs(low + 1).bit_length() - digits))
+        before = _through(high - 1, dtype)
+        if before >= high:
+            high = before - (1 << (abs(high - 1).bit_length() - digits))
+        if not low < high:
+            raise DevRNGError(f"{name} needs low < high once both are moved to {dtype} "
+                              f"numbers (as torch moves them), not low={low}, high={high}.")
+    lowest, largest = _representable(dtype)
+    if low < lowest or high - 1 > largest:
+        raise DevRNGError(f"{name} draws integers in [low, high) that {dtype} holds "
+                          f"([{lowest}, {largest}]); low={low}, high={high} go beyond: they "
+                          f"would not be the numbers drawn.")
+    return low, high
+
+
+def _through(n: int, dtype: torch.dtype) -> int:
+    """The integer ``n`` converted to ``dtype`` and back, as torch's C++ does: rounded to
+    nearest, ties to even (float16 and bfloat16 through float32)."""
+    for digits in ((24, _MANTISSA_BITS[dtype]) if dtype in (torch.float16, torch.bfloat16)
+                   else (_MANTISSA_BITS[dtype],)):
+        extra = abs(n).bit_length() - digits
+        if extra > 0:
+            quotient, rest = divmod(abs(n), 1 << extra)
+            half = 1 << (extra - 1)
+            quotient += rest > half or (rest == half and quotient % 2 == 1)
+            n = (quotient << extra) * (1 if n >= 0 else -1)
+    return n
+
+
+def _check_uniform_bounds(low: float, high: float, dtype: torch.dtype, name: str) -> None:
+    """torch's rules for uniforms on [low, high) of ``dtype``: both bounds are finite values
+    of it, low <= high, and high - low is no larger than its largest value."""
+    lowest, largest = _representable(_COMPLEX_PARTS.get(dtype, dtype))
+    if not (lowest <= low <= largest and lowest <= high <= largest):
+        raise DevRNGError(f"{name} draws between bounds that are finite {dtype} values "
+                          f"([{lowest}, {largest}]), not from={low}, to={high}.")
+    if not low <= high:
+        raise DevRNGError(f"{name} needs from <= to, not from={low}, to={high}.")
+    if high - low > largest:
+        raise DevRNGError(f"{name} needs to - from <= {largest} (the largest {dtype}), not "
+                          f"from={low}, to={high}.")
+
+
+def _check_in_place(self: torch.Tensor, name: str) -> None:
+    if self.requires_grad and self.is_leaf and torch.is_grad_enabled():
+        raise RuntimeError(f"a leaf Variable that requires grad is being used in an in-place "
+                           f"operation ({name}).")
 
 
 def _rand(rng: Stream, func: Any, args: Args, kwargs: Kwargs) -> torch.Tensor:
@@ -201,17 +317,19 @@ def _rand(rng: Stream, func: Any, args: Args, kwargs: Kwargs) -> torch.Tensor:
     dtype = _float_dtype(kwargs.get("dtype") or (out.dtype if out is not None else None), "rand")
     device = _device(kwargs.get("device") if out is None else out.device)
     shape = _size(args, kwargs)
-    return _finish_factory(_unit_complex(rng.source(device), shape, dtype), kwargs)
+    values = _new(rng, device, shape, dtype, lambda s, shape: _uniform_values(s, shape, dtype))
+    return _finish_factory(values, kwargs)
 
 
 def _randn(rng: Stream, func: Any, args: Args, kwargs: Kwargs) -> torch.Tensor:
     _check_layout(kwargs, "randn")
     out = kwargs.get("out")
-    dtype = _float_dtype(kwargs.get("dtype") or (out.dtype if out is not None else None),
-                         "randn")
-    device = _device(kwargs.get("device") if out is None else out.device)
     shape = _size(args, kwargs)
-    return _finish_factory(rng.source(device).normal(shape, dtype), kwargs)
+    dtype = _float_dtype(kwargs.get("dtype") or (out.dtype if out is not None else None),
+                         "randn", empty=math.prod(shape) == 0)
+    device = _device(kwargs.get("device") if out is None else out.device)
+    return _finish_factory(_new(rng, device, shape, dtype, lambda s, shape: s.normal(shape, dtype)),
+                           kwargs)
 
 
 def _like_options(like: torch.Tensor, kwargs: Kwargs, name: str) -> tuple[torch.dtype, Kwargs]:
@@ -238,32 +356,28 @@ def _rand_like(rng: Stream, func: Any, args: Args, kwargs: Kwargs) -> torch.Tens
     like = args[0] if args else kwargs["input"]
     dtype, kwargs = _like_options(like, kwargs, "rand_like")
     dtype = _float_dtype(dtype, "rand_like")
-    values = _like(rng, like, lambda s, shape: _unit_complex(s, shape, dtype))
+    values = _like(rng, like, lambda s, shape: _uniform_values(s, shape, dtype), dtype)
     return _finish_like(values, like, kwargs)
 
 
 def _randn_like(rng: Stream, func: Any, args: Args, kwargs: Kwargs) -> torch.Tensor:
     like = args[0] if args else kwargs["input"]
     dtype, kwargs = _like_options(like, kwargs, "randn_like")
-    dtype = _float_dtype(dtype, "randn_like")
-    values = _like(rng, like, lambda s, shape: s.normal(shape, dtype))
+    dtype = _float_dtype(dtype, "randn_like", empty=not like.numel())
+    values = _like(rng, like, lambda s, shape: s.normal(shape, dtype), dtype)
     return _finish_like(values, like, kwargs)
 
 
-def _check_range(low: int, high: int, name: str) -> None:
-    if not low < high:
-        raise DevRNGError(f"{name} needs low < high (integers in [low, high)), not low={low}, "
-                          f"high={high}.")
-
-
 def _int(value: Any, name: str) -> int:
-    if isinstance(value, torch.Tensor):
-        value = value.item()
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise DevRNGError(f"{name} must be an integer, not {short_repr(value)}.")
-    return value
+    """An int argument as torch's bindings take it: an int or anything with ``__index__``
+    (a 0-d integer tensor, a NumPy integer), not a float."""
+    try:
+        value = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer, not {short_repr(value)}.") from None
+    if not _INT64[0] <= value <= _INT64[1]:
+        raise ValueError(f"{name} must fit in int64 (as torch's do), not {value}.")
+    return value  # type: ignore[no-any-return]
 
 
 def _randint(rng: Stream, func: Any, args: Args, kwargs: Kwargs) -> torch.Tensor:
@@ -272,9 +386,9 @@ def _randint(rng: Stream, func: Any, args: Args, kwargs: Kwargs) -> torch.Tensor
     size = kwargs["size"] if "size" in kwargs else positional.pop()
     high = _int(kwargs["high"] if "high" in kwargs else positional.pop(), "randint's high")
     low = _int(positional.pop() if positional else kwargs.get("low", 0), "randint's low")
-    _check_range(low, high, "randint")
     out = kwargs.get("out")
     dtype = kwargs.get("dtype") or (out.dtype if out is not None else torch.int64)
+    low, high = _random_bounds(low, high, dtype, "randint")
     device = _device(kwargs.get("device") if out is None else out.device)
     values = rng.source(device).randint(tuple(size), low, high, dtype)
     return _finish_factory(values, kwargs)
@@ -287,9 +401,9 @@ def _randint_like(rng: Stream, func: Any, args: Args, kwargs: Kwargs) -> torch.T
     if len(bounds) == 1:
         bounds = [kwargs.get("low", 0), bounds[0]]
     low, high = _int(bounds[0], "randint_like's low"), _int(bounds[1], "randint_like's high")
-    _check_range(low, high, "randint_like")
     dtype, kwargs = _like_options(like, kwargs, "randint_like")
-    values = _like(rng, like, lambda s, shape: s.randint(shape, low, high, dtype))
+    low, high = _random_bounds(low, high, dtype, "randint_like")
+    values = _like(rng, like, lambda s, shape: s.randint(shape, low, high, dtype), dtype)
     return _finish_like(values, like, kwargs)
 
 
@@ -300,6 +414,13 @@ def _randperm(rng: Stream, func: Any, args: Args, kwargs: Kwargs) -> torch.Tenso
         raise DevRNGError(f"randperm needs n >= 0, not {n}.")
     out = kwargs.get("out")
     dtype = kwargs.get("dtype") or (out.dtype if out is not None else torch.int64)
+    if dtype == torch.bool or dtype.is_complex or dtype in _BARE_UNSIGNED:
+        raise DevRNGError(f"randperm draws permutations as integral or floating-point numbers "
+                          f"(as torch does), not {dtype} ones.")
+    largest = 2049 if dtype == torch.float16 else _representable(dtype)[1] + 1  # torch's limits
+    if n > largest:
+        raise DevRNGError(f"randperm({n}) holds 0 to {n - 1}, more than {dtype} can tell apart; "
+                          f"draw it as a wider dtype.")
     device = _device(kwargs.get("device") if out is None else out.device)
     return _finish_factory(rng.source(device).randperm(n, dtype), kwargs)
 
@@ -308,10 +429,12 @@ def _uniform_(rng: Stream, func: Any, args: Args, kwargs: Kwargs) -> torch.Tenso
     self = args[0]
     low = float(_arg(args, kwargs, 1, "from", 0.0))
     high = float(_arg(args, kwargs, 2, "to", 1.0))
-    if not low <= high:
-        raise DevRNGError(f"uniform_ needs from <= to, not from={low}, to={high}.")
     dtype = _float_dtype(self.dtype, "uniform_")
-    return _fill(rng, self, lambda s, shape: s.uniform(shape, dtype, low, high), into_self=True)
+    if self.numel() or not dtype.is_complex:  # torch checks nothing in an empty complex one
+        _check_uniform_bounds(low, high, dtype, "uniform_")
+    _check_in_place(self, "uniform_")
+    return _fill(rng, self, lambda s, shape: _uniform_values(s, shape, dtype, low, high),
+                 into_self=True)
 
 
 def _normal_values(source: Any, shape: tuple[int, ...], dtype: torch.dtype, mean: Any,
@@ -329,11 +452,28 @@ def _readable(t: torch.Tensor) -> bool:
 
 def _check_std(std: Any) -> None:
     if isinstance(std, torch.Tensor):
-        if _readable(std) and bool((std < 0).any()):
+        if std.dtype.is_complex:
+            raise DevRNGError(f"normal takes a real standard deviation, not a {std.dtype} one.")
+        if _readable(std) and not bool((std >= 0).all()):
             raise DevRNGError("normal needs std >= 0 everywhere; the std tensor has negative "
-                              "values.")
+                              "or NaN values.")
     elif not std >= 0.0:
         raise DevRNGError(f"normal needs std >= 0, not std={std}.")
+
+
+def _check_fits(value: float, dtype: torch.dtype, what: str) -> None:
+    """torch converts a number argument to the tensor's dtype, refusing what overflows it:
+    float32 (not its infinities and NaN), and integral dtypes (NaN and infinities too);
+    float16, bfloat16, float64 and bool take any."""
+    if dtype == torch.float32:
+        fits = not math.isfinite(value) or abs(value) <= torch.finfo(dtype).max
+    elif dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
+        fits = True
+    else:
+        info = torch.iinfo(dtype)
+        fits = info.min <= value <= info.max
+    if not fits:
+        raise DevRNGError(f"{what}={value} does not fit in {dtype}, which the draws take.")
 
 
 def _normal_(rng: Stream, func: Any, args: Args, kwargs: Kwargs) -> torch.Tensor:
@@ -341,7 +481,8 @@ def _normal_(rng: Stream, func: Any, args: Args, kwargs: Kwargs) -> torch.Tensor
     mean = float(_arg(args, kwargs, 1, "mean", 0.0))
     std = float(_arg(args, kwargs, 2, "std", 1.0))
     _check_std(std)
-    dtype = _float_dtype(self.dtype, "normal_")
+    dtype = _float_dtype(self.dtype, "normal_", empty=not self.numel())
+    _check_in_place(self, "normal_")
     return _fill(rng, self, lambda s, shape: _normal_values(s, shape, dtype, mean, std),
                  into_self=True)
 
@@ -350,21 +491,25 @@ def _normal(rng: Stream, func: Any, args: Args, kwargs: Kwargs) -> torch.Tensor:
     mean = _arg(args, kwargs, 0, "mean", 0.0)
     std = _arg(args, kwargs, 1, "std", 1.0)
     _check_std(std)
+    if isinstance(std, torch.Tensor) and not isinstance(mean, torch.Tensor):
+        _check_fits(float(mean), std.dtype, "normal's mean (for the std tensor)")
     tensors = [t for t in (mean, std) if isinstance(t, torch.Tensor)]
     if not tensors:  # normal(mean, std, size, ...): a factory
         _check_layout(kwargs, "normal")
         shape = tuple(_arg(args, kwargs, 2, "size"))
         out = kwargs.get("out")
         dtype = _float_dtype(kwargs.get("dtype") or (out.dtype if out is not None else None),
-                             "normal")
+                             "normal", empty=math.prod(shape) == 0)
         device = _device(kwargs.get("device") if out is None else out.device)
-        values = _normal_values(rng.source(device), shape, dtype, float(mean), float(std))
+        values = _new(rng, device, shape, dtype, lambda s, shape: _normal_values(
+            s, shape, dtype, float(mean), float(std)))
         return _finish_factory(values, kwargs)
-    shape = torch.broadcast_shapes(*(t.shape for t in tensors))  # type: ignore[no-untyped-call]
-    dtype = tensors[0].dtype if len(tensors) == 1 else torch.promote_types(mean.dtype, std.dtype)
-    dtype = _float_dtype(dtype, "normal")
-    device = tensors[0].device
-    values = _normal_values(rng.source(device), tuple(shape), dtype, mean, std)
+    shape = tuple(torch.broadcast_shapes(*(t.shape for t in tensors)))  # type: ignore[no-untyped-call]
+    dtype = tensors[0].dtype if len(tensors) == 1 or mean.dtype == std.dtype \
+        else torch.promote_types(mean.dtype, std.dtype)  # (which torchax cannot run)
+    dtype = _float_dtype(dtype, "normal", empty=math.prod(shape) == 0)
+    values = _new(rng, tensors[0].device, shape, dtype, lambda s, shape: _normal_values(
+        s, shape, dtype, mean, std))
     return _finish_factory(values, {"out": kwargs.get("out")})
 
 
@@ -373,11 +518,21 @@ def _exponential_(rng: Stream, func: Any, args: Args, kwargs: Kwargs) -> torch.T
     lambd = float(_arg(args, kwargs, 1, "lambd", 1.0))
     if not lambd > 0:
         raise DevRNGError(f"exponential_ needs lambd > 0, not lambd={lambd}.")
-    dtype = _float_dtype(self.dtype, "exponential_")
+    dtype = _float_dtype(self.dtype, "exponential_", complex_ok=False, empty=not self.numel())
+    _check_in_place(self, "exponential_")
     return _fill(rng, self, lambda s, shape: s.exponential(shape, dtype, lambd), into_self=True)
 
 
-_MANTISSA_BITS = {torch.float16: 11, torch.bfloat16: 8, torch.float32: 24, torch.float64: 53}
+def _whole_range(dtype: torch.dtype) -> int:
+    """The end of random_()'s range without bounds: every integer ``dtype`` holds (exactly,
+    for floating-point ones)."""
+    if dtype.is_complex or dtype in _BARE_UNSIGNED:
+        raise DevRNGError(f"random_() draws over the range of integral, floating-point or bool "
+                          f"dtypes up to 64 bits wide (as torch does), not {dtype}; pass from "
+                          f"and to.")
+    if dtype.is_floating_point:
+        return (1 << _MANTISSA_BITS[dtype]) + 1
+    return 2 if dtype == torch.bool else torch.iinfo(dtype).max + 1
 
 
 def _random_(rng: Stream, func: Any, args: Args, kwargs: Kwargs) -> torch.Tensor:
@@ -389,15 +544,15 @@ def _random_(rng: Stream, func: Any, args: Args, kwargs: Kwargs) -> torch.Tensor
         high = rest[0]
     elif len(rest) == 2:
         low, high = rest
+    if high is None and not self.numel():  # nothing to draw, no dtype to check
+        _check_in_place(self, "random_")
+        return _fill(rng, self, lambda s, shape: self)
     if high is None:  # the dtype's whole range: torch's random_() without bounds
-        if self.dtype.is_floating_point:
-            high = (1 << _MANTISSA_BITS[self.dtype]) + 1  # every integer the dtype holds exactly
-        elif self.dtype == torch.bool:
-            high = 2
-        else:
-            high = torch.iinfo(self.dtype).max + 1
-    low, high = _int(low, "random_'s from"), _int(high, "random_'s to")
-    _check_range(low, high, "random_")
+        low, high = 0, _whole_range(self.dtype)
+    else:
+        low, high = _int(low, "random_'s from"), _int(high, "random_'s to")
+    low, high = _random_bounds(low, high, self.dtype, "random_")
+    _check_in_place(self, "random_")
     return _fill(rng, self, lambda s, shape: s.randint(shape, low, high, torch.int64))
 
 
@@ -408,11 +563,20 @@ def _bernoulli_values(source: Any, shape: tuple[int, ...], p: Any, dtype: torch.
 
 def _check_p(p: Any, name: str) -> None:
     if isinstance(p, torch.Tensor):
-        if _readable(p) and p.numel() and bool(((p < 0) | (p > 1)).any()):
+        if not p.dtype.is_floating_point:
+            raise DevRNGError(f"{name} takes probabilities as a floating-point tensor, not a "
+                              f"{p.dtype} one.")
+        if _readable(p) and p.numel() and not bool(((p >= 0) & (p <= 1)).all()):
             raise DevRNGError(f"{name} needs probabilities in [0, 1]; the tensor has values "
-                              "outside.")
+                              "outside, or NaN.")
     elif not 0.0 <= p <= 1.0:
         raise DevRNGError(f"{name} needs a probability in [0, 1], not p={p}.")
+
+
+def _check_bernoulli_dtype(dtype: torch.dtype, name: str) -> None:
+    if dtype.is_complex or dtype in _BARE_UNSIGNED:
+        raise DevRNGError(f"{name} draws 0 and 1 as floating-point, integral (up to uint8 "
+                          f"unsigned) or bool numbers, as torch does, not {dtype} ones.")
 
 
 def _bernoulli(rng: Stream, func: Any, args: Args, kwargs: Kwargs) -> torch.Tensor:
@@ -423,11 +587,23 @@ def _bernoulli(rng: Stream, func: Any, args: Args, kwargs: Kwargs) -> torch.Tens
     probs = like if p is None else p
     if not isinstance(probs, torch.Tensor):
         probs = float(probs)
-    _check_p(probs, "bernoulli")
     dtype = like.dtype
+    if like.numel():  # torch checks no dtype where it draws nothing
+        _check_p(probs, "bernoulli")
+        _check_bernoulli_dtype(dtype, "bernoulli")
+    elif not isinstance(probs, torch.Tensor):
+        _check_p(probs, "bernoulli")
     values = _like(rng, like, lambda s, shape: _bernoulli_values(
         s, shape, _local(probs), dtype))
     return _finish_factory(values, {"out": kwargs.get("out")})
+
+
+def _fits(shape: torch.Size, target: torch.Size) -> bool:
+    """Whether ``shape`` broadcasts to ``target`` without growing it."""
+    try:
+        return tuple(torch.broadcast_shapes(shape, target)) == tuple(target)  # type: ignore[no-untyped-call]
+    except RuntimeError:
+        return False
 
 
 def _local(p: Any) -> Any:
@@ -439,8 +615,16 @@ def _bernoulli_(rng: Stream, func: Any, args: Args, kwargs: Kwargs) -> torch.Ten
     p = _arg(args, kwargs, 1, "p", 0.5)
     if not isinstance(p, torch.Tensor):
         p = float(p)
-    _check_p(p, "bernoulli_")
     dtype = self.dtype
+    if self.numel():  # torch checks no dtype where it draws nothing
+        _check_p(p, "bernoulli_")
+        _check_bernoulli_dtype(dtype, "bernoulli_")
+    elif not isinstance(p, torch.Tensor):
+        _check_p(p, "bernoulli_")
+    if isinstance(p, torch.Tensor) and not _fits(p.shape, self.shape):
+        raise DevRNGError(f"bernoulli_ takes probabilities of a shape that broadcasts to the "
+                          f"tensor's {tuple(self.shape)}, not {tuple(p.shape)}.")
+    _check_in_place(self, "bernoulli_")
     return _fill(rng, self, lambda s, shape: _bernoulli_values(s, shape, _local(p), dtype))
 
 
@@ -464,9 +648,6 @@ def _multinomial(rng: Stream, func: Any, args: Args, kwargs: Kwargs) -> torch.Te
         rows = weights.reshape(-1, categories)
         if bool((rows.sum(-1) <= 0).any()):
             raise DevRNGError("multinomial needs weights that sum to more than 0 in every row.")
-        if not replacement and bool(((rows > 0).sum(-1) < num_samples).any()):
-            raise DevRNGError(f"multinomial without replacement needs at least "
-                              f"num_samples={num_samples} non-zero weights in every row.")
     picked = threefry.multinomial(rng.source(weights.device), weights, num_samples, replacement)
     return _finish_factory(picked, {"out": kwargs.get("out")})
 
@@ -475,9 +656,13 @@ def _multinomial(rng: Stream, func: Any, args: Args, kwargs: Kwargs) -> torch.Te
 _SELU_ALPHA = 1.7580993408473766  # -scale * alpha of SELU: what alpha dropout sets dropped units to
 
 
-def _check_dropout_p(p: float) -> None:
-    if not 0.0 <= p <= 1.0:
+def _check_dropout_p(p: float, functional: bool) -> None:
+    """torch.nn.functional's dropouts raise ValueError for p outside [0, 1] (their Python
+    check); torch's kernels, which NaN reaches, raise a RuntimeError."""
+    if functional and (p < 0.0 or p > 1.0):
         raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
+    if not 0.0 <= p <= 1.0:
+        raise DevRNGError(f"dropout probability has to be between 0 and 1, but got {p}")
 
 
 def _dropout_core(rng: Stream, x: torch.Tensor, p: float, *, feature: bool, alpha: bool,
@@ -487,6 +672,11 @@ def _dropout_core(rng: Stream, x: torch.Tensor, p: float, *, feature: bool, alph
     if p == 1.0:
         zero = torch.zeros((), dtype=x.dtype, device=x.device)
         return x.mul_(zero) if inplace else x * zero
+    if not x.dtype.is_floating_point:  # torch's noise / (1 - p) cannot be cast back
+        if not x.numel():
+            return x
+        raise DevRNGError(f"dropout with 0 < p < 1 scales the kept values by 1 / (1 - p): it "
+                          f"takes floating-point tensors (as torch's does), not {x.dtype} ones.")
     if feature:
         if x.dim() < 2:
             raise DevRNGError("Feature dropout needs an input of at least 2 dimensions (batch "
@@ -495,9 +685,13 @@ def _dropout_core(rng: Stream, x: torch.Tensor, p: float, *, feature: bool, alph
     else:
         noise_shape = tuple(x.shape)
     keep = 1.0 - p
+    # float16 and bfloat16 are scaled in float32 and rounded once: XLA keeps intermediates
+    # of these types in float32 anyway (excess precision), and torchax makes float32 of a
+    # half tensor times a Python number; written so, every device rounds the same way.
+    work = torch.float32 if x.dtype in _HALF else x.dtype
 
     def draw(source: Any, shape: tuple[int, ...]) -> torch.Tensor:
-        return source.bernoulli(shape, keep).to(x.dtype)  # type: ignore[no-any-return]
+        return source.bernoulli(shape, keep).to(work)  # type: ignore[no-any-return]
 
     if _is_dtensor(x):
         noise = _dtensor().noise_like(rng, x, noise_shape, draw)
@@ -507,9 +701,15 @@ def _dropout_core(rng: Stream, x: torch.Tensor, p: float, *, feature: bool, alph
         a = 1.0 / math.sqrt((_SELU_ALPHA ** 2 * p + 1) * (1 - p))
         b = (noise - 1) * (_SELU_ALPHA * a) + _SELU_ALPHA * a * p
         noise = noise * a
-        return x.mul_(noise).add_(b) if inplace else x * noise + b
-    noise = noise / keep
-    return x.mul_(noise) if inplace else x * noise
+        if work == x.dtype:
+            return x.mul_(noise).add_(b) if inplace else x * noise + b
+        out = (x.to(work) * noise + b).to(x.dtype)
+    else:
+        noise = noise / keep
+        if work == x.dtype:
+            return x.mul_(noise) if inplace else x * noise
+        out = (x.to(work) * noise).to(x.dtype)
+    return x.copy_(out) if inplace else out
 
 
 def _dropout_fn(*, feature: bool, alpha: bool, inplace: bool | None = None,
@@ -524,7 +724,7 @@ def _dropout_fn(*, feature: bool, alpha: bool, inplace: bool | None = None,
                              default_training))
         in_place = inplace if inplace is not None else bool(_arg(args, kwargs, 3, "inplace",
                                                                   False))
-        _check_dropout_p(p)
+        _check_dropout_p(p, functional=inplace is None)
         if not training or p == 0.0:
             return x  # type: ignore[no-any-return]
         return _dropout_core(rng, x, p, feature=feature, alpha=alpha, inplace=in_place)
@@ -541,7 +741,7 @@ def _dropout_nd(n: int) -> Callable[[Stream, Any, Args, Kwargs], torch.Tensor]:
         p = float(_arg(args, kwargs, 1, "p", 0.5))
         training = bool(_arg(args, kwargs, 2, "training", True))
         inplace = bool(_arg(args, kwargs, 3, "inplace", False))
-        _check_dropout_p(p)
+        _check_dropout_p(p, functional=True)
         dims = x.dim()
         if n == 1 and dims not in (2, 3):
             raise RuntimeError(f"dropout1d: Expected 2D or 3D input, but received a {dims}D "
@@ -569,11 +769,27 @@ def _native_dropout(rng: Stream, func: Any, args: Args, kwargs: Kwargs
     x = args[0] if args else kwargs["input"]
     p = float(_arg(args, kwargs, 1, "p", 0.5))
     train = _arg(args, kwargs, 2, "train", True)
+    if not x.numel():  # torch returns the input and a mask of its dtype, checking nothing
+        if train is not False:
+            rng.source(x.device)  # the op's key, as every op takes one
+        return x.clone(), torch.empty_like(x)
+    if train is not False:
+        if not 0.0 <= p <= 1.0:
+            raise DevRNGError(f"native_dropout draws its mask with probability 1 - p in [0, 1], "
+                              f"not p={p}.")
+        if not (x.dtype.is_floating_point or x.dtype.is_complex):
+            raise DevRNGError(f"native_dropout scales the kept values by 1 / (1 - p): it takes "
+                              f"floating-point or complex tensors (as torch's does), not "
+                              f"{x.dtype} ones.")
     if train is False or p == 0.0:
         return x.clone(), torch.ones_like(x, dtype=torch.bool)
     keep = 1.0 - p
-    mask = _like(rng, x, lambda s, shape: s.bernoulli(shape, keep))
-    return (x * mask * (1.0 / keep) if p < 1.0 else x * 0.0), mask
+    mask = _like(rng, x, lambda s, shape: s.bernoulli(shape, keep), torch.bool)
+    if p == 1.0:
+        return x * torch.zeros((), dtype=x.dtype, device=x.device), mask
+    if x.dtype in _HALF:  # scaled in float32, rounded once (see _dropout_core)
+        return (x.float() * mask * (1.0 / keep)).to(x.dtype), mask
+    return x * mask * (1.0 / keep), mask
 
 
 # -- nn.init and other Python-level functions with random ops inside --------------------------
@@ -610,7 +826,7 @@ def _init_kaiming_uniform_(rng: Stream, func: Any, args: Args, kwargs: Kwargs
         warnings.warn("Initializing zero-element tensors is a no-op", UserWarning, stacklevel=4)
         return tensor  # type: ignore[no-any-return]
     gain = torch.nn.init.calculate_gain(nonlinearity, a)
-    bound = math.sqrt(3.0) * gain / math.sqrt(_fan(tensor, mode))
+    bound = math.sqrt(3.0) * (gain / math.sqrt(_fan(tensor, mode)))  # torch's, rounding alike
     with torch.no_grad():
         return _uniform_(rng, func, (tensor, -bound, bound), {})
 
@@ -620,9 +836,14 @@ def _gumbel_softmax(rng: Stream, func: Any, args: Args, kwargs: Kwargs) -> torch
     tau = float(_arg(args, kwargs, 1, "tau", 1.0))
     hard = bool(_arg(args, kwargs, 2, "hard", False))
     dim = int(_arg(args, kwargs, 4, "dim", -1))
+    _float_dtype(logits.dtype, "gumbel_softmax", complex_ok=False, empty=not logits.numel())
     # Gumbel(0, 1) noise is -log of Exp(1) noise.
     gumbels = -_like(rng, logits, lambda s, shape: s.exponential(shape, logits.dtype)).log()
-    soft = ((logits + gumbels) / tau).softmax(dim)
+    noisy = logits + gumbels
+    # (float16 and bfloat16 divided in float32 and rounded, as torch's kernels do: torchax
+    # would keep float32)
+    soft = ((noisy.float() / tau).to(noisy.dtype) if noisy.dtype in _HALF
+            else noisy / tau).softmax(dim)
     if not hard:
         return soft
     index = soft.max(dim, keepdim=True)[1]
@@ -635,7 +856,20 @@ def _rrelu_train(rng: Stream, x: torch.Tensor, lower: float, upper: float
     """RReLU in training, as torch's rrelu_with_noise: each element at or below zero is
     scaled by its slope, drawn uniformly from [lower, upper). Returns the output and the
     noise (the slopes there, 1 elsewhere)."""
-    slope = _like(rng, x, lambda s, shape: s.uniform(shape, x.dtype, lower, upper))
+    _float_dtype(x.dtype, "rrelu", complex_ok=False)
+    if not (math.isfinite(lower) and math.isfinite(upper)):
+        raise DevRNGError(f"rrelu needs finite bounds, not lower={lower}, upper={upper}.")
+    if lower > upper:
+        raise DevRNGError(f"rrelu needs lower <= upper, not lower={lower}, upper={upper}.")
+    opmath = torch.float64 if x.dtype == torch.float64 else torch.float32  # torch's, for them
+    _check_fits(lower, opmath, "rrelu's lower")
+    _check_fits(upper, opmath, "rrelu's upper")
+    # torch draws the slopes in double: bounds beyond the dtype's range are taken, and so
+    # drawn in float64 here (not on torchax without x64), then rounded.
+    lowest, largest = _representable(x.dtype)
+    wide = not (lowest <= lower and upper <= largest and upper - lower <= largest)
+    work = torch.float64 if wide else x.dtype
+    slope = _like(rng, x, lambda s, shape: s.uniform(shape, work, lower, upper).to(x.dtype))
     negative = x <= 0
     return torch.where(negative, x * slope, x), torch.where(negative, slope, 1.0)
 
@@ -682,6 +916,7 @@ def _fractional_max_pool(dims: int) -> Callable[[Stream, Any, Args, Kwargs], Any
     def run(rng: Stream, func: Any, args: Args, kwargs: Kwargs) -> Any:
         x = args[0] if args else kwargs["input"]
         if _arg(args, kwargs, 5, "_random_samples") is None:
+            _float_dtype(x.dtype, f"fractional_max_pool{dims}d", complex_ok=False)
             batch = 1 if x.dim() == dims + 1 else x.shape[0]
             shape = (batch, x.shape[-dims - 1], dims)
             samples = rng.source(x.device).uniform(shape, x.dtype)

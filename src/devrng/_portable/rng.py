@@ -32,7 +32,7 @@ from torch.overrides import TorchFunctionMode
 
 from devrng._backends.host import draw_seed
 from devrng._base.errors import DevRNGError, check_flags, short_repr
-from devrng._base.lazy import load
+from devrng._base.lazy import imported, load
 from devrng._base.rank import process_rank, world_size
 from devrng._base.seeds import MASK64, check_counter, check_seed
 from devrng._base.sigint import deliver, guard
@@ -442,7 +442,7 @@ def _teach_dynamo() -> None:
     cached set in dynamo; portable adds its functions to it once dynamo is
     imported (never importing dynamo itself: that takes seconds).
     """
-    module = sys.modules.get(_DYNAMO_TABLE)
+    module = imported(_DYNAMO_TABLE)
     overridable = getattr(module, "get_overridable_functions", None)
     if overridable is None:
         return
@@ -455,8 +455,8 @@ def _teach_dynamo() -> None:
     # watching the frames that run eagerly, and would compile this handler as a function
     # of its own, once per argument type. It is only ever meant to be inlined into the
     # caller's graph: run it (and what it calls) as plain Python when it is a frame.
-    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
-    types = sys.modules.get("torch._dynamo.types")
+    eval_frame = imported("torch._dynamo.eval_frame")
+    types = imported("torch._dynamo.types")
     strategy = getattr(eval_frame, "set_code_exec_strategy", None)
     if strategy is not None and types is not None:
         skip = types.FrameExecStrategy(types.FrameAction.SKIP, types.FrameAction.SKIP)

@@ -22,20 +22,24 @@ draw rounded (as torch draws them; JAX draws them from 10- and 7-bit uniforms).
 
 On the CPU the fused kernel (``devrng._portable.threefry_cpu``) makes the common draws
 in one pass, the same bits as the tensor ops here. In compiled code the
-draws with a transcendental step (normal, exponential) are one opaque op,
-``devrng::draw``, that runs this module's eager code: the compiler cannot
-substitute its own ``log``, ``sqrt`` or ``erfinv`` (or fuse their
-arithmetic), so compiled draws are eager's, bit for bit.
+draws with a transcendental step (normal, exponential) and uniforms between
+bounds are one opaque op, ``devrng::draw``, that runs this module's eager code:
+the compiler cannot substitute its own ``log``, ``sqrt`` or ``erfinv`` (or fuse
+their arithmetic), so compiled draws are eager's, bit for bit.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import struct
 from collections.abc import Callable, Sequence
+from fractions import Fraction
+from typing import Any, NamedTuple
 
 import torch
 
+from devrng._base.errors import DevRNGError
 from devrng._base.lazy import load
 from devrng._base.seeds import HostKey, seed_key
 from devrng._portable import devices
@@ -326,9 +330,14 @@ class Source:
         return _DISTRIBUTIONS[distribution](self, shape, dtype, *params)
 
     # The distributions, as methods so that JAX's own (devrng._portable.jax) can stand in.
+    def unit(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+        return unit(self, shape, dtype)
+
     def uniform(self, shape: Sequence[int], dtype: torch.dtype, low: float = 0.0,
                 high: float = 1.0) -> torch.Tensor:
-        return uniform(self, shape, dtype, low, high)
+        if low == 0.0 and high == 1.0:
+            return self.unit(shape, dtype)
+        return self._draw_op("uniform", shape, dtype, (low, high))
 
     def normal(self, shape: Sequence[int], dtype: torch.dtype, mean: float = 0.0,
                std: float = 1.0) -> torch.Tensor:
@@ -392,11 +401,14 @@ def round_to(value: float, dtype: torch.dtype) -> float:
     """
     if dtype == torch.float64:
         return float(value)
-    if dtype == torch.bfloat16:  # the top half of float32, rounded to nearest even
-        bits = struct.unpack("<I", struct.pack("<f", value))[0]
-        bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
-        return float(struct.unpack("<f", struct.pack("<I", bits & M32))[0])
-    return float(struct.unpack(_PACK[dtype], struct.pack(_PACK[dtype], value))[0])
+    try:
+        if dtype == torch.bfloat16:  # the top half of float32, rounded to nearest even
+            bits = struct.unpack("<I", struct.pack("<f", value))[0]
+            bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
+            return float(struct.unpack("<f", struct.pack("<I", bits & M32))[0])
+        return float(struct.unpack(_PACK[dtype], struct.pack(_PACK[dtype], value))[0])
+    except OverflowError:  # struct refuses what rounds beyond the largest finite value
+        return math.copysign(math.inf, value)
 
 
 _PACK = {torch.float32: "<f", torch.float16: "<e"}
@@ -404,33 +416,217 @@ _PACK = {torch.float32: "<f", torch.float16: "<e"}
 
 def affine(x: torch.Tensor, scale: float | torch.Tensor, shift: float | torch.Tensor,
            dtype: torch.dtype) -> torch.Tensor:
-    """``x * scale + shift`` in ``dtype``, the same bits whether or not a compiler fuses the
-    multiply and the add.
+    """``x * scale + shift`` in ``dtype``: the scaling of normal draws by a mean and a std.
 
     XLA and Triton turn ``a * b + c`` into one fused multiply-add (one
     rounding), torch's eager kernels round twice: 1 ulp apart on a third of
-    the values. A float32 product is exact in float64, so computing there
-    and rounding once to ``dtype`` gives the fused result on every device
-    that has float64. MPS has none, and JAX (torchax) only with x64; XLA
-    fuses them anyway, so torchax keeps ``dtype``, as does MPS.
+    the values. Computed in float64 and rounded to ``dtype``, a fused and an
+    unfused sum differ by a float64 unit at most, which moves the rounded
+    value only where it lies on a rounding boundary of ``dtype`` (a float32
+    ``scale`` makes the product exact, and then nothing moves). MPS has no
+    float64, and JAX (torchax) only with x64: there it is computed in
+    ``dtype``, within 1 ulp of the others. (Uniforms between bounds are
+    exact everywhere: ``scale_shift``.)
     """
     if dtype == torch.float64 or not devices.row(x.device).float64:
-        return x * scale + shift
+        return (x * scale + shift).to(dtype)  # (torchax makes float32 of half * a number)
     return (x.to(torch.float64) * scale + shift).to(dtype)
+
+
+def bounds(low: float, high: float, dtype: torch.dtype, row: devices.Device = devices.CPU
+           ) -> tuple[float, float]:
+    """``(lo, span)`` of a uniform draw on ``[low, high)`` in ``dtype``, as JAX makes them:
+    ``lo = dtype(low)``, ``span = dtype(dtype(high) - lo)`` (the difference of two ``dtype``
+    numbers is rounded once: float64 has more than twice their precision). Refused: bounds
+    whose span is not finite, and on a device that flushes subnormal numbers (``row``),
+    bounds whose draws could pass through one (every value the formula makes is a multiple
+    of the lowest bit of ``lo`` or of ``2**-UNIT_BITS * ulp(span)``)."""
+    lo = round_to(low, dtype)
+    span = round_to(round_to(high, dtype) - lo, dtype)
+    name = str(dtype).removeprefix("torch.")
+    if not (math.isfinite(lo) and math.isfinite(span)):
+        raise DevRNGError(f"devrng.portable draws uniforms between finite bounds whose "
+                          f"difference is a finite {name} number, not [{low!r}, {high!r}).")
+    if row.flushes_subnormals and dtype != torch.float16 and span and (
+            _quantum(lo, span, dtype) < torch.finfo(dtype).tiny):
+        raise DevRNGError(
+            f"{row.name} flushes {name} numbers below {torch.finfo(dtype).tiny:.3g} to zero, "
+            f"and uniform draws on [{low!r}, {high!r}) can pass through such numbers: they "
+            f"would differ from the CPU's. Draw on the CPU and move the result, or draw on a "
+            f"scaled range and scale it back.")
+    return lo, span
+
+
+def _quantum(lo: float, span: float, dtype: torch.dtype) -> Fraction:
+    """A power of two that divides every value of a uniform draw's formula: ``lo``'s lowest
+    bit, and the last bit of ``span``'s significand times ``2**-UNIT_BITS``."""
+    exponent = math.frexp(span)[1]
+    quantum = Fraction(2) ** (exponent - _SIGNIFICAND[dtype] - UNIT_BITS[dtype])
+    return min(quantum, _lowest_bit(lo)) if lo else quantum
 
 
 def uniform(source: Source, shape: Sequence[int], dtype: torch.dtype, low: float = 0.0,
             high: float = 1.0) -> torch.Tensor:
-    """``jax.random.uniform(key, shape, dtype, low, high)``: ``max(low, u * (high - low) + low)``."""
+    """``jax.random.uniform(key, shape, dtype, low, high)``: ``u * span + lo`` rounded once
+    (``scale_shift``), from the unit draw u of ``dtype``."""
     if low == 0.0 and high == 1.0:
-        return unit(source, shape, dtype)  # u * 1 + 0, exactly
-    lo = round_to(low, dtype)
-    span = round_to(round_to(high, dtype) - lo, dtype)  # exact in float64, then rounded
-    if dtype == torch.float32:
+        return source.unit(shape, dtype)  # u * 1 + 0, exactly
+    row = devices.row(source.device)
+    lo, span = bounds(low, high, dtype, row)
+    if dtype == torch.float32 and sum_is_exact(lo, span, dtype, torch.float64):
+        # The kernel rounds u * span + lo to float64 (exactly, here), then to float32.
         fused = source.fused(UNIFORM_AT, shape, span, lo)
         if fused is not None:
             return fused
-    return torch.clamp_min(affine(unit(source, shape, dtype), span, lo, dtype), lo)
+    return scale_shift(source.unit(shape, dtype), lo, span, dtype, row.float64)  # type: ignore[no-any-return]
+
+
+# -- u * span + lo, rounded once on every device ------------------------------------------------
+# A bounded uniform is u * span + lo for the unit draw u = k * 2**-UNIT_BITS[dtype] (k an
+# integer), rounded once to dtype: what one fused multiply-add gives, and what JAX computes
+# (XLA fuses the multiply and the add). torch's eager kernels round the product and the sum
+# separately; XLA, Triton and LLVM may fuse them or not, as they choose. So the formula is
+# written with products that are exact -- then fusing changes nothing -- and additions whose
+# rounding error is kept (two_sum), never with a rounded product:
+# - float16 and bfloat16: in float32, where u * span is exact;
+# - float32: in float64, where u * span is exact (devices without float64: as float64);
+# - float64: u * span split exactly into two float64 numbers through integer arithmetic
+#   (an error-free product without a fused multiply-add), then added to lo.
+# Where a sum rounded twice could differ from the exact value rounded once -- only when the
+# first rounding lands exactly on a midpoint of the second -- the kept error decides.
+# Additions, comparisons and conversions only: torch_xla runs frexp and nextafter on the
+# host, and its dynamo bridge mishandles bit casts.
+# A complex number's parts (the real and the imaginary one).
+_COMPLEX_PARTS = {torch.complex32: torch.float16, torch.complex64: torch.float32,
+                  torch.complex128: torch.float64}
+UNIT_BITS = {torch.float16: 10, torch.bfloat16: 7, torch.float32: 23, torch.float64: 52}
+_PRECISION = {torch.float32: 24, torch.float64: 53}  # significand bits
+_SIGNIFICAND = {torch.float16: 11, torch.bfloat16: 8, **_PRECISION}
+_MIN_EXPONENT = {torch.float32: -149, torch.float64: -1074}  # of the smallest subnormal
+
+
+class Ops(NamedTuple):
+    """The array functions ``scale_shift`` uses: torch's, or JAX's for torchax (whose torch
+    ops compute float64 tensors in float32).
+
+    Attributes:
+        xp: ``torch`` or ``jax.numpy`` (for ``where``).
+        cast: ``cast(x, dtype)``: ``x`` converted to a torch dtype (rounded to nearest).
+    """
+
+    xp: Any
+    cast: Callable[[Any, torch.dtype], Any]
+
+
+TORCH_OPS = Ops(torch, lambda x, dtype: x.to(dtype))
+
+
+def scale_shift(u: Any, lo: float, span: float, dtype: torch.dtype, float64: bool,
+                ops: Ops = TORCH_OPS) -> Any:
+    """``u * span + lo`` rounded once to ``dtype``, the same bits on every device and whether
+    or not a compiler fuses multiplies and adds (see above). ``u`` is a unit draw of
+    ``dtype`` (never negative), ``lo`` and ``span`` are ``dtype`` numbers (``bounds``),
+    ``float64``: the device computes float64."""
+    if span == 0.0 or (dtype in _PRECISION and math.frexp(span)[0] == 0.5):
+        return u * span + lo  # a power of two: the product is exact, the sum rounds once
+    wide = (torch.float32 if dtype in (torch.float16, torch.bfloat16)
+            else torch.float64 if dtype == torch.float32 and float64 else None)
+    if wide is not None:  # the product is exact in wide; so is the sum, or its error decides
+        product = ops.cast(u, wide) * span
+        if sum_is_exact(lo, span, dtype, wide):
+            return ops.cast(product + lo, dtype)
+        return _rounded_once(*_two_sum(product, lo), dtype, wide, ops)
+    high, low = _exact_product(u, span, dtype, ops)
+    total, error = _two_sum(lo, high)
+    return _sum_rounded_once(total, error, low, ops)
+
+
+@functools.lru_cache(maxsize=256)
+def sum_is_exact(lo: float, span: float, dtype: torch.dtype, wide: torch.dtype) -> bool:
+    """Whether every ``u * span + lo`` (u a unit draw of ``dtype``) is a ``wide`` number: all
+    of them are multiples of ``_quantum`` and no larger than ``|lo| + span``. Then rounding
+    the sum to ``wide`` is exact."""
+    quantum = _quantum(lo, span, dtype)
+    largest = Fraction(abs(lo)) + Fraction(span)
+    return quantum >= Fraction(2) ** _MIN_EXPONENT[wide] and (
+        largest < (1 << _PRECISION[wide]) * quantum)
+
+
+def _lowest_bit(x: float) -> Fraction:
+    """The value of the lowest set bit of a nonzero float."""
+    numerator, denominator = abs(x).as_integer_ratio()  # denominator: a power of two
+    return Fraction(numerator & -numerator, denominator)
+
+
+def _two_sum(a: Any, b: Any) -> tuple[Any, Any]:
+    """``a + b`` rounded, and its rounding error exactly (Knuth's TwoSum: additions only)."""
+    total = a + b
+    b_part = total - a
+    return total, (a - (total - b_part)) + (b - b_part)
+
+
+def _rounded_once(total: Any, error: Any, dtype: torch.dtype, wide: torch.dtype,
+                  ops: Ops) -> Any:
+    """``total + error`` (``total`` a ``wide`` sum, ``error`` its exact rounding error)
+    rounded once to the narrower ``dtype``. Rounding ``total`` can go wrong only where it is
+    exactly halfway between two ``dtype`` numbers and ``error`` is not 0: then ``error``'s
+    sign picks the neighbour. ``2 * total - rounded`` is the other one (exactly)."""
+    rounded = ops.cast(total, dtype)
+    back = ops.cast(rounded, wide)
+    mirrored = total + (total - back)  # both steps exact: the neighbour across ``total``
+    other = ops.cast(mirrored, dtype)
+    halfway = (total != back) & (ops.cast(other, wide) == mirrored)
+    beyond = (error != 0) & ((error > 0) == (total > back))
+    return ops.xp.where(halfway & beyond, other, rounded)
+
+
+def _sum_rounded_once(high: Any, middle: Any, low: Any, ops: Ops) -> Any:
+    """``high + middle + low`` rounded once, for ``high = round(high + middle)`` (a two_sum)
+    and ``low`` smaller than ``high``'s last bit: the smaller two are added first; their
+    rounding error can change the result only where the sum is exactly halfway between two
+    numbers, and then its sign picks the side."""
+    small, small_error = _two_sum(middle, low)
+    total, error = _two_sum(high, small)
+    other = total + 2 * error  # the neighbour on error's side, if total + error is halfway
+    halfway = (error != 0) & (other - total == 2 * error)
+    beyond = (small_error != 0) & ((small_error > 0) == (error > 0))
+    return ops.xp.where(halfway & beyond, other, total)
+
+
+# (float dtype, its integer, bits of k's low part, bits of the span's low part): u * span
+# as four products of halves, each exact in the float type.
+_SPLITS = {torch.float64: (torch.int64, 26, 27), torch.float32: (torch.int32, 12, 12)}
+
+
+def _exact_product(u: Any, span: float, dtype: torch.dtype, ops: Ops) -> tuple[Any, Any]:
+    """``u * span`` as ``high + low`` exactly (``high`` the product rounded to ``dtype``),
+    with integer arithmetic and no rounded product: u is ``k * 2**-m`` (k < 2**m), span is
+    ``s * 2**a`` (s an integer of ``precision`` bits), and ``k * s = top * 2**m + bottom``."""
+    integer, k_bits, s_bits = _SPLITS[dtype]
+    precision, m = _PRECISION[dtype], UNIT_BITS[dtype]
+    fraction, exponent = math.frexp(span)
+    s, a = int(fraction * (1 << precision)), exponent - precision
+    if a - m < _MIN_EXPONENT[dtype]:
+        raise DevRNGError(
+            f"devrng.portable draws {str(dtype).removeprefix('torch.')} uniforms only over "
+            f"ranges wider than 2**{_MIN_EXPONENT[dtype] + m + precision} here (the low half "
+            f"of u * span would be below the smallest subnormal number); the range given is "
+            f"{span!r} wide.")
+    k = ops.cast(u * float(1 << m), integer)
+    k1, k0 = k >> k_bits, k & ((1 << k_bits) - 1)
+    s1, s0 = s >> s_bits, s & ((1 << s_bits) - 1)
+    # k * s = k1*s1 * 2**(k_bits + s_bits) + (k1*s0 * 2**k_bits + k0*s1 * 2**s_bits) + k0*s0,
+    # each product within the integer type; the middle is mid * 2**shift.
+    shift = min(k_bits, s_bits)
+    mid = k1 * (s0 << (k_bits - shift)) + k0 * (s1 << (s_bits - shift))
+    rest = m - shift
+    bottom = (mid & ((1 << rest) - 1)) * (1 << shift) + k0 * s0
+    top = k1 * (s1 << (k_bits + s_bits - m)) + (mid >> rest) + (bottom >> m)
+    bottom = bottom & ((1 << m) - 1)
+    first = ops.cast(top, dtype) * 2.0 ** a  # both exact: integers below 2**precision
+    second = ops.cast(bottom, dtype) * 2.0 ** (a - m)
+    high = first + second  # Dekker's Fast2Sum (|first| >= |second|): exact error
+    return high, second - (high - first)
 
 
 # Giles, "Approximating the erfinv function" (GPU Computing Gems, 2011), single precision:
@@ -524,7 +720,7 @@ def _standard_normal(source: Source, shape: Sequence[int], dtype: torch.dtype) -
     the device's ``torch.erfinv``; complex dtypes draw the real and imaginary parts from
     ``split(key)``'s two keys and divide them by sqrt(2), as JAX does."""
     if dtype.is_complex:
-        real = torch.float32 if dtype == torch.complex64 else torch.float64
+        real = _COMPLEX_PARTS[dtype]
         root2 = round_to(math.sqrt(2.0), real)
         return torch.complex(_standard_normal(source.split(0), shape, real) / root2,
                              _standard_normal(source.split(1), shape, real) / root2)
@@ -555,8 +751,8 @@ def exponential(source: Source, shape: Sequence[int], dtype: torch.dtype,
 
 
 # The draws devrng::draw makes in compiled code, by name: f(source, shape, dtype, *params).
-_DISTRIBUTIONS: dict[str, Callable[..., torch.Tensor]] = {"normal": normal,
-                                                          "exponential": exponential}
+_DISTRIBUTIONS: dict[str, Callable[..., torch.Tensor]] = {
+    "normal": normal, "exponential": exponential, "uniform": uniform}
 
 
 def bernoulli_mask(source: Source, shape: Sequence[int], p: float | torch.Tensor
@@ -577,8 +773,9 @@ def randint(source: Source, shape: Sequence[int], low: int, high: int,
     For bounds within int32 this is ``jax.random.randint(key, shape, low,
     high, int32)``: two 32-bit draws (keys ``split(key)``) combined modulo
     the span (for spans above 2**16 JAX's uint32 arithmetic keeps only the
-    second: bias below span / 2**32). Wider spans take 63 bits modulo the
-    span (bias below span / 2**63).
+    second: bias below span / 2**32). Wider spans up to 2**63 take 63 bits modulo
+    the span (bias below span / 2**63); wider ones all 64 bits modulo the span, as
+    torch's CPU kernel does (the values below 2**64 - span come twice as often).
     """
     span = high - low
     if low >= -(1 << 31) and high <= 1 << 31 and span < 1 << 32:
@@ -594,15 +791,20 @@ def randint(source: Source, shape: Sequence[int], low: int, high: int,
         a = higher % span
         product = (a * (multiplier & 0xFFFF) + (((a * (multiplier >> 16)) & 0xFFFF) << 16)) & M32
         offset = ((product + lower % span) & M32) % span
-    elif span <= 1 << 63:
+    elif span <= 1 << 64:
         hi, lo = source.words(shape)
-        wide = ((hi.to(torch.int64) << 32) | unsigned(lo))
-        r = shr(wide, 1)  # 63 random bits, never negative
-        offset = r if span == 1 << 63 else r % span
+        wide = ((hi.to(torch.int64) << 32) | unsigned(lo))  # 64 random bits
+        if span <= 1 << 63:
+            r = shr(wide, 1)  # 63 of them, never negative
+            offset = r if span == 1 << 63 else r % span
+        else:  # all 64 modulo the span, as torch's CPU kernel takes them: one subtraction
+            # (unsigned order is the signed order of the bits with the top one flipped)
+            below = (wide ^ -(1 << 63)) < span - (1 << 63)
+            offset = torch.where(below, wide, wide - (span - (1 << 64)))  # wraps: mod 2**64
     else:
-        raise ValueError(f"devrng.portable draws integers from ranges of at most 2**63 values; "
+        raise ValueError(f"devrng.portable draws integers from ranges of at most 2**64 values; "
                          f"[{low}, {high}) has {span}.")
-    return (offset + low).to(dtype)
+    return (offset + low).to(dtype)  # wraps into int64 as the true value does
 
 
 def randperm(source: Source, n: int, dtype: torch.dtype) -> torch.Tensor:
@@ -654,7 +856,9 @@ def multinomial(source: Source, weights: torch.Tensor, num_samples: int,
     Each draw inverts the prefix sums: ``u * total`` is looked up in them. The
     sums are the same bits on every device and the lookup only compares, so
     the indices are too. Without replacement the draws are made one after
-    another, each with the chosen weight set to zero (``num_samples`` passes).
+    another, each with the chosen weight set to zero (``num_samples`` passes);
+    a row whose non-zero weights are all taken goes on with equal weights on the
+    categories not taken yet (torch takes zero-weight ones then too).
     """
     rows = weights.reshape(-1, weights.shape[-1])
     work = rows.to(torch.float32) if rows.dtype in (torch.float16, torch.bfloat16) else rows
@@ -665,11 +869,14 @@ def multinomial(source: Source, weights: torch.Tensor, num_samples: int,
         picked = source.search(scan, u * scan[:, -1:])
     else:
         columns = []
+        left = torch.ones_like(work)  # 1 for the categories not taken yet
         for j in range(num_samples):
-            scan = prefix_sums(work)
+            exhausted = ~(work > 0).any(-1, keepdim=True)
+            scan = prefix_sums(torch.where(exhausted, left, work))
             index = source.search(scan, u[:, j:j + 1] * scan[:, -1:]).clamp_max(last)
             columns.append(index)
             work = work.scatter(1, index, 0.0)
+            left = left.scatter(1, index, 0.0)
         picked = torch.cat(columns, dim=1)
     return picked.clamp_max(last).reshape(*weights.shape[:-1], num_samples)
 
@@ -680,7 +887,8 @@ def multinomial(source: Source, weights: torch.Tensor, num_samples: int,
 # runs the fused CPU kernel, or the tensor ops on other devices (on XLA they become
 # part of the XLA graph). devrng::draw does the same for the draws with a
 # transcendental step, so that they run eager's code: inductor would compile its own
-# sqrt and erfinv (91 of 2**18 float32 normal draws differed, 72,747 float64 ones).
+# sqrt and erfinv (91 of 2**18 float32 normal draws differed, 72,747 float64 ones);
+# and for uniforms between bounds, whose exact rounding is host arithmetic first.
 def _host_key(key: torch.Tensor) -> HostKey:
     hi, lo = key.tolist()
     return hi & M32, lo & M32

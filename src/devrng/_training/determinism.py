@@ -32,6 +32,7 @@ from devrng._backends.host import put_env
 from devrng._backends.registry import backend_names, loaded_backend
 from devrng._base.bytecode import with_of_a_name
 from devrng._base.errors import DevRNGError, check_flags, warn_and_log
+from devrng._base.lazy import imported
 from devrng._base.locks import ForkSafeLock
 from devrng._base.seeds import check_seed
 from devrng._base.sigint import deliver, guard
@@ -151,7 +152,7 @@ class _Inductor(Setting):
         return _inductor_has_deterministic()
 
     def read(self) -> bool:
-        module = sys.modules.get(_INDUCTOR_MODULE)
+        module = imported(_INDUCTOR_MODULE)
         if module is not None:
             return bool(getattr(module, "deterministic", False))
         return os.environ.get(_INDUCTOR_ENV) == "1"
@@ -160,7 +161,7 @@ class _Inductor(Setting):
         return True
 
     def apply(self, value: Any, undo: Undo) -> None:
-        module = sys.modules.get(_INDUCTOR_MODULE)
+        module = imported(_INDUCTOR_MODULE)
         if module is not None:
             undo.push(self.name, setattr, module, "deterministic",
                       bool(getattr(module, "deterministic", False)))
@@ -172,7 +173,7 @@ class _Inductor(Setting):
 
 
 def _undo_inductor_module(previous_env: str | None) -> None:
-    loaded = sys.modules.get(_INDUCTOR_MODULE)
+    loaded = imported(_INDUCTOR_MODULE)
     if loaded is not None and hasattr(loaded, "deterministic"):
         # Imported inside the block, so it read our value: put its old one back.
         setattr(loaded, "deterministic", previous_env == "1")  # noqa: B010
@@ -288,7 +289,7 @@ def settings() -> list[Setting]:
 def _inductor_has_deterministic() -> bool:
     # Importing inductor's config costs seconds and hundreds of modules, so
     # look for the switch in its source instead.
-    module = sys.modules.get(_INDUCTOR_MODULE)
+    module = imported(_INDUCTOR_MODULE)
     if module is not None:
         return hasattr(module, "deterministic")
     path = Path(torch.__file__).parent / "_inductor" / "config.py"

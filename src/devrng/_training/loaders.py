@@ -15,7 +15,6 @@ trainer integrations and ``TrainingRNG`` say the same thing.
 from __future__ import annotations
 
 import hashlib
-import sys
 import weakref
 from collections.abc import Collection, Iterable, Mapping
 from typing import Any, NamedTuple
@@ -24,6 +23,7 @@ import torch
 
 from devrng._backends import host
 from devrng._base.errors import DevRNGError, short_repr, warn_and_log
+from devrng._base.lazy import imported
 from devrng._base.rank import world_size
 from devrng._generators.saved import check_cpu_state
 from devrng._generators.snapshot import Restore, RNGState, snapshot
@@ -58,7 +58,7 @@ def feeding_loader(obj: Any) -> Any:
     ``Accelerator.prepare`` returns on XLA -- moves the batches of a DataLoader it
     keeps to the device; the samples, workers and position are that DataLoader's.
     """
-    module = sys.modules.get("torch_xla.distributed.parallel_loader")
+    module = imported("torch_xla.distributed.parallel_loader")
     device_loader = getattr(module, "MpDeviceLoader", None)
     if device_loader is not None and isinstance(obj, device_loader):
         return obj._loader
