@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import itertools
 import logging
-import sys
 import warnings
 from typing import Any
+
+from devrng._base.lazy import imported
 
 __all__ = ["DevRNGError", "DevRNGWarning", "check_flags", "short_repr",
            "warn_and_log"]
@@ -108,9 +109,9 @@ def _bounded(value: object, depth: int, room: int) -> str:
             return repr(bytes(value[:room]))  # type: ignore[index]
         if isinstance(value, (list, tuple, set, frozenset, dict)):  # OrderedDict, Size too
             return _container(value, depth, room)
-        torch = sys.modules.get("torch")
+        torch = imported("torch")
         if torch is not None and isinstance(value, torch.Tensor):
-            return _tensor(value)
+            return _tensor(value, torch)
         if kind.__module__ == "numpy" and getattr(value, "ndim", None):
             return f"<a numpy {value.dtype} array of shape {tuple(value.shape)}>"  # type: ignore[attr-defined]
         text = repr(value)
@@ -151,9 +152,9 @@ def _container(value: Any, depth: int, room: int) -> str:
     return opening + ", ".join(parts) + closing
 
 
-def _tensor(value: Any) -> str:
+def _tensor(value: Any, torch: Any) -> str:
     if type(value).__name__ == "Tensor" and value.device.type == "cpu" and value.numel() <= 4 \
-            and value.layout is sys.modules["torch"].strided:
+            and value.layout is torch.strided:
         return repr(value)  # a few elements: torch's own words ("tensor(1)")
     return f"<a {value.dtype} tensor of shape {tuple(value.shape)}>"
 

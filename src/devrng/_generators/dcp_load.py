@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from types import CodeType
 from typing import Any
 
+from devrng._base.lazy import imported
 from devrng._generators.undo import Undo
 
 __all__ = ["Call", "current", "keep", "put_back"]
@@ -68,7 +69,7 @@ _code: list[tuple[Any, CodeType | None]] = []  # (dcp.load, its own code), looke
 
 
 def _load_code() -> CodeType | None:
-    load = getattr(sys.modules.get(_LOADER), "load", None)
+    load = getattr(imported(_LOADER), "load", None)
     if load is None:
         return None
     if not _code or _code[0][0] is not load:
