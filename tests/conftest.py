@@ -8,6 +8,7 @@ the test.
 from __future__ import annotations
 
 import random
+import signal
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -16,6 +17,15 @@ from tests._fakes import HAS_XLA, SimulatedDeviceModule, install_simulated
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # A shell that runs the suite in the background (scripts/test.sh runs two checks at a
+    # time) ignores SIGINT in it, and every process it starts inherits that: Python then
+    # installs no handler, and neither does devrng. Run as a program run from a terminal
+    # is, with Python's handler, devrng's over it, and children that start the same way.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        from devrng._base import sigint
+
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        sigint.install()
     # torch 2.9 + torch_xla 2.9: a CPU backward pass run before the XLA runtime starts
     # makes every later XLA backward fail an internal assert. Start XLA first, as a
     # program that uses XLA does.
