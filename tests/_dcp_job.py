@@ -132,12 +132,13 @@ class Program:
 
 
 def _state(obj: Any) -> Any:
-    """A devrng object's plain state without its save identity (new with every state_dict())."""
+    """A devrng object's plain state without its save identity and the digest that covers it
+    (both new with every state_dict())."""
     import io
     (entry,) = obj.state_dict().values()
     plain = torch.load(io.BytesIO(entry), weights_only=True) if isinstance(entry, bytes) \
         else dict(entry)
-    del plain["save"]
+    del plain["save"], plain["digest"]
     return plain
 
 
