@@ -273,7 +273,7 @@ def _world_size_sentence(loader: Any, caplog: pytest.LogCaptureFixture) -> str:
     with caplog.at_level(logging.WARNING, logger="devrng"), \
             warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        rng.load_state_dict(state, strict=False)
+        rng.load_state_dict(resealed(state), strict=False)
     [message] = [str(w.message) for w in caught if issubclass(w.category, devrng.DevRNGWarning)
                  and "written by a run of 2 process(es)" in str(w.message)]
     return message
@@ -307,7 +307,7 @@ def test_a_ranked_loads_warnings_point_at_the_callers_line() -> None:
     state = plain_state(rng.state_dict())
     state["world_size"] = 2
     buffer = io.BytesIO()
-    torch.save(state, buffer)
+    torch.save(resealed(state), buffer)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         rng.load_state_dict({"devrng_rank_0": buffer.getvalue()})
@@ -480,10 +480,10 @@ def test_a_state_with_a_corrupt_epoch_start_is_refused_before_anything_changes()
     with pytest.raises(devrng.DevRNGError, match=r"TrainingRNG.load_state_dict: the saved epoch "
                                                  r"start of the loader 'loader' is not a record "
                                                  r"devrng wrote"):
-        rng.load_state_dict(state)
+        rng.load_state_dict(resealed(state))
     assert torch.equal(torch.get_rng_state(), before)
     del state["epoch_starts"]
-    rng.load_state_dict(state)  # states of devrng 0.4 had no epoch starts: they load
+    rng.load_state_dict(resealed(state))  # states of devrng 0.4 had no epoch starts: they load
 
 
 def test_a_stateful_loader_saved_inside_an_epoch_takes_another_number_of_workers(

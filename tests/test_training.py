@@ -340,7 +340,11 @@ def test_the_devrng_values_of_one_dcp_load_load_together(tmp_path: Any) -> None:
     streams.add("a", 1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "torch.distributed is ... uninitialized"
-        dcp.save({"rng": rng, "streams": streams}, checkpoint_id=str(tmp_path), no_dist=True)
+        # Two writer threads: with one, torch 2.9's writer takes the stream of the
+        # PrivateUse1 device when one is available (torchax's 'jax', once a test imported
+        # torchax), and torchax's device module has no current_stream (an upstream bug).
+        writer = dcp.FileSystemWriter(str(tmp_path), thread_count=2)
+        dcp.save({"rng": rng, "streams": streams}, storage_writer=writer, no_dist=True)
         torch.rand(3)
         before = devrng.get_rng_state().fingerprint()
         other = devrng.RNGStreams()
