@@ -290,9 +290,12 @@ class FlightRecord:
             self._start, self._batches, self._losses = None, [], []
             self._pending.append(line)
             # Written (and compared) in batches: every 16 steps, or once a second for slow
-            # steps (a job killed after its checkpoint has its steps past it on disk).
+            # steps (a job killed after its checkpoint has its steps past it on disk), and at
+            # the last step a resume is compared on, so that its verdict comes then, not at exit.
             now = time.monotonic()
-            if len(self._pending) >= _FLUSH_EVERY or now - self._flushed >= _FLUSH_SECONDS:
+            if len(self._pending) >= _FLUSH_EVERY or now - self._flushed >= _FLUSH_SECONDS or (
+                    self._expected and self._verified is not None
+                    and self.step >= self._verified[1]):
                 self.flush()
             if self._max_steps is not None and self.step >= self._max_steps:
                 self._stop("end", f"{MAX_STEPS_VARIABLE}={self._max_steps}")
@@ -352,7 +355,7 @@ class FlightRecord:
         """After a resume: True once every step the interrupted run recorded past the
         checkpoint matched, False if one differed, None while undecided or not compared.
         Steps are compared as they are written: every 16 steps, after a second, at a
-        checkpoint and at ``finish()``."""
+        checkpoint, at the last step compared, and at ``finish()``."""
         if self._diverged:
             return False
         if self._verified is not None and not self._expected and self._verified[0] <= self.step:
