@@ -409,7 +409,13 @@ def test_explain_names_the_part_that_differs_with_its_hint() -> None:
 
 # -- in fresh processes, as users resume ------------------------------------------------------
 
+def _needs_its_loader(config: dict[str, Any] | None) -> None:
+    if (config or {}).get("loader", "stateful") == "stateful":  # (the core environment's)
+        pytest.importorskip("torchdata.stateful_dataloader")
+
+
 def _run(directory: Path, config: dict[str, Any], **env: str) -> dict[str, Any]:
+    _needs_its_loader(config)
     directory.mkdir(parents=True, exist_ok=True)
     out = directory / f"result{len(list(directory.glob('result*')))}.json"
     proc = run_python("tests._flight_run", module=True, cwd=directory,
@@ -457,6 +463,8 @@ def test_a_resume_that_is_not_exact_names_the_step_and_the_cause(
 
 def _check(tmp_path: Path, *args: str, config: dict[str, Any] | None = None,
            script: str | None = None) -> Any:
+    if script is None:
+        _needs_its_loader(config)
     command = ([sys.executable, "-m", "tests._flight_run", json.dumps(config or {}), "out.json"]
                if script is None else [sys.executable, script])
     return run_python("devrng", module=True, cwd=tmp_path, timeout=900, inherit_env=True,
