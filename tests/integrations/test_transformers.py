@@ -102,10 +102,12 @@ def test_the_callback_patches_torch_and_keeps_the_cpu_stream(tmp_path: Path) -> 
 
 # -- what DevRNGTrainerCallback says when a run resumes (the Trainer's calls, in this process) -
 def _args(world_size: int = 1) -> Any:
+    import tempfile
     import types
 
+    # (output_dir: where the flight record, on by default, is kept)
     return types.SimpleNamespace(seed=1, world_size=world_size, gradient_accumulation_steps=1,
-                                 ignore_data_skip=False)
+                                 ignore_data_skip=False, output_dir=tempfile.mkdtemp())
 
 
 def _state(global_step: int, saved: dict[str, Any] | None) -> Any:
