@@ -376,8 +376,13 @@ def _int(value: Any, name: str) -> int:
     except TypeError:
         raise TypeError(f"{name} must be an integer, not {short_repr(value)}.") from None
     if not _INT64[0] <= value <= _INT64[1]:
-        raise ValueError(f"{name} must fit in int64 (as torch's do), not {value}.")
+        raise _OutOfInt64(f"{name} must fit in int64 (as torch's do), not {value}.")
     return value  # type: ignore[no-any-return]
+
+
+class _OutOfInt64(DevRNGError, ValueError):
+    """An integer argument past int64: torch raised a RuntimeError for it up to 2.8 or so and
+    a ValueError since; either ``except`` catches this one."""
 
 
 def _randint(rng: Stream, func: Any, args: Args, kwargs: Kwargs) -> torch.Tensor:
