@@ -273,6 +273,17 @@ def test_the_version_is_written_once_and_everything_shows_that_one() -> None:
     for page in (ROOT / "README.md", ROOT / "docs" / "index.md"):
         named = set(re.findall(r"dist/devrng-([\w.]+)-\*\.whl", page.read_text(encoding="utf-8")))
         assert named == {version}, f"{page.name} names the wheel of {named}, not {version}"
+    # Every saved form says the devrng that wrote it: this one.
+    import devrng
+    from tests._helpers import plain_state
+
+    streams = devrng.RNGStreams()
+    streams.add("a", 1)
+    saved = [plain_state(state) for state in (devrng.TrainingRNG(seed=1).state_dict(),
+                                              devrng.portable(1).state_dict(),
+                                              streams.state_dict())]
+    saved.append(devrng.get_rng_state().to_dict())
+    assert [state["devrng_version"] for state in saved] == [version] * len(saved)
 
 
 @pytest.mark.parametrize(("changelog", "newest"), [
