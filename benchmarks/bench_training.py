@@ -129,12 +129,22 @@ def _lenet() -> torch.nn.Module:
         torch.nn.Linear(256, 120), torch.nn.ReLU(), torch.nn.Dropout(0.2), torch.nn.Linear(120, 10))
 
 
+def _mnist_cnn() -> torch.nn.Module:
+    """Two 3x3 convolutions (32 and 64 channels), a 2x2 max pool, a 9216-128-10 head with
+    dropout: the small CNN most MNIST tutorials train."""
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(1, 32, 3), torch.nn.ReLU(), torch.nn.Conv2d(32, 64, 3), torch.nn.ReLU(),
+        torch.nn.MaxPool2d(2), torch.nn.Dropout(0.25), torch.nn.Flatten(),
+        torch.nn.Linear(9216, 128), torch.nn.ReLU(), torch.nn.Dropout(0.5),
+        torch.nn.Linear(128, 10))
+
+
 def bench_flight(number: int, rounds: int) -> list[Row]:
     """One training step with the flight record on, against the same step with it off (one
     process, interleaved, one thread): a shuffled DataLoader's next batch (64 MNIST-sized
     images, no workers), forward, backward, SGD; the record takes the generators'
     fingerprints, digests the batch and its indices, keeps the loss and writes its line.
-    Two small models: a LeNet-5 and a 784-256-10 MLP."""
+    Three small models: a 784-256-10 MLP, a LeNet-5 and the MNIST tutorials' CNN."""
     import tempfile
 
     rows = []
@@ -142,7 +152,8 @@ def bench_flight(number: int, rounds: int) -> list[Row]:
     torch.set_num_threads(1)
     directory = tempfile.mkdtemp(prefix="devrng-bench-flight-")
     try:
-        for name, make in (("LeNet-5", _lenet), ("784-256-10 MLP", _mlp784)):
+        for name, make in (("784-256-10 MLP", _mlp784), ("LeNet-5", _lenet),
+                           ("MNIST tutorials' CNN", _mnist_cnn)):
             steps: dict[str, Any] = {}
             for flight in (True, False):
                 rng = devrng.TrainingRNG(seed=0, flight_record=directory if flight else None)

@@ -22,7 +22,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # installs no handler, and neither does devrng. Run as a program run from a terminal
     # is, with Python's handler, devrng's over it, and children that start the same way.
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
-        from devrng._base import sigint
+        from tests._internals import sigint
 
         signal.signal(signal.SIGINT, signal.default_int_handler)
         sigint.install()

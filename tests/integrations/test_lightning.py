@@ -28,12 +28,21 @@ def test_the_callback_seeds_when_created_as_seed_everything_does(
     pl.seed_everything(321, verbose=False)
     theirs = (torch.rand(3), random.random(), np.random.random())
     callback = DevRNGCallback(321)  # before the model is built, so its weights are seeded
-    callback.setup(None, None, "fit")  # type: ignore[arg-type]  # the same process: no reseed
+    callback.setup(_trainer(), None, "fit")  # type: ignore[arg-type]  # the same process: no reseed
     ours = (torch.rand(3), random.random(), np.random.random())
     assert torch.equal(theirs[0], ours[0]) and theirs[1:] == ours[1:]
     import os
 
     assert os.environ["PL_GLOBAL_SEED"] == "321" and os.environ["PL_SEED_WORKERS"] == "1"
+
+
+def _trainer() -> Any:
+    """What setup reads of the Trainer here: where it keeps the run (the flight record, on
+    by default, goes there)."""
+    import tempfile
+    import types
+
+    return types.SimpleNamespace(default_root_dir=tempfile.mkdtemp())
 
 
 def _draws() -> tuple[Any, ...]:
@@ -50,7 +59,7 @@ def test_a_seed_beyond_32_bits_survives_lightnings_own_reseeding(seed: int) -> N
     callback = DevRNGCallback(seed)
     assert 0 <= int(os.environ["PL_GLOBAL_SEED"]) < 2**32
     reset_seed()  # raised "... is not in bounds, numpy accepts from 0 to 4294967295"
-    callback.setup(None, None, "fit")  # type: ignore[arg-type]
+    callback.setup(_trainer(), None, "fit")  # type: ignore[arg-type]
     ours = _draws()
     import devrng
 
@@ -64,7 +73,7 @@ def test_below_32_bits_lightnings_reseeding_stays_seed_everything() -> None:
     callback = DevRNGCallback(321)
     torch.rand(5)  # the model is built
     reset_seed()
-    callback.setup(None, None, "fit")  # type: ignore[arg-type]
+    callback.setup(_trainer(), None, "fit")  # type: ignore[arg-type]
     ours = _draws()
     pl.seed_everything(321, verbose=False)
     assert ours == _draws()
