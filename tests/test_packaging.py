@@ -274,8 +274,9 @@ def test_the_version_is_written_once_and_everything_shows_that_one() -> None:
         named = set(re.findall(r"dist/devrng-([\w.]+)-\*\.whl", page.read_text(encoding="utf-8")))
         assert named == {version}, f"{page.name} names the wheel of {named}, not {version}"
     # Every saved form says the devrng that wrote it: this one.
-    import devrng
     from tests._helpers import plain_state
+
+    import devrng
 
     streams = devrng.RNGStreams()
     streams.add("a", 1)
