@@ -9,8 +9,12 @@ running it died). Each flipped library gets a digest file that matches it, as so
 can write the package could make: only the kernel's known-answer check stands in the way.
 
 Each flip is tried in a child forked from this process, so that a crash or a hang costs one
-child; this process imports torch once, with one thread (safe to fork), and draws the
-battery from the intact kernel once.
+child; this process imports torch once, with one thread (safe to fork). The intact kernel
+never runs in this process (a child draws its battery): a flipped kernel must not find the
+intact one's values on the stack it inherits. (A flip that turns a store to a stack slot
+into a load, 0x7f -> 0x6f in a vmovdqa64, read back the intact kernel's value for the very
+inputs of the known-answer check, and passed it, as it never could in a process where the
+kernel had not run before its check.)
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import pickle
 import random
 import signal
 import struct
@@ -120,7 +125,13 @@ def sample_flips(functions: dict[str, tuple[int, int]], count: int, seed: int
     return [(name, offset, bit) for (offset, bit), name in flips.items()]
 
 
-def _judge(data: bytes, folder: Path, intact: CpuKernel, want: list[bytes]) -> int:
+def _intact(library: Path) -> CpuKernel:
+    cpu, why, _ = load_checked(_spec(library))
+    assert cpu is not None, why
+    return cpu
+
+
+def _judge(data: bytes, folder: Path, want: list[bytes]) -> int:
     """In the child: 1 refused, 0 exact, 2 wrong, 4 corrupted (the intact kernel's draws
     changed too: the flip wrote over memory outside the kernel, its inputs, say)."""
     signal.alarm(HANG_SECONDS)
@@ -132,16 +143,34 @@ def _judge(data: bytes, folder: Path, intact: CpuKernel, want: list[bytes]) -> i
         return 1
     if battery(cpu) == want:
         return 0
-    return 2 if battery(intact) == want else 4
+    return 2 if battery(_intact(Path(sys.argv[1]))) == want else 4
+
+
+def _intact_battery(library: Path) -> list[bytes]:
+    """The intact kernel's battery, drawn in a child (see the module docstring)."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            with os.fdopen(write, "wb") as fh:
+                pickle.dump(battery(_intact(library)), fh)
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write)
+    with os.fdopen(read, "rb") as fh:
+        want: list[bytes] = pickle.load(fh)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+    return want
 
 
 def main() -> None:
     torch.set_num_threads(1)
     library, folder = Path(sys.argv[1]), Path(sys.argv[2])
     intact = library.read_bytes()
-    cpu, why, _ = load_checked(_spec(library))
-    assert cpu is not None, why
-    want = battery(cpu)
+    want = _intact_battery(library)
     for i, flip in enumerate(sys.argv[3:]):
         offset, bit = (int(x) for x in flip.split(":"))
         data = bytearray(intact)
@@ -153,7 +182,7 @@ def main() -> None:
         if pid == 0:  # the child: never returns into the parent's code
             code = 3
             try:
-                code = _judge(bytes(data), child_folder, cpu, want)
+                code = _judge(bytes(data), child_folder, want)
             finally:
                 os._exit(code)
         started = time.monotonic()
