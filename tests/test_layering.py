@@ -474,3 +474,47 @@ def test_the_rank_check_sees_violations() -> None:
         "line 3: dist.get_world_size()", "line 3: torch.distributed.get_rank()",
         "line 6: os.getenv('WORLD_SIZE')"]
     assert rank_reads(MODULES[RANK_MODULE])  # the one place reads them
+
+
+# A function that a Ctrl-C must not cut in half calls ``deliver()`` and is decorated with
+# ``@guard`` where it stands (devrng._base.sigint), so that a reader sees it is guarded.
+SIGINT_MODULE = "devrng._base.sigint"
+
+
+def guard_problems(source: str) -> list[str]:
+    """Functions that call ``deliver()`` without ``@guard``, and ``guard(...)`` called as a
+    statement (a registration away from the function it guards)."""
+    bad = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            calls = any(isinstance(n, ast.Call) and ast.unparse(n.func) == "deliver"
+                        for n in ast.walk(node))
+            if calls and not any(ast.unparse(d) == "guard" for d in node.decorator_list):
+                bad.append(f"line {node.lineno}: {node.name} calls deliver() without @guard")
+        elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) \
+                and ast.unparse(node.value.func) == "guard":
+            bad.append(f"line {node.lineno}: {ast.unparse(node)} (decorate the function)")
+    return bad
+
+
+@pytest.mark.parametrize("name", sorted(m for m in MODULES if m != SIGINT_MODULE))
+def test_guarded_functions_are_decorated_where_they_stand(name: str) -> None:
+    bad = guard_problems(MODULES[name])
+    assert not bad, f"{name}: {bad}"
+
+
+def test_the_guard_check_sees_violations() -> None:
+    bad = ("def f():\n"
+           "    try:\n"
+           "        pass\n"
+           "    finally:\n"
+           "        deliver()\n"
+           "@guard\n"
+           "def g():\n"
+           "    try:\n"
+           "        pass\n"
+           "    finally:\n"
+           "        deliver()\n"
+           "guard(g)\n")
+    assert guard_problems(bad) == ["line 1: f calls deliver() without @guard",
+                                   "line 12: guard(g) (decorate the function)"]

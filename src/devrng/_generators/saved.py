@@ -647,6 +647,7 @@ def is_ranked(state_dict: Any) -> bool:
             and all(isinstance(k, str) and _KEY.fullmatch(k) for k in state_dict))
 
 
+@guard
 def encode(plain: Any) -> bytes:
     """The bytes ``torch.save`` makes of ``plain`` (read back by ``decode``).
 
@@ -660,9 +661,6 @@ def encode(plain: Any) -> bytes:
         return buffer.getvalue()
     finally:
         deliver()
-
-
-guard(encode)
 
 
 def decode(payload: Any, what: str) -> Any:

@@ -16,6 +16,7 @@ from devrng._generators.undo import Undo, read_devices, read_started
 __all__ = ["manual_seed", "reseed"]
 
 
+@guard
 def manual_seed(seed: int, *, devices: Any = None, device_type: Any = None, python: bool = True,
                 numpy: bool = True) -> int:
     """Seed torch's CPU generator, every available device backend, Python and NumPy.
@@ -72,9 +73,6 @@ def manual_seed(seed: int, *, devices: Any = None, device_type: Any = None, pyth
     finally:
         deliver()
     return seed
-
-
-guard(manual_seed)
 
 
 def reseed(undo: Undo, seed: int) -> None:

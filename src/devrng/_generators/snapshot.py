@@ -154,6 +154,7 @@ class RNGState:
         """
         return read_snapshot(data, source=source)
 
+    @guard
     def save(self, f: str | os.PathLike[str] | IO[bytes]) -> None:
         """Write the snapshot to a file that ``torch.load(..., weights_only=True)`` reads.
 
@@ -255,9 +256,6 @@ class RNGState:
     def _hash_parts(self) -> Any:
         return [self.cpu, sorted((t, sorted(per.items())) for t, per in self.devices.items()),
                 self.python, self.numpy]
-
-
-guard(RNGState.save)
 
 
 def get_rng_state(devices: Any = None, device_type: Any = None, *, python: bool = True,
@@ -416,6 +414,7 @@ def _not_torch_save(f: Any) -> str | None:
 
 
 # -- restoring: check all of it against this process, then set all of it, or nothing -----
+@guard
 def set_rng_state(state: RNGState) -> None:
     """Restore a snapshot: everything it covers, or, on any mismatch or failure, nothing.
 
@@ -453,9 +452,6 @@ def set_rng_state(state: RNGState) -> None:
             restore.apply(undo)
     finally:
         deliver()
-
-
-guard(set_rng_state)
 
 
 class Restore(NamedTuple):

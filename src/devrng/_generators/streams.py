@@ -246,6 +246,7 @@ class RNGStreams:
                                          "streams": streams, "world_size": world_size(),
                                          "rank": process_rank()}, self))))
 
+    @guard
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Replace every stream with those ``RNGStreams.state_dict`` saved.
 
@@ -437,6 +438,7 @@ class StreamFork:
         self._streams, self._name = streams, name
         self._devices, self._device_type = devices, device_type
 
+    @guard
     def __enter__(self) -> None:
         try:
             streams, name = self._streams, self._name
@@ -465,6 +467,7 @@ class StreamFork:
             deliver()
             raise
 
+    @guard
     def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
         # The caller's states are put back on every way out, also when an interrupt lands
         # here (every line is inside the try); the stream keeps what it drew.
@@ -500,8 +503,3 @@ class StreamFork:
                 return fn(*args, **kwargs)
 
         return forked  # type: ignore[return-value]
-
-
-guard(RNGStreams.load_state_dict)
-guard(StreamFork.__enter__)
-guard(StreamFork.__exit__)

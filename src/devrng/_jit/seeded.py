@@ -244,6 +244,7 @@ class SeededFunction(Generic[R]):
         return seal({"format": _FORMAT, "version": _VERSION, "base_seed": self._base_seed,
                      "counter": self._counter})
 
+    @guard
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Continue the seed stream that ``SeededFunction.state_dict`` saved.
 
@@ -273,9 +274,6 @@ class SeededFunction(Generic[R]):
         name = getattr(self._fn, "__qualname__", repr(self._fn))
         return (f"seeded_jit({name}, backend={self._backend!r}, base_seed={self._base_seed}, "
                 f"counter={self._counter}, compile_count={self.compile_count})")
-
-
-guard(SeededFunction.load_state_dict)
 
 
 def _parse_state(state_dict: Any) -> tuple[int, int]:

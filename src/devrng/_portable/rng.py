@@ -180,6 +180,7 @@ class PortableRNG(TorchFunctionMode):
                                   "counter": counter, "world_size": world_size(),
                                   "rank": process_rank()}, self)))
 
+    @guard
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Continue the stream saved by ``state_dict`` (checked first; nothing changes on error).
 
@@ -325,9 +326,6 @@ _FORMAT = "devrng.PortableRNG"
 _VERSION = 2  # 2: with a header and a digest; the dicts without one (devrng <= 0.4) load unchecked
 _KEYS = {"seed", "counter", "world_size", "rank"}
 _OLD_KEYS = ({"seed", "counter"}, {"seed", "counter", "world_size"})
-
-
-guard(PortableRNG.load_state_dict)
 
 
 def _parse(state_dict: Any, source: str | None = None) -> tuple[int, int, int, int]:

@@ -150,6 +150,7 @@ class TrainingRNG:
         True
     """
 
+    @guard
     def __init__(self, seed: int | None = None, *, deterministic: bool = False,
                  per_rank: bool = False, strict: bool = True,
                  flight_record: str | os.PathLike[str] | bool | None = None) -> None:
@@ -419,6 +420,7 @@ class TrainingRNG:
             self._flight.checkpoint(_flight_key(plain))
         return state
 
+    @guard
     def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool | None = None) -> None:
         """Put back everything ``state_dict()`` saved: all of it, or, on any error, nothing.
 
@@ -515,6 +517,7 @@ class TrainingRNG:
         return loading.apply, warning + "."
 
 
+@guard
 def load_training_state(rng: TrainingRNG, state_dict: Mapping[str, Any], *, strict: bool = True,
                         lenient: str = "strict=False") -> None:
     """``rng.load_state_dict(state_dict, strict)``, whose errors name ``lenient`` as the way
@@ -528,11 +531,6 @@ def load_training_state(rng: TrainingRNG, state_dict: Mapping[str, Any], *, stri
             loading.apply(undo)
     finally:
         deliver()
-
-
-guard(TrainingRNG.__init__)
-guard(TrainingRNG.load_state_dict)
-guard(load_training_state)
 
 
 class _Loading:
