@@ -518,3 +518,44 @@ def test_the_guard_check_sees_violations() -> None:
            "guard(g)\n")
     assert guard_problems(bad) == ["line 1: f calls deliver() without @guard",
                                    "line 12: guard(g) (decorate the function)"]
+
+
+# The ranks talk to one another in few places: the per-rank protocol's collectives (a
+# checkpoint's entries), devrng.distributed (what a user asks of a process group) and the
+# trainer integrations' gather. A check of a single process's state never waits for a rank.
+COLLECTIVE_MODULES = {"devrng._generators.ranks.collectives", "devrng.distributed",
+                      "devrng.integrations._per_rank"}
+_COLLECTIVES = {"all_reduce", "all_gather", "all_gather_object", "all_to_all", "barrier",
+                "broadcast", "broadcast_object_list", "gather", "gather_object", "irecv",
+                "isend", "recv", "reduce", "reduce_scatter", "scatter", "scatter_object_list",
+                "send"}
+
+
+def collective_calls(source: str) -> list[str]:
+    """Every call of a ``torch.distributed`` collective in ``source`` (``dist.all_reduce(...)``,
+    ``torch.distributed.send(...)``, ``dist_or_none().all_gather_object(...)``)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and node.func.attr in _COLLECTIVES:
+            owner = ast.unparse(node.func.value)
+            if owner in ("dist", "torch.distributed") or owner.startswith("dist_or_none("):
+                found.append(f"line {node.lineno}: {ast.unparse(node.func)}")
+    return found
+
+
+@pytest.mark.parametrize("name", sorted(set(MODULES) - COLLECTIVE_MODULES))
+def test_collectives_are_called_only_where_ranks_talk(name: str) -> None:
+    bad = collective_calls(MODULES[name])
+    assert not bad, f"{name} calls collectives; keep them in {sorted(COLLECTIVE_MODULES)}: {bad}"
+
+
+def test_the_collective_check_sees_violations() -> None:
+    bad = ("dist.all_reduce(t, op=dist.ReduceOp.MIN)\n"
+           "torch.distributed.send(t, 1)\n"
+           "dist_or_none().all_gather_object(out, obj)\n"
+           "x.broadcast([4])  # an XLA builder's broadcast, not a collective\n"
+           "t.scatter(1, index, 0.0)\n")
+    assert collective_calls(bad) == ["line 1: dist.all_reduce", "line 2: torch.distributed.send",
+                                     "line 3: dist_or_none().all_gather_object"]
+    assert collective_calls(MODULES["devrng._generators.ranks.collectives"])

@@ -102,7 +102,7 @@ def load_planner(**kwargs: Any) -> Any:
         (``thread_count=2``: torch 2.9's single-threaded writer asks any registered
         device module for ``current_stream``, which torchax 0.0.13's lacks.)
     """
-    return load("devrng._training.dcp:Planner", what="devrng.distributed.load_planner")(**kwargs)
+    return load("devrng._generators.ranks.planner:Planner", what="devrng.distributed.load_planner")(**kwargs)
 
 
 # -- seeds ---------------------------------------------------------------------

@@ -22,24 +22,16 @@ from devrng._base.rank import process_rank, world_size
 from devrng._base.seeds import check_seed
 from devrng._base.sigint import deliver, guard
 from devrng._generators.plan import Plan, make_plan
+from devrng._generators.ranks.entries import identity_of, is_ranked, ranked, save_of, stamp
+from devrng._generators.ranks.load import Apply, Facts, Loader, Summary, load_ranked, ranks_text
 from devrng._generators.saved import (
-    Apply,
-    Facts,
-    Summary,
     check_header,
     check_plain,
     count_problem,
     decode,
     encode,
-    identity_of,
-    is_ranked,
-    load_ranked,
-    ranked,
-    ranks_text,
     refusing,
-    save_of,
     seal,
-    stamp,
 )
 from devrng._generators.snapshot import RNGState, parse_state, prepare_restore, snapshot
 from devrng._generators.undo import Undo, read_devices
@@ -287,8 +279,8 @@ class RNGStreams:
                     "fork()."
                 )
             if is_ranked(state_dict):
-                load_ranked(state_dict, owner=self, what="RNGStreams.load_state_dict",
-                            read=_read_entry, facts=_facts, prepare=self._prepare)
+                load_ranked(state_dict, self, Loader("RNGStreams.load_state_dict", _read_entry,
+                                                     _facts, self._prepare))
             else:
                 with refusing("RNGStreams.load_state_dict"):
                     loaded = _parse(state_dict, _check_header(state_dict))

@@ -36,23 +36,9 @@ from devrng._base.lazy import imported, load
 from devrng._base.rank import process_rank, world_size
 from devrng._base.seeds import MASK64, check_counter, check_seed
 from devrng._base.sigint import deliver, guard
-from devrng._generators.saved import (
-    SAVE,
-    SEAL_KEYS,
-    Apply,
-    Facts,
-    Summary,
-    check_header,
-    count_problem,
-    identity_of,
-    is_ranked,
-    load_ranked,
-    ranked,
-    refusing,
-    save_of,
-    seal,
-    stamp,
-)
+from devrng._generators.ranks.entries import SAVE, identity_of, is_ranked, ranked, save_of, stamp
+from devrng._generators.ranks.load import Apply, Facts, Loader, Summary, load_ranked
+from devrng._generators.saved import SEAL_KEYS, check_header, count_problem, refusing, seal
 from devrng._portable import devices, ops, threefry
 from devrng._portable.ops import ENTRIES, Args, Kwargs, Op, aten_entry, entry_name, redispatch
 
@@ -213,8 +199,8 @@ class PortableRNG(TorchFunctionMode):
         """
         try:  # guarded: a Ctrl-C never leaves the stream half set
             if is_ranked(state_dict):
-                load_ranked(state_dict, owner=self, what="PortableRNG.load_state_dict",
-                            read=_read_entry, facts=_facts, prepare=self._prepare)
+                load_ranked(state_dict, self, Loader("PortableRNG.load_state_dict", _read_entry,
+                                                     _facts, self._prepare))
             else:
                 self._stream.set(*_parse(state_dict)[:2])
         finally:

@@ -36,12 +36,18 @@ from devrng._base.seeds import (
     seed_from_environment,
 )
 from devrng._base.sigint import deliver, guard
-from devrng._generators.saved import (
+from devrng._generators.ranks.entries import (
     SAVE,
+    identity_of,
+    is_ranked,
+    nested_state,
+    ranked,
+    save_of,
+    stamp,
+)
+from devrng._generators.ranks.load import Apply, Facts, Loader, Summary, load_ranked, ranks_text
+from devrng._generators.saved import (
     SEAL_KEYS,
-    Apply,
-    Facts,
-    Summary,
     check_cpu_state,
     check_depth,
     check_header,
@@ -51,16 +57,8 @@ from devrng._generators.saved import (
     decode,
     encode,
     fit_devices,
-    identity_of,
-    is_ranked,
-    load_ranked,
-    nested_state,
-    ranked,
-    ranks_text,
     refusing,
-    save_of,
     seal,
-    stamp,
 )
 from devrng._generators.seeding import reseed
 from devrng._generators.snapshot import Restore, get_rng_state, prepare_restore, read_snapshot
@@ -471,9 +469,9 @@ class TrainingRNG:
             strict = self.strict if strict is None else strict
             check_flags(strict=strict)
             if is_ranked(state_dict):
-                load_ranked(state_dict, owner=self, what="TrainingRNG.load_state_dict",
-                            read=_read_entry, facts=_facts,
-                            prepare=lambda plain, summary: self._prepare(plain, summary, strict))
+                load_ranked(state_dict, self, Loader(
+                    "TrainingRNG.load_state_dict", _read_entry, _facts,
+                    functools.partial(self._prepare, strict=strict)))
                 return
             load_training_state(self, state_dict, strict=strict)
         finally:
