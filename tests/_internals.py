@@ -62,7 +62,7 @@ _PRIVATE: dict[str, tuple[str, str | None]] = {
     # Every setting deterministic() touches, read to check that it restores all of them.
     "current_settings": ("devrng._training.determinism", "current_settings"),
     # Worker seeds over workers x epochs x ranks, and the worker_init_fn's own type.
-    "worker_seeds": ("devrng._training.workers", "worker_seeds"),
+    "worker_seeds": ("devrng._base.seeds", "worker_seeds"),
     "WorkerSeeding": ("devrng._training.workers", "WorkerSeeding"),
     # What a checkpoint records of a loader, compared field by field.
     "describe_loader": ("devrng._training.loaders", "describe"),

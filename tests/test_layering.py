@@ -559,3 +559,64 @@ def test_the_collective_check_sees_violations() -> None:
     assert collective_calls(bad) == ["line 1: dist.all_reduce", "line 2: torch.distributed.send",
                                      "line 3: dist_or_none().all_gather_object"]
     assert collective_calls(MODULES["devrng._generators.ranks.collectives"])
+
+
+# Every seed devrng derives is one named function of devrng._base.seeds (a resume depends on
+# each being the same forever): other modules call the derivation by its name, never the mixer.
+SEEDS_MODULE = "devrng._base.seeds"
+_MIXERS = {"mix64", "splitmix64", "nth_seed"}
+
+
+def mixer_calls(source: str) -> list[str]:
+    """Every call of SplitMix64's functions in ``source``."""
+    return [f"line {node.lineno}: {ast.unparse(node)}" for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.Call) and ast.unparse(node.func).split(".")[-1] in _MIXERS]
+
+
+@pytest.mark.parametrize("name", sorted(m for m in MODULES if m != SEEDS_MODULE))
+def test_seeds_are_derived_by_name_in_one_module(name: str) -> None:
+    bad = mixer_calls(MODULES[name])
+    assert not bad, f"{name} derives a seed itself; name the derivation in {SEEDS_MODULE}: {bad}"
+
+
+def test_the_derivation_check_sees_violations() -> None:
+    bad = ("seed = nth_seed(base ^ KEPT, epoch)\n"
+           "h = seeds.splitmix64(x)\n"
+           "ok = loader_seed(seed, 0)\n")
+    assert mixer_calls(bad) == ["line 1: nth_seed(base ^ KEPT, epoch)",
+                                "line 2: seeds.splitmix64(x)"]
+    assert mixer_calls(MODULES[SEEDS_MODULE])
+
+
+# What a rank is (an int of 0 or more) is read in one function, in one wording
+# (devrng._base.rank.count_problem): no other module words a rank's range itself.
+_RANK_RANGE = re.compile(r"\brank\b[^.;]*\b(an int|0 or more|out of range|non-negative)", re.I)
+
+
+def rank_range_sentences(source: str) -> list[str]:
+    """String constants (f-string parts too, docstrings aside) in ``source`` that say what
+    range a rank has."""
+    tree = ast.parse(source)
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef,
+                                       ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr)
+                  and isinstance(node.body[0].value, ast.Constant)}
+    return [f"line {node.lineno}: {node.value!r}" for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str)
+            and id(node) not in docstrings and _RANK_RANGE.search(node.value)]
+
+
+@pytest.mark.parametrize("name", sorted(m for m in MODULES if m != RANK_MODULE))
+def test_a_ranks_range_is_worded_in_one_place(name: str) -> None:
+    bad = rank_range_sentences(MODULES[name])
+    assert not bad, f"{name} words a rank's range itself; use {RANK_MODULE}.check_rank: {bad}"
+
+
+def test_the_rank_range_check_sees_violations() -> None:
+    bad = ('def f(rank):\n'
+           '    """A rank is an int of 0 or more (a docstring may say so)."""\n'
+           '    raise ValueError(f"rank={rank} is out of range; a rank is an int of 0 or more.")\n'
+           'x = "the saved world size is 0"\n')
+    assert rank_range_sentences(bad) == [
+        "line 3: ' is out of range; a rank is an int of 0 or more.'"]

@@ -919,11 +919,11 @@ def test_state_dict_round_trip_continues_the_stream() -> None:
     ({"seed": 1.5, "counter": 0}, r"state_dict\['seed'\] must be an int"),
     ({"seed": 1, "counter": -1}, r"state_dict\['counter'\] must be an int in \[0, 2\*\*63\), not -1"),
     ({"seed": 1, "counter": True}, r"state_dict\['counter'\] must be an int"),
-    ({"seed": 1, "counter": 0, "world_size": [[[[2]]]]}, r"'world_size' is \[\[\[\[...\]\]\]\], not "
-                                                         "an int of 1 or more"),
+    ({"seed": 1, "counter": 0, "world_size": [[[[2]]]]},
+     r"the saved world size is \[\[\[\[...\]\]\]\], not an int of 1 or more"),
     ({"seed": 1, "counter": 0, "world_size": torch.ones(10**6)},
-     r"'world_size' is <a torch.float32 tensor of shape \(1000000,\)>"),
-    ({"seed": 1, "counter": 0, "world_size": 0}, "'world_size' is 0"),
+     r"the saved world size is <a torch.float32 tensor of shape \(1000000,\)>"),
+    ({"seed": 1, "counter": 0, "world_size": 0}, "the saved world size is 0"),
 ])
 def test_bad_state_dict_is_refused_and_changes_nothing(state: Any, match: str) -> None:
     rng = devrng.portable(4)

@@ -3,7 +3,7 @@
 Every state devrng reads back -- a snapshot, a ``TrainingRNG``, ``RNGStreams``
 or ``PortableRNG`` checkpoint, a ``seeded_jit`` function's state, a rank's
 broadcast -- is checked here before anything changes: its header and its digest
-(``check_header``: every saved form is ``seal``-ed with the devrng version that
+(``check_saved``: every saved form is ``seal``-ed with the devrng version that
 wrote it and a SHA-256 of its exact content, so a flipped bit, a partial copy or
 an edit is refused, never read as another state); that it is plain data a
 weights-only file holds, of plausible size and nesting (``check_loaded``); that
@@ -44,16 +44,17 @@ from devrng._backends.registry import (
 )
 from devrng._base.errors import DevRNGError, short_repr
 from devrng._base.plain import exact_bytes
+from devrng._base.rank import count_problem
 from devrng._base.seeds import MASK64
 from devrng._base.sigint import deliver, guard
 from devrng._base.version import VERSION
 from devrng._generators.undo import DeviceState
 
-__all__ = ["DIGEST", "MAX_RANKS", "MAX_STATE_BYTES", "SEAL_KEYS", "WRITER", "Fit",
-           "check_cpu_state", "check_depth", "check_device_states", "check_header",
-           "check_host_parts", "check_loaded", "check_numpy_state", "check_plain",
-           "check_python_state", "count_problem", "cpu_state_numel", "decode", "describe",
-           "encode", "fit_devices", "parse_parts", "refusing", "seal", "signature"]
+__all__ = ["DIGEST", "MAX_STATE_BYTES", "SEAL_KEYS", "WRITER", "Fit", "SavedForm",
+           "check_cpu_state", "check_depth", "check_device_states", "check_host_parts",
+           "check_loaded", "check_numpy_state", "check_plain", "check_python_state",
+           "check_saved", "cpu_state_numel", "decode", "describe", "encode", "fit_devices",
+           "parse_parts", "read_saved", "recorded_counts", "refusing", "seal", "signature"]
 
 
 # -- what a saved state may hold -------------------------------------------------------------
@@ -121,25 +122,6 @@ def check_loaded(state: Any, what: str) -> None:
                 )
 
 
-#: No job has this many ranks: a saved rank or world size this large is junk.
-MAX_RANKS = 1 << 32
-
-
-def count_problem(value: Any, low: int) -> str | None:
-    """What is wrong with a rank (``low`` 0) or world size (``low`` 1) a saved state records,
-    as words that follow its name ("is -1, not an int of 0 or more"), or None.
-
-    Examples:
-        >>> count_problem([[2]], 1)
-        'is [[2]], not an int of 1 or more'
-    """
-    if type(value) is not int or value < low:
-        return f"is {short_repr(value)}, not an int of {low} or more"
-    if value >= MAX_RANKS:
-        return f"is {short_repr(value)}, more ranks than any job has"
-    return None
-
-
 @contextmanager
 def refusing(what: str) -> Iterator[None]:
     """Turn any failure inside but an interrupt into one ``DevRNGError`` sentence: a hostile
@@ -172,7 +154,7 @@ _HEX = re.compile(r"[0-9a-f]{64}")
 def seal(data: Mapping[str, Any]) -> dict[str, Any]:
     """``data`` -- a saved state's plain dict, its ``format`` and ``version`` included --
     with the devrng version writing it and a SHA-256 digest of all of that, which
-    ``check_header`` verifies before anything of it is read. Every saved form is sealed
+    ``check_saved`` verifies before anything of it is read. Every saved form is sealed
     here, so a key added to a state later is covered without a word about it.
 
     Examples:
@@ -212,26 +194,88 @@ def _stand_in(data: Mapping[Any, Any]) -> bytes | None:
     return None if digest is None else b"D" + exact_bytes(digest, max_depth=0)
 
 
-def check_header(data: Any, *, tag: str, versions: Collection[int], sealed_since: int,
-                 what: str, made_by: str, source: str | None = None,
-                 covered: bool = False) -> int:
-    """The version of a saved state tagged ``tag`` (``{"format": tag, "version": v, ...}``),
-    once its digest is verified; or one ``DevRNGError`` sentence naming what ``data`` is
-    instead. Every load of a saved form reads its header here, before anything is
-    applied. ``source`` names a file or entry ``data`` came from.
-
-    Versions from ``sealed_since`` on carry a digest (``seal``) and are refused without
-    one; older versions load unchecked, unless they hold a digest (then it is verified:
-    a version changed by a flipped bit does not turn the check off). ``covered``: ``data``
-    is part of a state whose digest was verified (a snapshot inside a ``TrainingRNG``
-    state), so it carries none of its own.
+class SavedForm(NamedTuple):
+    """One saved form: the header ``check_saved`` reads it by, and the words of its errors.
 
     Examples:
-        >>> state = seal({"format": "devrng.RNGState", "version": 2})
-        >>> check_header(state, tag="devrng.RNGState", versions=(1, 2), sealed_since=2,
-        ...              what="RNGState.from_dict", made_by="RNGState.to_dict()")
+        >>> form = SavedForm("devrng.RNGState", (1, 2), 2, "RNGState", "RNGState.to_dict()")
+        >>> form.version                     # the one this devrng writes
         2
     """
+
+    tag: str  #: its format tag (``"devrng.TrainingRNG"``)
+    versions: tuple[int, ...]  #: the versions this devrng reads, the one it writes last
+    sealed_since: int  #: the first version that carries a digest (``seal``)
+    what: str  #: what reads it, for messages (``"TrainingRNG.load_state_dict"``)
+    made_by: str  #: what writes it, for messages (``"TrainingRNG.state_dict()"``)
+
+    @property
+    def version(self) -> int:
+        """The version this devrng writes."""
+        return self.versions[-1]
+
+
+def check_saved(data: Any, form: SavedForm, *, source: str | None = None,
+                covered: bool = False, own: Collection[str] = ()) -> int:
+    """The version of a saved state of ``form``, once all of it is checked and before any
+    of it is read; or one ``DevRNGError`` sentence. Every load of a saved form is checked
+    here: its header (format tag and version), the world size and rank it records
+    (``recorded_counts``), its nesting, its digest, and the size of all of it (plain data
+    a weights-only file holds: ``check_loaded``). ``source`` names a file or entry ``data`` came
+    from; ``own``: keys whose values are other objects' states (a ``TrainingRNG``'s tracked
+    objects), whose nesting alone is checked here (their owners check the rest).
+
+    Versions from ``form.sealed_since`` on carry a digest (``seal``) and are refused
+    without one; older versions load unchecked, unless they hold a digest (then it is
+    verified: a version changed by a flipped bit does not turn the check off).
+    ``covered``: ``data`` is part of a state whose digest was verified (a snapshot inside
+    a ``TrainingRNG`` state), so it carries none of its own.
+
+    Examples:
+        >>> form = SavedForm("devrng.RNGState", (1, 2), 2, "RNGState.from_dict",
+        ...                  "RNGState.to_dict()")
+        >>> check_saved(seal({"format": "devrng.RNGState", "version": 2}), form)
+        2
+    """
+    version = _check_header(data, form, source)
+    recorded_counts(data, form.what)
+    where = source or f"{form.what}: the state"
+    check_depth(data, where)  # before anything walks it further: a hostile nesting is refused
+    if not covered and (version >= form.sealed_since or DIGEST in data):
+        _verify(data, version, f"{form.what}: {source or 'the state'}")
+    check_loaded({k: v for k, v in data.items() if k not in own} if own else data, where)
+    return version
+
+
+def read_saved(payload: Any, source: str, *, form: SavedForm) -> Any:
+    """The plain state in ``payload``, the bytes of a saved state of ``form`` (``encode``: a
+    rank's entry), read weights-only (``decode``) and checked whole (``check_saved``)."""
+    plain = decode(payload, f"{form.what}: {source}")
+    check_saved(plain, form, source=source)
+    return plain
+
+
+def recorded_counts(data: Mapping[str, Any], what: str) -> tuple[int, int]:
+    """The world size and rank a saved state records (-1 where it records none), or one
+    ``DevRNGError`` sentence saying what is wrong with one (``count_problem``).
+
+    Examples:
+        >>> recorded_counts({"world_size": 2, "rank": 1}, "RNGStreams.load_state_dict")
+        (2, 1)
+    """
+    counts = []
+    for key, name, low in (("world_size", "world size", 1), ("rank", "rank", 0)):
+        value = data.get(key, -1)
+        if key in data and (problem := count_problem(value, low)) is not None:
+            raise DevRNGError(f"{what}: the saved {name} {problem}.")
+        counts.append(int(value))
+    return counts[0], counts[1]
+
+
+def _check_header(data: Any, form: SavedForm, source: str | None) -> int:
+    """The version of a saved state tagged ``form.tag``, or a ``DevRNGError`` sentence naming
+    what ``data`` is instead."""
+    tag, what, made_by = form.tag, form.what, form.made_by
     tagged = data.get("format") if isinstance(data, Mapping) else None
     if not (type(tagged) is str and tagged == tag):
         got = (f"its format tag is {short_repr(data.get('format'))}, not {tag!r}"
@@ -242,13 +286,11 @@ def check_header(data: Any, *, tag: str, versions: Collection[int], sealed_since
                               f"with {made_by}.")
         raise DevRNGError(f"{what} takes the dict that {made_by} returns; {got}.")
     version = data.get("version")
-    if type(version) is not int or version not in versions:
-        known = sorted(versions)
+    if type(version) is not int or version not in form.versions:
+        known = sorted(form.versions)
         raise DevRNGError(f"{what}: {source or 'the state'} is version {short_repr(version)}; "
                           f"this devrng reads version{'s' if len(known) > 1 else ''} "
                           f"{', '.join(map(str, known))}.")
-    if not covered and (version >= sealed_since or DIGEST in data):
-        _verify(data, version, f"{what}: {source or 'the state'}")
     return version
 
 

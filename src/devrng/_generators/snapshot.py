@@ -29,11 +29,11 @@ from devrng._base.sigint import deliver, guard
 from devrng._generators.plan import make_plan
 from devrng._generators.saved import (
     Fit,
-    check_depth,
+    SavedForm,
     check_device_states,
-    check_header,
     check_host_parts,
     check_plain,
+    check_saved,
     encode,
     parse_parts,
     seal,
@@ -43,8 +43,9 @@ from devrng._generators.undo import DeviceState, Undo, read_devices
 __all__ = ["RNGState", "Restore", "check_host", "get_rng_state", "parse_state", "plain_snapshot",
            "prepare_restore", "read_snapshot", "set_rng_state", "snapshot", "with_devices"]
 
-_FORMAT = "devrng.RNGState"
-_VERSION = 2  # 2: sealed (a digest of the content, checked on load); 1 (devrng <= 0.4) loads unchecked
+# 2: sealed (a digest of the content, checked on load); 1 (devrng <= 0.4) loads unchecked
+_FORM = SavedForm("devrng.RNGState", (1, 2), 2, "RNGState",
+                  "RNGState.save or RNGState.to_dict()")
 _NO_DEVICES: Mapping[str, Mapping[int, Any]] = MappingProxyType({})
 
 
@@ -310,8 +311,8 @@ def plain_snapshot(state: RNGState) -> dict[str, Any]:
     """``state.to_dict()`` without the keys ``seal`` adds: for a state that holds a snapshot
     under a digest of its own (``TrainingRNG``), read back with ``read_snapshot(covered=True)``."""
     data: dict[str, Any] = {
-        "format": _FORMAT,
-        "version": _VERSION,
+        "format": _FORM.tag,
+        "version": _FORM.version,
         "torch": str(torch.__version__),
         "cpu": state.cpu,
         "devices": {t: dict(per) for t, per in state.devices.items()},
@@ -335,13 +336,10 @@ def plain_snapshot(state: RNGState) -> dict[str, Any]:
 
 def read_snapshot(data: Any, *, source: str, covered: bool = False) -> RNGState:
     """``RNGState.from_dict``; ``covered``: ``data`` is part of a state whose digest was
-    verified, so it carries none of its own (``check_header``)."""
-    check_depth(data, source)  # before anything walks it: a hostile nesting is refused
+    verified, so it carries none of its own (``check_saved``)."""
     try:
         # ``source`` names where the data came from: a file, a TrainingRNG state, a broadcast.
-        check_header(data, tag=_FORMAT, versions=(1, _VERSION), sealed_since=2, what="RNGState",
-                     made_by="RNGState.save or RNGState.to_dict()", source=source,
-                     covered=covered)
+        check_saved(data, _FORM, source=source, covered=covered)
         return parse_state(data["cpu"], data["devices"], data["python"], data["numpy"])
     except (DevRNGError, KeyboardInterrupt, SystemExit):
         raise

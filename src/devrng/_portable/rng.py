@@ -36,9 +36,16 @@ from devrng._base.lazy import imported, load
 from devrng._base.rank import process_rank, world_size
 from devrng._base.seeds import MASK64, check_counter, check_seed
 from devrng._base.sigint import deliver, guard
-from devrng._generators.ranks.entries import SAVE, identity_of, is_ranked, ranked, save_of, stamp
-from devrng._generators.ranks.load import Apply, Facts, Loader, Summary, load_ranked
-from devrng._generators.saved import SEAL_KEYS, check_header, count_problem, refusing, seal
+from devrng._generators.ranks.entries import SAVE, is_ranked, ranked, stamp
+from devrng._generators.ranks.load import Apply, Loader, Summary, load_ranked
+from devrng._generators.saved import (
+    SEAL_KEYS,
+    SavedForm,
+    check_saved,
+    recorded_counts,
+    refusing,
+    seal,
+)
 from devrng._portable import devices, ops, threefry
 from devrng._portable.ops import ENTRIES, Args, Kwargs, Op, aten_entry, entry_name, redispatch
 
@@ -162,7 +169,7 @@ class PortableRNG(TorchFunctionMode):
             (3, 2, 1)
         """
         seed, counter = self._stream.get()
-        return ranked(seal(stamp({"format": _FORMAT, "version": _VERSION, "seed": seed,
+        return ranked(seal(stamp({"format": _FORM.tag, "version": _FORM.version, "seed": seed,
                                   "counter": counter, "world_size": world_size(),
                                   "rank": process_rank()}, self)))
 
@@ -199,18 +206,17 @@ class PortableRNG(TorchFunctionMode):
         """
         try:  # guarded: a Ctrl-C never leaves the stream half set
             if is_ranked(state_dict):
-                load_ranked(state_dict, self, Loader("PortableRNG.load_state_dict", _read_entry,
-                                                     _facts, self._prepare))
+                load_ranked(state_dict, self, Loader(_FORM.what, _checked_entry,
+                                                     ("seed", "counter"), self._prepare))
             else:
-                self._stream.set(*_parse(state_dict)[:2])
+                self._stream.set(*_read_stream(state_dict))
         finally:
             deliver()
 
-    def _prepare(self, plain: tuple[int, int, int, int], summary: Summary
-                 ) -> tuple[Apply, str | None]:
+    def _prepare(self, plain: Mapping[str, Any], summary: Summary) -> tuple[Apply, str | None]:
         """Check one rank's stream in a load of all ranks; the change to make."""
-        what = "PortableRNG.load_state_dict"
-        seed, counter = plain[:2]
+        what = _FORM.what
+        seed, counter = int(plain["seed"]), int(plain["counter"])  # (checked when read)
         if seed != self.seed and summary.world > 1:
             whose = (f"rank {summary.source}'s, at this rank's place in the saved layout, "
                      if summary.borrowed else "")
@@ -308,25 +314,26 @@ class PortableRNG(TorchFunctionMode):
                 UserWarning, stacklevel=4)
 
 
-_FORMAT = "devrng.PortableRNG"
-_VERSION = 2  # 2: with a header and a digest; the dicts without one (devrng <= 0.4) load unchecked
+# 2: with a header and a digest; the dicts without one (devrng <= 0.4) load unchecked
+_FORM = SavedForm("devrng.PortableRNG", (2,), 2, "PortableRNG.load_state_dict",
+                  "PortableRNG.state_dict()")
 _KEYS = {"seed", "counter", "world_size", "rank"}
 _OLD_KEYS = ({"seed", "counter"}, {"seed", "counter", "world_size"})
 
 
-def _parse(state_dict: Any, source: str | None = None) -> tuple[int, int, int, int]:
-    """Seed, counter, and the world size and rank recorded (-1: none) of a saved stream,
-    its digest checked if it has a header; or a ``DevRNGError`` sentence."""
-    with refusing("PortableRNG.load_state_dict"):
-        return _parse_checked(state_dict, source)
+def _read_stream(state_dict: Any, source: str | None = None) -> tuple[int, int]:
+    """Seed and counter of a saved stream, checked whole (its header and digest where it has
+    a header: ``check_saved``; the world size and rank it records); or a ``DevRNGError``
+    sentence."""
+    with refusing(_FORM.what):
+        return _checked_stream(state_dict, source)
 
 
-def _parse_checked(state_dict: Any, source: str | None) -> tuple[int, int, int, int]:
-    what = "PortableRNG.load_state_dict"
+def _checked_stream(state_dict: Any, source: str | None) -> tuple[int, int]:
+    what = _FORM.what
     keys = set(state_dict) if isinstance(state_dict, Mapping) else None
     if keys is not None and "format" in keys:
-        check_header(state_dict, tag=_FORMAT, versions=(_VERSION,), sealed_since=_VERSION,
-                     what=what, made_by="PortableRNG.state_dict()", source=source)
+        check_saved(state_dict, _FORM, source=source)
         keys -= {"format", "version", SAVE, *SEAL_KEYS}
         expected: Any = (_KEYS,)
     else:
@@ -344,24 +351,14 @@ def _parse_checked(state_dict: Any, source: str | None) -> tuple[int, int, int, 
         counter = check_counter(state_dict["counter"], "state_dict['counter']")
     except (TypeError, ValueError) as err:
         raise DevRNGError(f"{where}: {err}") from None
-    recorded = []
-    for key, low in (("world_size", 1), ("rank", 0)):
-        problem = count_problem(state_dict.get(key), low) if key in state_dict else None
-        if problem is not None:
-            raise DevRNGError(f"{where}: its {key!r} {problem}.")
-        recorded.append(state_dict.get(key, -1))
-    return seed, counter, recorded[0], recorded[1]
+    recorded_counts(state_dict, what)  # (checked already under a header)
+    return seed, counter
 
 
-def _read_entry(entry: Any, source: str) -> tuple[int, int, int, int, int]:
-    """Seed, counter, the world size and rank recorded (-1: none) and the save identity (0:
-    none) of one rank's entry."""
-    return (*_parse(entry, source),
-            save_of(entry, f"PortableRNG.load_state_dict: {source}"))
-
-
-def _facts(plain: tuple[int, int, int, int, int]) -> Facts:
-    return Facts(plain[2], identity_of(list(plain[:2])), plain[3], plain[4])
+def _checked_entry(entry: Any, source: str) -> Any:
+    """One rank's entry, checked whole (``_read_stream``)."""
+    _read_stream(entry, source)
+    return entry
 
 
 def portable(seed: int | None = None, *, strict: bool = True) -> PortableRNG:

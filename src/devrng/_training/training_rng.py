@@ -42,21 +42,18 @@ from devrng._generators.ranks.entries import (
     is_ranked,
     nested_state,
     ranked,
-    save_of,
     stamp,
 )
-from devrng._generators.ranks.load import Apply, Facts, Loader, Summary, load_ranked, ranks_text
+from devrng._generators.ranks.load import Apply, Loader, Summary, load_ranked, ranks_text
 from devrng._generators.saved import (
     SEAL_KEYS,
+    SavedForm,
     check_cpu_state,
-    check_depth,
-    check_header,
-    check_loaded,
     check_plain,
-    count_problem,
-    decode,
+    check_saved,
     encode,
     fit_devices,
+    read_saved,
     refusing,
     seal,
 )
@@ -85,9 +82,9 @@ from devrng._training.workers import dataloader_kwargs
 __all__ = ["TrainingRNG", "generator_states", "load_training_state", "set_generator_states",
            "start_flight_record", "tracked_loaders"]
 
-_FORMAT = "devrng.TrainingRNG"
-_VERSION = 3
-_SEALED_SINCE = 3  # version 3 carries a digest of its content; 1 and 2 load unchecked
+# Version 3 carries a digest of its content; 1 and 2 load unchecked.
+_FORM = SavedForm("devrng.TrainingRNG", (1, 2, 3), 3, "TrainingRNG.load_state_dict",
+                  "TrainingRNG.state_dict()")
 _KEYS = frozenset({"format", "version", "seed", "rank", "world_size", "rng", "generators",
                    "tracked", "loaders"})
 # Version 1 (devrng 0.1) has no loader records; 3 (devrng 0.4) is sealed (``seal``).
@@ -399,8 +396,8 @@ class TrainingRNG:
             check_plain(state, f"the state of the tracked object {name!r}")
             tracked[name] = state
         plain = {
-            "format": _FORMAT,
-            "version": _VERSION,
+            "format": _FORM.tag,
+            "version": _FORM.version,
             "seed": self._seed,
             "rank": process_rank(),
             "world_size": world_size(),
@@ -470,7 +467,7 @@ class TrainingRNG:
             check_flags(strict=strict)
             if is_ranked(state_dict):
                 load_ranked(state_dict, self, Loader(
-                    "TrainingRNG.load_state_dict", _read_entry, _facts,
+                    _FORM.what, functools.partial(read_saved, form=_FORM), ("seed",),
                     functools.partial(self._prepare, strict=strict)))
                 return
             load_training_state(self, state_dict, strict=strict)
@@ -493,8 +490,9 @@ class TrainingRNG:
                 f"{'has' if missing[0] == missing[1] else 'have'} none. Make the "
                 "TrainingRNG with strict=False to resume with those ranks' generators seeded "
                 "afresh (with a warning).")
-        # Checks everything, changes nothing (the header was checked when the entry was read).
-        loading = _Loading(self, plain, strict, _LENIENT, header_checked=True)
+        # Checks everything against this process, changes nothing (the entry was checked
+        # whole when it was read).
+        loading = _Loading(self, plain, strict, _LENIENT)
         if self._seed_chosen and loading.seed != self._seed and summary.world > 1:
             problem = (f"this TrainingRNG was made with seed {self._seed} and the checkpoint's "
                        f"run used seed {loading.seed}")
@@ -523,28 +521,30 @@ def load_training_state(rng: TrainingRNG, state_dict: Mapping[str, Any], *, stri
     integrations': ``DevRNGCallback(strict=False)``, ...)."""
     try:
         check_flags(strict=strict)
-        with refusing("TrainingRNG.load_state_dict"):  # checks everything, changes nothing
+        with refusing(_FORM.what):  # check, then prepare: nothing changes yet
+            check_saved(state_dict, _FORM, own=("tracked",))
             loading = _Loading(rng, state_dict, strict, lenient)
-        with Undo("TrainingRNG.load_state_dict") as undo:
+        with Undo(_FORM.what) as undo:  # apply; any failure undoes it all
             loading.apply(undo)
     finally:
         deliver()
 
 
 class _Loading:
-    """One ``load_state_dict`` call: ``__init__`` checks everything that needs no change
-    (first the dict's own layout, then each part by the module that owns it); ``apply``
-    makes every change, each pushed on an undo stack first, then warns of what was not
-    restored and of what will not be exact."""
+    """One ``load_state_dict`` call, once its state was checked whole (``check_saved``):
+    ``__init__`` prepares it, checking every part against this process without changing
+    anything (first the dict's own layout, then each part by the module that owns it);
+    ``apply`` makes every change, each pushed on an undo stack first, then warns of what
+    was not restored and of what will not be exact."""
 
     def __init__(self, rng: TrainingRNG, data: Mapping[str, Any], strict: bool,
-                 lenient: str, *, header_checked: bool = False) -> None:
+                 lenient: str) -> None:
         self.rng = rng
         self.strict = strict
         self.skipped: list[str] = []
         self.hint = "" if not strict else (
             f" Pass {lenient} to resume anyway with a warning listing what was not restored.")
-        self._check_format(data, header_checked)
+        self._check_keys(data)
         self.same_rank = self._check_rank(data)
         self._check_names("generators", data["generators"], rng._generators)
         self._check_names("tracked objects", data["tracked"], rng._tracked)
@@ -562,7 +562,7 @@ class _Loading:
                             else rank_seed(self.seed, rank))
         # A sealed state's digest, verified above, covers its snapshot: not verified again.
         state = read_snapshot(data["rng"], source="the saved global RNG state",
-                              covered=data["version"] >= _SEALED_SINCE)
+                              covered=data["version"] >= _FORM.sealed_since)
         for name, saved in self.generators.items():
             if name in rng._generators:
                 try:
@@ -591,17 +591,9 @@ class _Loading:
         return DevRNGError(f"TrainingRNG.load_state_dict: {problem}.{self.hint}")
 
     # -- check ----------------------------------------------------------------------
-    def _check_format(self, data: Any, header_checked: bool) -> None:
-        version = data["version"] if header_checked else _check_header(data)
+    def _check_keys(self, data: Mapping[str, Any]) -> None:
+        version = data["version"]
         expected = _KEYS_OF[version] | (set(data) & _OPTIONAL_OF[version])
-        # Bounded before anything reads it: a small file can nest thousands deep or hold a
-        # tensor claiming gigabytes (stride 0). Tracked objects' states are their own
-        # business, only their nesting is bounded. (An entry was bounded, all of it, when
-        # it was read: ``decode``.)
-        if not header_checked:
-            check_loaded({k: v for k, v in data.items() if k != "tracked"},
-                         "TrainingRNG.load_state_dict: the state")
-            check_depth(data.get("tracked"), "TrainingRNG.load_state_dict: the tracked states")
         keys = set(data) - _OPTIONAL
         if keys != expected:
             extra = sorted(map(short_repr, keys - expected))
@@ -614,11 +606,7 @@ class _Loading:
 
     def _check_rank(self, data: Mapping[str, Any]) -> bool:
         """Whether ``data`` was saved by this rank (with ``strict``: and world size)."""
-        saved_rank, saved_world = data["rank"], data["world_size"]
-        for what, value, low in (("world size", saved_world, 1), ("rank", saved_rank, 0)):
-            problem = count_problem(value, low)
-            if problem is not None:
-                raise DevRNGError(f"TrainingRNG.load_state_dict: the saved {what} {problem}.")
+        saved_rank, saved_world = data["rank"], data["world_size"]  # (checked: check_saved)
         if saved_rank >= saved_world:
             raise DevRNGError(f"TrainingRNG.load_state_dict: the saved rank {saved_rank} is not "
                               f"a rank of the saved world size {saved_world}.")
@@ -750,29 +738,6 @@ class _Loading:
                        stacklevel=4)
         if rng._flight is not None:  # the steps from here are compared with the saved run's
             rng._flight.resume(self.key)
-
-
-def _check_header(data: Any, source: str | None = None) -> int:
-    """The version of a saved TrainingRNG state, its digest verified (``check_header``)."""
-    return check_header(data, tag=_FORMAT, versions=_KEYS_OF, sealed_since=_SEALED_SINCE,
-                        what="TrainingRNG.load_state_dict", made_by="TrainingRNG.state_dict()",
-                        source=source)
-
-
-def _read_entry(entry: Any, source: str) -> Any:
-    plain = decode(entry, f"TrainingRNG.load_state_dict: {source}")
-    _check_header(plain, source)
-    return plain
-
-
-def _facts(plain: Mapping[str, Any]) -> Facts:
-    """The world size and rank a plain state records (-1: none), its run's seed, hashed,
-    and its save identity."""
-    world: Any = plain.get("world_size")
-    rank: Any = plain.get("rank")
-    return Facts(world if count_problem(world, 1) is None else -1,
-                 identity_of(plain.get("seed")), rank if count_problem(rank, 0) is None else -1,
-                 save_of(plain, "TrainingRNG.load_state_dict: its entry"))
 
 
 def start_flight_record(rng: TrainingRNG, directory: str, *, hooked: bool = False,

@@ -28,14 +28,16 @@ from devrng._generators.ranks.collectives import fail_everywhere, reduce_min, se
 from devrng._generators.ranks.entries import (
     PREFIX,
     entry_rank,
+    identity_of,
     is_ranked,
     latest_save,
+    save_of,
     save_text,
 )
-from devrng._generators.saved import decode, encode, refusing
+from devrng._generators.saved import decode, encode, recorded_counts, refusing
 from devrng._generators.undo import Undo
 
-__all__ = ["Apply", "Facts", "Loader", "Summary", "load_ranked", "ranks_text"]
+__all__ = ["Apply", "Loader", "Summary", "load_ranked", "ranks_text"]
 
 _NONE = 1 << 62  # "nothing" in the vectors the ranks reduce with MIN
 
@@ -48,7 +50,7 @@ class Facts(NamedTuple):
     """What the ranks compare of their entries before any of them loads (-1: not recorded)."""
 
     world: int  #: the world size the entry records
-    identity: int  #: a hash of what must be alike on every rank (``identity_of``)
+    identity: int  #: a hash of what must be alike on every rank (``Loader.alike``)
     rank: int  #: the rank that saved the entry
     save: int  #: the save identity (``save_of``; 0: an older devrng's entry)
 
@@ -70,20 +72,28 @@ class Loader(NamedTuple):
     """How one kind of devrng object loads its rank's entry: the whole contract between it and
     ``load_ranked``, which runs these steps on every rank between its collectives.
 
-    Each step raises ``DevRNGError`` for what it refuses, and none changes anything: the
-    change is ``prepare``'s result, which ``load_ranked`` applies once every rank agreed.
+    ``read`` and ``prepare`` raise ``DevRNGError`` for what they refuse, and neither changes
+    anything: the change is ``prepare``'s result, applied once every rank agreed.
     """
 
     what: str  #: the caller, for messages (``"RNGStreams.load_state_dict"``)
-    #: The entry and what it is in words (``"the entry 'devrng_rank_1'"``) to its plain state,
-    #: its header and digest checked (``check_header``).
-    read: Callable[[Any, str], Any]
-    #: What a plain state records (``Facts``); an entry saved by another rank than its key
-    #: names was moved there (swapped entries) and is refused.
-    facts: Callable[[Any], Facts]
+    #: The entry and what it is in words (``"the entry 'devrng_rank_1'"``) to its plain state
+    #: (a dict), checked whole (``check_saved``).
+    read: Callable[[Any, str], Mapping[str, Any]]
+    #: The keys of what must be alike in every rank's plain state (the run's seed).
+    alike: tuple[str, ...]
     #: Checks a plain state (this rank's own, or the lowest rank's if this rank has none)
     #: against this process; the change, and a warning for every rank.
     prepare: Callable[[Any, Summary], tuple[Apply, str | None]]
+
+
+def _facts(plain: Mapping[str, Any], loader: Loader) -> Facts:
+    """What the ranks compare of a plain state: the world size and rank it records, a hash of
+    what must be alike, and its save identity. (An entry saved by another rank than its key
+    names was moved there: swapped entries, refused.)"""
+    world, rank = recorded_counts(plain, loader.what)
+    return Facts(world, identity_of([plain.get(key) for key in loader.alike]), rank,
+                 save_of(plain, f"{loader.what}: its entry"))
 
 
 def ranks_text(low: int, high: int) -> str:
@@ -149,7 +159,7 @@ def _agree(state_dict: Mapping[str, Any], owner: Any, loader: Loader,
         try:  # (another rank's entry, from a file of its own, is the object's to judge)
             with refusing(what):
                 plain = loader.read(entry, f"the entry {key!r}")
-                recorded = loader.facts(plain)
+                recorded = _facts(plain, loader)
             saved_world, fingerprint, save = recorded.world, recorded.identity, recorded.save
             _check_key(key, recorded.rank, what)
             saved_world = _NONE if saved_world < 0 else saved_world
