@@ -220,8 +220,8 @@ def check_saved(data: Any, form: SavedForm, *, source: str | None = None,
     """The version of a saved state of ``form``, once all of it is checked and before any
     of it is read; or one ``DevRNGError`` sentence. Every load of a saved form is checked
     here: its header (format tag and version), the world size and rank it records
-    (``recorded_counts``), its nesting, its digest, and the size of all of it (plain data
-    a weights-only file holds: ``check_loaded``). ``source`` names a file or entry ``data`` came
+    (``recorded_counts``), its nesting and the size of all of it (plain data a weights-only
+    file holds: ``check_loaded``), and last its digest. ``source`` names a file or entry ``data`` came
     from; ``own``: keys whose values are other objects' states (a ``TrainingRNG``'s tracked
     objects), whose nesting alone is checked here (their owners check the rest).
 
@@ -240,10 +240,12 @@ def check_saved(data: Any, form: SavedForm, *, source: str | None = None,
     version = _check_header(data, form, source)
     recorded_counts(data, form.what)
     where = source or f"{form.what}: the state"
-    check_depth(data, where)  # before anything walks it further: a hostile nesting is refused
+    # Walked (bounded) before it is hashed: the digest is computed over checked values only.
+    check_loaded({k: v for k, v in data.items() if k not in own} if own else data, where)
+    for key in own:
+        check_depth(data.get(key), f"{where}'s {key!r}")
     if not covered and (version >= form.sealed_since or DIGEST in data):
         _verify(data, version, f"{form.what}: {source or 'the state'}")
-    check_loaded({k: v for k, v in data.items() if k not in own} if own else data, where)
     return version
 
 

@@ -22,8 +22,16 @@ from devrng._base.rank import process_rank, world_size
 from devrng._base.seeds import check_seed
 from devrng._base.sigint import deliver, guard
 from devrng._generators.plan import Plan, make_plan
-from devrng._generators.ranks.entries import is_ranked, ranked, stamp
-from devrng._generators.ranks.load import Apply, Loader, Summary, load_ranked, ranks_text
+from devrng._generators.ranks.protocol import (
+    Apply,
+    Loader,
+    Summary,
+    is_ranked,
+    load_ranked,
+    ranked,
+    ranks_text,
+    stamp,
+)
 from devrng._generators.saved import (
     SavedForm,
     check_plain,

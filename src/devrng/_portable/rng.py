@@ -36,8 +36,16 @@ from devrng._base.lazy import imported, load
 from devrng._base.rank import process_rank, world_size
 from devrng._base.seeds import MASK64, check_counter, check_seed
 from devrng._base.sigint import deliver, guard
-from devrng._generators.ranks.entries import SAVE, is_ranked, ranked, stamp
-from devrng._generators.ranks.load import Apply, Loader, Summary, load_ranked
+from devrng._generators.ranks.protocol import (
+    SAVE,
+    Apply,
+    Loader,
+    Summary,
+    is_ranked,
+    load_ranked,
+    ranked,
+    stamp,
+)
 from devrng._generators.saved import (
     SEAL_KEYS,
     SavedForm,

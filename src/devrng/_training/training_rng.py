@@ -36,15 +36,19 @@ from devrng._base.seeds import (
     seed_from_environment,
 )
 from devrng._base.sigint import deliver, guard
-from devrng._generators.ranks.entries import (
+from devrng._generators.ranks.protocol import (
     SAVE,
+    Apply,
+    Loader,
+    Summary,
     identity_of,
     is_ranked,
+    load_ranked,
     nested_state,
     ranked,
+    ranks_text,
     stamp,
 )
-from devrng._generators.ranks.load import Apply, Loader, Summary, load_ranked, ranks_text
 from devrng._generators.saved import (
     SEAL_KEYS,
     SavedForm,

@@ -22,7 +22,7 @@ from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.planner import LoadPlan
 
-from devrng._generators.ranks.entries import entry_rank
+from devrng._generators.ranks.protocol import entry_rank
 
 __all__ = ["Planner"]
 
