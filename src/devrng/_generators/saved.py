@@ -54,7 +54,8 @@ __all__ = ["DIGEST", "MAX_STATE_BYTES", "SEAL_KEYS", "WRITER", "Fit", "SavedForm
            "check_cpu_state", "check_depth", "check_device_states", "check_host_parts",
            "check_loaded", "check_numpy_state", "check_plain", "check_python_state",
            "check_saved", "cpu_state_numel", "decode", "describe", "encode", "fit_devices",
-           "parse_parts", "read_saved", "recorded_counts", "refusing", "seal", "signature"]
+           "parse_parts", "read_parts", "read_saved", "recorded_counts", "refusing", "seal",
+           "signature"]
 
 
 # -- what a saved state may hold -------------------------------------------------------------
@@ -508,6 +509,15 @@ def parse_parts(cpu: Any, devices: Any, python: Any = None, numpy: Any = None
             parsed[name][index] = saved
     return (cpu, parsed, None if python is None else _python_from_plain(python),
             None if numpy is None else _numpy_from_plain(numpy))
+
+
+def read_parts(data: Any, form: SavedForm, *, source: str, covered: bool = False
+               ) -> tuple[torch.Tensor, dict[str, dict[int, Any]], Any, Any]:
+    """The parts of a saved snapshot (``RNGState.to_dict``'s data of ``form``), once all of it
+    is checked in one call: the whole (``check_saved``; ``covered``: it is part of a state whose
+    digest was verified), then each part (``parse_parts``)."""
+    check_saved(data, form, source=source, covered=covered)
+    return parse_parts(data["cpu"], data["devices"], data["python"], data["numpy"])
 
 
 def check_host_parts(cpu: Any, python: Any, numpy: Any) -> None:

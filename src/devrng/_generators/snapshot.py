@@ -33,9 +33,9 @@ from devrng._generators.saved import (
     check_device_states,
     check_host_parts,
     check_plain,
-    check_saved,
     encode,
     parse_parts,
+    read_parts,
     seal,
 )
 from devrng._generators.undo import DeviceState, Undo, read_devices
@@ -339,8 +339,7 @@ def read_snapshot(data: Any, *, source: str, covered: bool = False) -> RNGState:
     verified, so it carries none of its own (``check_saved``)."""
     try:
         # ``source`` names where the data came from: a file, a TrainingRNG state, a broadcast.
-        check_saved(data, _FORM, source=source, covered=covered)
-        return parse_state(data["cpu"], data["devices"], data["python"], data["numpy"])
+        parts = read_parts(data, _FORM, source=source, covered=covered)
     except (DevRNGError, KeyboardInterrupt, SystemExit):
         raise
     except Exception as err:  # hostile input may fail in any way: one error class for it
@@ -348,6 +347,9 @@ def read_snapshot(data: Any, *, source: str, covered: bool = False) -> RNGState:
             f"{source} is not a valid devrng RNG snapshot: {short_repr(str(err), 200)}. Write "
             "snapshots with RNGState.save or RNGState.to_dict."
         ) from err
+    state = RNGState(*parts)
+    state._host_checked = True  # each part was checked
+    return state
 
 
 def parse_state(cpu: Any, devices: Any, python: Any = None, numpy: Any = None) -> RNGState:

@@ -12,7 +12,7 @@ A mode, not a dispatch mode, because dynamo traces a ``TorchFunctionMode``'s
 handler into the graph: under ``torch.compile`` the stream's state is a small
 CPU tensor that the graph reads and advances at run time (one compilation for
 every seed and step), and the generator itself is one opaque op
-(``devrng::bits``) so that inductor never compiles 130 rounds of integer ops.
+(``devrng::bits``) so that inductor never compiles the generator's unrolled integer ops.
 
 What each op does is a table of small objects, in ``devrng._portable.ops``.
 """

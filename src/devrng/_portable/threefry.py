@@ -882,8 +882,8 @@ def multinomial(source: Source, weights: torch.Tensor, num_samples: int,
 
 
 # -- the generator as ops that torch.compile keeps opaque ---------------------------------------
-# Inductor took more than 5 minutes to compile the ~130 unrolled integer ops of one
-# draw; as one op with a fake (shape-only) implementation it compiles in no time and
+# Inductor took more than 5 minutes to compile the unrolled integer ops of one
+# draw (docs/known-issues.md); as one op with a fake (shape-only) implementation it compiles in no time and
 # runs the fused CPU kernel, or the tensor ops on other devices (on XLA they become
 # part of the XLA graph). devrng::draw does the same for the draws with a
 # transcendental step, so that they run eager's code: inductor would compile its own
