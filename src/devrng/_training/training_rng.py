@@ -589,7 +589,8 @@ class _Loading:
         self.inside: set[str] = set()  # loaders that resume their place inside an epoch
         self.states = self._fit_places()  # the state each tracked loader loads
         self.starts = self._read_epoch_starts(data.get("epoch_starts"))
-        self.key = _flight_key(data)
+        # What the flight record knows the checkpoint by: hashed only where a record is kept.
+        self.key = None if rng._flight is None else _flight_key(data)
 
     def fail(self, problem: str) -> DevRNGError:
         return DevRNGError(f"TrainingRNG.load_state_dict: {problem}.{self.hint}")
@@ -740,8 +741,8 @@ class _Loading:
         warn_on_resume(resume_problems(self.saved_world, self.records, rng._loaders,
                                        self.inside) + [p for p in unreplayable if p],
                        stacklevel=4)
-        if rng._flight is not None:  # the steps from here are compared with the saved run's
-            rng._flight.resume(self.key)
+        if rng._flight is not None and self.key is not None:  # the steps from here are
+            rng._flight.resume(self.key)  # compared with the saved run's
 
 
 def start_flight_record(rng: TrainingRNG, directory: str, *, hooked: bool = False,
