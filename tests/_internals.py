@@ -80,6 +80,7 @@ _PRIVATE: dict[str, tuple[str, str | None]] = {
     "flight_module": ("devrng._training.flight", None),
     # Threefry internals: known-answer vectors (Random123, JAX) and the stream's pieces.
     "threefry": ("devrng._portable.threefry", None),
+    "distributions": ("devrng._portable.distributions", None),
     # The table of random aten ops portable covers, checked against torch's own list.
     "PORTABLE_OPS": ("devrng._portable.ops", "ENTRIES"),
     # The array functions torchax's bounded uniforms run in (imports JAX and torchax).

@@ -54,7 +54,7 @@ from devrng._generators.saved import (
     refusing,
     seal,
 )
-from devrng._portable import devices, ops, threefry
+from devrng._portable import devices, distributions, ops, threefry
 from devrng._portable.ops import ENTRIES, Args, Kwargs, Op, aten_entry, entry_name, redispatch
 
 __all__ = ["PortableRNG", "TracedStream", "active", "call_stream", "portable"]
@@ -270,11 +270,11 @@ class PortableRNG(TorchFunctionMode):
         return self._stream.next_key(device)  # type: ignore[no-any-return]
 
     def source(self, device: torch.device, counters: torch.Tensor | None = None) -> Any:
-        # The next op's numbers on ``device``: the Source its row names (threefry's by default).
+        # The next op's numbers on ``device``: the Source its row names (distributions' by default).
         key = self.next_key(device)
         row = devices.row(device)
         if row.source is None:
-            return threefry.Source(key, device, counters)
+            return distributions.Source(key, device, counters)
         source = load(row.source, what=f"devrng.portable on {row.name}", extra=row.extra)
         return source(key, device, counters)
 
@@ -439,7 +439,7 @@ def _teach_dynamo() -> None:
     # Marked here rather than by a decorator, which would import dynamo with devrng.
     torch.compiler.assume_constant_result(entry_name)  # type: ignore[no-untyped-call]
     # Rounds Python numbers with struct, which older dynamo (torch 2.8) cannot trace.
-    torch.compiler.assume_constant_result(threefry.round_to)  # type: ignore[no-untyped-call]
+    torch.compiler.assume_constant_result(distributions.round_to)  # type: ignore[no-untyped-call]
     # When a compiled function breaks its graph (at loss.backward(), say), dynamo keeps
     # watching the frames that run eagerly, and would compile this handler as a function
     # of its own, once per argument type. It is only ever meant to be inlined into the
