@@ -62,7 +62,7 @@ _PRIVATE: dict[str, tuple[str, str | None]] = {
     # Every setting deterministic() touches, read to check that it restores all of them.
     "current_settings": ("devrng._training.determinism", "current_settings"),
     # Worker seeds over workers x epochs x ranks, and the worker_init_fn's own type.
-    "worker_seeds": ("devrng._training.workers", "worker_seeds"),
+    "worker_seeds": ("devrng._base.seeds", "worker_seeds"),
     "WorkerSeeding": ("devrng._training.workers", "WorkerSeeding"),
     # What a checkpoint records of a loader, compared field by field.
     "describe_loader": ("devrng._training.loaders", "describe"),
@@ -80,6 +80,7 @@ _PRIVATE: dict[str, tuple[str, str | None]] = {
     "flight_module": ("devrng._training.flight", None),
     # Threefry internals: known-answer vectors (Random123, JAX) and the stream's pieces.
     "threefry": ("devrng._portable.threefry", None),
+    "distributions": ("devrng._portable.distributions", None),
     # The table of random aten ops portable covers, checked against torch's own list.
     "PORTABLE_OPS": ("devrng._portable.ops", "ENTRIES"),
     # The array functions torchax's bounded uniforms run in (imports JAX and torchax).

@@ -421,7 +421,7 @@ def test_manual_seed_ranks_without_process_group_uses_rank_env(
     with pytest.raises(ValueError, match="RANK environment variable is 'two'"):
         ddist.rank_seed(5)
     monkeypatch.setenv("RANK", "-2")
-    with pytest.raises(ValueError, match="RANK environment variable is -2; a rank must be 0 or more"):
+    with pytest.raises(ValueError, match="RANK environment variable is -2, not an int of 0 or more"):
         ddist.manual_seed_ranks(5)
 
 
@@ -445,9 +445,10 @@ def test_rank_seed_never_repeats_across_ranks() -> None:
     (2**64, 0, ValueError, r"out of range"),
     (1.5, 0, TypeError, r"seed must be an int"),
     (True, 0, TypeError, r"seed must be an int"),
-    (1, -1, ValueError, r"rank=-1 is out of range"),
-    (1, "0", TypeError, r"rank must be an int"),
-    (1, False, TypeError, r"rank must be an int"),
+    (1, -1, ValueError, r"rank is -1, not an int of 0 or more"),
+    (1, 2**64, ValueError, r"rank is 18446744073709551616, more ranks than any job has"),
+    (1, "0", TypeError, r"rank is '0', not an int of 0 or more"),
+    (1, False, TypeError, r"rank is False, not an int of 0 or more"),
 ])
 def test_rank_seed_rejects_bad_arguments(seed: Any, rank: Any, exc: type, match: str) -> None:
     with pytest.raises(exc, match=match):

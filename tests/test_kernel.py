@@ -44,6 +44,7 @@ from tests._internals import (
     UNIFORM64,
     UNIFORM_AT,
     WORDS,
+    distributions,
     jax_multiplier,
     kernel,
     proof_counters,
@@ -109,9 +110,9 @@ def test_the_installed_kernel_is_in_use_and_equals_the_reference_in_every_mode()
         assert np.array_equal(wide.numpy(), (bits64 >> np.uint64(12)).astype(np.float64) * 2.0**-52)
 
 
-def _tensor_ops(key: tuple[int, int], counters: torch.Tensor) -> threefry.Source:
+def _tensor_ops(key: tuple[int, int], counters: torch.Tensor) -> distributions.Source:
     """A source drawing with the tensor ops (its key a tensor: no kernel), at ``counters``."""
-    return threefry.Source(threefry.key_tensor(key), torch.device("cpu"), counters)
+    return distributions.Source(threefry.key_tensor(key), torch.device("cpu"), counters)
 
 
 def test_the_kernels_float_and_integer_draws_are_the_tensor_ops_bit_for_bit() -> None:
@@ -125,19 +126,19 @@ def test_the_kernels_float_and_integer_draws_are_the_tensor_ops_bit_for_bit() ->
         counters = torch.arange(start, start + n)
         ops = _tensor_ops(key, counters)
         # uniform_(-0.3, 0.7) scales by float32(1.0) from float32(-0.3); normal_(0.5, 0.02).
-        low = threefry.round_to(-0.3, torch.float32)
-        span = threefry.round_to(threefry.round_to(0.7, torch.float32) - low, torch.float32)
+        low = distributions.round_to(-0.3, torch.float32)
+        span = distributions.round_to(distributions.round_to(0.7, torch.float32) - low, torch.float32)
         for mode, scale, shift, want in (
-                (NORMAL, 1.0, 0.0, threefry.normal(ops, (n,), torch.float32)),
-                (EXPONENTIAL, 1.0, 0.0, threefry.exponential(ops, (n,), torch.float32)),
-                (UNIFORM64, 1.0, 0.0, threefry.unit(ops, (n,), torch.float64)),
-                (UNIFORM_AT, span, low, threefry.uniform(ops, (n,), torch.float32, -0.3, 0.7)),
-                (NORMAL_AT, 0.02, 0.5, threefry.normal(ops, (n,), torch.float32, 0.5, 0.02))):
+                (NORMAL, 1.0, 0.0, distributions.normal(ops, (n,), torch.float32)),
+                (EXPONENTIAL, 1.0, 0.0, distributions.exponential(ops, (n,), torch.float32)),
+                (UNIFORM64, 1.0, 0.0, distributions.unit(ops, (n,), torch.float64)),
+                (UNIFORM_AT, span, low, distributions.uniform(ops, (n,), torch.float32, -0.3, 0.7)),
+                (NORMAL_AT, 0.02, 0.5, distributions.normal(ops, (n,), torch.float32, 0.5, 0.02))):
             got = torch.empty(n, dtype=want.dtype)
             cpu.run(key, mode, got, start=start, scale=scale, shift=shift)
             assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), mode
         for low, high in ((0, 10), (-5, 1000), (0, 65536), (3, 65539), (-2**31, 2**31 - 1)):
-            want = threefry.randint(ops, (n,), low, high, torch.int64)
+            want = distributions.randint(ops, (n,), low, high, torch.int64)
             span = high - low
             multiplier = ((((1 << 16) % span) ** 2) & 0xFFFFFFFF) % span
             for dtype in (torch.int64, torch.int32):
@@ -158,18 +159,18 @@ def _tensor_ops_draws() -> tuple[Callable[..., list[bytes]], Callable[..., bytes
              ) -> list[bytes]:
         ops, shape = _tensor_ops(PROOF_KEY, _signed(counters)), (len(counters),)
         draws = {BITS: lambda: [ops.bits(shape)], WORDS: lambda: list(ops.words(shape)),
-                 UNIFORM: lambda: [threefry.unit(ops, shape, torch.float32)],
-                 UNIFORM64: lambda: [threefry.unit(ops, shape, torch.float64)],
-                 NORMAL: lambda: [threefry.normal(ops, shape, torch.float32)],
-                 EXPONENTIAL: lambda: [threefry.exponential(ops, shape, torch.float32)],
-                 UNIFORM_AT: lambda: [threefry.uniform(ops, shape, torch.float32, shift,
+                 UNIFORM: lambda: [distributions.unit(ops, shape, torch.float32)],
+                 UNIFORM64: lambda: [distributions.unit(ops, shape, torch.float64)],
+                 NORMAL: lambda: [distributions.normal(ops, shape, torch.float32)],
+                 EXPONENTIAL: lambda: [distributions.exponential(ops, shape, torch.float32)],
+                 UNIFORM_AT: lambda: [distributions.uniform(ops, shape, torch.float32, shift,
                                                        shift + scale)],
-                 NORMAL_AT: lambda: [threefry.normal(ops, shape, torch.float32, shift, scale)]}
+                 NORMAL_AT: lambda: [distributions.normal(ops, shape, torch.float32, shift, scale)]}
         return [t.contiguous().view(torch.uint8).numpy().tobytes() for t in draws[mode]()]
 
     def randint(span: int, low: int, wide: bool, counters: list[int], _: bool) -> bytes:
         ops = _tensor_ops(PROOF_KEY, _signed(counters))
-        out = threefry.randint(ops, (len(counters),), low, low + span,
+        out = distributions.randint(ops, (len(counters),), low, low + span,
                                torch.int64 if wide else torch.int32)
         return out.contiguous().view(torch.uint8).numpy().tobytes()
 
@@ -228,8 +229,8 @@ def test_the_proof_runs_every_mode_block_shape_and_branch_of_the_kernel() -> Non
         for from_start in (True, False) if mode in (NORMAL, NORMAL_AT) else ():
             ops = _tensor_ops(PROOF_KEY, _signed(proof_draw_counters(i, PROOF_LENGTH,
                                                                      from_start)))
-            u = threefry.uniform(ops, (PROOF_LENGTH,), torch.float32, lo, 1.0)
-            w = -threefry.log32((1.0 - u) * (1.0 + u))
+            u = distributions.uniform(ops, (PROOF_LENGTH,), torch.float32, lo, 1.0)
+            w = -distributions.log32((1.0 - u) * (1.0 + u))
             assert int((w >= 5.0).sum()) >= 2, (mode, from_start)
 
 

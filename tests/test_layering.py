@@ -474,3 +474,149 @@ def test_the_rank_check_sees_violations() -> None:
         "line 3: dist.get_world_size()", "line 3: torch.distributed.get_rank()",
         "line 6: os.getenv('WORLD_SIZE')"]
     assert rank_reads(MODULES[RANK_MODULE])  # the one place reads them
+
+
+# A function that a Ctrl-C must not cut in half calls ``deliver()`` and is decorated with
+# ``@guard`` where it stands (devrng._base.sigint), so that a reader sees it is guarded.
+SIGINT_MODULE = "devrng._base.sigint"
+
+
+def guard_problems(source: str) -> list[str]:
+    """Functions that call ``deliver()`` without ``@guard``, and ``guard(...)`` called as a
+    statement (a registration away from the function it guards)."""
+    bad = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            calls = any(isinstance(n, ast.Call) and ast.unparse(n.func) == "deliver"
+                        for n in ast.walk(node))
+            if calls and not any(ast.unparse(d) == "guard" for d in node.decorator_list):
+                bad.append(f"line {node.lineno}: {node.name} calls deliver() without @guard")
+        elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) \
+                and ast.unparse(node.value.func) == "guard":
+            bad.append(f"line {node.lineno}: {ast.unparse(node)} (decorate the function)")
+    return bad
+
+
+@pytest.mark.parametrize("name", sorted(m for m in MODULES if m != SIGINT_MODULE))
+def test_guarded_functions_are_decorated_where_they_stand(name: str) -> None:
+    bad = guard_problems(MODULES[name])
+    assert not bad, f"{name}: {bad}"
+
+
+def test_the_guard_check_sees_violations() -> None:
+    bad = ("def f():\n"
+           "    try:\n"
+           "        pass\n"
+           "    finally:\n"
+           "        deliver()\n"
+           "@guard\n"
+           "def g():\n"
+           "    try:\n"
+           "        pass\n"
+           "    finally:\n"
+           "        deliver()\n"
+           "guard(g)\n")
+    assert guard_problems(bad) == ["line 1: f calls deliver() without @guard",
+                                   "line 12: guard(g) (decorate the function)"]
+
+
+# The ranks talk to one another in few places: the per-rank protocol's collectives (a
+# checkpoint's entries), devrng.distributed (what a user asks of a process group) and the
+# trainer integrations' gather. A check of a single process's state never waits for a rank.
+COLLECTIVE_MODULES = {"devrng._generators.ranks.collectives", "devrng.distributed",
+                      "devrng.integrations._per_rank"}
+_COLLECTIVES = {"all_reduce", "all_gather", "all_gather_object", "all_to_all", "barrier",
+                "broadcast", "broadcast_object_list", "gather", "gather_object", "irecv",
+                "isend", "recv", "reduce", "reduce_scatter", "scatter", "scatter_object_list",
+                "send"}
+
+
+def collective_calls(source: str) -> list[str]:
+    """Every call of a ``torch.distributed`` collective in ``source`` (``dist.all_reduce(...)``,
+    ``torch.distributed.send(...)``, ``dist_or_none().all_gather_object(...)``)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and node.func.attr in _COLLECTIVES:
+            owner = ast.unparse(node.func.value)
+            if owner in ("dist", "torch.distributed") or owner.startswith("dist_or_none("):
+                found.append(f"line {node.lineno}: {ast.unparse(node.func)}")
+    return found
+
+
+@pytest.mark.parametrize("name", sorted(set(MODULES) - COLLECTIVE_MODULES))
+def test_collectives_are_called_only_where_ranks_talk(name: str) -> None:
+    bad = collective_calls(MODULES[name])
+    assert not bad, f"{name} calls collectives; keep them in {sorted(COLLECTIVE_MODULES)}: {bad}"
+
+
+def test_the_collective_check_sees_violations() -> None:
+    bad = ("dist.all_reduce(t, op=dist.ReduceOp.MIN)\n"
+           "torch.distributed.send(t, 1)\n"
+           "dist_or_none().all_gather_object(out, obj)\n"
+           "x.broadcast([4])  # an XLA builder's broadcast, not a collective\n"
+           "t.scatter(1, index, 0.0)\n")
+    assert collective_calls(bad) == ["line 1: dist.all_reduce", "line 2: torch.distributed.send",
+                                     "line 3: dist_or_none().all_gather_object"]
+    assert collective_calls(MODULES["devrng._generators.ranks.collectives"])
+
+
+# Every seed devrng derives is one named function of devrng._base.seeds (a resume depends on
+# each being the same forever): other modules call the derivation by its name, never the mixer.
+SEEDS_MODULE = "devrng._base.seeds"
+_MIXERS = {"mix64", "splitmix64", "nth_seed"}
+
+
+def mixer_calls(source: str) -> list[str]:
+    """Every call of SplitMix64's functions in ``source``."""
+    return [f"line {node.lineno}: {ast.unparse(node)}" for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.Call) and ast.unparse(node.func).split(".")[-1] in _MIXERS]
+
+
+@pytest.mark.parametrize("name", sorted(m for m in MODULES if m != SEEDS_MODULE))
+def test_seeds_are_derived_by_name_in_one_module(name: str) -> None:
+    bad = mixer_calls(MODULES[name])
+    assert not bad, f"{name} derives a seed itself; name the derivation in {SEEDS_MODULE}: {bad}"
+
+
+def test_the_derivation_check_sees_violations() -> None:
+    bad = ("seed = nth_seed(base ^ KEPT, epoch)\n"
+           "h = seeds.splitmix64(x)\n"
+           "ok = loader_seed(seed, 0)\n")
+    assert mixer_calls(bad) == ["line 1: nth_seed(base ^ KEPT, epoch)",
+                                "line 2: seeds.splitmix64(x)"]
+    assert mixer_calls(MODULES[SEEDS_MODULE])
+
+
+# What a rank is (an int of 0 or more) is read in one function, in one wording
+# (devrng._base.rank.count_problem): no other module words a rank's range itself.
+_RANK_RANGE = re.compile(r"\brank\b[^.;]*\b(an int|0 or more|out of range|non-negative)", re.I)
+
+
+def rank_range_sentences(source: str) -> list[str]:
+    """String constants (f-string parts too, docstrings aside) in ``source`` that say what
+    range a rank has."""
+    tree = ast.parse(source)
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef,
+                                       ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr)
+                  and isinstance(node.body[0].value, ast.Constant)}
+    return [f"line {node.lineno}: {node.value!r}" for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str)
+            and id(node) not in docstrings and _RANK_RANGE.search(node.value)]
+
+
+@pytest.mark.parametrize("name", sorted(m for m in MODULES if m != RANK_MODULE))
+def test_a_ranks_range_is_worded_in_one_place(name: str) -> None:
+    bad = rank_range_sentences(MODULES[name])
+    assert not bad, f"{name} words a rank's range itself; use {RANK_MODULE}.check_rank: {bad}"
+
+
+def test_the_rank_range_check_sees_violations() -> None:
+    bad = ('def f(rank):\n'
+           '    """A rank is an int of 0 or more (a docstring may say so)."""\n'
+           '    raise ValueError(f"rank={rank} is out of range; a rank is an int of 0 or more.")\n'
+           'x = "the saved world size is 0"\n')
+    assert rank_range_sentences(bad) == [
+        "line 3: ' is out of range; a rank is an int of 0 or more.'"]

@@ -25,21 +25,21 @@ import torch
 import torch.nn.functional as F
 from tests import _threefry_ref as ref
 from tests._helpers import plain_state
-from tests._internals import threefry
+from tests._internals import distributions, threefry
 
 import devrng
 
 CPU = torch.device("cpu")
 
 
-def host(seed: int, n: int = 0) -> threefry.Source:
+def host(seed: int, n: int = 0) -> distributions.Source:
     """The source of op n of portable(seed), through the fused CPU kernel."""
-    return threefry.Source(threefry.fold_in(threefry.seed_key(seed), n), CPU)
+    return distributions.Source(threefry.fold_in(threefry.seed_key(seed), n), CPU)
 
 
-def tensor_ops(seed: int, n: int = 0) -> threefry.Source:
+def tensor_ops(seed: int, n: int = 0) -> distributions.Source:
     """The same source with its key as a tensor: the chain of tensor ops other devices run."""
-    return threefry.Source(threefry.key_tensor(threefry.fold_in(threefry.seed_key(seed), n)), CPU)
+    return distributions.Source(threefry.key_tensor(threefry.fold_in(threefry.seed_key(seed), n)), CPU)
 
 
 def as_uint32(t: torch.Tensor) -> np.ndarray:
@@ -64,7 +64,7 @@ def test_threefry_matches_the_published_test_vector() -> None:
 
 @pytest.mark.parametrize("make", [host, tensor_ops], ids=["cpu_kernel", "tensor_ops"])
 @pytest.mark.parametrize("shape", [(1,), (7,), (3, 5), (2, 3, 4), (1000,), (0,)])
-def test_bits_words_and_uniform_equal_the_reference(make: Callable[..., threefry.Source],
+def test_bits_words_and_uniform_equal_the_reference(make: Callable[..., distributions.Source],
                                                      shape: tuple[int, ...]) -> None:
     for seed, n in ((0, 0), (7, 3), (2**33 + 1, 12)):
         key = ref.stream_key(seed, n)
@@ -78,22 +78,22 @@ def test_bits_words_and_uniform_equal_the_reference(make: Callable[..., threefry
 
 
 @pytest.mark.parametrize("make", [host, tensor_ops], ids=["cpu_kernel", "tensor_ops"])
-def test_explicit_counters_draw_that_slice_of_the_full_draw(make: Callable[..., threefry.Source]
+def test_explicit_counters_draw_that_slice_of_the_full_draw(make: Callable[..., distributions.Source]
                                                             ) -> None:
     key = ref.stream_key(5, 2)
     counters = np.array([[3, 0, 2**33 + 7], [41, 41, 9]], dtype=np.int64)
     source = make(5, 2)
-    shard = threefry.Source(source.key, CPU, torch.from_numpy(counters))
+    shard = distributions.Source(source.key, CPU, torch.from_numpy(counters))
     assert np.array_equal(as_uint32(shard.bits((2, 3))), ref.bits(key, (2, 3), counters))
     full = make(5, 2).unit_float32((50,))
-    sliced = threefry.Source(source.key, CPU, torch.tensor([[49, 0], [7, 8]])).unit_float32((2, 2))
+    sliced = distributions.Source(source.key, CPU, torch.tensor([[49, 0], [7, 8]])).unit_float32((2, 2))
     assert torch.equal(sliced, full[torch.tensor([[49, 0], [7, 8]])])
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
 def test_other_float_widths_agree_between_kernel_and_tensor_ops(dtype: torch.dtype) -> None:
-    a = threefry.unit(host(3, 1), (1000,), dtype)
-    b = threefry.unit(tensor_ops(3, 1), (1000,), dtype)
+    a = distributions.unit(host(3, 1), (1000,), dtype)
+    b = distributions.unit(tensor_ops(3, 1), (1000,), dtype)
     assert a.dtype == dtype and torch.equal(a, b)
     assert float(a.min()) >= 0.0 and float(a.max()) < 1.0
     distinct = {torch.float16: 1024, torch.bfloat16: 128, torch.float64: 1000}[dtype]
@@ -195,8 +195,8 @@ def test_bounded_uniforms_are_the_exact_value_rounded_once(dtype: torch.dtype, f
     ks, u = unit_values(dtype)
     twice = 0  # draws where rounding the product, then the sum, would differ
     for low, high in bounded_cases(dtype):
-        lo, span = threefry.bounds(low, high, dtype)
-        got = threefry.scale_shift(u, lo, span, dtype, float64)
+        lo, span = distributions.bounds(low, high, dtype)
+        got = distributions.scale_shift(u, lo, span, dtype, float64)
         exact = [Fraction(k, 1 << UNIT_BITS[dtype]) * Fraction(span) + Fraction(lo) for k in ks]
         want = [ref.rounded_once(x, fmt) for x in exact]
         assert got.dtype == dtype and got.tolist() == want, (low, high)
@@ -216,7 +216,7 @@ def test_uniform_with_bounds_draws_the_unit_draw_scaled_and_rounded_once() -> No
                 got = torch.empty(3000, dtype=dtype).uniform_(low, high)
             with devrng.portable(4):
                 u = torch.rand(3000, dtype=dtype)
-            lo, span = threefry.bounds(low, high, dtype)
+            lo, span = distributions.bounds(low, high, dtype)
             want = [ref.rounded_once(Fraction(int(x * 2 ** bits), 1 << bits) * Fraction(span)
                                      + Fraction(lo), fmt) for x in u.tolist()]
             assert got.tolist() == want, (dtype, low, high)
@@ -225,12 +225,12 @@ def test_uniform_with_bounds_draws_the_unit_draw_scaled_and_rounded_once() -> No
 def test_bounds_that_are_not_finite_or_too_close_are_refused() -> None:
     with pytest.raises(devrng.DevRNGError, match=r"finite float16 number, "
                                                  r"not \[-60000.0, 60000.0\)"):
-        threefry.uniform(host(0), (3,), torch.float16, -60000.0, 60000.0)  # span 120000: inf
+        distributions.uniform(host(0), (3,), torch.float16, -60000.0, 60000.0)  # span 120000: inf
     u = torch.rand(4)
     with pytest.raises(devrng.DevRNGError, match=r"float32 uniforms only over ranges wider than "
                                                  r"2\*\*-102 here"):
-        threefry.scale_shift(u, 0.0, 2.0 ** -110 * 3, torch.float32, False)
-    assert torch.equal(threefry.scale_shift(u, 0.0, 2.0 ** -110 * 3, torch.float32, True),
+        distributions.scale_shift(u, 0.0, 2.0 ** -110 * 3, torch.float32, False)
+    assert torch.equal(distributions.scale_shift(u, 0.0, 2.0 ** -110 * 3, torch.float32, True),
                        u.double().mul(2.0 ** -110 * 3).float())  # with float64: drawn
 
 
@@ -252,16 +252,16 @@ def test_complex_normals_split_the_key_as_jax_does() -> None:
     with devrng.portable(6):
         z = torch.randn(1000, dtype=torch.complex64)
     source = host(6, 0)
-    root2 = threefry.round_to(math.sqrt(2.0), torch.float32)
-    assert torch.equal(z.real, threefry.normal(source.split(0), (1000,), torch.float32) / root2)
-    assert torch.equal(z.imag, threefry.normal(source.split(1), (1000,), torch.float32) / root2)
+    root2 = distributions.round_to(math.sqrt(2.0), torch.float32)
+    assert torch.equal(z.real, distributions.normal(source.split(0), (1000,), torch.float32) / root2)
+    assert torch.equal(z.imag, distributions.normal(source.split(1), (1000,), torch.float32) / root2)
 
 
 def test_large_draws_use_the_high_counter_word() -> None:
     # Counters past 2**32 carry into the high word (JAX's iota_2x32_shape).
     key = ref.stream_key(1, 0)
     counters = np.array([2**32 - 1, 2**32, 2**32 + 1], dtype=np.int64)
-    got = threefry.Source(threefry.fold_in(threefry.seed_key(1), 0), CPU, torch.from_numpy(counters)).bits((3,))
+    got = distributions.Source(threefry.fold_in(threefry.seed_key(1), 0), CPU, torch.from_numpy(counters)).bits((3,))
     assert np.array_equal(as_uint32(got), ref.bits(key, (3,), counters))
 
 
@@ -276,7 +276,7 @@ def test_logical_shift_is_right_for_negative_patterns() -> None:
 def test_log32_is_within_3_ulp_of_the_true_log() -> None:
     t = torch.cat([torch.rand(100_000, generator=torch.Generator().manual_seed(0)) + 6e-8,
                    torch.logspace(-7, 0, 10_000)]).float()
-    got, want = threefry.log32(t).double(), torch.log(t.double())
+    got, want = distributions.log32(t).double(), torch.log(t.double())
     ulp = torch.from_numpy(np.spacing(want.float().abs().numpy())).double()
     assert float(((got - want).abs() / ulp).max()) < 3
 
@@ -471,7 +471,7 @@ def test_multinomial_forms() -> None:
 def test_multinomial_prefix_sums_never_decrease_and_skip_zero_weights() -> None:
     w = torch.rand(3, 4096, generator=torch.Generator().manual_seed(0)) ** 8
     w[:, ::3] = 0.0
-    scan = threefry.prefix_sums(w)
+    scan = distributions.prefix_sums(w)
     assert bool((scan[:, 1:] >= scan[:, :-1]).all())
     zero = (w == 0)[:, 1:]
     assert bool((scan[:, 1:][zero] == scan[:, :-1][zero]).all())
@@ -919,11 +919,11 @@ def test_state_dict_round_trip_continues_the_stream() -> None:
     ({"seed": 1.5, "counter": 0}, r"state_dict\['seed'\] must be an int"),
     ({"seed": 1, "counter": -1}, r"state_dict\['counter'\] must be an int in \[0, 2\*\*63\), not -1"),
     ({"seed": 1, "counter": True}, r"state_dict\['counter'\] must be an int"),
-    ({"seed": 1, "counter": 0, "world_size": [[[[2]]]]}, r"'world_size' is \[\[\[\[...\]\]\]\], not "
-                                                         "an int of 1 or more"),
+    ({"seed": 1, "counter": 0, "world_size": [[[[2]]]]},
+     r"the saved world size is \[\[\[\[...\]\]\]\], not an int of 1 or more"),
     ({"seed": 1, "counter": 0, "world_size": torch.ones(10**6)},
-     r"'world_size' is <a torch.float32 tensor of shape \(1000000,\)>"),
-    ({"seed": 1, "counter": 0, "world_size": 0}, "'world_size' is 0"),
+     r"the saved world size is <a torch.float32 tensor of shape \(1000000,\)>"),
+    ({"seed": 1, "counter": 0, "world_size": 0}, "the saved world size is 0"),
 ])
 def test_bad_state_dict_is_refused_and_changes_nothing(state: Any, match: str) -> None:
     rng = devrng.portable(4)
@@ -1007,9 +1007,9 @@ def test_off_the_cpu_draws_run_tensor_ops_and_never_read_a_simulated_cuda_genera
 def test_mps_scales_normal_draws_in_float32_within_1_ulp() -> None:
     # MPS has no float64: affine() (normal's mean and std) rounds twice there, at most 1 ulp
     # from the others. (Uniforms between bounds are exact there too: the bounded tests.)
-    u = threefry.unit(host(1), (10_000,), torch.float32)
+    u = distributions.unit(host(1), (10_000,), torch.float32)
     span, low = float(torch.tensor(0.7)), float(torch.tensor(-0.35))  # float32 values
-    fused = threefry.affine(u, span, low, torch.float32)
+    fused = distributions.affine(u, span, low, torch.float32)
     twice = u * span + low
     # Two roundings: at most one ulp of the larger term (a cancelling sum can be tiny).
     scale = torch.maximum((u * span).abs(), torch.tensor(abs(low)))

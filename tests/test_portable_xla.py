@@ -71,14 +71,14 @@ def x64() -> Iterator[None]:
 @pytest.mark.parametrize("shape", [(7,), (3, 5), (2, 3, 4), (4096,)])
 def test_uniform_and_bits_equal_jax_for_the_stream_keys(seed: int, shape: tuple[int, ...]
                                                         ) -> None:
-    from tests._internals import threefry
+    from tests._internals import distributions, threefry
 
     with devrng.portable(seed):
         u0 = torch.rand(shape)
         u1 = torch.empty(shape).uniform_()
     assert np.array_equal(u0.numpy(), np.asarray(jax.random.uniform(jkey(seed, 0), shape)))
     assert np.array_equal(u1.numpy(), np.asarray(jax.random.uniform(jkey(seed, 1), shape)))
-    bits = threefry.Source(threefry.fold_in(threefry.seed_key(seed), 2), torch.device("cpu")).bits(shape)
+    bits = distributions.Source(threefry.fold_in(threefry.seed_key(seed), 2), torch.device("cpu")).bits(shape)
     assert np.array_equal(bits.numpy().view(np.uint32), np.asarray(jax.random.bits(
         jkey(seed, 2), shape, jnp.uint32)))
 
@@ -174,11 +174,11 @@ def test_float64_normal_and_exponential_are_close_to_jax(x64: None) -> None:
 def test_dropout_ties_at_one_minus_p_are_dropped_on_xla_as_on_the_cpu_and_in_jax() -> None:
     # A uniform draw equal to float32(1 - p) is dropped (JAX compares in float32); XLA
     # compared the float32 draw with the Python float 0.9 in float64 and kept it.
-    from tests._internals import threefry
+    from tests._internals import distributions, threefry
 
     n = 2**24 + 3
-    u = threefry.Source(threefry.fold_in(threefry.seed_key(1), 0), torch.device("cpu")).uniform((n,), torch.float32)
-    ties = u == threefry.round_to(0.9, torch.float32)
+    u = distributions.Source(threefry.fold_in(threefry.seed_key(1), 0), torch.device("cpu")).uniform((n,), torch.float32)
+    ties = u == distributions.round_to(0.9, torch.float32)
     assert int(ties.sum()) == 7  # seed 1 has seven
     with devrng.portable(1):
         cpu = F.dropout(torch.ones(n), 0.1)
@@ -322,7 +322,7 @@ def test_rounding_to_odd_runs_the_same_on_xla_and_in_jax(dtype: torch.dtype, jax
     # Unit draws whose products sit on rounding midpoints, bounds whose sums are not exact in
     # the wider type: the rounding to odd decides, on the CPU (checked against exact
     # arithmetic in tests/test_portable.py), XLA and JAX alike.
-    from tests._internals import JAX_OPS, threefry
+    from tests._internals import JAX_OPS, distributions
     from tests.test_portable import odd_cases
 
     if jax_x64:
@@ -336,9 +336,9 @@ def test_rounding_to_odd_runs_the_same_on_xla_and_in_jax(dtype: torch.dtype, jax
             torch.float32: torch.float64, torch.float64: torch.float64}[dtype]
     twice = 0
     for low, high in [*odd_cases(dtype), (-3.0, 2.0)]:
-        lo, span = threefry.bounds(low, high, dtype)
-        cpu = threefry.scale_shift(u, lo, span, dtype, True)
-        xla = threefry.scale_shift(u.to(XLA), lo, span, dtype, True).cpu()
+        lo, span = distributions.bounds(low, high, dtype)
+        cpu = distributions.scale_shift(u, lo, span, dtype, True)
+        xla = distributions.scale_shift(u.to(XLA), lo, span, dtype, True).cpu()
         assert torch.equal(xla, cpu), (low, high)
         # Rounded in the wider type, then to dtype (float64: the product, then the sum).
         twice += int(((u.to(wide) * span + lo).to(dtype) != cpu).sum())
@@ -346,7 +346,7 @@ def test_rounding_to_odd_runs_the_same_on_xla_and_in_jax(dtype: torch.dtype, jax
             continue
         ju = jnp.asarray(u.to(torch.float64).numpy()).astype(
             jnp.dtype(str(dtype).removeprefix("torch.")))
-        got = threefry.scale_shift(ju, lo, span, dtype, False, JAX_OPS)  # as on torchax
+        got = distributions.scale_shift(ju, lo, span, dtype, False, JAX_OPS)  # as on torchax
         assert np.array_equal(np.asarray(got).astype(np.float64), cpu.to(torch.float64).numpy())
     assert twice  # the cases need the rounding to odd
 

@@ -29,7 +29,13 @@ from devrng._backends.registry import current_index, default_types, get_backend
 from devrng._base.errors import DevRNGError
 from devrng._base.lazy import load
 from devrng._base.plain import hash_into, tensor_bytes
-from devrng._base.rank import collective_device, dist_or_none, group_size, process_rank
+from devrng._base.rank import (
+    check_rank,
+    collective_device,
+    dist_or_none,
+    group_size,
+    process_rank,
+)
 from devrng._base.seeds import check_seed
 from devrng._base.seeds import rank_seed as derive_rank_seed
 from devrng._generators.plan import Plan, make_plan
@@ -102,7 +108,7 @@ def load_planner(**kwargs: Any) -> Any:
         (``thread_count=2``: torch 2.9's single-threaded writer asks any registered
         device module for ``current_stream``, which torchax 0.0.13's lacks.)
     """
-    return load("devrng._training.dcp:Planner", what="devrng.distributed.load_planner")(**kwargs)
+    return load("devrng._generators.ranks.planner:Planner", what="devrng.distributed.load_planner")(**kwargs)
 
 
 # -- seeds ---------------------------------------------------------------------
@@ -132,12 +138,7 @@ def rank_seed(seed: int, rank: int | None = None) -> int:
         True
     """
     seed = check_seed(seed)
-    if rank is None:
-        rank = process_rank()
-    elif isinstance(rank, bool) or not isinstance(rank, int):
-        raise TypeError(f"rank must be an int of 0 or more, not {rank!r} (a {type(rank).__name__}).")
-    elif not 0 <= rank < 2**64:
-        raise ValueError(f"rank={rank} is out of range; a rank is an int of 0 or more.")
+    rank = process_rank() if rank is None else check_rank(rank)
     # Distinct ranks can never share a seed: see devrng._base.seeds.nth_seed.
     return derive_rank_seed(seed, rank)
 
@@ -322,8 +323,7 @@ def broadcast_rng_state(src: int = 0, *, group: ProcessGroup | None = None, devi
     if dist.get_rank(group) < 0:
         return
     ranks = _group_ranks(dist, group)
-    if isinstance(src, bool) or not isinstance(src, int):
-        raise TypeError(f"src must be a global rank (an int), not {src!r} (a {type(src).__name__}).")
+    src = check_rank(src, "src")  # a global rank
     if src not in ranks:
         raise ValueError(
             f"src={src} is not a member of the group, whose global ranks are "

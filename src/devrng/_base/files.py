@@ -36,6 +36,7 @@ def is_file_like(target: Any) -> bool:
     return hasattr(target, "write") or hasattr(target, "read")
 
 
+@guard
 def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], object]) -> None:
     """Call ``write(fh)`` on a temporary file next to ``path``, then rename it to ``path``.
 
@@ -171,6 +172,3 @@ def _mode_for(path: str) -> int:
         umask = os.umask(0)
         os.umask(umask)
         return 0o666 & ~umask
-
-
-guard(atomic_write)

@@ -10,19 +10,67 @@ strictly. How many processes take part in a collective is another fact:
 ``group_size``, the default group's size (1 without one). No other module reads
 these variables or asks torch for the default group's rank or size
 (``tests/test_layering.py`` checks it).
+
+What a rank is -- an int of 0 or more -- is read here too, in one wording
+(``count_problem``), for a rank given as an argument (``check_rank``), the ``RANK``
+variable, and the rank and world size a saved state records.
 """
 
 from __future__ import annotations
 
+import numbers
 import os
 from typing import Any
 
 import torch
 
-from devrng._base.seeds import MASK64
+from devrng._base.errors import short_repr
 
-__all__ = ["collective_device", "dist_or_none", "env_rank", "group_size", "process_rank",
-           "world_size"]
+__all__ = [
+    "MAX_RANKS",
+    "check_rank",
+    "collective_device",
+    "count_problem",
+    "dist_or_none",
+    "env_rank",
+    "group_size",
+    "process_rank",
+    "world_size",
+]
+
+#: No job has this many ranks: a rank or world size a saved state records this large is junk.
+MAX_RANKS = 1 << 32
+_ANY_RANK = 1 << 64  # ranks given to devrng index seed streams (rank_seed): any below 2**64
+
+
+def count_problem(value: Any, low: int = 0, high: int = MAX_RANKS) -> str | None:
+    """What is wrong with a rank (``low`` 0) or a world size (``low`` 1), in words that follow
+    its name ("is -1, not an int of 0 or more"), or None when it is one (below ``high``).
+
+    Examples:
+        >>> count_problem([[2]], 1)
+        'is [[2]], not an int of 1 or more'
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or int(value) < low:
+        return f"is {short_repr(value)}, not an int of {low} or more"
+    if int(value) >= high:
+        return f"is {short_repr(value)}, more ranks than any job has"
+    return None
+
+
+def check_rank(rank: Any, name: str = "rank") -> int:
+    """``rank``, given as an argument, as an int; a ``TypeError`` (not an int) or ``ValueError``
+    (out of range) in the words of ``count_problem``.
+
+    Examples:
+        >>> check_rank(3)
+        3
+    """
+    problem = count_problem(rank, 0, _ANY_RANK)
+    if problem is not None:
+        integral = isinstance(rank, numbers.Integral) and not isinstance(rank, bool)
+        raise (ValueError if integral else TypeError)(f"{name} {problem}.")
+    return int(rank)
 
 
 def dist_or_none() -> Any:
@@ -56,21 +104,16 @@ def env_rank(*, strict: bool = True) -> int:
     if not raw.strip():
         return 0
     try:
-        value = int(raw)
+        value: Any = int(raw)
     except ValueError:
+        value = raw
+    problem = count_problem(value, 0, _ANY_RANK)
+    if problem is not None:
         if not strict:
             return 0
-        raise ValueError(
-            f"The RANK environment variable is {raw!r}, which is not a non-negative integer; "
-            "set it to this process's rank or pass rank= explicitly."
-        ) from None
-    if not 0 <= value <= MASK64:
-        if not strict:
-            return 0
-        raise ValueError(
-            f"The RANK environment variable is {value}; a rank must be 0 or more and below 2**64."
-        )
-    return value
+        raise ValueError(f"The RANK environment variable {problem}; set it to this process's "
+                         "rank or pass rank= explicitly.")
+    return int(value)
 
 
 def world_size() -> int:

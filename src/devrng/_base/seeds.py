@@ -20,18 +20,22 @@ __all__ = [
     "MASK64",
     "SEED_VARIABLES",
     "HostKey",
+    "call_seed",
     "check_counter",
     "check_seed",
+    "kept_epoch_seed",
     "loader_seed",
     "mix64",
     "nth_seed",
     "portable_seed",
     "rank_seed",
     "reseed_seed",
+    "sample_seed",
     "seed32",
     "seed_from_environment",
     "seed_key",
     "splitmix64",
+    "worker_seeds",
 ]
 
 MASK64 = (1 << 64) - 1
@@ -123,6 +127,12 @@ def rank_seed(seed: int, rank: int) -> int:
     return nth_seed(seed, rank)
 
 
+def call_seed(base_seed: int, counter: int) -> int:
+    """The seed of call number ``counter`` (from 0) of a ``seeded_jit`` function called without
+    ``seed=``, from its base seed."""
+    return nth_seed(base_seed, counter)
+
+
 def loader_seed(seed: int, index: int) -> int:
     """The seed of the ``index``-th DataLoader generator a run makes (index 2**32 + index)."""
     return nth_seed(seed, (1 << 32) + index)
@@ -137,6 +147,40 @@ def reseed_seed(seed: int, rank: int) -> int:
 def portable_seed(seed: int) -> int:
     """The seed of a run's portable stream (``TrainingRNG.portable``; index 2**34)."""
     return nth_seed(seed, 1 << 34)
+
+
+# -- what DataLoader workers derive from the seed the DataLoader gives them ---------------------
+def worker_seeds(base_seed: int, worker_id: int, rank: int) -> tuple[int, int, list[int]]:
+    """The torch, Python and NumPy seeds of DataLoader worker ``worker_id`` of ``rank``, from
+    the seed the DataLoader draws for the epoch (``base_seed``): ``seed_worker``'s.
+
+    Examples:
+        >>> torch_seed, python_seed, numpy_words = worker_seeds(7, 0, 0)
+        >>> len(numpy_words)
+        4
+    """
+    h = splitmix64(base_seed & MASK64)
+    h = splitmix64(h ^ splitmix64((rank & MASK64) ^ 0x5EED0000000000AB))
+    h = splitmix64(h ^ (worker_id & MASK64))
+    torch_seed = splitmix64(h ^ 1)
+    python_seed = splitmix64(h ^ 2)
+    np_words = [w for k in (3, 4) for x in (splitmix64(h ^ k),)
+                for w in (x & 0xFFFFFFFF, x >> 32)]
+    return torch_seed, python_seed, np_words
+
+
+_KEPT_EPOCHS = 0x6B657074_65706F63  # mixed into the seeds of the later epochs of kept workers
+
+
+def kept_epoch_seed(base_seed: int, epoch: int) -> int:
+    """The seed ``sample_rng`` draws from in epoch ``epoch`` (1, 2, ...: after the first) of
+    workers kept across epochs, which keep the first epoch's ``base_seed``."""
+    return nth_seed(base_seed ^ _KEPT_EPOCHS, epoch)
+
+
+def sample_seed(epoch_seed: int, index: int) -> int:
+    """The seed of sample ``index``'s streams in ``sample_rng``, from its epoch's seed."""
+    return nth_seed(epoch_seed, index)
 
 
 def seed32(seed: int) -> int:

@@ -16,9 +16,10 @@ the outermost guarded call is complete. Anywhere else it raises
 therefore takes a few microseconds longer to be interrupted, and is never left
 half done.
 
-A function is guarded when its body is ``try: ... finally: deliver()`` and its
-code is registered with ``guard``. (A wrapper would add a frame to every
-traceback and shift every warning's ``stacklevel``.) A frame stops counting as
+A function is guarded when its body is ``try: ... finally: deliver()`` and it is
+decorated with ``@guard``, which registers its code and returns the function itself
+(a wrapper would add a frame to every traceback and shift every warning's
+``stacklevel``). A frame stops counting as
 guarded at a call of ``deliver``: after that call returns there is no check
 point before the function returns, so an interrupt taken there is raised at
 once (the work is done) instead of being noted for a ``deliver`` that will not
@@ -99,15 +100,17 @@ def _from_the_read_of(code: CodeType, name: str) -> frozenset[int]:
 
 
 def guard(fn: F) -> F:
-    """Guard ``fn``, whose body is ``try: ... finally: deliver()``.
+    """Guard ``fn``, whose body is ``try: ... finally: deliver()``: a decorator that
+    registers ``fn``'s code and returns ``fn`` itself.
 
     Examples:
-        >>> def swap(a, b):
+        >>> @guard
+        ... def swap(a, b):
         ...     try:
         ...         return b, a
         ...     finally:
         ...         deliver()
-        >>> guard(swap)(1, 2)
+        >>> swap(1, 2)
         (2, 1)
     """
     code = fn.__code__

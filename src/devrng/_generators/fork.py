@@ -154,6 +154,7 @@ class Fork:
         """A new fork of the same arguments (one per call of a decorated function)."""
         return Fork(self._args)
 
+    @guard
     def __enter__(self) -> None:
         try:
             saved = self._entry()
@@ -168,6 +169,7 @@ class Fork:
         self._open += [saved]
         opened += [self]
 
+    @guard
     def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
         # A real Ctrl-C is noted, not raised, until deliver() (devrng._base.sigint). An interrupt
         # raised here all the same (a line-level one) finds the entry still open, dropped
@@ -247,6 +249,7 @@ class Fork:
 
         return forked  # type: ignore[return-value]
 
+    @guard
     def _leave(self, err: BaseException) -> None:
         """Exit with ``err`` unless this (decorator's own) fork is not open any more."""
         try:
@@ -273,6 +276,7 @@ class CpuFork(Fork):
         return _saved_for(_Args(self._devices, True, self._caller, self._devices_kw, None,
                                 False, False))
 
+    @guard
     def __enter__(self) -> None:  # Fork.__enter__ with the CPU's state read in line
         try:
             saved = get_cpu_state() if not self._devices else self._entry()
@@ -305,12 +309,6 @@ def _exited_out_of_order(fork: Fork, opened: list[Fork]) -> None:
         "(nested with-blocks do; with ExitStack or __enter__/__exit__ calls, close them in "
         "reverse order; concurrent async tasks or threads must not share a fork's span).",
         stacklevel=3)
-
-
-guard(Fork.__enter__)
-guard(Fork.__exit__)
-guard(Fork._leave)
-guard(CpuFork.__enter__)
 
 
 def _listed(devices: Any, kw: str) -> list[Any]:

@@ -18,6 +18,7 @@ _lock = ForkSafeLock()
 _saved: dict[str, Any] = {}
 
 
+@guard
 def patch_torch() -> None:
     """Point ``torch.random.fork_rng`` and ``torch.fork_rng`` at ``devrng.fork_rng``.
 
@@ -54,6 +55,7 @@ def patch_torch() -> None:
         deliver()
 
 
+@guard
 def unpatch_torch() -> None:
     """Undo ``patch_torch``: torch's own ``fork_rng`` and device modules come back. Idempotent.
 
@@ -80,7 +82,3 @@ def _put_back(saved: dict[str, Any]) -> None:
     else:
         torch.fork_rng = original  # type: ignore[attr-defined]
     unregister_all()
-
-
-guard(patch_torch)
-guard(unpatch_torch)

@@ -1,9 +1,9 @@
-"""Saved states: whether one is valid (one owner of every check), and one entry per rank.
+"""Saved states: whether one is valid (one owner of every check), and their bytes.
 
 Every state devrng reads back -- a snapshot, a ``TrainingRNG``, ``RNGStreams``
 or ``PortableRNG`` checkpoint, a ``seeded_jit`` function's state, a rank's
 broadcast -- is checked here before anything changes: its header and its digest
-(``check_header``: every saved form is ``seal``-ed with the devrng version that
+(``check_saved``: every saved form is ``seal``-ed with the devrng version that
 wrote it and a SHA-256 of its exact content, so a flipped bit, a partial copy or
 an edit is refused, never read as another state); that it is plain data a
 weights-only file holds, of plausible size and nesting (``check_loaded``); that
@@ -15,59 +15,21 @@ a CPU state); and that its device states fit this process's devices
 (``fit_devices``, ``check_device_states``). Applying a checked state is the
 callers' part (``Restore`` in ``devrng._generators.snapshot``, an ``Undo``).
 
-**One entry per rank.** ``torch.distributed.checkpoint`` (DCP) flattens every rank's state dict into
-leaves and keeps one copy of each leaf key that several ranks write, chosen by
-load balancing: per-rank values saved under the same keys come back stitched
-from several ranks. So ``TrainingRNG``, ``RNGStreams`` and ``PortableRNG``
-return their state under a key that names the rank, ``{"devrng_rank_<r>":
-entry}``: DCP keeps every rank's entry, and a rank that loads reads its own
-one, whatever the number of ranks. An entry is the object's plain state: the
-bytes ``torch.save`` makes of it where its structure varies (DCP would match
-nested keys and tensor shapes against the loading process's template), or a
-dict of ints (``PortableRNG``).
-
-**One save.** DCP writes a checkpoint directory in place, one file per rank, and its
-metadata last: a save that did not finish on every rank (a rank killed while writing
-over an older checkpoint) leaves files of two saves, which load without an error. So
-every entry carries the identity of its save (``stamp``): 62 random bits that the ranks
-agree on when ``state_dict()`` is called (one ``all_reduce`` of one integer; not for the
-state of a tracked object, whose holder's entry carries one), and entries of different
-saves are refused on every rank, naming both. An entry that is still the template
-``dcp.load`` read the checkpoint into (the identity this object's ``state_dict()`` made
-last: a planner that skips keys the checkpoint lacks, as
-``DefaultLoadPlanner(allow_partial_load=True)``, left it) is named as such.
-
-Loading is one step of all ranks, because ``dcp.load`` calls
-``load_state_dict`` on every rank: each rank reads and checks its entry, the
-ranks exchange a few integers (one ``all_reduce``), then all of them apply or
-all of them raise the lowest failing rank's error; a second ``all_reduce``
-after applying puts every rank back if one of them could not apply. Several
-devrng values of one ``dcp.load`` load together (``devrng._generators.dcp_load``):
-one that fails puts back the ones loaded before it. A rank
-that found no entry (a job with more ranks than the one that saved, loaded
-with ``devrng.distributed.load_planner()``) is sent the entry of rank ``r % s``
-(``s`` saved ranks: the rank at its place in the saved layout, when ranks are
-numbered with the data-parallel dimension outermost); the object then keeps it
-only if it holds the same streams. Each rank sends and receives the same few
-bytes whatever the number of ranks (a saved rank sends its entry to as many
-ranks as the world grew by, times).
+Saved states travel as the bytes ``torch.save`` makes of them (``encode``) and are
+read back weights-only and bounded (``decode``). What a saved state is in a job of
+several ranks -- one entry per rank, the identity of a save, loading all ranks
+together -- is ``devrng._generators.ranks``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import io
 import math
 import random
 import re
-import secrets
-import sys
-import weakref
 from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
-from types import CodeType, FrameType
 from typing import Any, NamedTuple
 
 import torch
@@ -80,22 +42,20 @@ from devrng._backends.registry import (
     get_backend,
     started_types,
 )
-from devrng._base.errors import DevRNGError, short_repr, warn_and_log
-from devrng._base.plain import exact_bytes, hash_into
-from devrng._base.rank import collective_device, group_size, process_rank, world_size
+from devrng._base.errors import DevRNGError, short_repr
+from devrng._base.plain import exact_bytes
+from devrng._base.rank import count_problem
 from devrng._base.seeds import MASK64
 from devrng._base.sigint import deliver, guard
 from devrng._base.version import VERSION
-from devrng._generators import dcp_load
-from devrng._generators.undo import DeviceState, Undo
+from devrng._generators.undo import DeviceState
 
-__all__ = ["DIGEST", "MAX_RANKS", "MAX_STATE_BYTES", "PREFIX", "SEAL_KEYS", "WRITER", "Facts",
-           "Fit", "Summary", "check_cpu_state", "check_depth", "check_device_states",
-           "check_header", "check_host_parts", "check_loaded", "check_numpy_state", "check_plain",
-           "check_python_state", "count_problem", "cpu_state_numel", "decode", "describe",
-           "encode", "entry_key", "fit_devices", "identity_of", "is_ranked", "load_ranked",
-           "nested_state", "own_entry", "parse_parts", "ranked", "ranks_text", "refusing",
-           "save_of", "seal", "signature", "stamp"]
+__all__ = ["DIGEST", "MAX_STATE_BYTES", "SEAL_KEYS", "WRITER", "Fit", "SavedForm",
+           "check_cpu_state", "check_depth", "check_device_states", "check_host_parts",
+           "check_loaded", "check_numpy_state", "check_plain", "check_python_state",
+           "check_saved", "cpu_state_numel", "decode", "describe", "encode", "fit_devices",
+           "parse_parts", "read_parts", "read_saved", "recorded_counts", "refusing", "seal",
+           "signature"]
 
 
 # -- what a saved state may hold -------------------------------------------------------------
@@ -163,25 +123,6 @@ def check_loaded(state: Any, what: str) -> None:
                 )
 
 
-#: No job has this many ranks: a saved rank or world size this large is junk.
-MAX_RANKS = 1 << 32
-
-
-def count_problem(value: Any, low: int) -> str | None:
-    """What is wrong with a rank (``low`` 0) or world size (``low`` 1) a saved state records,
-    as words that follow its name ("is -1, not an int of 0 or more"), or None.
-
-    Examples:
-        >>> count_problem([[2]], 1)
-        'is [[2]], not an int of 1 or more'
-    """
-    if type(value) is not int or value < low:
-        return f"is {short_repr(value)}, not an int of {low} or more"
-    if value >= MAX_RANKS:
-        return f"is {short_repr(value)}, more ranks than any job has"
-    return None
-
-
 @contextmanager
 def refusing(what: str) -> Iterator[None]:
     """Turn any failure inside but an interrupt into one ``DevRNGError`` sentence: a hostile
@@ -214,7 +155,7 @@ _HEX = re.compile(r"[0-9a-f]{64}")
 def seal(data: Mapping[str, Any]) -> dict[str, Any]:
     """``data`` -- a saved state's plain dict, its ``format`` and ``version`` included --
     with the devrng version writing it and a SHA-256 digest of all of that, which
-    ``check_header`` verifies before anything of it is read. Every saved form is sealed
+    ``check_saved`` verifies before anything of it is read. Every saved form is sealed
     here, so a key added to a state later is covered without a word about it.
 
     Examples:
@@ -254,26 +195,90 @@ def _stand_in(data: Mapping[Any, Any]) -> bytes | None:
     return None if digest is None else b"D" + exact_bytes(digest, max_depth=0)
 
 
-def check_header(data: Any, *, tag: str, versions: Collection[int], sealed_since: int,
-                 what: str, made_by: str, source: str | None = None,
-                 covered: bool = False) -> int:
-    """The version of a saved state tagged ``tag`` (``{"format": tag, "version": v, ...}``),
-    once its digest is verified; or one ``DevRNGError`` sentence naming what ``data`` is
-    instead. Every load of a saved form reads its header here, before anything is
-    applied. ``source`` names a file or entry ``data`` came from.
-
-    Versions from ``sealed_since`` on carry a digest (``seal``) and are refused without
-    one; older versions load unchecked, unless they hold a digest (then it is verified:
-    a version changed by a flipped bit does not turn the check off). ``covered``: ``data``
-    is part of a state whose digest was verified (a snapshot inside a ``TrainingRNG``
-    state), so it carries none of its own.
+class SavedForm(NamedTuple):
+    """One saved form: the header ``check_saved`` reads it by, and the words of its errors.
 
     Examples:
-        >>> state = seal({"format": "devrng.RNGState", "version": 2})
-        >>> check_header(state, tag="devrng.RNGState", versions=(1, 2), sealed_since=2,
-        ...              what="RNGState.from_dict", made_by="RNGState.to_dict()")
+        >>> form = SavedForm("devrng.RNGState", (1, 2), 2, "RNGState", "RNGState.to_dict()")
+        >>> form.version                     # the one this devrng writes
         2
     """
+
+    tag: str  #: its format tag (``"devrng.TrainingRNG"``)
+    versions: tuple[int, ...]  #: the versions this devrng reads, the one it writes last
+    sealed_since: int  #: the first version that carries a digest (``seal``)
+    what: str  #: what reads it, for messages (``"TrainingRNG.load_state_dict"``)
+    made_by: str  #: what writes it, for messages (``"TrainingRNG.state_dict()"``)
+
+    @property
+    def version(self) -> int:
+        """The version this devrng writes."""
+        return self.versions[-1]
+
+
+def check_saved(data: Any, form: SavedForm, *, source: str | None = None,
+                covered: bool = False, own: Collection[str] = ()) -> int:
+    """The version of a saved state of ``form``, once all of it is checked and before any
+    of it is read; or one ``DevRNGError`` sentence. Every load of a saved form is checked
+    here: its header (format tag and version), the world size and rank it records
+    (``recorded_counts``), its nesting and the size of all of it (plain data a weights-only
+    file holds: ``check_loaded``), and last its digest. ``source`` names a file or entry ``data`` came
+    from; ``own``: keys whose values are other objects' states (a ``TrainingRNG``'s tracked
+    objects), whose nesting alone is checked here (their owners check the rest).
+
+    Versions from ``form.sealed_since`` on carry a digest (``seal``) and are refused
+    without one; older versions load unchecked, unless they hold a digest (then it is
+    verified: a version changed by a flipped bit does not turn the check off).
+    ``covered``: ``data`` is part of a state whose digest was verified (a snapshot inside
+    a ``TrainingRNG`` state), so it carries none of its own.
+
+    Examples:
+        >>> form = SavedForm("devrng.RNGState", (1, 2), 2, "RNGState.from_dict",
+        ...                  "RNGState.to_dict()")
+        >>> check_saved(seal({"format": "devrng.RNGState", "version": 2}), form)
+        2
+    """
+    version = _check_header(data, form, source)
+    recorded_counts(data, form.what)
+    where = source or f"{form.what}: the state"
+    # Walked (bounded) before it is hashed: the digest is computed over checked values only.
+    check_loaded({k: v for k, v in data.items() if k not in own} if own else data, where)
+    for key in own:
+        check_depth(data.get(key), f"{where}'s {key!r}")
+    if not covered and (version >= form.sealed_since or DIGEST in data):
+        _verify(data, version, f"{form.what}: {source or 'the state'}")
+    return version
+
+
+def read_saved(payload: Any, source: str, *, form: SavedForm) -> Any:
+    """The plain state in ``payload``, the bytes of a saved state of ``form`` (``encode``: a
+    rank's entry), read weights-only (``decode``) and checked whole (``check_saved``)."""
+    plain = decode(payload, f"{form.what}: {source}")
+    check_saved(plain, form, source=source)
+    return plain
+
+
+def recorded_counts(data: Mapping[str, Any], what: str) -> tuple[int, int]:
+    """The world size and rank a saved state records (-1 where it records none), or one
+    ``DevRNGError`` sentence saying what is wrong with one (``count_problem``).
+
+    Examples:
+        >>> recorded_counts({"world_size": 2, "rank": 1}, "RNGStreams.load_state_dict")
+        (2, 1)
+    """
+    counts = []
+    for key, name, low in (("world_size", "world size", 1), ("rank", "rank", 0)):
+        value = data.get(key, -1)
+        if key in data and (problem := count_problem(value, low)) is not None:
+            raise DevRNGError(f"{what}: the saved {name} {problem}.")
+        counts.append(int(value))
+    return counts[0], counts[1]
+
+
+def _check_header(data: Any, form: SavedForm, source: str | None) -> int:
+    """The version of a saved state tagged ``form.tag``, or a ``DevRNGError`` sentence naming
+    what ``data`` is instead."""
+    tag, what, made_by = form.tag, form.what, form.made_by
     tagged = data.get("format") if isinstance(data, Mapping) else None
     if not (type(tagged) is str and tagged == tag):
         got = (f"its format tag is {short_repr(data.get('format'))}, not {tag!r}"
@@ -284,13 +289,11 @@ def check_header(data: Any, *, tag: str, versions: Collection[int], sealed_since
                               f"with {made_by}.")
         raise DevRNGError(f"{what} takes the dict that {made_by} returns; {got}.")
     version = data.get("version")
-    if type(version) is not int or version not in versions:
-        known = sorted(versions)
+    if type(version) is not int or version not in form.versions:
+        known = sorted(form.versions)
         raise DevRNGError(f"{what}: {source or 'the state'} is version {short_repr(version)}; "
                           f"this devrng reads version{'s' if len(known) > 1 else ''} "
                           f"{', '.join(map(str, known))}.")
-    if not covered and (version >= sealed_since or DIGEST in data):
-        _verify(data, version, f"{what}: {source or 'the state'}")
     return version
 
 
@@ -508,6 +511,15 @@ def parse_parts(cpu: Any, devices: Any, python: Any = None, numpy: Any = None
             None if numpy is None else _numpy_from_plain(numpy))
 
 
+def read_parts(data: Any, form: SavedForm, *, source: str, covered: bool = False
+               ) -> tuple[torch.Tensor, dict[str, dict[int, Any]], Any, Any]:
+    """The parts of a saved snapshot (``RNGState.to_dict``'s data of ``form``), once all of it
+    is checked in one call: the whole (``check_saved``; ``covered``: it is part of a state whose
+    digest was verified), then each part (``parse_parts``)."""
+    check_saved(data, form, source=source, covered=covered)
+    return parse_parts(data["cpu"], data["devices"], data["python"], data["numpy"])
+
+
 def check_host_parts(cpu: Any, python: Any, numpy: Any) -> None:
     """Raise ``DevRNGError`` unless a snapshot's CPU, Python and NumPy states (the last two
     may be None) would install working generators: a snapshot built by hand is checked as
@@ -620,33 +632,8 @@ def _check_device_state(name: str, index: int, saved: Any, read: Any, whose: str
         raise DevRNGError(f"The {whose}'s {name}:{index} state is {saved}, outside [0, 2**64).")
 
 
-# -- one entry per rank -----------------------------------------------------------------------
-PREFIX = "devrng_rank_"
-_KEY = re.compile(PREFIX + r"(\d+)")
-_NONE = 1 << 62  # "nothing" in the vectors the ranks reduce with MIN
-_TEXT = 4096  # bytes of an error message sent from one rank to the others
-
-#: What ``prepare`` returns: the change to make (its undo steps pushed on the stack it is
-#: given) and the warning to give on every rank afterwards, if any.
-Apply = Callable[[Undo], None]
-
-
-def entry_key(rank: int) -> str:
-    """The key of ``rank``'s entry: ``"devrng_rank_<rank>"``."""
-    return f"{PREFIX}{rank}"
-
-
-def ranked(entry: Any) -> dict[str, Any]:
-    """``{"devrng_rank_<r>": entry}`` for this process's rank."""
-    return {entry_key(process_rank()): entry}
-
-
-def is_ranked(state_dict: Any) -> bool:
-    """Whether ``state_dict`` is one rank's entry (what ``ranked`` returns)."""
-    return (isinstance(state_dict, Mapping) and len(state_dict) == 1
-            and all(isinstance(k, str) and _KEY.fullmatch(k) for k in state_dict))
-
-
+# -- a saved state as bytes ---------------------------------------------------------------
+@guard
 def encode(plain: Any) -> bytes:
     """The bytes ``torch.save`` makes of ``plain`` (read back by ``decode``).
 
@@ -660,9 +647,6 @@ def encode(plain: Any) -> bytes:
         return buffer.getvalue()
     finally:
         deliver()
-
-
-guard(encode)
 
 
 def decode(payload: Any, what: str) -> Any:
@@ -680,363 +664,3 @@ def decode(payload: Any, what: str) -> Any:
                           "corrupt or was not written by devrng.") from None
     check_loaded(plain, what)
     return plain
-
-
-def own_entry(state_dict: Any) -> Any:
-    """The plain state in one rank's entry (``state_dict`` itself when it is not one)."""
-    if not is_ranked(state_dict):
-        return state_dict
-    entry = next(iter(state_dict.values()))
-    return decode(entry, "the entry") if isinstance(entry, (bytes, bytearray)) else entry
-
-
-# -- the identity of a save --------------------------------------------------------------------
-SAVE = "save"  #: the key of an entry's save identity
-_LOW = 1 << 61  # identities are in [2**61, 2**62): every one pickles to the same 8 bytes
-#: The identity each object's latest ``state_dict()`` made (its template in a ``dcp.load``).
-_made: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
-
-
-def stamp(plain: dict[str, Any], owner: Any) -> dict[str, Any]:
-    """``plain`` (an entry's plain state, made by ``owner.state_dict()``) with the identity of
-    this save: 62 random bits, agreed by every rank of the default group (one ``all_reduce``
-    of one integer: every rank calls ``state_dict()``, as ``dcp.save`` does). Drawn from the
-    OS, never from a generator the run uses. A state taken for another's entry
-    (``nested_state``) is returned as it is.
-
-    Examples:
-        >>> sorted(stamp({"seed": 1}, owner=None))
-        ['save', 'seed']
-    """
-    if _inside(nested_state.__code__):
-        return plain
-    save = _reduce_min([_LOW | secrets.randbits(61)])[0]
-    with contextlib.suppress(TypeError):  # an owner without weak references goes unrecorded
-        _made[owner] = save
-    return {**plain, SAVE: save}
-
-
-def nested_state(obj: Any) -> Any:
-    """The plain state of ``obj`` (``own_entry(obj.state_dict())``) for another object's entry,
-    which carries the save identity: made without one, so without a collective (a
-    ``TrainingRNG`` tracking ``RNGStreams``, a state gathered by a trainer integration)."""
-    return own_entry(obj.state_dict())
-
-
-def _inside(code: CodeType) -> bool:
-    """Whether a call of ``code`` is on this thread's stack. (Read from the stack, not kept in
-    a flag, which an interrupt between setting and clearing it could leave set.)"""
-    frame: FrameType | None = sys._getframe(2)
-    while frame is not None:
-        if frame.f_code is code:
-            return True
-        frame = frame.f_back
-    return False
-
-
-def save_of(plain: Any, what: str) -> int:
-    """The save identity in an entry's plain state; 0 for one saved without (an older devrng).
-
-    Examples:
-        >>> save_of({"seed": 1}, "the entry")
-        0
-    """
-    save = plain.get(SAVE) if isinstance(plain, Mapping) else None
-    if save is None:
-        return 0
-    if type(save) is not int or not _LOW <= save < 2 * _LOW:
-        raise DevRNGError(f"{what} has the save identity {short_repr(save)}; devrng writes an "
-                          "int in [2**61, 2**62) there, so the entry was altered.")
-    return save
-
-
-def _save_text(save: int) -> str:
-    return f"save {save:016x}" if save else "a save without an identity (an older devrng's)"
-
-
-def identity_of(value: Any) -> int:
-    """A 62-bit hash of plain data, to compare entries across ranks."""
-    h = hashlib.sha256()
-    hash_into(h, value)
-    return int.from_bytes(h.digest()[:8], "little") >> 2
-
-
-def ranks_text(low: int, high: int) -> str:
-    """``"rank 2"`` or ``"ranks 2-5"``."""
-    return f"rank {low}" if low == high else f"ranks {low}-{high}"
-
-
-@dataclass(frozen=True)
-class Summary:
-    """What every rank knows after the ranks compared their entries (the same on all)."""
-
-    rank: int  #: this process's rank (``process_rank``)
-    world: int  #: the job's number of ranks (``world_size``: what a state records)
-    source: int  #: the rank whose entry this rank holds (its own, or the one it was sent)
-    missing: tuple[int, int] | None  #: lowest and highest rank that found no entry
-    saved_world: int | None  #: the world size the entries record, if they record one
-    uniform: bool  #: whether every entry found holds the same state
-    borrowed: bool  #: whether this rank found no entry and took ``source``'s
-
-
-# -- collectives (none without a process group of more than one rank) ------------------------
-def _reduce_min(values: list[int]) -> list[int]:
-    if group_size() == 1:
-        return values
-    dist = torch.distributed
-    t = torch.tensor(values, dtype=torch.int64, device=collective_device())
-    dist.all_reduce(t, op=dist.ReduceOp.MIN)
-    return [int(v) for v in t.cpu().tolist()]
-
-
-def _broadcast_bytes(data: bytes, src: int, size: int) -> bytes:
-    """``src``'s ``data`` (``size`` bytes at most) on every rank."""
-    if group_size() == 1:
-        return data
-    dist = torch.distributed
-    t = torch.zeros(size, dtype=torch.uint8, device=collective_device())
-    if process_rank() == src:
-        t[:len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-    dist.broadcast(t, src=src)
-    return bytes(t.cpu().tolist())
-
-
-def _broadcast_text(text: str, src: int) -> str:
-    raw = text.encode()[:_TEXT]
-    return _broadcast_bytes(raw, src, _TEXT).rstrip(b"\0").decode(errors="replace")
-
-
-def _send_entries(payload: bytes, rank: int, source: int, missing: tuple[int, int],
-                  highest_found: int, world: int) -> bytes:
-    """Give each rank without an entry the entry of its source (see ``load_ranked``)."""
-    low, high = missing
-    if highest_found < low:  # a grown world: saved rank s sends to ranks s + k * low
-        dist = torch.distributed
-        device = collective_device()
-        if rank < low:
-            for dst in range(rank + low, high + 1, low):
-                dist.send(torch.tensor([len(payload)], dtype=torch.int64, device=device), dst)
-                dist.send(torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(device),
-                          dst)
-            return payload
-        length = torch.zeros(1, dtype=torch.int64, device=device)
-        dist.recv(length, source)
-        data = torch.empty(int(length.item()), dtype=torch.uint8, device=device)
-        dist.recv(data, source)
-        return bytes(data.cpu().numpy().tobytes())
-    size = _reduce_min([-len(payload) if rank == source else 0])[0]  # one lender: broadcast
-    return _broadcast_bytes(payload, source, -size)
-
-
-def _fail_everywhere(what: str, failing: int, error: DevRNGError | None, rank: int,
-                     world: int, stage: str) -> None:
-    """Raise on every rank the error of rank ``failing`` (the lowest that failed)."""
-    text = _broadcast_text(str(error) if error is not None else "", failing)
-    if world == 1:
-        assert error is not None
-        raise error
-    outcome = "no rank loaded any" if stage == "load" else "every rank put its own back"
-    message = (f"{what}: rank {failing} of {world} could not {stage} its devrng state, so "
-               f"{outcome}: {text}")
-    raise DevRNGError(message) from error
-
-
-# -- loading -----------------------------------------------------------------------------
-class Facts(NamedTuple):
-    """What the ranks compare of their entries before any of them loads (-1: not recorded)."""
-
-    world: int  #: the world size the entry records
-    identity: int  #: a hash of what must be alike on every rank (``identity_of``)
-    rank: int  #: the rank that saved the entry
-    save: int  #: the save identity (``save_of``; 0: an older devrng's entry)
-
-
-def load_ranked(state_dict: Mapping[str, Any], *, owner: Any, what: str,
-                read: Callable[[Any, str], Any], facts: Callable[[Any], Facts],
-                prepare: Callable[[Any, Summary], tuple[Apply, str | None]]) -> None:
-    """Load one rank's entry, all ranks together: all of them, or none.
-
-    Inside a ``dcp.load``, a failure also puts back the devrng values that call loaded
-    before this one (``devrng._generators.dcp_load``), on every rank.
-
-    Args:
-        state_dict: This rank's ``{"devrng_rank_<r>": entry}``, as ``dcp.load`` filled it (an
-            entry that is ``None``, or a dict of ``None``, was not in the checkpoint).
-        owner: The object that loads (its latest ``state_dict()`` made the template a
-            ``dcp.load`` reads into: see ``stamp``).
-        what: The caller, for messages (``"RNGStreams.load_state_dict"``).
-        read: The entry and what it is in words (``"the entry 'devrng_rank_1'"``) to its
-            plain state, its header and digest checked (``check_header``); raises
-            ``DevRNGError`` if it is not one.
-        facts: What a plain state records (``Facts``); an entry saved by another rank than
-            its key names was moved there (swapped entries) and is refused.
-        prepare: Checks a plain state (this rank's own, or the lowest rank's if this rank has
-            none) against this process, changing nothing; returns the change and a warning
-            for every rank, or raises ``DevRNGError``.
-    """
-    call = dcp_load.current()
-    try:
-        apply, warning, me = _agree(state_dict, owner, what, read, facts, prepare,
-                                    call is not None)
-        # Applied here, as load_training_state applies: the warnings' stack levels count on it.
-        error: DevRNGError | None = None
-        with Undo(what) as undo:
-            try:
-                apply(undo)
-            except (KeyboardInterrupt, SystemExit):
-                raise
-            except Exception as err:
-                error = err if isinstance(err, DevRNGError) else DevRNGError(
-                    f"{what}: {type(err).__name__}: {err}")
-            failed = _reduce_min([me if error else _NONE])[0]
-            if failed != _NONE:  # every rank puts back what it applied
-                _fail_everywhere(what, failed, error, me, group_size(), "apply")
-            if warning:
-                warn_and_log(warning, stacklevel=3)
-            kept = undo.hand_over()  # a later devrng value of the same dcp.load may fail
-    except BaseException as err:
-        earlier = dcp_load.put_back(call, err)
-        if earlier and isinstance(err, DevRNGError) and err.args:
-            err.args = (f"{err.args[0]} The devrng values this dcp.load loaded before it "
-                        f"({', '.join(earlier)}) were put back as well.", *err.args[1:])
-        raise
-    dcp_load.keep(call, kept, state_dict, is_ranked)
-
-
-def _agree(state_dict: Mapping[str, Any], owner: Any, what: str,
-           read: Callable[[Any, str], Any],
-           facts: Callable[[Any], Facts],
-           prepare: Callable[[Any, Summary], tuple[Apply, str | None]],
-           inside_dcp: bool) -> tuple[Apply, str | None, int]:
-    """Every check of ``load_ranked``, agreed by the ranks: the change to make, the warning,
-    and this rank's place in the reduced vectors; or the same error on every rank."""
-    rank, world, members = process_rank(), world_size(), group_size()
-    me = rank if members > 1 else 0  # this process's place in the vectors the ranks reduce
-    ((key, entry),) = state_dict.items()
-    found = not _absent(entry)
-    plain: Any = None
-    error: DevRNGError | None = None
-    saved_world, fingerprint, save = _NONE, _NONE, _NONE
-    if found:
-        try:  # (another rank's entry, from a file of its own, is the object's to judge)
-            with refusing(what):
-                plain = read(entry, f"the entry {key!r}")
-                recorded = facts(plain)
-            saved_world, fingerprint, save = recorded.world, recorded.identity, recorded.save
-            _check_key(key, recorded.rank, what)
-            saved_world = _NONE if saved_world < 0 else saved_world
-            _check_key(key, recorded.rank, what)
-        except DevRNGError as err:
-            error = err
-    nobody = _NONE if found or error else me
-    ok = found and not error
-    left = ok and save == _latest(owner)  # the template dcp.load was to fill, if in one
-    (source, highest_found, lowest_missing, highest_missing, bad, world_low, world_high,
-     print_low, print_high, save_low, save_high, left_low, left_high) = _reduce_min([
-        me if ok else _NONE, -me if ok else _NONE, nobody,
-        -nobody if nobody != _NONE else _NONE, me if error else _NONE, saved_world,
-        -saved_world if saved_world != _NONE else _NONE,
-        fingerprint, -fingerprint if fingerprint != _NONE else _NONE,
-        save if ok else _NONE, -save if ok else _NONE, me if left else _NONE,
-        -me if left else _NONE])
-    if bad != _NONE:
-        _fail_everywhere(what, bad, error, me, members, "load")
-    if source == _NONE:
-        raise DevRNGError(
-            f"{what}: no rank found its entry ('{PREFIX}<rank>') in the checkpoint: it holds no "
-            "devrng state under this key (saved without devrng, by another object, or by devrng "
-            "0.1, whose state DCP merged across ranks).")
-    stale = None if left_low == _NONE else (left_low, -left_high)
-    if save_low != -save_high:
-        raise _different_saves(what, (save_low, -save_high), save if ok else _NONE, me,
-                               stale if inside_dcp else None)
-    if stale is not None and inside_dcp:
-        raise DevRNGError(
-            f"{what}: the checkpoint holds no devrng entry under this key ('{PREFIX}<rank>') "
-            "for any rank: dcp.load left in place the entries each rank's state_dict() made "
-            "for it to fill, because its planner skips keys the checkpoint lacks (as "
-            "DefaultLoadPlanner(allow_partial_load=True) does, without a word); nothing was "
-            "loaded. Resume from a checkpoint saved with this object, or leave it out of the "
-            "state dict you load to start its state afresh.")
-    if world_low != _NONE and world_low != -world_high:
-        raise DevRNGError(
-            f"{what}: the entries this job found were saved by runs of {world_low} and "
-            f"{-world_high} ranks; they do not come from one checkpoint.")
-    missing = None if lowest_missing == _NONE else (lowest_missing, -highest_missing)
-    borrowed = not found
-    if borrowed:
-        # Saved ranks 0..s-1 and this job's ranks from s on without an entry (a grown world):
-        # the rank at this rank's place in the saved layout; else the lowest that has one.
-        tail = -highest_found < lowest_missing
-        source = me % lowest_missing if tail else source
-    if missing is not None:
-        payload = _send_entries(encode(plain) if found else b"", me, source, missing,
-                                -highest_found, members)
-        if borrowed:
-            plain = decode(payload, f"the entry of rank {source}")
-    summary = Summary(rank, world, source if borrowed else rank, missing,
-                      None if world_low == _NONE else world_low, print_low == -print_high,
-                      borrowed)
-    apply, warning = None, None
-    try:
-        with refusing(what):
-            apply, warning = prepare(plain, summary)
-    except DevRNGError as err:
-        error = err
-    failed = _reduce_min([me if error else _NONE])[0]
-    if failed != _NONE:
-        _fail_everywhere(what, failed, error, me, members, "load")
-    assert apply is not None
-    return apply, warning, me
-
-
-def _latest(owner: Any) -> int | None:
-    """The save identity ``owner``'s latest ``state_dict()`` made (see ``stamp``)."""
-    try:
-        return _made.get(owner)
-    except TypeError:  # no weak reference to it: nothing was recorded
-        return None
-
-
-def _different_saves(what: str, saves: tuple[int, int], mine: int, me: int,
-                     stale: tuple[int, int] | None) -> DevRNGError:
-    """The error every rank raises when the entries' save identities differ (``saves``: the
-    lowest and highest), naming a rank of each; ``stale``: the ranks whose entry is the
-    template a ``dcp.load`` left in place."""
-    low, high = saves
-    first, second = _reduce_min([me if mine == low else _NONE, me if mine == high else _NONE])
-    if stale is not None:
-        who = ranks_text(*stale)
-        return DevRNGError(
-            f"{what}: the checkpoint holds no devrng entry for {who}: dcp.load left in place "
-            f"the entry {who}'s state_dict() made for it to fill, because its planner skips "
-            "keys the checkpoint lacks (as DefaultLoadPlanner(allow_partial_load=True) does, "
-            "without a word), while other ranks loaded saved entries; no rank loaded any. "
-            "Resume from a checkpoint that every rank of this job wrote; on more ranks than "
-            "the run that saved, load with planner=devrng.distributed.load_planner(), which "
-            "lets devrng decide for the ranks without an entry.")
-    (a, sa), (b, sb) = sorted([(first, low), (second, high)])
-    return DevRNGError(
-        f"{what}: the checkpoint's entries come from different saves: rank {a}'s from "
-        f"{_save_text(sa)} and rank {b}'s from {_save_text(sb)}, so no rank loaded any. DCP "
-        "writes a checkpoint directory in place, one file per rank: a save that did not "
-        "finish on every rank (a rank that died while an older checkpoint was overwritten) "
-        "leaves files of two saves. Resume from a checkpoint every rank finished writing, and "
-        "save each checkpoint to a directory of its own (one per step).")
-
-
-def _check_key(key: str, saved_rank: int, what: str) -> None:
-    """Refuse an entry that the rank its key names did not save (entries swapped or moved)."""
-    match = _KEY.fullmatch(key)
-    if saved_rank >= 0 and match is not None and int(match.group(1)) != saved_rank:
-        raise DevRNGError(
-            f"{what}: the entry {key!r} holds the state that rank {saved_rank} saved: the "
-            "checkpoint's entries were swapped or moved after it was written, so none of them "
-            "is loaded. Load an intact copy of the checkpoint.")
-
-
-def _absent(entry: Any) -> bool:
-    """Whether an entry holds nothing (``load_planner()`` found no such key in the checkpoint)."""
-    if isinstance(entry, Mapping):
-        return all(v is None for v in entry.values())
-    return entry is None

@@ -6,7 +6,13 @@ import random
 from typing import Any
 
 from devrng._backends import host
-from devrng._backends.registry import available_backends, device_count, get_backend, is_initialized
+from devrng._backends.registry import (
+    Backend,
+    available_backends,
+    device_count,
+    get_backend,
+    is_initialized,
+)
 from devrng._base.errors import check_flags
 from devrng._base.seeds import check_seed
 from devrng._base.sigint import deliver, guard
@@ -16,6 +22,7 @@ from devrng._generators.undo import Undo, read_devices, read_started
 __all__ = ["manual_seed", "reseed"]
 
 
+@guard
 def manual_seed(seed: int, *, devices: Any = None, device_type: Any = None, python: bool = True,
                 numpy: bool = True) -> int:
     """Seed torch's CPU generator, every available device backend, Python and NumPy.
@@ -49,37 +56,41 @@ def manual_seed(seed: int, *, devices: Any = None, device_type: Any = None, pyth
     try:
         seed = check_seed(seed)
         check_flags(python=python, numpy=numpy)
-        if devices is None and device_type is None:
-            backends = [get_backend(name) for name in available_backends() if name != "cpu"]
-        else:
-            backends = [b for b, _ in make_plan(devices, device_type, caller="manual_seed", warn=False)]
-        # Started devices are read first so that a failure can be undone; a device that
-        # has not started is seeded last and never read (reading would start it).
-        started = [b for b in backends if is_initialized(b)]
-        with Undo(f"manual_seed({seed})") as undo:
-            undo.save_devices(read_devices((b, range(device_count(b))) for b in started))
-            undo.save_host(python=python, numpy=numpy)
-            for backend in started:
-                backend.manual_seed(seed)
-            for backend in backends:
-                if backend not in started:
-                    backend.manual_seed(seed)
-            host.seed_cpu(seed)
-            if python:
-                random.seed(seed)
-            if numpy:
-                host.seed_numpy(seed)
+        backends = None if devices is None and device_type is None else [
+            b for b, _ in make_plan(devices, device_type, caller="manual_seed", warn=False)]
+        _seed_all(seed, backends, python=python, numpy=numpy)
     finally:
         deliver()
     return seed
 
 
-guard(manual_seed)
+def _seed_all(seed: int, backends: list[Backend] | None, *, python: bool, numpy: bool) -> None:
+    """Seed ``backends`` (None: every available device backend), the CPU, and Python's and
+    NumPy's generators if asked, with a checked ``seed``: all, or every one put back."""
+    if backends is None:
+        backends = [get_backend(name) for name in available_backends() if name != "cpu"]
+    # Started devices are read first so that a failure can be undone; a device that
+    # has not started is seeded last and never read (reading would start it).
+    started = [b for b in backends if is_initialized(b)]
+    with Undo(f"manual_seed({seed})") as undo:
+        undo.save_devices(read_devices((b, range(device_count(b))) for b in started))
+        undo.save_host(python=python, numpy=numpy)
+        for backend in started:
+            backend.manual_seed(seed)
+        for backend in backends:
+            if backend not in started:
+                backend.manual_seed(seed)
+        host.seed_cpu(seed)
+        if python:
+            random.seed(seed)
+        if numpy:
+            host.seed_numpy(seed)
 
 
 def reseed(undo: Undo, seed: int) -> None:
     """``manual_seed(seed)`` as one step of a larger change: every started generator, and
     Python's and NumPy's, saved on ``undo`` first, so that the caller can put them back.
+    ``seed`` was checked by the caller (``check_seed``), inside a guarded call.
 
     Examples:
         >>> undo = Undo("example")
@@ -88,4 +99,4 @@ def reseed(undo: Undo, seed: int) -> None:
     """
     undo.save_devices(read_started())
     undo.save_host(python=True, numpy=True)
-    manual_seed(seed)
+    _seed_all(seed, None, python=True, numpy=True)

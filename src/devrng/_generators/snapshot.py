@@ -29,13 +29,13 @@ from devrng._base.sigint import deliver, guard
 from devrng._generators.plan import make_plan
 from devrng._generators.saved import (
     Fit,
-    check_depth,
+    SavedForm,
     check_device_states,
-    check_header,
     check_host_parts,
     check_plain,
     encode,
     parse_parts,
+    read_parts,
     seal,
 )
 from devrng._generators.undo import DeviceState, Undo, read_devices
@@ -43,8 +43,9 @@ from devrng._generators.undo import DeviceState, Undo, read_devices
 __all__ = ["RNGState", "Restore", "check_host", "get_rng_state", "parse_state", "plain_snapshot",
            "prepare_restore", "read_snapshot", "set_rng_state", "snapshot", "with_devices"]
 
-_FORMAT = "devrng.RNGState"
-_VERSION = 2  # 2: sealed (a digest of the content, checked on load); 1 (devrng <= 0.4) loads unchecked
+# 2: sealed (a digest of the content, checked on load); 1 (devrng <= 0.4) loads unchecked
+_FORM = SavedForm("devrng.RNGState", (1, 2), 2, "RNGState",
+                  "RNGState.save or RNGState.to_dict()")
 _NO_DEVICES: Mapping[str, Mapping[int, Any]] = MappingProxyType({})
 
 
@@ -154,6 +155,7 @@ class RNGState:
         """
         return read_snapshot(data, source=source)
 
+    @guard
     def save(self, f: str | os.PathLike[str] | IO[bytes]) -> None:
         """Write the snapshot to a file that ``torch.load(..., weights_only=True)`` reads.
 
@@ -257,9 +259,6 @@ class RNGState:
                 self.python, self.numpy]
 
 
-guard(RNGState.save)
-
-
 def get_rng_state(devices: Any = None, device_type: Any = None, *, python: bool = True,
                   numpy: bool = True) -> RNGState:
     """Snapshot the CPU generator, each covered device's, and Python's and NumPy's.
@@ -312,8 +311,8 @@ def plain_snapshot(state: RNGState) -> dict[str, Any]:
     """``state.to_dict()`` without the keys ``seal`` adds: for a state that holds a snapshot
     under a digest of its own (``TrainingRNG``), read back with ``read_snapshot(covered=True)``."""
     data: dict[str, Any] = {
-        "format": _FORMAT,
-        "version": _VERSION,
+        "format": _FORM.tag,
+        "version": _FORM.version,
         "torch": str(torch.__version__),
         "cpu": state.cpu,
         "devices": {t: dict(per) for t, per in state.devices.items()},
@@ -337,14 +336,10 @@ def plain_snapshot(state: RNGState) -> dict[str, Any]:
 
 def read_snapshot(data: Any, *, source: str, covered: bool = False) -> RNGState:
     """``RNGState.from_dict``; ``covered``: ``data`` is part of a state whose digest was
-    verified, so it carries none of its own (``check_header``)."""
-    check_depth(data, source)  # before anything walks it: a hostile nesting is refused
+    verified, so it carries none of its own (``check_saved``)."""
     try:
         # ``source`` names where the data came from: a file, a TrainingRNG state, a broadcast.
-        check_header(data, tag=_FORMAT, versions=(1, _VERSION), sealed_since=2, what="RNGState",
-                     made_by="RNGState.save or RNGState.to_dict()", source=source,
-                     covered=covered)
-        return parse_state(data["cpu"], data["devices"], data["python"], data["numpy"])
+        parts = read_parts(data, _FORM, source=source, covered=covered)
     except (DevRNGError, KeyboardInterrupt, SystemExit):
         raise
     except Exception as err:  # hostile input may fail in any way: one error class for it
@@ -352,6 +347,9 @@ def read_snapshot(data: Any, *, source: str, covered: bool = False) -> RNGState:
             f"{source} is not a valid devrng RNG snapshot: {short_repr(str(err), 200)}. Write "
             "snapshots with RNGState.save or RNGState.to_dict."
         ) from err
+    state = RNGState(*parts)
+    state._host_checked = True  # each part was checked
+    return state
 
 
 def parse_state(cpu: Any, devices: Any, python: Any = None, numpy: Any = None) -> RNGState:
@@ -416,6 +414,7 @@ def _not_torch_save(f: Any) -> str | None:
 
 
 # -- restoring: check all of it against this process, then set all of it, or nothing -----
+@guard
 def set_rng_state(state: RNGState) -> None:
     """Restore a snapshot: everything it covers, or, on any mismatch or failure, nothing.
 
@@ -453,9 +452,6 @@ def set_rng_state(state: RNGState) -> None:
             restore.apply(undo)
     finally:
         deliver()
-
-
-guard(set_rng_state)
 
 
 class Restore(NamedTuple):

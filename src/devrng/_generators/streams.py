@@ -22,24 +22,25 @@ from devrng._base.rank import process_rank, world_size
 from devrng._base.seeds import check_seed
 from devrng._base.sigint import deliver, guard
 from devrng._generators.plan import Plan, make_plan
-from devrng._generators.saved import (
+from devrng._generators.ranks.protocol import (
     Apply,
-    Facts,
+    Loader,
     Summary,
-    check_header,
-    check_plain,
-    count_problem,
-    decode,
-    encode,
-    identity_of,
     is_ranked,
     load_ranked,
     ranked,
     ranks_text,
-    refusing,
-    save_of,
-    seal,
     stamp,
+)
+from devrng._generators.saved import (
+    SavedForm,
+    check_plain,
+    check_saved,
+    encode,
+    read_saved,
+    recorded_counts,
+    refusing,
+    seal,
 )
 from devrng._generators.snapshot import RNGState, parse_state, prepare_restore, snapshot
 from devrng._generators.undo import Undo, read_devices
@@ -48,8 +49,9 @@ __all__ = ["RNGStreams"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-_FORMAT = "devrng.RNGStreams"
-_VERSION = 2  # 2: sealed, with the rank that saved it; 1 (devrng <= 0.4) loads unchecked
+# 2: sealed, with the rank that saved it; 1 (devrng <= 0.4) loads unchecked
+_FORM = SavedForm("devrng.RNGStreams", (1, 2), 2, "RNGStreams.load_state_dict",
+                  "RNGStreams.state_dict()")
 
 
 def _stream_seed(name: str, seed: int) -> int:
@@ -242,10 +244,11 @@ class RNGStreams:
             devices = {t: dict(per) for t, per in s.state.devices.items() if per}
             check_plain(devices, f"stream {name!r}'s device states")
             streams[name] = {"seed": s.seed, "cpu": s.state.cpu.clone(), "devices": devices}
-        return ranked(encode(seal(stamp({"format": _FORMAT, "version": _VERSION,
+        return ranked(encode(seal(stamp({"format": _FORM.tag, "version": _FORM.version,
                                          "streams": streams, "world_size": world_size(),
                                          "rank": process_rank()}, self))))
 
+    @guard
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Replace every stream with those ``RNGStreams.state_dict`` saved.
 
@@ -286,11 +289,12 @@ class RNGStreams:
                     "fork()."
                 )
             if is_ranked(state_dict):
-                load_ranked(state_dict, owner=self, what="RNGStreams.load_state_dict",
-                            read=_read_entry, facts=_facts, prepare=self._prepare)
+                load_ranked(state_dict, self, Loader(
+                    _FORM.what, functools.partial(read_saved, form=_FORM), ("streams",),
+                    self._prepare))
             else:
-                with refusing("RNGStreams.load_state_dict"):
-                    loaded = _parse(state_dict, _check_header(state_dict))
+                with refusing(_FORM.what):
+                    loaded = _read_streams(state_dict, check_saved(state_dict, _FORM))
                 self._streams = loaded
         finally:
             deliver()
@@ -309,7 +313,7 @@ class RNGStreams:
                 "saved streams of the rank at its place in the saved layout are taken if they "
                 "are the same; or add the streams afresh instead of loading them.")
         try:
-            loaded = _parse(plain, plain["version"])  # its header was checked when it was read
+            loaded = _read_streams(plain, plain["version"])  # checked whole when read
         except DevRNGError as err:
             raise DevRNGError(f"{what}: {err}") from None
         saved = {name: s.seed for name, s in loaded.items()}
@@ -333,46 +337,13 @@ def _names(seeds: Mapping[str, int]) -> str:
     return ", ".join(f"{n!r} (seed {s})" for n, s in seeds.items()) or "none"
 
 
-def _check_header(data: Any, source: str | None = None) -> int:
-    """The version of a saved RNGStreams state, its digest verified (``check_header``)."""
-    return check_header(data, tag=_FORMAT, versions=(1, _VERSION), sealed_since=2,
-                        what="RNGStreams.load_state_dict", made_by="RNGStreams.state_dict()",
-                        source=source)
-
-
-def _read_entry(entry: Any, source: str) -> Any:
-    plain = decode(entry, f"RNGStreams.load_state_dict: {source}")
-    _check_header(plain, source)
-    return plain
-
-
-def _facts(plain: Mapping[str, Any]) -> Facts:
-    """The world size and rank a plain state records (-1: none), a hash of its streams, and
-    its save identity."""
-    return Facts(_recorded(plain, "world_size"), identity_of(plain.get("streams")),
-                 _recorded(plain, "rank"), save_of(plain, "RNGStreams.load_state_dict: its entry"))
-
-
-def _recorded(plain: Mapping[str, Any], key: str) -> int:
-    """The world size or rank a saved state records (-1: none), or ``DevRNGError``."""
-    if key not in plain:
-        return -1
-    value = plain[key]
-    what, low = ("world size", 1) if key == "world_size" else ("rank", 0)
-    problem = count_problem(value, low)
-    if problem is not None:
-        raise DevRNGError(f"RNGStreams.load_state_dict: the saved {what} {problem}.")
-    return int(value)
-
-
-def _parse(state_dict: Mapping[str, Any], version: int) -> dict[str, _Stream]:
-    """The streams a plain state of ``version`` holds (its header checked), checked against
-    this process (``DevRNGError``)."""
+def _read_streams(state_dict: Mapping[str, Any], version: int) -> dict[str, _Stream]:
+    """The streams a plain state of ``version`` holds (checked whole: ``check_saved``),
+    each checked against this process (``DevRNGError``)."""
     raw = state_dict.get("streams")
     if not isinstance(raw, Mapping):
         raise DevRNGError("The RNGStreams state dict has no 'streams' mapping.")
-    _recorded(state_dict, "world_size")
-    if version >= 2 and _recorded(state_dict, "rank") < 0:
+    if version >= 2 and recorded_counts(state_dict, _FORM.what)[1] < 0:
         raise DevRNGError("The RNGStreams state dict does not record the rank that saved it.")
     loaded: dict[str, _Stream] = {}
     for name, entry in raw.items():
@@ -437,6 +408,7 @@ class StreamFork:
         self._streams, self._name = streams, name
         self._devices, self._device_type = devices, device_type
 
+    @guard
     def __enter__(self) -> None:
         try:
             streams, name = self._streams, self._name
@@ -465,6 +437,7 @@ class StreamFork:
             deliver()
             raise
 
+    @guard
     def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
         # The caller's states are put back on every way out, also when an interrupt lands
         # here (every line is inside the try); the stream keeps what it drew.
@@ -500,8 +473,3 @@ class StreamFork:
                 return fn(*args, **kwargs)
 
         return forked  # type: ignore[return-value]
-
-
-guard(RNGStreams.load_state_dict)
-guard(StreamFork.__enter__)
-guard(StreamFork.__exit__)

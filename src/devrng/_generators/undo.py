@@ -228,6 +228,7 @@ class Undo:
     def __enter__(self) -> Undo:
         return self
 
+    @guard
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         try:
@@ -262,6 +263,3 @@ class Undo:
                 f"{self.what} failed ({type(err).__name__}: {err}); every generator was put back "
                 "as it was."
             ) from err
-
-
-guard(Undo.__exit__)

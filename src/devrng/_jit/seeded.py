@@ -20,9 +20,9 @@ import torch
 from devrng._backends.host import draw_seed
 from devrng._base.errors import DevRNGError, short_repr
 from devrng._base.lazy import imported, load
-from devrng._base.seeds import MASK64, check_counter, check_seed, nth_seed
+from devrng._base.seeds import MASK64, call_seed, check_counter, check_seed
 from devrng._base.sigint import deliver, guard, interrupt_in, raised_count
-from devrng._generators.saved import SEAL_KEYS, check_header, refusing, seal
+from devrng._generators.saved import SEAL_KEYS, SavedForm, check_saved, refusing, seal
 from devrng._jit.compilers.runner import MakeRunner, Runner, input_types
 
 __all__ = ["COMPILER_NAMES", "SeededFunction", "auto_compiler", "seeded_jit"]
@@ -40,8 +40,9 @@ _COMPILERS: dict[str, tuple[str, str | None]] = {
 #: What ``seeded_jit(backend=...)`` accepts (torch.compile's word for a compiler).
 COMPILER_NAMES = (*_COMPILERS, "auto")
 
-_FORMAT = "devrng.SeededFunction"
-_VERSION = 2  # 2: with a header and a digest; the bare dict (devrng <= 0.4) loads unchecked
+# 2: with a header and a digest; the bare dict (devrng <= 0.4) loads unchecked
+_FORM = SavedForm("devrng.SeededFunction", (2,), 2, "SeededFunction.load_state_dict",
+                  "SeededFunction.state_dict()")
 
 
 def _active_portable() -> Any:
@@ -198,7 +199,7 @@ class SeededFunction(Generic[R]):
 
     def __call__(self, *args: Any, seed: int | torch.Tensor | None = None, **kwargs: Any) -> R:
         if seed is None:
-            value: int | torch.Tensor = nth_seed(self._base_seed, self._counter)
+            value: int | torch.Tensor = call_seed(self._base_seed, self._counter)
             self._counter += 1
         elif type(seed) is int and 0 <= seed <= MASK64:
             value = seed  # the common case, checked without a call
@@ -241,9 +242,10 @@ class SeededFunction(Generic[R]):
             >>> state["base_seed"], state["counter"]
             (3, 1)
         """
-        return seal({"format": _FORMAT, "version": _VERSION, "base_seed": self._base_seed,
+        return seal({"format": _FORM.tag, "version": _FORM.version, "base_seed": self._base_seed,
                      "counter": self._counter})
 
+    @guard
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Continue the seed stream that ``SeededFunction.state_dict`` saved.
 
@@ -275,16 +277,12 @@ class SeededFunction(Generic[R]):
                 f"counter={self._counter}, compile_count={self.compile_count})")
 
 
-guard(SeededFunction.load_state_dict)
-
-
 def _parse_state(state_dict: Any) -> tuple[int, int]:
     """Base seed and counter of a saved ``SeededFunction`` state, its digest checked if it
     has a header; or a ``DevRNGError`` sentence."""
     keys = set(state_dict) if isinstance(state_dict, Mapping) else None
     if keys is not None and "format" in keys:
-        check_header(state_dict, tag=_FORMAT, versions=(_VERSION,), sealed_since=_VERSION,
-                     what="SeededFunction.load_state_dict", made_by="SeededFunction.state_dict()")
+        check_saved(state_dict, _FORM)
         keys -= {"format", "version", *SEAL_KEYS}
     if keys != {"base_seed", "counter"}:
         got = (f"a mapping with the keys {', '.join(sorted(map(short_repr, state_dict)))}"

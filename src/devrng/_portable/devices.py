@@ -37,7 +37,7 @@ class Device(NamedTuple):
             op handlers may read argument values (``normal``'s std) without
             waiting on a device.
         source: ``"module:attr"`` of the ``Source`` class that draws there, loaded
-            on first use; ``None``: ``devrng._portable.threefry.Source``.
+            on first use; ``None``: ``devrng._portable.distributions.Source``.
         whole_draw: ``"module:attr"`` of ``f(key, shape, words)`` that makes a
             whole draw's bits (no shard counters) in one piece, loaded on first
             use; ``None``: the Threefry rounds as tensor ops.
@@ -46,9 +46,9 @@ class Device(NamedTuple):
         compile_error: The sentence that refuses a draw traced by ``torch.compile``
             on this device; ``None``: such draws read their key from
             ``devrng::next_key``.
-        float64: float64 arithmetic is there to lean on (``threefry.affine``
-            rounds once through it, ``threefry.scale_shift`` makes float32
-            products exact in it, ``threefry.sqrt32`` corrects the device's root
+        float64: float64 arithmetic is there to lean on (``distributions.affine``
+            rounds once through it, ``distributions.scale_shift`` makes float32
+            products exact in it, ``distributions.sqrt32`` corrects the device's root
             in it). MPS has none, JAX only with x64 (and XLA's fused multiply-add
             and square root need no correction).
         shift_divides: torch's ``>>`` is a division there, which rounds negative
@@ -56,7 +56,7 @@ class Device(NamedTuple):
         flushes_subnormals: float32, bfloat16 and float64 numbers below the smallest
             normal one become zero there (XLA and JAX on the CPU, measured; float16 ones
             are kept): bounded uniforms that would reach them are refused
-            (``threefry.bounds``).
+            (``distributions.bounds``).
     """
 
     name: str

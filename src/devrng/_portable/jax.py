@@ -1,9 +1,9 @@
 """Portable draws on torchax tensors: ``jax.random`` with the stream's key.
 
 torchax runs torch ops as JAX ops, and JAX without x64 has no 64-bit
-integers, so the int64 arithmetic of ``devrng._portable.threefry`` would silently run
-in 32 bits there. JAX's own ``jax.random`` computes exactly the numbers that
-module is built to equal (same key, same layout), so on torchax the bits,
+integers, so the int64 arithmetic of ``devrng._portable.threefry`` and ``distributions``
+would silently run in 32 bits there. JAX's own ``jax.random`` computes exactly the numbers
+those modules are built to equal (same key, same layout), so on torchax the bits,
 uniforms, integers and permutations come from it directly; the transforms
 built on top of them (normal's erfinv, exponential, bernoulli, multinomial)
 are the same torch code, run by torchax as JAX ops.
@@ -20,15 +20,16 @@ import torch
 from torchax import interop
 
 from devrng._base.errors import DevRNGError
-from devrng._portable import devices, threefry
+from devrng._portable import devices, distributions
+from devrng._portable.distributions import Source
 from devrng._portable.rng import PortableRNG
-from devrng._portable.threefry import HostKey, Source
+from devrng._portable.threefry import HostKey
 
 __all__ = ["JAX_OPS", "JaxSource", "JaxStream", "key_data", "traced_stream"]
 
 _JNP = {torch.float32: jnp.float32, torch.float16: jnp.float16, torch.bfloat16: jnp.bfloat16,
         torch.float64: jnp.float64, torch.int32: jnp.int32, torch.int64: jnp.int64}
-JAX_OPS = threefry.Ops(jnp, lambda x, dtype: x.astype(_JNP[dtype]))
+JAX_OPS = distributions.Ops(jnp, lambda x, dtype: x.astype(_JNP[dtype]))
 
 
 def key_data(key: HostKey) -> Any:
@@ -84,13 +85,13 @@ class JaxSource(Source):
 
     def uniform(self, shape: Sequence[int], dtype: torch.dtype, low: float = 0.0,
                 high: float = 1.0) -> torch.Tensor:
-        # JAX's unit draw, then the bounds as every device applies them (threefry.scale_shift,
+        # JAX's unit draw, then the bounds as every device applies them (distributions.scale_shift,
         # here in JAX: torchax's float64 tensor ops round through float32). Not JAX's own
         # u * span + lo, which XLA may or may not fuse, and rounds bfloat16 products first.
         values = self._unit(shape, dtype)
         if low != 0.0 or high != 1.0:
-            lo, span = threefry.bounds(low, high, dtype, devices.TORCHAX)
-            values = threefry.scale_shift(values, lo, span, dtype, False, JAX_OPS)
+            lo, span = distributions.bounds(low, high, dtype, devices.TORCHAX)
+            values = distributions.scale_shift(values, lo, span, dtype, False, JAX_OPS)
         return interop.torch_view(values)  # type: ignore[no-any-return]
 
     # float64 normal and exponential draws in JAX itself: torchax 0.0.13 multiplies float64

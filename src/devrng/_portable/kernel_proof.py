@@ -33,8 +33,8 @@ __all__ = ["BITS", "EXPONENTIAL", "NORMAL", "NORMAL_AT", "PROOF_DIGEST", "PROOF_
 
 # The modes of fill(): out0 = x0 ^ x1 (int32); out0, out1 = x0, x1 (int32); out0 = the
 # float32 uniform; the float64 uniform (from both words); the float32 normal; the float32
-# exponential (devrng._portable.threefry.unit, normal and exponential); the float32 uniform on
-# [shift, shift + scale) and the float32 normal times scale plus shift (devrng._portable.threefry's
+# exponential (devrng._portable.distributions.unit, normal and exponential); the float32 uniform
+# on [shift, shift + scale) and the float32 normal times scale plus shift (distributions'
 # uniform with bounds and normal with mean and std: affine's rounding).
 BITS, WORDS, UNIFORM, UNIFORM64, NORMAL, EXPONENTIAL, UNIFORM_AT, NORMAL_AT = range(8)
 _CTYPES: dict[int, Any] = {BITS: ctypes.c_int32, WORDS: ctypes.c_int32, UNIFORM: ctypes.c_float,
@@ -56,8 +56,8 @@ _KNOWN = (((0x00000000, 0x00000000), (0x00000000, 0x00000000), (0x6B200159, 0x99
 # starts 7 counters after the one before, so that no draw equals what an earlier one left in
 # memory. The normal draws include erfinv's tails, the randint spans each range reduction
 # (JAX's multiplier, 0 for spans above 2**16 and for powers of 2; span 1) in int64 ("wide")
-# and int32. PROOF_DIGEST is the SHA-256 of their bytes as devrng._portable.threefry's tensor
-# ops make them (tests/test_kernel.py makes them again).
+# and int32. PROOF_DIGEST is the SHA-256 of their bytes as the tensor ops of
+# devrng._portable.threefry and distributions make them (tests/test_kernel.py makes them again).
 PROOF_KEY = (0x243F6A88, 0xB7E15162)
 PROOF_SPLIT = ((0x1E573EDD, 0xAAE7BF55), (0xAA694F87, 0x9F895C85))  # fold_in(PROOF_KEY, 0), (.., 1)
 PROOF_START, PROOF_LENGTH, PROOF_STEP = (0x9E3779BA << 32) - 300, 4 * 256 - 1, 7

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from devrng._base.errors import DevRNGError, short_repr
 from devrng._base.lazy import imported, load
-from devrng._portable import devices, threefry
+from devrng._portable import devices, distributions
 
 __all__ = [
     "ENTRIES",
@@ -129,7 +129,7 @@ def _fill(rng: Stream, self: torch.Tensor,
     """``self`` filled in place with ``draw(source, shape)``, shard by shard for a DTensor.
 
     ``into_self``: the draw reads no tensor, so the CPU kernel may write it into
-    ``self`` directly (``threefry.Source.into``) instead of into a new tensor that is
+    ``self`` directly (``distributions.Source.into``) instead of into a new tensor that is
     then copied.
     """
     if _is_dtensor(self):
@@ -137,7 +137,7 @@ def _fill(rng: Stream, self: torch.Tensor,
     source = rng.source(self.device)
     if not self.numel():
         return self
-    if into_self and type(source) is threefry.Source:
+    if into_self and type(source) is distributions.Source:
         source.into = self
     values = draw(source, tuple(self.shape))
     with torch.no_grad():
@@ -446,7 +446,7 @@ def _normal_values(source: Any, shape: tuple[int, ...], dtype: torch.dtype, mean
                    std: Any) -> torch.Tensor:
     if not isinstance(std, torch.Tensor) and not isinstance(mean, torch.Tensor):
         return source.normal(shape, dtype, float(mean), float(std))  # type: ignore[no-any-return]
-    return threefry.affine(source.normal(shape, dtype), std, mean, dtype)  # z * std + mean, rounded once
+    return distributions.affine(source.normal(shape, dtype), std, mean, dtype)  # z * std + mean, rounded once
 
 
 def _readable(t: torch.Tensor) -> bool:
@@ -653,7 +653,7 @@ def _multinomial(rng: Stream, func: Any, args: Args, kwargs: Kwargs) -> torch.Te
         rows = weights.reshape(-1, categories)
         if bool((rows.sum(-1) <= 0).any()):
             raise DevRNGError("multinomial needs weights that sum to more than 0 in every row.")
-    picked = threefry.multinomial(rng.source(weights.device), weights, num_samples, replacement)
+    picked = distributions.multinomial(rng.source(weights.device), weights, num_samples, replacement)
     return _finish_factory(picked, {"out": kwargs.get("out")})
 
 

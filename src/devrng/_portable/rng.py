@@ -12,7 +12,7 @@ A mode, not a dispatch mode, because dynamo traces a ``TorchFunctionMode``'s
 handler into the graph: under ``torch.compile`` the stream's state is a small
 CPU tensor that the graph reads and advances at run time (one compilation for
 every seed and step), and the generator itself is one opaque op
-(``devrng::bits``) so that inductor never compiles 130 rounds of integer ops.
+(``devrng::bits``) so that inductor never compiles the generator's unrolled integer ops.
 
 What each op does is a table of small objects, in ``devrng._portable.ops``.
 """
@@ -36,24 +36,25 @@ from devrng._base.lazy import imported, load
 from devrng._base.rank import process_rank, world_size
 from devrng._base.seeds import MASK64, check_counter, check_seed
 from devrng._base.sigint import deliver, guard
-from devrng._generators.saved import (
+from devrng._generators.ranks.protocol import (
     SAVE,
-    SEAL_KEYS,
     Apply,
-    Facts,
+    Loader,
     Summary,
-    check_header,
-    count_problem,
-    identity_of,
     is_ranked,
     load_ranked,
     ranked,
-    refusing,
-    save_of,
-    seal,
     stamp,
 )
-from devrng._portable import devices, ops, threefry
+from devrng._generators.saved import (
+    SEAL_KEYS,
+    SavedForm,
+    check_saved,
+    recorded_counts,
+    refusing,
+    seal,
+)
+from devrng._portable import devices, distributions, ops, threefry
 from devrng._portable.ops import ENTRIES, Args, Kwargs, Op, aten_entry, entry_name, redispatch
 
 __all__ = ["PortableRNG", "TracedStream", "active", "call_stream", "portable"]
@@ -176,10 +177,11 @@ class PortableRNG(TorchFunctionMode):
             (3, 2, 1)
         """
         seed, counter = self._stream.get()
-        return ranked(seal(stamp({"format": _FORMAT, "version": _VERSION, "seed": seed,
+        return ranked(seal(stamp({"format": _FORM.tag, "version": _FORM.version, "seed": seed,
                                   "counter": counter, "world_size": world_size(),
                                   "rank": process_rank()}, self)))
 
+    @guard
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Continue the stream saved by ``state_dict`` (checked first; nothing changes on error).
 
@@ -212,18 +214,17 @@ class PortableRNG(TorchFunctionMode):
         """
         try:  # guarded: a Ctrl-C never leaves the stream half set
             if is_ranked(state_dict):
-                load_ranked(state_dict, owner=self, what="PortableRNG.load_state_dict",
-                            read=_read_entry, facts=_facts, prepare=self._prepare)
+                load_ranked(state_dict, self, Loader(_FORM.what, _checked_entry,
+                                                     ("seed", "counter"), self._prepare))
             else:
-                self._stream.set(*_parse(state_dict)[:2])
+                self._stream.set(*_read_stream(state_dict))
         finally:
             deliver()
 
-    def _prepare(self, plain: tuple[int, int, int, int], summary: Summary
-                 ) -> tuple[Apply, str | None]:
+    def _prepare(self, plain: Mapping[str, Any], summary: Summary) -> tuple[Apply, str | None]:
         """Check one rank's stream in a load of all ranks; the change to make."""
-        what = "PortableRNG.load_state_dict"
-        seed, counter = plain[:2]
+        what = _FORM.what
+        seed, counter = int(plain["seed"]), int(plain["counter"])  # (checked when read)
         if seed != self.seed and summary.world > 1:
             whose = (f"rank {summary.source}'s, at this rank's place in the saved layout, "
                      if summary.borrowed else "")
@@ -269,11 +270,11 @@ class PortableRNG(TorchFunctionMode):
         return self._stream.next_key(device)  # type: ignore[no-any-return]
 
     def source(self, device: torch.device, counters: torch.Tensor | None = None) -> Any:
-        # The next op's numbers on ``device``: the Source its row names (threefry's by default).
+        # The next op's numbers on ``device``: the Source its row names (distributions' by default).
         key = self.next_key(device)
         row = devices.row(device)
         if row.source is None:
-            return threefry.Source(key, device, counters)
+            return distributions.Source(key, device, counters)
         source = load(row.source, what=f"devrng.portable on {row.name}", extra=row.extra)
         return source(key, device, counters)
 
@@ -321,28 +322,26 @@ class PortableRNG(TorchFunctionMode):
                 UserWarning, stacklevel=4)
 
 
-_FORMAT = "devrng.PortableRNG"
-_VERSION = 2  # 2: with a header and a digest; the dicts without one (devrng <= 0.4) load unchecked
+# 2: with a header and a digest; the dicts without one (devrng <= 0.4) load unchecked
+_FORM = SavedForm("devrng.PortableRNG", (2,), 2, "PortableRNG.load_state_dict",
+                  "PortableRNG.state_dict()")
 _KEYS = {"seed", "counter", "world_size", "rank"}
 _OLD_KEYS = ({"seed", "counter"}, {"seed", "counter", "world_size"})
 
 
-guard(PortableRNG.load_state_dict)
+def _read_stream(state_dict: Any, source: str | None = None) -> tuple[int, int]:
+    """Seed and counter of a saved stream, checked whole (its header and digest where it has
+    a header: ``check_saved``; the world size and rank it records); or a ``DevRNGError``
+    sentence."""
+    with refusing(_FORM.what):
+        return _checked_stream(state_dict, source)
 
 
-def _parse(state_dict: Any, source: str | None = None) -> tuple[int, int, int, int]:
-    """Seed, counter, and the world size and rank recorded (-1: none) of a saved stream,
-    its digest checked if it has a header; or a ``DevRNGError`` sentence."""
-    with refusing("PortableRNG.load_state_dict"):
-        return _parse_checked(state_dict, source)
-
-
-def _parse_checked(state_dict: Any, source: str | None) -> tuple[int, int, int, int]:
-    what = "PortableRNG.load_state_dict"
+def _checked_stream(state_dict: Any, source: str | None) -> tuple[int, int]:
+    what = _FORM.what
     keys = set(state_dict) if isinstance(state_dict, Mapping) else None
     if keys is not None and "format" in keys:
-        check_header(state_dict, tag=_FORMAT, versions=(_VERSION,), sealed_since=_VERSION,
-                     what=what, made_by="PortableRNG.state_dict()", source=source)
+        check_saved(state_dict, _FORM, source=source)
         keys -= {"format", "version", SAVE, *SEAL_KEYS}
         expected: Any = (_KEYS,)
     else:
@@ -360,24 +359,14 @@ def _parse_checked(state_dict: Any, source: str | None) -> tuple[int, int, int, 
         counter = check_counter(state_dict["counter"], "state_dict['counter']")
     except (TypeError, ValueError) as err:
         raise DevRNGError(f"{where}: {err}") from None
-    recorded = []
-    for key, low in (("world_size", 1), ("rank", 0)):
-        problem = count_problem(state_dict.get(key), low) if key in state_dict else None
-        if problem is not None:
-            raise DevRNGError(f"{where}: its {key!r} {problem}.")
-        recorded.append(state_dict.get(key, -1))
-    return seed, counter, recorded[0], recorded[1]
+    recorded_counts(state_dict, what)  # (checked already under a header)
+    return seed, counter
 
 
-def _read_entry(entry: Any, source: str) -> tuple[int, int, int, int, int]:
-    """Seed, counter, the world size and rank recorded (-1: none) and the save identity (0:
-    none) of one rank's entry."""
-    return (*_parse(entry, source),
-            save_of(entry, f"PortableRNG.load_state_dict: {source}"))
-
-
-def _facts(plain: tuple[int, int, int, int, int]) -> Facts:
-    return Facts(plain[2], identity_of(list(plain[:2])), plain[3], plain[4])
+def _checked_entry(entry: Any, source: str) -> Any:
+    """One rank's entry, checked whole (``_read_stream``)."""
+    _read_stream(entry, source)
+    return entry
 
 
 def portable(seed: int | None = None, *, strict: bool = True) -> PortableRNG:
@@ -450,7 +439,7 @@ def _teach_dynamo() -> None:
     # Marked here rather than by a decorator, which would import dynamo with devrng.
     torch.compiler.assume_constant_result(entry_name)  # type: ignore[no-untyped-call]
     # Rounds Python numbers with struct, which older dynamo (torch 2.8) cannot trace.
-    torch.compiler.assume_constant_result(threefry.round_to)  # type: ignore[no-untyped-call]
+    torch.compiler.assume_constant_result(distributions.round_to)  # type: ignore[no-untyped-call]
     # When a compiled function breaks its graph (at loss.backward(), say), dynamo keeps
     # watching the frames that run eagerly, and would compile this handler as a function
     # of its own, once per argument type. It is only ever meant to be inlined into the

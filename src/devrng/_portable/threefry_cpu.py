@@ -1,7 +1,8 @@
 """Threefry-2x32 on the CPU as one fused loop: devrng's C extension, built at install time.
 
-The same generator as tensor ops (``devrng._portable.threefry``) is a chain of about
-130 elementwise kernels, each reading and writing the whole array. One C loop
+The same generator as tensor ops (``devrng._portable.threefry``) is a chain of
+elementwise kernels, one per integer op of its rounds, each reading and writing the
+whole array (docs/benchmarks.md: the rows "without the C kernel"). One C loop
 that keeps both words in registers does the same integer arithmetic faster than
 ``torch.rand`` (``benchmarks/`` has the figures). It also turns the words into
 what the common draws need in the same pass (float32 and float64 uniforms,
@@ -117,8 +118,8 @@ def status() -> tuple[bool, str]:
     return _loaded["kernel"] is not None, _loaded["status"]
 
 
-_SLOWER = ("devrng.portable's CPU draws use tensor ops: the same numbers, up to about 60 times "
-           "more slowly than torch's generator (docs/portable.md, What it costs)")
+_SLOWER = ("devrng.portable's CPU draws use tensor ops: the same numbers, many times more "
+           "slowly than torch's generator (docs/benchmarks.md, the rows 'without the C kernel')")
 
 
 def load_checked(spec: ModuleSpec | None) -> tuple[CpuKernel | None, str, str | None]:

@@ -420,6 +420,7 @@ class DeterministicHandle:
         warnings.warn(message, UserWarning, stacklevel=4)
 
     # -- restoring --------------------------------------------------------------
+    @guard
     def restore(self) -> None:
         """Put back every flag, environment variable and RNG state this handle changed.
 
@@ -474,6 +475,7 @@ class DeterministicHandle:
                 _deactivate(newest)
         return failures, inner
 
+    @guard
     def __enter__(self) -> DeterministicHandle:
         try:
             if not self._active:  # re-entering a handle that was restored
@@ -488,6 +490,7 @@ class DeterministicHandle:
             deliver()
             raise
 
+    @guard
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         try:
@@ -560,6 +563,7 @@ def _deactivate(handle: DeterministicHandle) -> None:
         handle._previous.clear()
 
 
+@guard
 def deterministic(seed: int | None = None, *, warn_only: bool = False,
                   cublas_workspace_config: str | None = ":4096:8",
                   fill_uninitialized_memory: bool = True) -> DeterministicHandle:
@@ -629,9 +633,3 @@ def deterministic(seed: int | None = None, *, warn_only: bool = False,
             handle.restore()
         deliver()
         raise
-
-
-guard(deterministic)
-guard(DeterministicHandle.restore)
-guard(DeterministicHandle.__enter__)
-guard(DeterministicHandle.__exit__)

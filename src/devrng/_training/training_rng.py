@@ -36,31 +36,30 @@ from devrng._base.seeds import (
     seed_from_environment,
 )
 from devrng._base.sigint import deliver, guard
-from devrng._generators.saved import (
+from devrng._generators.ranks.protocol import (
     SAVE,
-    SEAL_KEYS,
     Apply,
-    Facts,
+    Loader,
     Summary,
-    check_cpu_state,
-    check_depth,
-    check_header,
-    check_loaded,
-    check_plain,
-    count_problem,
-    decode,
-    encode,
-    fit_devices,
     identity_of,
     is_ranked,
     load_ranked,
     nested_state,
     ranked,
     ranks_text,
-    refusing,
-    save_of,
-    seal,
     stamp,
+)
+from devrng._generators.saved import (
+    SEAL_KEYS,
+    SavedForm,
+    check_cpu_state,
+    check_plain,
+    check_saved,
+    encode,
+    fit_devices,
+    read_saved,
+    refusing,
+    seal,
 )
 from devrng._generators.seeding import reseed
 from devrng._generators.snapshot import Restore, get_rng_state, prepare_restore, read_snapshot
@@ -87,9 +86,9 @@ from devrng._training.workers import dataloader_kwargs
 __all__ = ["TrainingRNG", "generator_states", "load_training_state", "set_generator_states",
            "start_flight_record", "tracked_loaders"]
 
-_FORMAT = "devrng.TrainingRNG"
-_VERSION = 3
-_SEALED_SINCE = 3  # version 3 carries a digest of its content; 1 and 2 load unchecked
+# Version 3 carries a digest of its content; 1 and 2 load unchecked.
+_FORM = SavedForm("devrng.TrainingRNG", (1, 2, 3), 3, "TrainingRNG.load_state_dict",
+                  "TrainingRNG.state_dict()")
 _KEYS = frozenset({"format", "version", "seed", "rank", "world_size", "rng", "generators",
                    "tracked", "loaders"})
 # Version 1 (devrng 0.1) has no loader records; 3 (devrng 0.4) is sealed (``seal``).
@@ -150,6 +149,7 @@ class TrainingRNG:
         True
     """
 
+    @guard
     def __init__(self, seed: int | None = None, *, deterministic: bool = False,
                  per_rank: bool = False, strict: bool = True,
                  flight_record: str | os.PathLike[str] | bool | None = None) -> None:
@@ -400,8 +400,8 @@ class TrainingRNG:
             check_plain(state, f"the state of the tracked object {name!r}")
             tracked[name] = state
         plain = {
-            "format": _FORMAT,
-            "version": _VERSION,
+            "format": _FORM.tag,
+            "version": _FORM.version,
             "seed": self._seed,
             "rank": process_rank(),
             "world_size": world_size(),
@@ -419,6 +419,7 @@ class TrainingRNG:
             self._flight.checkpoint(_flight_key(plain))
         return state
 
+    @guard
     def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool | None = None) -> None:
         """Put back everything ``state_dict()`` saved: all of it, or, on any error, nothing.
 
@@ -469,9 +470,9 @@ class TrainingRNG:
             strict = self.strict if strict is None else strict
             check_flags(strict=strict)
             if is_ranked(state_dict):
-                load_ranked(state_dict, owner=self, what="TrainingRNG.load_state_dict",
-                            read=_read_entry, facts=_facts,
-                            prepare=lambda plain, summary: self._prepare(plain, summary, strict))
+                load_ranked(state_dict, self, Loader(
+                    _FORM.what, functools.partial(read_saved, form=_FORM), ("seed",),
+                    functools.partial(self._prepare, strict=strict)))
                 return
             load_training_state(self, state_dict, strict=strict)
         finally:
@@ -493,8 +494,9 @@ class TrainingRNG:
                 f"{'has' if missing[0] == missing[1] else 'have'} none. Make the "
                 "TrainingRNG with strict=False to resume with those ranks' generators seeded "
                 "afresh (with a warning).")
-        # Checks everything, changes nothing (the header was checked when the entry was read).
-        loading = _Loading(self, plain, strict, _LENIENT, header_checked=True)
+        # Checks everything against this process, changes nothing (the entry was checked
+        # whole when it was read).
+        loading = _Loading(self, plain, strict, _LENIENT)
         if self._seed_chosen and loading.seed != self._seed and summary.world > 1:
             problem = (f"this TrainingRNG was made with seed {self._seed} and the checkpoint's "
                        f"run used seed {loading.seed}")
@@ -515,6 +517,7 @@ class TrainingRNG:
         return loading.apply, warning + "."
 
 
+@guard
 def load_training_state(rng: TrainingRNG, state_dict: Mapping[str, Any], *, strict: bool = True,
                         lenient: str = "strict=False") -> None:
     """``rng.load_state_dict(state_dict, strict)``, whose errors name ``lenient`` as the way
@@ -522,33 +525,30 @@ def load_training_state(rng: TrainingRNG, state_dict: Mapping[str, Any], *, stri
     integrations': ``DevRNGCallback(strict=False)``, ...)."""
     try:
         check_flags(strict=strict)
-        with refusing("TrainingRNG.load_state_dict"):  # checks everything, changes nothing
+        with refusing(_FORM.what):  # check, then prepare: nothing changes yet
+            check_saved(state_dict, _FORM, own=("tracked",))
             loading = _Loading(rng, state_dict, strict, lenient)
-        with Undo("TrainingRNG.load_state_dict") as undo:
+        with Undo(_FORM.what) as undo:  # apply; any failure undoes it all
             loading.apply(undo)
     finally:
         deliver()
 
 
-guard(TrainingRNG.__init__)
-guard(TrainingRNG.load_state_dict)
-guard(load_training_state)
-
-
 class _Loading:
-    """One ``load_state_dict`` call: ``__init__`` checks everything that needs no change
-    (first the dict's own layout, then each part by the module that owns it); ``apply``
-    makes every change, each pushed on an undo stack first, then warns of what was not
-    restored and of what will not be exact."""
+    """One ``load_state_dict`` call, once its state was checked whole (``check_saved``):
+    ``__init__`` prepares it, checking every part against this process without changing
+    anything (first the dict's own layout, then each part by the module that owns it);
+    ``apply`` makes every change, each pushed on an undo stack first, then warns of what
+    was not restored and of what will not be exact."""
 
     def __init__(self, rng: TrainingRNG, data: Mapping[str, Any], strict: bool,
-                 lenient: str, *, header_checked: bool = False) -> None:
+                 lenient: str) -> None:
         self.rng = rng
         self.strict = strict
         self.skipped: list[str] = []
         self.hint = "" if not strict else (
             f" Pass {lenient} to resume anyway with a warning listing what was not restored.")
-        self._check_format(data, header_checked)
+        self._check_keys(data)
         self.same_rank = self._check_rank(data)
         self._check_names("generators", data["generators"], rng._generators)
         self._check_names("tracked objects", data["tracked"], rng._tracked)
@@ -566,7 +566,7 @@ class _Loading:
                             else rank_seed(self.seed, rank))
         # A sealed state's digest, verified above, covers its snapshot: not verified again.
         state = read_snapshot(data["rng"], source="the saved global RNG state",
-                              covered=data["version"] >= _SEALED_SINCE)
+                              covered=data["version"] >= _FORM.sealed_since)
         for name, saved in self.generators.items():
             if name in rng._generators:
                 try:
@@ -589,23 +589,16 @@ class _Loading:
         self.inside: set[str] = set()  # loaders that resume their place inside an epoch
         self.states = self._fit_places()  # the state each tracked loader loads
         self.starts = self._read_epoch_starts(data.get("epoch_starts"))
-        self.key = _flight_key(data)
+        # What the flight record knows the checkpoint by: hashed only where a record is kept.
+        self.key = None if rng._flight is None else _flight_key(data)
 
     def fail(self, problem: str) -> DevRNGError:
         return DevRNGError(f"TrainingRNG.load_state_dict: {problem}.{self.hint}")
 
     # -- check ----------------------------------------------------------------------
-    def _check_format(self, data: Any, header_checked: bool) -> None:
-        version = data["version"] if header_checked else _check_header(data)
+    def _check_keys(self, data: Mapping[str, Any]) -> None:
+        version = data["version"]
         expected = _KEYS_OF[version] | (set(data) & _OPTIONAL_OF[version])
-        # Bounded before anything reads it: a small file can nest thousands deep or hold a
-        # tensor claiming gigabytes (stride 0). Tracked objects' states are their own
-        # business, only their nesting is bounded. (An entry was bounded, all of it, when
-        # it was read: ``decode``.)
-        if not header_checked:
-            check_loaded({k: v for k, v in data.items() if k != "tracked"},
-                         "TrainingRNG.load_state_dict: the state")
-            check_depth(data.get("tracked"), "TrainingRNG.load_state_dict: the tracked states")
         keys = set(data) - _OPTIONAL
         if keys != expected:
             extra = sorted(map(short_repr, keys - expected))
@@ -618,11 +611,7 @@ class _Loading:
 
     def _check_rank(self, data: Mapping[str, Any]) -> bool:
         """Whether ``data`` was saved by this rank (with ``strict``: and world size)."""
-        saved_rank, saved_world = data["rank"], data["world_size"]
-        for what, value, low in (("world size", saved_world, 1), ("rank", saved_rank, 0)):
-            problem = count_problem(value, low)
-            if problem is not None:
-                raise DevRNGError(f"TrainingRNG.load_state_dict: the saved {what} {problem}.")
+        saved_rank, saved_world = data["rank"], data["world_size"]  # (checked: check_saved)
         if saved_rank >= saved_world:
             raise DevRNGError(f"TrainingRNG.load_state_dict: the saved rank {saved_rank} is not "
                               f"a rank of the saved world size {saved_world}.")
@@ -752,31 +741,8 @@ class _Loading:
         warn_on_resume(resume_problems(self.saved_world, self.records, rng._loaders,
                                        self.inside) + [p for p in unreplayable if p],
                        stacklevel=4)
-        if rng._flight is not None:  # the steps from here are compared with the saved run's
-            rng._flight.resume(self.key)
-
-
-def _check_header(data: Any, source: str | None = None) -> int:
-    """The version of a saved TrainingRNG state, its digest verified (``check_header``)."""
-    return check_header(data, tag=_FORMAT, versions=_KEYS_OF, sealed_since=_SEALED_SINCE,
-                        what="TrainingRNG.load_state_dict", made_by="TrainingRNG.state_dict()",
-                        source=source)
-
-
-def _read_entry(entry: Any, source: str) -> Any:
-    plain = decode(entry, f"TrainingRNG.load_state_dict: {source}")
-    _check_header(plain, source)
-    return plain
-
-
-def _facts(plain: Mapping[str, Any]) -> Facts:
-    """The world size and rank a plain state records (-1: none), its run's seed, hashed,
-    and its save identity."""
-    world: Any = plain.get("world_size")
-    rank: Any = plain.get("rank")
-    return Facts(world if count_problem(world, 1) is None else -1,
-                 identity_of(plain.get("seed")), rank if count_problem(rank, 0) is None else -1,
-                 save_of(plain, "TrainingRNG.load_state_dict: its entry"))
+        if rng._flight is not None and self.key is not None:  # the steps from here are
+            rng._flight.resume(self.key)  # compared with the saved run's
 
 
 def start_flight_record(rng: TrainingRNG, directory: str, *, hooked: bool = False,

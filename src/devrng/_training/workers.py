@@ -18,23 +18,11 @@ from typing import Any
 import torch
 
 from devrng._backends import host
-from devrng._base.rank import env_rank, process_rank
-from devrng._base.seeds import MASK64, check_seed, nth_seed, splitmix64
+from devrng._base.rank import check_rank, env_rank, process_rank
+from devrng._base.seeds import MASK64, kept_epoch_seed, sample_seed, worker_seeds
 from devrng._generators.fork import fork_rng
 
-__all__ = ["WorkerSeeding", "dataloader_kwargs", "sample_rng", "seed_worker", "worker_seeds"]
-
-
-def worker_seeds(base_seed: int, worker_id: int, rank: int) -> tuple[int, int, list[int]]:
-    """The torch, Python and NumPy seeds ``seed_worker`` uses, from its inputs."""
-    h = splitmix64(base_seed & MASK64)
-    h = splitmix64(h ^ splitmix64((rank & MASK64) ^ 0x5EED0000000000AB))
-    h = splitmix64(h ^ (worker_id & MASK64))
-    torch_seed = splitmix64(h ^ 1)
-    python_seed = splitmix64(h ^ 2)
-    np_words = [w for k in (3, 4) for x in (splitmix64(h ^ k),)
-                for w in (x & 0xFFFFFFFF, x >> 32)]
-    return torch_seed, python_seed, np_words
+__all__ = ["WorkerSeeding", "dataloader_kwargs", "sample_rng", "seed_worker"]
 
 
 def seed_worker(worker_id: int, *, rank: int | None = None) -> int:
@@ -58,6 +46,7 @@ def seed_worker(worker_id: int, *, rank: int | None = None) -> int:
     Raises:
         TypeError: ``worker_id`` is not an int of 0 or more, or ``rank`` is
             not an int.
+        ValueError: ``rank`` is out of range.
 
     Examples:
         >>> loader = torch.utils.data.DataLoader(
@@ -70,7 +59,7 @@ def seed_worker(worker_id: int, *, rank: int | None = None) -> int:
             f"{worker_id!r} (a {type(worker_id).__name__})."
         )
     if rank is not None:
-        rank = check_seed(rank, "rank")
+        rank = check_rank(rank)
     info = torch.utils.data.get_worker_info()
     if info is not None:
         _count_epochs()
@@ -113,7 +102,6 @@ _shared: Any = None  # in a worker: its loader's WorkerSeeding.shared, as a NumP
 _marked = False  # in a worker: _SAMPLE_RNG_USED is written
 _untouched: Any = None  # in a worker: its generators' states while nothing drew outside sample_rng
 _fetchers = 0  # in a worker: the fetchers its loop made, one per epoch it served
-_KEPT_EPOCHS = 0x6B657074_65706F63  # mixed into the seeds of the later epochs of kept workers
 
 
 class WorkerSeeding:
@@ -252,7 +240,7 @@ def _worker_epoch_seed(info: Any) -> int:
             return int(shared[_EPOCH_SEED]) & MASK64
     base = (int(info.seed) - int(info.id)) & MASK64  # the loader's base seed, per iterator
     # A kept worker's later epochs: the iterator, and so its base seed, is the first epoch's.
-    return base if _fetchers < 2 else nth_seed(base ^ _KEPT_EPOCHS, _fetchers - 1)
+    return base if _fetchers < 2 else kept_epoch_seed(base, _fetchers - 1)
 
 
 @contextlib.contextmanager
@@ -307,7 +295,7 @@ def sample_rng(index: int) -> Iterator[None]:
         yield
         return
     epoch_seed = _worker_epoch_seed(info)
-    torch_seed, python_seed, np_words = worker_seeds(nth_seed(epoch_seed, index), 0,
+    torch_seed, python_seed, np_words = worker_seeds(sample_seed(epoch_seed, index), 0,
                                                      process_rank(strict=False))
     with fork_rng(devices=[], python=True, numpy=True):
         torch.manual_seed(torch_seed)

@@ -12,7 +12,7 @@ from typing import Any
 
 from devrng._base.errors import DevRNGError, short_repr
 from devrng._base.rank import dist_or_none, group_size, process_rank
-from devrng._generators.saved import nested_state
+from devrng._generators.ranks.protocol import nested_state
 from devrng._training.training_rng import TrainingRNG, load_training_state
 
 __all__ = ["PerRankState", "gather"]

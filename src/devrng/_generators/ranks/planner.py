@@ -16,18 +16,15 @@ Imported only when ``devrng.distributed.load_planner`` is called:
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.planner import LoadPlan
 
-from devrng._generators.saved import PREFIX
+from devrng._generators.ranks.protocol import entry_rank
 
 __all__ = ["Planner"]
-
-_ENTRY = re.compile(re.escape(PREFIX) + r"\d+")
 
 
 class Planner(DefaultLoadPlanner):
@@ -43,7 +40,7 @@ class Planner(DefaultLoadPlanner):
         for fqn in [k for k in self.state_dict if k not in saved]:
             path = paths[fqn]
             at = next((i for i, part in enumerate(path)
-                       if isinstance(part, str) and _ENTRY.fullmatch(part)), None)
+                       if entry_rank(part) is not None), None)
             if at is None:
                 continue
             del self.state_dict[fqn]
