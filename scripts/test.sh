@@ -47,7 +47,7 @@ for want in "xla:" "core: pytest" "ipex:" "integrations:" "core: ruff"; do
     done
 done
 
-declare -A pid_of=() label_of=() start_of=()
+declare -A pid_of=() label_of=() start_of=() log_of=()
 failed=()
 took=()
 finish() {  # finish PID RC: print that check's log and result
@@ -55,7 +55,7 @@ finish() {  # finish PID RC: print that check's log and result
     local label=${label_of[$pid]} secs=$((SECONDS - ${start_of[$pid]}))
     echo
     echo "======== $label: exit $rc after $((secs / 60)) min $((secs % 60)) s ========"
-    cat "$logs/$pid.log"
+    cat "${log_of[$pid]}"
     took+=("$(printf '%5d s  %s (exit %d)' "$secs" "$label" "$rc")")
     if [ "$rc" -ne 0 ]; then failed+=("$label (exit $rc)"); fi
     unset "pid_of[$pid]"
@@ -71,11 +71,11 @@ for check in "${order[@]}"; do
     done
     label=${check%%|*}
     command=${check#*|}
-    log_file=$(mktemp -p "$logs")
+    # (Named before it starts: renaming it after would race the child's own open of it.)
+    log_file="$logs/${#log_of[@]}.log"
     bash -c "$command" > "$log_file" 2>&1 &
     pid=$!
-    mv "$log_file" "$logs/$pid.log"
-    pid_of[$pid]=1 label_of[$pid]=$label start_of[$pid]=$SECONDS
+    pid_of[$pid]=1 label_of[$pid]=$label start_of[$pid]=$SECONDS log_of[$pid]=$log_file
     echo "== started $label (at $((SECONDS - started)) s)"
 done
 while [ "${#pid_of[@]}" -gt 0 ]; do
