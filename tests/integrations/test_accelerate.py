@@ -29,6 +29,13 @@ import devrng
 from devrng.integrations.accelerate import register
 
 
+@pytest.fixture(autouse=True)
+def _in_a_folder_of_its_own(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An Accelerator without a project_dir keeps the flight record (on by default) in the
+    current directory: each test's own, not the checkout."""
+    monkeypatch.chdir(tmp_path)
+
+
 def _registered(accelerator: accelerate.Accelerator) -> Any:
     [registered] = [obj for obj in accelerator._custom_objects if hasattr(obj, "rng")]
     return registered
