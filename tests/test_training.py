@@ -234,6 +234,19 @@ def test_a_bad_state_changes_nothing(setup: Any, change: Any, message: str) -> N
     assert before == _snapshot(loader, step)
 
 
+def test_a_bad_generator_state_is_refused_even_where_strict_false_would_skip_it(
+        setup: Any) -> None:
+    # Every saved generator state is checked with the rest of the state, before anything is
+    # read: also one that strict=False would skip because nothing here tracks its name.
+    rng, loader, step, saved = setup
+    before = _snapshot(loader, step)
+    saved["generators"]["dataloader7"] = torch.zeros(3, dtype=torch.uint8)
+    with pytest.raises(DevRNGError, match=r"generator 'dataloader7' is not a CPU generator "
+                                          r"state: is a torch.uint8 tensor of shape \(3,\)"):
+        rng.load_state_dict(resealed(saved), strict=False)
+    assert before == _snapshot(loader, step)
+
+
 @pytest.mark.parametrize(("state", "got"), [(None, r"it is None\."),
                                            (3, r"it is 3 \(of type int\)\.")])
 def test_something_that_is_not_a_state_is_named_in_the_error(state: Any, got: str) -> None:

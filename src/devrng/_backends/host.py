@@ -8,7 +8,6 @@ Whether a saved state is one these generators can take is checked in
 
 from __future__ import annotations
 
-import os
 import random
 from typing import Any
 
@@ -39,6 +38,8 @@ def draw_seed() -> int:
     """
     hi, lo = torch.randint(0, 1 << 32, (2,), dtype=torch.int64).tolist()
     return int((hi << 32) | lo)
+
+
 def numpy_or_none() -> Any:
     np = imported("numpy")  # an import under way in another thread: wait for it
     if np is None:
@@ -71,10 +72,3 @@ def seed_numpy(seed: int) -> None:
         return
     np.random.seed(seed if seed < 2**32 else [seed & 0xFFFFFFFF, seed >> 32])
 
-
-def put_env(name: str, value: str | None) -> None:
-    """Set environment variable ``name`` to ``value``; ``None`` removes it."""
-    if value is None:
-        os.environ.pop(name, None)
-    else:
-        os.environ[name] = value

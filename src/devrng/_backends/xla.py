@@ -13,7 +13,6 @@ import warnings
 import torch
 import torch_xla
 
-from devrng._backends.host import put_env
 from devrng._base.plain import tensor_to_uint64, uint64_to_tensor
 
 __all__ = ["XLABackend", "backend", "get_seed", "set_seed"]
@@ -101,7 +100,10 @@ class XLABackend:
             words.append(_DETERMINISTIC_FLAG)
         else:
             words = [w for w in words if w != _DETERMINISTIC_FLAG]
-        put_env("XLA_FLAGS", " ".join(words) or None)
+        if words:
+            os.environ["XLA_FLAGS"] = " ".join(words)
+        else:
+            os.environ.pop("XLA_FLAGS", None)
         if self.is_initialized() and _runtime_device_type() in ("CUDA", "GPU"):
             warnings.warn(
                 f"The XLA runtime is already running, so changing {_DETERMINISTIC_FLAG} in "

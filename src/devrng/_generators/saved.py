@@ -28,7 +28,7 @@ import io
 import math
 import random
 import re
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, NamedTuple
 
@@ -209,6 +209,11 @@ class SavedForm(NamedTuple):
     sealed_since: int  #: the first version that carries a digest (``seal``)
     what: str  #: what reads it, for messages (``"TrainingRNG.load_state_dict"``)
     made_by: str  #: what writes it, for messages (``"TrainingRNG.state_dict()"``)
+    #: Keys whose values are other objects' states (a ``TrainingRNG``'s tracked objects):
+    #: only their nesting is checked here; their owners check the rest.
+    own: tuple[str, ...] = ()
+    #: Keys whose values map names to ``torch.Generator`` states, each checked here.
+    generators: tuple[str, ...] = ()
 
     @property
     def version(self) -> int:
@@ -217,14 +222,14 @@ class SavedForm(NamedTuple):
 
 
 def check_saved(data: Any, form: SavedForm, *, source: str | None = None,
-                covered: bool = False, own: Collection[str] = ()) -> int:
+                covered: bool = False) -> int:
     """The version of a saved state of ``form``, once all of it is checked and before any
     of it is read; or one ``DevRNGError`` sentence. Every load of a saved form is checked
     here: its header (format tag and version), the world size and rank it records
     (``recorded_counts``), its nesting and the size of all of it (plain data a weights-only
-    file holds: ``check_loaded``), and last its digest. ``source`` names a file or entry ``data`` came
-    from; ``own``: keys whose values are other objects' states (a ``TrainingRNG``'s tracked
-    objects), whose nesting alone is checked here (their owners check the rest).
+    file holds: ``check_loaded``; of ``form.own`` only the nesting), its digest (computed
+    over checked values only), and last the generator states of ``form.generators``.
+    ``source`` names a file or entry ``data`` came from.
 
     Versions from ``form.sealed_since`` on carry a digest (``seal``) and are refused
     without one; older versions load unchecked, unless they hold a digest (then it is
@@ -242,12 +247,33 @@ def check_saved(data: Any, form: SavedForm, *, source: str | None = None,
     recorded_counts(data, form.what)
     where = source or f"{form.what}: the state"
     # Walked (bounded) before it is hashed: the digest is computed over checked values only.
+    own = form.own
     check_loaded({k: v for k, v in data.items() if k not in own} if own else data, where)
     for key in own:
         check_depth(data.get(key), f"{where}'s {key!r}")
+    # A part that is wrong is said after the digest: a state changed since it was saved
+    # is refused as that, whichever part the change broke.
+    problem = next(filter(None, (_generators_problem(data.get(key)) for key in form.generators)),
+                   None)
     if not covered and (version >= form.sealed_since or DIGEST in data):
         _verify(data, version, f"{form.what}: {source or 'the state'}")
+    if problem is not None:
+        raise DevRNGError(f"{form.what}: {problem}.")
     return version
+
+
+def _generators_problem(saved: Any) -> str | None:
+    """What is wrong with the first state of ``saved`` (generator names to CPU generator
+    states) that is not one, or None."""
+    if not isinstance(saved, Mapping):
+        return None  # (its owner says what it lacks)
+    for name, state in saved.items():
+        try:
+            check_cpu_state(state)
+        except ValueError as err:
+            return (f"the saved state of generator {short_repr(name)} is not a CPU generator "
+                    f"state: {str(err).removeprefix('its CPU state ')}")
+    return None
 
 
 def read_saved(payload: Any, source: str, *, form: SavedForm) -> Any:

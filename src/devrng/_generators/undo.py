@@ -26,7 +26,7 @@ from devrng._backends.registry import Backend, device_count, get_backend, starte
 from devrng._base.errors import DevRNGError
 from devrng._base.sigint import deliver, guard
 
-__all__ = ["DeviceState", "Undo", "around_cpu", "read_devices", "read_started"]
+__all__ = ["DeviceState", "Undo", "around_cpu", "put_env", "read_devices", "read_started"]
 
 #: One device generator's saved state: (backend, device index, state).
 DeviceState = tuple[Backend, int, Any]
@@ -57,6 +57,14 @@ def around_cpu(fn: Callable[..., Any], *args: Any) -> Any:
         host.set_cpu_state(saved)  # once more if an interrupt came after the first (idempotent)
         raise
     return out
+
+
+def put_env(name: str, value: str | None) -> None:
+    """Set environment variable ``name`` to ``value``; ``None`` removes it."""
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
 
 
 def read_started() -> list[DeviceState]:
@@ -117,8 +125,8 @@ class Undo:
 
     def set_env(self, name: str, value: str | None) -> None:
         """Set environment variable ``name`` (``None``: remove it), remembering it first."""
-        self._steps.append((name, host.put_env, (name, os.environ.get(name))))
-        host.put_env(name, value)
+        self._steps.append((name, put_env, (name, os.environ.get(name))))
+        put_env(name, value)
 
     def save_cpu(self) -> None:
         """Torch's CPU generator."""

@@ -28,7 +28,6 @@ from typing import Any, NamedTuple
 import torch
 import torch.utils.deterministic
 
-from devrng._backends.host import put_env
 from devrng._backends.registry import backend_names, loaded_backend
 from devrng._base.bytecode import with_of_a_name
 from devrng._base.errors import DevRNGError, check_flags, warn_and_log
@@ -37,7 +36,7 @@ from devrng._base.locks import ForkSafeLock
 from devrng._base.seeds import check_seed
 from devrng._base.sigint import deliver, guard
 from devrng._generators.seeding import reseed
-from devrng._generators.undo import Undo
+from devrng._generators.undo import Undo, put_env
 from devrng._training.workers import dataloader_kwargs
 
 __all__ = ["CUBLAS_DETERMINISTIC", "DeterministicHandle", "Setting", "current_settings", "deterministic",

@@ -52,7 +52,6 @@ from devrng._generators.ranks.protocol import (
 from devrng._generators.saved import (
     SEAL_KEYS,
     SavedForm,
-    check_cpu_state,
     check_plain,
     check_saved,
     encode,
@@ -88,7 +87,7 @@ __all__ = ["TrainingRNG", "generator_states", "load_training_state", "set_genera
 
 # Version 3 carries a digest of its content; 1 and 2 load unchecked.
 _FORM = SavedForm("devrng.TrainingRNG", (1, 2, 3), 3, "TrainingRNG.load_state_dict",
-                  "TrainingRNG.state_dict()")
+                  "TrainingRNG.state_dict()", own=("tracked",), generators=("generators",))
 _KEYS = frozenset({"format", "version", "seed", "rank", "world_size", "rng", "generators",
                    "tracked", "loaders"})
 # Version 1 (devrng 0.1) has no loader records; 3 (devrng 0.4) is sealed (``seal``).
@@ -526,7 +525,7 @@ def load_training_state(rng: TrainingRNG, state_dict: Mapping[str, Any], *, stri
     try:
         check_flags(strict=strict)
         with refusing(_FORM.what):  # check, then prepare: nothing changes yet
-            check_saved(state_dict, _FORM, own=("tracked",))
+            check_saved(state_dict, _FORM)
             loading = _Loading(rng, state_dict, strict, lenient)
         with Undo(_FORM.what) as undo:  # apply; any failure undoes it all
             loading.apply(undo)
@@ -567,15 +566,6 @@ class _Loading:
         # A sealed state's digest, verified above, covers its snapshot: not verified again.
         state = read_snapshot(data["rng"], source="the saved global RNG state",
                               covered=data["version"] >= _FORM.sealed_since)
-        for name, saved in self.generators.items():
-            if name in rng._generators:
-                try:
-                    check_cpu_state(saved)
-                except ValueError as err:
-                    raise DevRNGError(
-                        f"TrainingRNG.load_state_dict: the saved state of generator {name!r} is "
-                        f"not a CPU generator state: {str(err).removeprefix('its CPU state ')}."
-                    ) from None
         self.restore: Restore | None = None  # None: another rank's state, seeded anew
         if self.same_rank:
             try:
