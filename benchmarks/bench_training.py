@@ -20,6 +20,7 @@ import torch
 
 import devrng
 from benchmarks.timing import interleaved
+from devrng._generators.saved import decode, encode
 
 Row = dict[str, Any]
 
@@ -84,6 +85,10 @@ def bench_resume_overhead(number: int, rounds: int) -> list[Row]:
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x, y = torch.randn(32, 64), torch.randn(32, 64)
     state = rng.state_dict()
+    size = len(next(iter(state.values())))
+    # The loader's record alone: the same state with an empty record table.
+    plain = decode(next(iter(state.values())), "the benchmark's state")
+    record = size - len(encode({**plain, "loaders": {}}))
     seeding, generator = kwargs["worker_init_fn"], kwargs["generator"]
 
     def step() -> None:
@@ -113,8 +118,8 @@ def bench_resume_overhead(number: int, rounds: int) -> list[Row]:
          "devrng_us": m["state"], "peer": peer, "peer_us": m["step"],
          "ratio": m["state"] / m["step"], "target": None,
          "note": f"informational: once per resume (and per checkpoint for state_dict); "
-                 f"{len(next(iter(state.values())))} bytes of state (with the loader's "
-                 "description)"},
+                 f"{size} bytes of state, {record} of them the loader's record (the "
+                 "rest: generator states, 5 KB each)"},
         {"case": "resume: per-epoch seed for workers kept across epochs (Lightning callback)",
          "devrng_us": m["epoch"], "peer": peer, "peer_us": m["step"],
          "ratio": m["epoch"] / m["step"], "target": None,
