@@ -587,7 +587,7 @@ def fit_devices(devices: Mapping[str, Mapping[int, Any]], *, strict: bool, seed:
     kept: dict[str, dict[int, Any]] = {}
     skipped: list[str] = []
     reseed: list[Backend] = []
-    here = {name: get_backend(name) for name in available_backends()}
+    here = {name: get_backend(name) for name in available_backends()} if devices else {}
     for name, per in devices.items():
         backend = here.get(name)
         count = 0 if backend is None else device_count(backend)
@@ -612,7 +612,7 @@ def fit_devices(devices: Mapping[str, Mapping[int, Any]], *, strict: bool, seed:
             continue
         if strict:
             raise ValueError(f"this process uses {name} devices, and the state holds none")
-        reseed.append(here[name])
+        reseed.append(get_backend(name))
         skipped.append(f"{name} devices (none saved: seeded from the seed and this rank)")
     return Fit(kept, skipped, tuple(reseed), seed)
 

@@ -151,12 +151,12 @@ class WorkerSeeding:
 
     def sample_rng_used(self) -> bool:
         """Whether a worker of this loader ran ``sample_rng`` (since the loader was made)."""
-        return bool(self.shared[_SAMPLE_RNG_USED])
+        return bool(self.shared.tolist()[_SAMPLE_RNG_USED])  # (a list: no tensor per read)
 
     def drew_outside(self) -> bool:
         """Whether a worker of this loader drew from its own torch, Python or NumPy generator
         outside ``sample_rng`` while it loaded a batch (since the loader was made)."""
-        return bool(self.shared[_DREW_OUTSIDE])
+        return bool(self.shared.tolist()[_DREW_OUTSIDE])
 
     def set_epoch_seed(self, seed: int | None) -> None:
         """The seed ``sample_rng`` uses in this loader's workers from now on, in place of the
