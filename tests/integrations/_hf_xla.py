@@ -75,17 +75,18 @@ def trainer(mode: str) -> dict[str, Any]:
     model = BertForSequenceClassification(CONFIG)
     # The fused AdamW that transformers picks by default refuses XLA tensors (a torch
     # limit, not devrng's): the plain one runs.
-    args = TrainingArguments(output_dir=tempfile.mkdtemp(), max_steps=2,
-                             per_device_train_batch_size=4, gradient_checkpointing=True,
-                             report_to=[], save_strategy="no", seed=1234, optim="adamw_torch",
-                             disable_tqdm=True)
-    callbacks = [DevRNGTrainerCallback()] if mode == "devrng" else []
-    try:
-        result = Trainer(model=model, args=args, train_dataset=Rows(),
-                         callbacks=callbacks).train()
-    except Exception as err:
-        return {"result": f"{type(err).__name__}: {err}", "device": str(args.device)}
-    return {"result": float(result.training_loss), "device": str(args.device)}
+    with tempfile.TemporaryDirectory() as run_dir:  # (the flight record goes there)
+        args = TrainingArguments(output_dir=run_dir, max_steps=2,
+                                 per_device_train_batch_size=4, gradient_checkpointing=True,
+                                 report_to=[], save_strategy="no", seed=1234,
+                                 optim="adamw_torch", disable_tqdm=True)
+        callbacks = [DevRNGTrainerCallback()] if mode == "devrng" else []
+        try:
+            result = Trainer(model=model, args=args, train_dataset=Rows(),
+                             callbacks=callbacks).train()
+        except Exception as err:
+            return {"result": f"{type(err).__name__}: {err}", "device": str(args.device)}
+        return {"result": float(result.training_loss), "device": str(args.device)}
 
 
 if __name__ == "__main__":

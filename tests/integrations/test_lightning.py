@@ -22,6 +22,13 @@ pl = pytest.importorskip("lightning.pytorch")
 from devrng.integrations.lightning import DevRNGCallback  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def _in_a_folder_of_its_own(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The simulated Trainer's setup keeps its run (and the flight record, on by default) in the
+    current directory: each test's own, removed with it, not a folder left in /tmp."""
+    monkeypatch.chdir(tmp_path)
+
+
 def test_the_callback_seeds_when_created_as_seed_everything_does(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("PL_SEED_WORKERS", raising=False)
@@ -38,11 +45,10 @@ def test_the_callback_seeds_when_created_as_seed_everything_does(
 
 def _trainer() -> Any:
     """What setup reads of the Trainer here: where it keeps the run (the flight record, on
-    by default, goes there)."""
-    import tempfile
+    by default, goes there): the test's own folder (``_in_a_folder_of_its_own``)."""
     import types
 
-    return types.SimpleNamespace(default_root_dir=tempfile.mkdtemp())
+    return types.SimpleNamespace(default_root_dir=os.getcwd())
 
 
 def _draws() -> tuple[Any, ...]:

@@ -27,6 +27,13 @@ HAS_XLA = importlib.util.find_spec("torch_xla") is not None
 needs_xla = pytest.mark.skipif(not HAS_XLA, reason="needs torch_xla (the xla environment)")
 
 
+@pytest.fixture(autouse=True)
+def _in_a_folder_of_its_own(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The simulated TrainingArguments keep the run (and the flight record, on by default) in
+    the current directory: each test's own, removed with it, not a folder left in /tmp."""
+    monkeypatch.chdir(tmp_path)
+
+
 def _xla_run(*args: str) -> dict[str, Any]:
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PJRT_DEVICE": "CPU",
            "PYTHONPATH": f"{ROOT}:{ROOT / 'src'}", "PYTHONWARNINGS": "ignore",
@@ -102,12 +109,11 @@ def test_the_callback_patches_torch_and_keeps_the_cpu_stream(tmp_path: Path) -> 
 
 # -- what DevRNGTrainerCallback says when a run resumes (the Trainer's calls, in this process) -
 def _args(world_size: int = 1) -> Any:
-    import tempfile
     import types
 
-    # (output_dir: where the flight record, on by default, is kept)
+    # (output_dir: where the flight record, on by default, is kept: the test's own folder)
     return types.SimpleNamespace(seed=1, world_size=world_size, gradient_accumulation_steps=1,
-                                 ignore_data_skip=False, output_dir=tempfile.mkdtemp())
+                                 ignore_data_skip=False, output_dir=os.getcwd())
 
 
 def _state(global_step: int, saved: dict[str, Any] | None) -> Any:
