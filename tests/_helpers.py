@@ -16,7 +16,8 @@ import subprocess
 import sys
 import textwrap
 import tomllib
-from collections.abc import Mapping, Sequence
+import warnings
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -83,6 +84,38 @@ def run_env(env: Mapping[str, str | None] | None = None, *, inherit_env: bool = 
     for key in [k for k, v in (env or {}).items() if v is None]:
         base.pop(key, None)
     return base
+
+
+def aborted_after_success(proc: subprocess.CompletedProcess[str], *, finished: bool) -> bool:
+    """Whether a ``torchrun`` job failed only because a rank was aborted at exit after every
+    rank ``finished`` its work (the caller's evidence: their results are out): gloo's worker
+    thread frees a finished work holding Python tensors while the interpreter finalizes and
+    cannot take the GIL (pytorch/pytorch#190489; docs/known-issues.md). The launcher's own
+    traceback (ending in ``ChildFailedError``) is the only one allowed, so a Python error in
+    a rank is never taken for the abort."""
+    tracebacks = proc.stderr.count("Traceback (most recent call last)")
+    return (proc.returncode != 0 and finished
+            and "terminate called without an active exception" in proc.stderr
+            and "(SIGABRT)" in proc.stderr
+            and tracebacks <= proc.stderr.count("errors.ChildFailedError"))
+
+
+def run_torchrun(cmd: Sequence[str], *, cwd: Path, env: Mapping[str, str], timeout: float,
+                 finished: Callable[[subprocess.CompletedProcess[str]], bool]
+                 ) -> subprocess.CompletedProcess[str]:
+    """Run a ``torchrun`` job; launched once more (with a warning) when it failed only by the
+    abort at exit of ``aborted_after_success`` (``finished(proc)``: every rank's results are
+    out). A second failure is the caller's to report."""
+    def launch() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(list(cmd), cwd=cwd, env=dict(env), capture_output=True, text=True,
+                              timeout=timeout)
+
+    proc = launch()
+    if aborted_after_success(proc, finished=finished(proc)):
+        warnings.warn(f"retrying once: a rank aborted at exit after success (pytorch/pytorch"
+                      f"#190489):\n{proc.stderr[-3000:]}", stacklevel=2)
+        proc = launch()
+    return proc
 
 
 def run_python(code: str, *, args: Sequence[str] = (),

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from tests._helpers import ROOT, run_env
+from tests._helpers import ROOT, run_env, run_torchrun
 
 pytestmark = [
     pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not built"),
@@ -38,15 +38,10 @@ def _launch(root: Path, world: int, phase: str, arg: str, *extra: str) -> list[d
     env = {**run_env(), "OMP_NUM_THREADS": "1"}  # no RANK: torchrun gives each rank its own
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc_per_node={world}", str(JOB), phase, str(root), arg, *extra]
-    proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=600)
     label = arg.replace("/", "_") + "".join(f"-tp{e}" for e in extra)
-    if proc.returncode != 0 and not list(root.glob(f"{phase}-{label}-*.err")) \
-            and "terminate called without an active exception" in proc.stderr:
-        # A rank aborted in native code with no Python error on any rank (torch 2.14 on
-        # gloo, once in four whole-suite runs on a loaded machine): launched once more; a
-        # second failure fails the test.
-        proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True,
-                              timeout=600)
+    results = [root / f"{phase}-{label}-{r}.json" for r in range(world)]
+    proc = run_torchrun(cmd, cwd=root, env=env, timeout=600,
+                        finished=lambda _: all(r.exists() for r in results))
     if proc.returncode != 0:
         errors = "\n".join(p.read_text() for p in sorted(root.glob(f"{phase}-{label}-*.err")))
         pytest.fail(f"{phase} on {world} ranks failed:\n{errors or proc.stderr[-6000:]}")

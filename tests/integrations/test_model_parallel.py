@@ -10,13 +10,12 @@ uninterrupted run, and the run resumed from its first epoch's checkpoint.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from tests._helpers import ROOT, run_env
+from tests._helpers import ROOT, run_env, run_torchrun
 
 pytest.importorskip("lightning.pytorch")
 PROGRAM = ROOT / "tests" / "integrations" / "_lightning_model_parallel.py"
@@ -24,9 +23,10 @@ PROGRAM = ROOT / "tests" / "integrations" / "_lightning_model_parallel.py"
 
 def _launch(out: Path, mode: str) -> list[dict[str, Any]]:
     env = {**run_env(), "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                           "--nproc_per_node=2", str(PROGRAM), str(out), mode], cwd=out,
-                          env=env, capture_output=True, text=True, timeout=900)
+    results = [out / f"{mode}-{rank}.json" for rank in range(2)]
+    proc = run_torchrun([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                         "--nproc_per_node=2", str(PROGRAM), str(out), mode], cwd=out, env=env,
+                        timeout=900, finished=lambda _: all(r.exists() for r in results))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return [json.loads((out / f"{mode}-{rank}.json").read_text()) for rank in range(2)]
 
