@@ -94,8 +94,9 @@ def test_any_seed_seeds_every_ddp_process_as_devrng_does(tmp_path: Path, devices
     holds what seed_everything(321) gives."""
     import devrng
 
+    # cwd: its Trainers keep their runs (and flight records) in the current directory.
     proc = run_python("tests.integrations._lightning_seeds", module=True,
-                      args=(str(tmp_path), str(devices)),
+                      args=(str(tmp_path), str(devices)), cwd=tmp_path,
                       env={"PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
 
