@@ -75,9 +75,10 @@ _PRIVATE: dict[str, tuple[str, str | None]] = {
     "numpy_fingerprint": ("devrng._training.digest", "numpy_fingerprint"),
     "python_fingerprint": ("devrng._training.digest", "python_fingerprint"),
     "digest_module": ("devrng._training.digest", None),
-    "read_record": ("devrng._training.flight", "read_record"),
-    "explain": ("devrng._training.flight", "explain"),
+    "read_record": ("devrng._training.compare", "read_record"),
+    "explain": ("devrng._training.compare", "explain"),
     "flight_module": ("devrng._training.flight", None),
+    "compare_module": ("devrng._training.compare", None),
     # Threefry internals: known-answer vectors (Random123, JAX) and the stream's pieces.
     "threefry": ("devrng._portable.threefry", None),
     "distributions": ("devrng._portable.distributions", None),

@@ -15,9 +15,10 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from tests._helpers import run_python
+from tests._helpers import plain_state, resealed, run_python
 from tests._internals import (
     batch_digest,
+    compare_module,
     digest_module,
     explain,
     flight_module,
@@ -132,19 +133,24 @@ def test_the_numpy_fingerprint_reads_the_live_state_after_reseeding() -> None:
 def _loop(directory: Path, steps: int, *, accumulate: int = 1, workers: int = 0,
           flight: bool = True, save_at: int | None = None, seed: int = 5,
           resume: dict[str, Any] | None = None, draw_at: int | None = None,
-          save_in_loop: bool = False) -> dict[str, Any]:
+          save_in_loop: bool = False, lr: float = 0.1, loss_at: str = "before_step",
+          nondeterministic_at: int | None = None) -> dict[str, Any]:
     """A plain loop in this process, the record in ``directory``: its losses, what it saved
     at step ``save_at`` (``resume`` it in a later loop), the generators' fingerprint at the
     end; ``draw_at``: one NumPy draw before that step, which an earlier run did not make.
     A step that ends an epoch saves after the epoch's loop (as the docs advise), or with
-    ``save_in_loop`` inside it, before the loader is asked for the batch after its last."""
+    ``save_in_loop`` inside it, before the loader is asked for the batch after its last.
+    ``loss_at``: where the loop gives the record its loss: ``"before_step"`` (after
+    backward), ``"after_step"`` (after ``opt.step()``, as the docs show), ``"none"``;
+    ``nondeterministic_at``: that step's gradient gets a tiny change of its own (as a
+    nondeterministic kernel would make), which the batch and generators do not show."""
     rng = devrng.TrainingRNG(seed, flight_record=directory if flight else None)
     data = torch.utils.data.TensorDataset(torch.linspace(0, 1, 160).reshape(40, 4),
                                           torch.linspace(1, 0, 40).reshape(40, 1))
     loader = rng.track("loader", torch.utils.data.DataLoader(
         data, batch_size=4, shuffle=True, num_workers=workers, **rng.dataloader_kwargs()))
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.5), torch.nn.Linear(8, 1))
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
     done = 0
     if resume is not None:
         model.load_state_dict(resume["model"])
@@ -165,12 +171,17 @@ def _loop(directory: Path, steps: int, *, accumulate: int = 1, workers: int = 0,
                 np.random.rand()
             loss = torch.nn.functional.mse_loss(model(x), y)
             loss.backward()
-            if rng.flight is not None:
+            if done + 1 == nondeterministic_at:
+                with torch.no_grad():
+                    model[0].weight.grad[0, 0] += 1e-6
+            if rng.flight is not None and loss_at == "before_step":
                 rng.flight.loss(loss)
             micro += 1
             if micro % accumulate:
                 continue
             opt.step()
+            if rng.flight is not None and loss_at == "after_step":
+                rng.flight.loss(loss)
             opt.zero_grad()
             done += 1
             losses.append(loss.item())
@@ -233,8 +244,9 @@ def test_a_resume_in_this_process_is_verified(tmp_path: Path,
         again = _loop(tmp_path, 16, resume=first["saved"])
     assert again["losses"] == first["losses"][10:]
     assert again["verified"] is True and again["verified_before_the_end"] is True
-    assert any("resume verified: steps 11 to 16 drew and consumed exactly what the interrupted "
-               "run did" in m for m in caplog.messages), caplog.messages
+    assert any("resume verified: steps 11 to 16 drew, consumed and computed exactly what the "
+               "interrupted run did (compared: generators, batch indices, batch content, loss, "
+               "parameters at every step)" in m for m in caplog.messages), caplog.messages
 
 
 def test_the_first_differing_step_and_its_cause_are_named_once(tmp_path: Path) -> None:
@@ -276,8 +288,9 @@ def test_a_run_that_recorded_nothing_past_its_checkpoint_cannot_be_verified_and_
         rng = devrng.TrainingRNG(5, flight_record=tmp_path)
         rng.dataloader_kwargs()
         rng.load_state_dict(first["saved"]["rng"])
-    assert any("cannot be verified: the interrupted run recorded nothing past its "
-               "checkpoint at step 4" in m for m in caplog.messages), caplog.messages
+    assert any("cannot be verified: the interrupted run's record ends at its checkpoint "
+               "(step 4): it stopped before it finished another step" in m
+               for m in caplog.messages), caplog.messages
     assert rng.flight is not None and rng.flight.verified is None
     rng.flight.close()
 
@@ -289,29 +302,213 @@ def test_a_checkpoint_the_record_does_not_know_is_said_not_compared(
         rng = devrng.TrainingRNG(5, flight_record=tmp_path / "here")
         rng.dataloader_kwargs()
         rng.load_state_dict(first["saved"]["rng"])
-    assert any("holds no entry for the checkpoint" in m for m in caplog.messages)
+    assert any("holds no checkpoint at all: the checkpoint was saved with the record kept "
+               "elsewhere" in m for m in caplog.messages), caplog.messages
     assert rng.flight is not None
     rng.flight.close()
 
 
-def test_a_record_of_another_run_is_never_compared_silently(
+def test_a_record_of_another_rank_is_never_compared_silently(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     first = _loop(tmp_path, 6, save_at=3, seed=5)
     path = tmp_path / "devrng-flight.rank0.jsonl"
     lines = path.read_text().splitlines()
-    # The same checkpoint, as if the record had been written by a run of another seed.
+    # The same checkpoint, as if the record had been written by another rank.
     header = json.loads(lines[0].rpartition(" ")[0])
-    header["id"]["seed"] = 6
-    lines[0] = flight_module.encode_line(header).rstrip("\n")
+    header["id"]["rank"] = 1
+    lines[0] = compare_module.encode_line(header).rstrip("\n")
     path.write_text("\n".join(lines) + "\n")
     with caplog.at_level(logging.INFO, logger="devrng"):
         rng = devrng.TrainingRNG(5, flight_record=tmp_path)
         rng.dataloader_kwargs()
         rng.load_state_dict(first["saved"]["rng"])
-    assert any("not compared with the run that wrote it: it was another run or configuration "
-               "(seed 6 then, 5 now)" in m for m in caplog.messages), caplog.messages
+    assert any("not compared with the run that wrote it: it ran as another rank or world size "
+               "(rank 1 then, 0 now)" in m for m in caplog.messages), caplog.messages
     assert rng.flight is not None
     rng.flight.close()
+
+
+# -- a record speaks only of its own run (issue 44 section 1) ---------------------------------
+
+def _flight_warnings(caught: list[warnings.WarningMessage]) -> list[str]:
+    return [str(w.message) for w in caught if "flight record" in str(w.message)]
+
+
+def test_an_earlier_run_in_the_same_folder_is_never_compared(tmp_path: Path,
+                                                            capfd: pytest.CaptureFixture[str]
+                                                            ) -> None:
+    # An earlier run of the same seed and data (another learning rate) saved at step 10 and
+    # went on; this run saved at step 10 too (the same generator states), was stopped after
+    # step 12, and resumes: it is compared with its own steps 11 and 12, never the other's.
+    _loop(tmp_path, 16, save_at=10, lr=0.5)
+    mine = _loop(tmp_path, 12, save_at=10)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        again = _loop(tmp_path, 16, resume=mine["saved"])
+    assert _flight_warnings(caught) == []
+    assert again["verified"] is True
+    assert "resume verified: steps 11 to 12 drew, consumed and computed exactly" in \
+        capfd.readouterr().err
+
+
+def test_a_record_left_by_another_run_is_said_to_be_another_runs_once(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    other, mine = tmp_path / "other", tmp_path / "mine"
+    _loop(other, 12, save_at=10)
+    saved = _loop(mine, 12, save_at=10)["saved"]  # the same seed: the same generator states
+    record = "devrng-flight.rank0.jsonl"
+    (mine / record).write_bytes((other / record).read_bytes())  # copied beside the checkpoint
+    capfd.readouterr()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        again = _loop(mine, 12, resume=saved)
+    assert _flight_warnings(caught) == []
+    assert again["verified"] is None
+    err = capfd.readouterr().err
+    assert err.count("this resume cannot be verified: the flight record in") == 1, err
+    assert f"in {mine} belongs to another run: it holds no entry for this checkpoint" in err
+
+
+def test_a_resume_that_adopts_the_checkpoints_seed_is_verified_against_that_run(
+        tmp_path: Path) -> None:
+    first = _loop(tmp_path, 12, save_at=10, seed=5)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        again = _loop(tmp_path, 12, resume=first["saved"], seed=7)  # continues seed 5's run
+    messages = [str(w.message) for w in caught]
+    assert any("it continues that run, with seed 5" in m for m in messages), messages
+    assert _flight_warnings(caught) == []
+    assert again["verified"] is True and again["losses"] == first["losses"][10:]
+
+
+def test_an_altered_flight_key_is_refused_before_anything_is_applied(tmp_path: Path) -> None:
+    saver = devrng.TrainingRNG(5, flight_record=tmp_path)
+    plain = plain_state(saver.state_dict())
+    assert isinstance(plain["flight"], str) and len(plain["flight"]) == 16
+    assert saver.flight is not None
+    saver.flight.close()
+    rng = devrng.TrainingRNG(6)
+    before = devrng.get_rng_state()
+    for bad in ("X" * 16, 12, "0" * 15):
+        with pytest.raises(devrng.DevRNGError, match=r"flight record key is .*so the state was "
+                                                     r"altered"):
+            rng.load_state_dict(resealed(dict(plain, flight=bad)))
+        assert devrng.get_rng_state() == before  # nothing applied
+
+
+# -- never claim more than was compared (section 2) ---------------------------------------------
+
+@pytest.mark.parametrize("order", ["before_step", "after_step"])
+def test_a_loss_is_on_the_line_of_its_own_step_in_either_order(tmp_path: Path,
+                                                              order: str) -> None:
+    run = _loop(tmp_path, 6, loss_at=order)
+    (attempt,) = read_record(str(tmp_path / "devrng-flight.rank0.jsonl"))["attempts"].values()
+    recorded = [attempt["steps"][s][0]["l"] for s in range(1, 7)]
+    assert recorded == [[loss.hex()] for loss in run["losses"]]
+
+
+def test_a_loss_tensor_given_before_its_backward_joins_that_step(tmp_path: Path) -> None:
+    # No tracked loader: nothing but the backward pass says that a step has begun.
+    rng = devrng.TrainingRNG(5, flight_record=tmp_path)
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    for step in range(3):
+        loss = model(torch.full((2,), float(step))).sum()
+        assert rng.flight is not None
+        rng.flight.loss(loss)  # before backward: the step under way's
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    rng.flight.close()
+    (attempt,) = read_record(str(tmp_path / "devrng-flight.rank0.jsonl"))["attempts"].values()
+    assert [attempt["steps"][s][0]["l"] for s in (1, 2, 3)] == [[v.hex()] for v in losses]
+
+
+@pytest.mark.parametrize("order", ["before_step", "after_step", "none"])
+def test_a_computation_difference_is_named_at_its_step_with_or_without_a_loss(
+        tmp_path: Path, order: str) -> None:
+    first = _loop(tmp_path, 16, save_at=10, loss_at=order)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        again = _loop(tmp_path, 16, resume=first["saved"], loss_at=order, nondeterministic_at=12)
+    found = _flight_warnings(caught)
+    assert len(found) == 1, found
+    assert ("at step 12 (batch 2 of its epoch from loader 'loader'): the batch and every "
+            "generator matched and the parameters after the step did not: nondeterministic "
+            "kernels") in found[0], found
+    assert "Steps 11 to 11 matched." in found[0]
+    assert again["verified"] is False
+
+
+def test_the_verdict_names_only_what_both_runs_recorded(tmp_path: Path,
+                                                        capfd: pytest.CaptureFixture[str]
+                                                        ) -> None:
+    first = _loop(tmp_path, 16, save_at=10, loss_at="none")
+    capfd.readouterr()
+    _loop(tmp_path, 16, resume=first["saved"])  # the resumed run gives its losses
+    err = capfd.readouterr().err
+    assert ("(compared: generators, batch indices, batch content, parameters at every step; "
+            "not loss)") in err, err
+
+
+# -- lose nothing (section 3) ---------------------------------------------------------------------
+
+_KILLED = """
+import os, signal, sys
+import torch
+import devrng
+
+kill_at = int(sys.argv[1])
+rng = devrng.TrainingRNG(3, flight_record=".")
+loader = rng.track("loader", torch.utils.data.DataLoader(
+    torch.utils.data.TensorDataset(torch.linspace(0, 1, 64).reshape(16, 4)), batch_size=2,
+    shuffle=True, **rng.dataloader_kwargs()))
+model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Dropout(0.5), torch.nn.Linear(4, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+step = 0
+if os.path.exists("ckpt.pt"):
+    ckpt = torch.load("ckpt.pt", weights_only=True)
+    model.load_state_dict(ckpt["model"])
+    opt.load_state_dict(ckpt["opt"])
+    rng.load_state_dict(ckpt["rng"])
+    step = ckpt["step"]
+while step < 16:  # two epochs of 8 steps
+    for (x,) in loader:
+        loss = model(x).pow(2).mean()
+        if step + 1 == kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)  # killed inside a step, as a job is
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        rng.flight.loss(loss)
+        step += 1
+    if step == 8:  # at the end of the first epoch
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict(),
+                    "rng": rng.state_dict(), "step": step}, "ckpt.pt")
+print("verified", rng.flight.verified)
+"""
+
+
+@pytest.mark.parametrize("kill_at", [9, 10, 12])
+def test_a_kill_right_after_a_checkpoint_loses_no_finished_step(tmp_path: Path,
+                                                                kill_at: int) -> None:
+    # A plain script that configures no logging: the verdict reaches its standard error.
+    killed = run_python(_KILLED, cwd=tmp_path, args=(str(kill_at),), timeout=300)
+    assert killed.returncode == -9, killed.stderr
+    resumed = run_python(_KILLED, cwd=tmp_path, args=("0",), timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    if kill_at == 9:  # killed inside the first step after the checkpoint
+        assert ("this resume cannot be verified: the interrupted run's record ends at its "
+                "checkpoint (step 8): it stopped before it finished another step"
+                in resumed.stderr), resumed.stderr
+        assert "verified None" in resumed.stdout
+    else:
+        assert (f"resume verified: steps 9 to {kill_at - 1} drew, consumed and computed exactly"
+                in resumed.stderr), resumed.stderr
+        assert "verified True" in resumed.stdout
+    assert "DevRNGWarning" not in resumed.stderr
 
 
 def test_damaged_lines_are_skipped_and_counted(tmp_path: Path) -> None:
@@ -341,7 +538,9 @@ def test_the_file_is_pruned_to_the_steps_a_resume_may_need(tmp_path: Path,
     rng.flight.close()
     (attempt,) = read_record(str(tmp_path / "devrng-flight.rank0.jsonl"))["attempts"].values()
     assert attempt["id"] is not None  # the header is kept
-    assert sorted(attempt["steps"]) == [10, 11, 12] and attempt["checkpoints"] == [9, 12]
+    # The steps after the last two checkpoints; every checkpoint's line (a resume from an
+    # older one is then told why it cannot be verified).
+    assert sorted(attempt["steps"]) == [10, 11, 12] and attempt["checkpoints"] == [3, 6, 9, 12]
 
 
 def test_a_full_disk_stops_the_record_with_one_warning_and_never_the_run(
@@ -360,7 +559,8 @@ def test_a_full_disk_stops_the_record_with_one_warning_and_never_the_run(
             model(torch.ones(2)).sum().backward()
             opt.step()
         state = rng.state_dict()  # a checkpoint still works (its line is not written)
-    found = [str(w.message) for w in caught if w.category is devrng.DevRNGWarning]
+    found = [str(w.message) for w in caught if w.category is devrng.DevRNGWarning
+             and str(tmp_path) in str(w.message)]
     assert len(found) == 1 and "No space left on device" in found[0], found
     assert "stopped" in found[0]
     monkeypatch.undo()

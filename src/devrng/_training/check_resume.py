@@ -23,13 +23,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from devrng._training.flight import (
-    FLIGHT_VARIABLE,
-    MAX_STEPS_VARIABLE,
-    STOP_VARIABLE,
-    explain,
-    read_record,
-)
+from devrng._training.compare import explain, read_record
+from devrng._training.flight import FLIGHT_VARIABLE, MAX_STEPS_VARIABLE, STOP_VARIABLE
 
 __all__ = ["check_resume"]
 

@@ -1,19 +1,23 @@
-"""The flight record: what each step of a training run drew and consumed, to verify a resume.
+"""The flight record: what each step of a training run drew, consumed and computed, to verify a resume.
 
 devrng restores every generator it knows of, but a run can draw from places it cannot
 list ahead of time: NumPy inside a ``collate_fn``, a sampler that a loader
 fast-forwards by iterating it again, a trainer flag. So the run checks itself. For
-every optimizer step, the record keeps a line of what the step started from and what
-it consumed: the fingerprint of every generator devrng tracks when the step began, the
-sample indices of each batch it took from a tracked loader and an exact digest of the
-batch's content (``devrng._training.digest``), and optionally the loss. The lines go to
-a small append-only file per rank beside the checkpoints.
+every optimizer step, the record keeps a line of what the step started from, what it
+consumed and what it computed: the fingerprint of every generator devrng tracks when the
+step began, the sample indices of each batch it took from a tracked loader and an exact
+digest of the batch's content (``devrng._training.digest``), a sampled exact digest of
+the parameters after the step, and optionally the loss. The lines go to a small
+append-only file per rank beside the checkpoints, each before the next step begins.
 
-When a run resumes from a checkpoint, the record finds the checkpoint in the file (by
-the digest of the state that was saved), and compares the resumed run's steps with the
-steps the interrupted run recorded after it. All equal: the resume is verified (an
-info line on the ``"devrng"`` logger says so). The first step that differs is named,
-with what differed and the known causes, in one ``DevRNGWarning``.
+Every save draws a key of its own, kept in the saved state and noted in the record. When
+a run resumes, the record finds the line of that key -- written by the very attempt that
+saved the checkpoint, never another run's -- and compares the resumed run's steps with the
+steps that attempt recorded after it (``devrng._training.compare``). All equal: the
+resume is verified. The first step that differs is named, with what differed and the
+known causes, in one ``DevRNGWarning``. What the record says besides a difference (a
+resume verified, or not verifiable and why) goes to the ``"devrng"`` logger when logging
+is set up for it, and otherwise to standard error: a plain script sees it too.
 
 A step is an optimizer step (``torch.optim`` step hooks): with gradient accumulation it
 holds every micro-batch consumed since the last step. The record only reads: it draws
@@ -27,13 +31,11 @@ import collections
 import contextlib
 import functools
 import hashlib
-import json
 import logging
 import os
+import sys
 import threading
-import time
 import weakref
-import zlib
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -44,6 +46,19 @@ from devrng._backends.registry import device_count, get_backend, started_types
 from devrng._base.errors import DevRNGError, short_repr, warn_and_log
 from devrng._base.files import atomic_write
 from devrng._base.locks import ForkSafeLock
+from devrng._training.compare import (
+    LOADER_PREFIX,
+    compared_parts,
+    compared_text,
+    encode_line,
+    explain,
+    find_checkpoint,
+    header_of,
+    identity_problem,
+    read_lines,
+    read_record,
+    steps_after,
+)
 from devrng._training.digest import (
     batch_parts,
     generator_fingerprint,
@@ -55,8 +70,8 @@ from devrng._training.digest import (
 )
 from devrng._training.loaders import feeding_loader
 
-__all__ = ["FLIGHT_VARIABLE", "MAX_STEPS_VARIABLE", "STOP_VARIABLE", "FlightRecord", "explain",
-           "global_sources", "read_record", "record_path"]
+__all__ = ["FLIGHT_VARIABLE", "LOADER_PREFIX", "MAX_STEPS_VARIABLE", "STOP_VARIABLE",
+           "FlightRecord", "explain", "global_sources", "new_key", "read_record", "record_path"]
 
 _logger = logging.getLogger("devrng")
 
@@ -68,18 +83,22 @@ STOP_VARIABLE = "DEVRNG_STOP_AFTER"
 MAX_STEPS_VARIABLE = "DEVRNG_MAX_STEPS"
 
 _FORMAT = 1
-#: Marks the fingerprint of a loader's own generator (its shuffle and worker seeds).
-LOADER_PREFIX = "loader:"
-_FLUSH_EVERY = 16  # steps written (and their device digests read) together
-_FLUSH_SECONDS = 1.0  # ... or after this long
 _SOURCES_EVERY = 64  # steps between two looks at what generators there are
 PRUNE_BYTES = 1 << 18  # rewrite the file (dropping what no resume needs) past this size
 _KEEP_CHECKPOINTS = 2  # a resume from either of the last two checkpoints can be verified
+#: Parameter tensors digested after each step: the first and the last (a difference anywhere
+#: in the forward or backward pass reaches the first layer's gradient), and two more in turn.
+_PARAMETERS = 4
 
 
 def record_path(directory: str, rank: int) -> str:
     """The file of rank ``rank``'s record in ``directory``."""
     return os.path.join(directory, f"devrng-flight.rank{rank}.jsonl")
+
+
+def new_key() -> str:
+    """A fresh key for one save: 64 bits from the OS, never from a generator the run uses."""
+    return os.urandom(8).hex()
 
 
 Sources = Callable[[], list[tuple[str, Callable[[], Any]]]]
@@ -108,19 +127,34 @@ def _device_fingerprint(backend: Any, index: int) -> Any:
     return state_fingerprint(backend.get_rng_state(index))
 
 
+def tell(message: str, log: Callable[[str], None] | None = None) -> None:
+    """Say ``message`` (a verdict that is not a warning): on the ``"devrng"`` logger when
+    logging is set up to show its info lines, else on standard error; and on ``log`` (a
+    trainer's logger) too."""
+    text = f"devrng flight record: {message}."
+    if _logger.isEnabledFor(logging.INFO) and _logger.hasHandlers():
+        _logger.info(text)
+    else:
+        with contextlib.suppress(OSError, ValueError):  # a closed stderr: nowhere to say it
+            print(text, file=sys.stderr, flush=True)
+    if log is not None:
+        log(text)
+
+
 class FlightRecord:
     """The flight record of one process of a training run: a line per optimizer step.
 
     ``TrainingRNG(..., flight_record=DIR)`` and the trainer integrations make one
-    (``rng.flight``); it is not made directly. ``rng.flight.loss(loss)`` adds a step's loss
-    to its line; after a resume, ``verified`` says whether the steps the interrupted run
-    recorded past the checkpoint matched. See the resume page for what a line holds.
+    (``rng.flight``); it is not made directly. ``rng.flight.loss(loss)`` adds a loss to
+    the line of its step; after a resume, ``verified`` says whether the steps the
+    interrupted run recorded past the checkpoint matched. See the resume page for what a
+    line holds.
 
     Args:
         directory: Where the file goes (made if missing).
         rank: This process's rank (one file per rank).
-        identity: What a record must share with this run to be compared (seed, world
-            size, loaders), as plain data.
+        identity: The run's description (seed, rank, world size), as plain data: a record
+            of another rank or world size is not compared step by step.
         sources: The generators to fingerprint, as ``(name, read)`` pairs (called at
             each step's start: what the run tracks may grow).
         hooked: True when a trainer integration says which batch a step consumes
@@ -170,17 +204,21 @@ class FlightRecord:
         self._start: dict[str, Any] | None = None  # fingerprints at this step's start
         self._batches: list[tuple[Any, Any, int | None, str]] = []  # (indices, content, pos, loader)
         self._losses: list[Any] = []
-        self._pending: list[dict[str, Any]] = []  # finished steps not written yet
-        self._flushed = time.monotonic()
+        self._backward = False  # a backward pass reached a watched parameter in this step
+        # The last step's line, written when the next step begins (so that a loss given
+        # after ``opt.step()`` still joins it) and at the latest when that step ends.
+        self._held: dict[str, Any] | None = None
         # The interrupted run's steps to compare, each with its generator names.
         self._expected: dict[int, tuple[dict[str, Any], list[str]]] = {}
-        self._verified: tuple[int, int] | None = None
+        self._verified: tuple[int, int] | None = None  # (first, last) step to compare
+        self._compared: dict[str, int] = {}  # how many compared steps compared each part
         self._diverged = False
         self._last_checkpoint: int | None = None
         self._stop_after = _int_variable(STOP_VARIABLE)
         self._max_steps = _int_variable(MAX_STEPS_VARIABLE)
         self._watched: dict[str, _Watched] = {}
         self._model_hooks: list[Any] = []
+        self._grad_hooked: set[int] = set()  # ids of the optimizers whose backward is seen
         self._write({"k": "run", "v": _FORMAT, "a": self.attempt, "id": self.identity,
                      "pid": self._pid})
         ref = weakref.ref(self)
@@ -206,6 +244,7 @@ class FlightRecord:
         with self._lock:
             if self._start is not None:
                 return
+            self._write_held()
             if self._stopping():
                 self._stop("stop", f"{STOP_VARIABLE}={self._stop_after}")
             self._start = self._fingerprints()
@@ -254,28 +293,59 @@ class FlightRecord:
                               module.register_forward_hook(after)]
 
     def loss(self, value: Any) -> None:
-        """Add the loss of the step under way to its line (a float or a one-element tensor,
-        read when the line is written, not now: no host synchronisation per step)."""
+        """Add a loss (a float or a one-element tensor, read when the line is written: no host
+        synchronisation per step) to the line of its step.
+
+        Its step is the one under way once that step has begun (it took a batch from a
+        tracked loader, or a backward pass reached the optimizer's parameters), else the step
+        that just ended: ``opt.step(); rng.flight.loss(loss)`` and ``loss.backward();
+        rng.flight.loss(loss); opt.step()`` both give a step its own loss. A loss tensor given
+        before its backward pass joins the step that backward pass belongs to.
+        """
         with self._lock:
             if isinstance(value, torch.Tensor):
-                value = value.detach()
-                if value.numel() != 1:
+                tensor = value
+                if tensor.numel() != 1:
                     raise ValueError(f"flight.loss takes one number, not a tensor of shape "
-                                     f"{tuple(value.shape)}.")
-                self._losses.append(value.reshape(()))  # read when the line is written
+                                     f"{tuple(tensor.shape)}.")
+                value = tensor.detach().reshape(())
             elif isinstance(value, (int, float)) and not isinstance(value, bool):
-                self._losses.append(float(value))
+                tensor, value = None, float(value)
             else:
                 raise TypeError(f"flight.loss takes a number or a one-element tensor, not "
                                 f"{short_repr(value)}.")
+            if self._held is None or self._begun():
+                self._losses.append(value)
+                return
+            losses = self._held.setdefault("l", [])
+            losses.append(value)
+            if tensor is not None and tensor.requires_grad:
+                # Given before its backward pass (in a loop that takes no tracked batch): the
+                # backward pass says it is the next step's.
+                ref, held = weakref.ref(self), self._held
+                tensor.register_hook(  # type: ignore[no-untyped-call]
+                    functools.partial(_loss_backward, ref, held, value))
 
-    def end_step(self) -> None:
-        """An optimizer stepped: the step under way ends (the optimizer hook calls this)."""
+    def _begun(self) -> bool:
+        return self._start is not None or bool(self._batches) or self._backward
+
+    def _backward_seen(self) -> None:
+        """A backward pass reached a parameter of a watched optimizer: the next step is under
+        way (the last step's line is written now)."""
+        if os.getpid() == self._pid and not self._backward:
+            with self._lock:
+                self._backward = True
+                self._write_held()
+
+    def end_step(self, optimizer: Any = None) -> None:
+        """An optimizer stepped: the step under way ends (the optimizer hook calls this with
+        the optimizer, whose parameters are digested now)."""
         if os.getpid() != self._pid:
             return
         with self._lock:
             if self._start is None:  # no batch came from a tracked loader: fingerprints now
                 self.begin_step()
+            self._write_held()
             self.step += 1
             line: dict[str, Any] = {"s": self.step, "a": self.attempt, "g": self._start}
             if self._batches:
@@ -287,75 +357,105 @@ class FlightRecord:
                 line["p"] = [first[3], first[2]]
             if self._losses:
                 line["l"] = self._losses
-            self._start, self._batches, self._losses = None, [], []
-            self._pending.append(line)
-            # Written (and compared) in batches: every 16 steps, or once a second for slow
-            # steps (a job killed after its checkpoint has its steps past it on disk), and at
-            # the last step a resume is compared on, so that its verdict comes then, not at exit.
-            now = time.monotonic()
-            if len(self._pending) >= _FLUSH_EVERY or now - self._flushed >= _FLUSH_SECONDS or (
-                    self._expected and self._verified is not None
-                    and self.step >= self._verified[1]):
-                self.flush()
+            if optimizer is not None:
+                digest = self._parameters(optimizer)
+                if digest is not None:
+                    line["w"] = digest
+            self._start, self._batches, self._losses, self._backward = None, [], [], False
+            self._held = line
             if self._max_steps is not None and self.step >= self._max_steps:
                 self._stop("end", f"{MAX_STEPS_VARIABLE}={self._max_steps}")
 
+    def _parameters(self, optimizer: Any) -> Any:
+        """A sampled digest of ``optimizer``'s parameters as the step left them (the first,
+        the last and two more in turn), or None when they cannot be read."""
+        params = [p for group in getattr(optimizer, "param_groups", ())
+                  for p in group.get("params", ()) if isinstance(p, torch.Tensor)]
+        if not params:
+            return None
+        if id(optimizer) not in self._grad_hooked:
+            self._see_backward(optimizer, params)
+        n = len(params)
+        chosen = sorted({0, n - 1, *((self.step * 2 + k) % n for k in range(_PARAMETERS - 2))})
+        try:
+            # (A sharded parameter, a DTensor, is digested as this rank's shard.)
+            return batch_parts([getattr(params[i], "to_local", lambda p=params[i]: p)()
+                                for i in chosen])
+        except Exception:  # a parameter of a kind the digest cannot read: not compared
+            return None
+
+    def _see_backward(self, optimizer: Any, params: list[torch.Tensor]) -> None:
+        """Be told when a backward pass reaches ``optimizer``'s last parameter (the first to
+        get its gradient, usually): one hook, one call a backward pass."""
+        self._grad_hooked.add(id(optimizer))
+        ref = weakref.ref(self)
+        for p in reversed(params):
+            if p.requires_grad and p.is_leaf:
+                with contextlib.suppress(Exception):  # (a tensor kind without the hook)
+                    p.register_post_accumulate_grad_hook(  # type: ignore[no-untyped-call]
+                        lambda _p: _call(ref, FlightRecord._backward_seen))
+                return
+
     # -- checkpoints and resumes ------------------------------------------------------------
     def checkpoint(self, key: str) -> None:
-        """A checkpoint holds the state whose digest is ``key``: note it with this step, so
-        that a run resumed from it finds where it was."""
+        """A checkpoint holds the state whose save drew ``key`` (``new_key``): note it with
+        this step, so that a run resumed from it finds where it was, and whose it was."""
         with self._lock:
-            self.flush()
+            self._write_held()
             self._write({"k": "ckpt", "a": self.attempt, "s": self.step, "key": key})
             self._last_checkpoint = self.step
             self._file_op(self._sync_and_prune)
 
-    def resume(self, key: str, *, step: int | None = None) -> None:
-        """This run continues from the checkpoint whose state digest is ``key``: count steps
-        from its step, and compare the coming steps with those its run recorded after it.
+    def resume(self, key: str | None, *, step: int | None = None) -> None:
+        """This run continues from the checkpoint whose save drew ``key`` (None: a checkpoint
+        saved without one): count steps from its step, and compare the coming steps with
+        those the attempt that wrote it recorded after it.
 
         ``step`` is the checkpoint's step when the caller knows it (a trainer's global step).
         """
         with self._lock:
+            self._write_held()  # a step taken before the load is this attempt's own
+            where = os.path.dirname(self.path)
             try:
-                lines, damaged = _read_lines(self.path)
+                lines, damaged = read_lines(self.path)
             except OSError as err:
+                self.step = step if step is not None else self.step
                 self._say(f"this resume cannot be verified: {self.path} cannot be read "
                           f"({err.strerror or err})")
                 return
-            found = _find_checkpoint(lines, key)
+            found = find_checkpoint(lines, key) if key else None
             if found is None:
                 self.step = step if step is not None else self.step
-                self._say("this resume cannot be verified: the flight record in "
-                          f"{os.path.dirname(self.path)} holds no entry for the checkpoint it "
-                          "resumed from (it was written by another run, elsewhere, or before "
-                          "the record was on)")
+                self._say("this resume cannot be verified: " + _not_found(lines, key, where))
                 return
             index, attempt, saved_step = found
             self.step = saved_step
             self._readers = None  # what this run has to fingerprint, asked now
-            header = _header_of(lines, attempt)
+            header = header_of(lines, attempt)
             self._write({"k": "from", "a": self.attempt, "from": attempt, "s": saved_step})
-            other = _identity_problem(header.get("id") if header else None, self.identity)
+            other = identity_problem(header.get("id") if header else None, self.identity)
             if other:
-                self._say(f"the steps after the checkpoint (step {saved_step}) are not compared "
-                          f"with the run that wrote it: {other}")
+                self._say(f"the steps after the checkpoint (step {saved_step:,}) are not "
+                          f"compared with the run that wrote it: {other}")
                 return
-            expected = _steps_after(lines, index, attempt)
+            expected = steps_after(lines, index, attempt)
             if not expected:
-                self._say(f"this resume cannot be verified: the interrupted run recorded nothing "
-                          f"past its checkpoint at step {saved_step} (it stopped right after "
-                          "saving)" + _damaged(damaged))
+                self._say(f"this resume cannot be verified: "
+                          f"{_nothing_after(lines, index, attempt, saved_step)}"
+                          + _damaged(damaged))
                 return
             self._expected = expected
+            self._compared = {}
             self._verified = (saved_step + 1, max(expected))
 
     @property
     def verified(self) -> bool | None:
         """After a resume: True once every step the interrupted run recorded past the
         checkpoint matched, False if one differed, None while undecided or not compared.
-        Steps are compared as they are written: every 16 steps, after a second, at a
-        checkpoint, at the last step compared, and at ``finish()``."""
+        A step is compared when its line is written: when the next step begins, at a
+        checkpoint, at ``finish()``, and when this is read."""
+        with self._lock:
+            self._write_held()
         if self._diverged:
             return False
         if self._verified is not None and not self._expected and self._verified[0] <= self.step:
@@ -364,41 +464,46 @@ class FlightRecord:
 
     # -- the file -------------------------------------------------------------------------------
     def flush(self) -> None:
-        """Write the finished steps (reading their device digests, together)."""
+        """Write the last step's line now (it is written when the next step begins)."""
         with self._lock:
-            if not self._pending or os.getpid() != self._pid:
-                return
-            lines = resolve(self._pending)
-            self._pending = []
-            self._flushed = time.monotonic()
-            for line in lines:
-                if "l" in line:  # losses left on a device: read now, with the digests
-                    line["l"] = [float(v) for v in line["l"]]
-                names = list(line["g"])
-                if names != self._names:
-                    self._names = names
-                    self._write({"k": "names", "a": self.attempt, "names": names})
-                compact = dict(line, g=[line["g"][n] for n in names])
-                if "b" in compact:
-                    compact["b"] = _combine(compact["b"])
-                if "l" in compact:
-                    compact["l"] = [v.hex() for v in compact["l"]]
-                self._write(compact)
-                self._compare(compact, names)
+            self._write_held()
+
+    def _write_held(self) -> None:
+        """Write the held step's line (reading its device digests and losses now) and compare
+        it with the interrupted run's."""
+        line, self._held = self._held, None
+        if line is None or os.getpid() != self._pid:
+            return
+        line = resolve(line)
+        if "l" in line:  # losses left on a device: read now, with the digests
+            line["l"] = [float(v).hex() for v in line["l"]]
+        names = list(line["g"])
+        if names != self._names:
+            self._names = names
+            self._write({"k": "names", "a": self.attempt, "names": names})
+        compact = dict(line, g=[line["g"][n] for n in names])
+        for part in ("b", "w"):
+            if isinstance(compact.get(part), list):
+                compact[part] = _combine(compact[part])
+            elif part in compact:
+                compact[part] = str(compact[part])
+        self._write(compact)
+        self._compare(compact, names)
 
     def finish(self) -> None:
         """The run is done training (a trainer's end, or the process's): write what is left,
         and say how far a resume was verified if the run ended before the steps that the
         interrupted run recorded past the checkpoint."""
         with self._lock:
-            self.flush()
+            self._write_held()
             if not self._expected or self._diverged or self._verified is None:
                 return
             first, last = self._verified
             self._expected.clear()
             if self.step >= first:
-                self._say(f"resume verified for steps {first:,} to {self.step:,}; the run ended "
-                          f"there, before steps {self.step + 1:,} to {last:,}, which the "
+                self._say(f"resume verified for steps {first:,} to {self.step:,} (compared: "
+                          f"{compared_text(self._compared, self.step - first + 1)}); the run "
+                          f"ended there, before steps {self.step + 1:,} to {last:,}, which the "
                           "interrupted run recorded")
             else:
                 self._say(f"this resume was not verified: the run ended at step {self.step:,}, "
@@ -449,21 +554,25 @@ class FlightRecord:
         self._prune()
 
     def _prune(self) -> None:
-        """Drop what no resume from the last checkpoints needs, once the file is large."""
+        """Drop the steps no resume from the last checkpoints needs, once the file is large.
+        Every checkpoint line stays: a resume from an older one is then told why it cannot
+        be verified, rather than that the record is another run's."""
         if os.path.getsize(self.path) < PRUNE_BYTES:
             return
-        lines, _ = _read_lines(self.path)
+        lines, _ = read_lines(self.path)
         checkpoints = [i for i, line in enumerate(lines) if line.get("k") == "ckpt"]
         if len(checkpoints) <= _KEEP_CHECKPOINTS:
             return
-        kept = lines[checkpoints[-_KEEP_CHECKPOINTS]:]
+        cut = checkpoints[-_KEEP_CHECKPOINTS]
+        kept = lines[cut:]
         attempts = dict.fromkeys(line.get("a") for line in kept)
-        headers = [line for line in lines if line.get("k") == "run" and line.get("a") in attempts]
+        before = [line for line in lines[:cut] if line.get("k") in ("ckpt", "from")
+                  or (line.get("k") == "run" and line.get("a") in attempts)]
         names = {}  # the names in force for each attempt where the kept lines begin
-        for line in lines[:checkpoints[-_KEEP_CHECKPOINTS]]:
+        for line in lines[:cut]:
             if line.get("k") == "names":
                 names[line.get("a")] = line
-        text = "".join(encode_line(line) for line in [*headers, *names.values(), *kept])
+        text = "".join(encode_line(line) for line in [*before, *names.values(), *kept])
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
@@ -486,15 +595,17 @@ class FlightRecord:
             warn_and_log(message, stacklevel=2)
             if self.log is not None:
                 self.log(message)
-        elif not self._expected and self._verified is not None:
+            return
+        for part in compared_parts(expected[0], line):
+            self._compared[part] = self._compared.get(part, 0) + 1
+        if not self._expected and self._verified is not None:
             first, last = self._verified
-            self._say(f"resume verified: steps {first:,} to {last:,} drew and consumed exactly "
-                      "what the interrupted run did", level=logging.INFO)
+            self._say(f"resume verified: steps {first:,} to {last:,} drew, consumed and computed "
+                      "exactly what the interrupted run did (compared: "
+                      f"{compared_text(self._compared, last - first + 1)})")
 
-    def _say(self, message: str, level: int = logging.INFO) -> None:
-        _logger.log(level, "devrng flight record: %s.", message)
-        if self.log is not None:
-            self.log(f"devrng flight record: {message}.")
+    def _say(self, message: str) -> None:
+        tell(message, self.log)
 
     # -- fingerprints -------------------------------------------------------------------------------
 
@@ -519,7 +630,7 @@ class FlightRecord:
     def _stop(self, kind: str, why: str) -> None:
         """End the process now, as a killed job ends (no clean-up), after the record is
         written: what ``devrng check-resume`` asked for."""
-        self.flush()
+        self._write_held()
         self._write({"k": kind, "a": self.attempt, "s": self.step})
         self._file_op(lambda: os.fsync(self._fd) if self._fd is not None else None)
         _logger.info("devrng flight record: ending the process after step %d (%s).",
@@ -527,10 +638,62 @@ class FlightRecord:
         os._exit(0)
 
 
+def _not_found(lines: list[dict[str, Any]], key: str | None, where: str) -> str:
+    """Why the record in ``where`` holds no line of the checkpoint ``key``, in words."""
+    if not key:
+        return ("the checkpoint was saved with the flight record off (or by a devrng before "
+                "0.5), so the record cannot know it")
+    if not any(line.get("k") == "ckpt" for line in lines):
+        return (f"the flight record in {where} holds no checkpoint at all: the checkpoint was "
+                "saved with the record kept elsewhere, or the record was removed")
+    return (f"the flight record in {where} belongs to another run: it holds no entry for this "
+            "checkpoint (another run saved its checkpoints there, with its own keys)")
+
+
+def _nothing_after(lines: list[dict[str, Any]], index: int, attempt: str, step: int) -> str:
+    """Why the attempt that wrote the checkpoint at line ``index`` has no step after it."""
+    later = [line.get("s") for line in lines[index + 1:]
+             if line.get("a") == attempt and line.get("k") == "ckpt"]
+    if later:
+        return (f"the record no longer holds the steps after the checkpoint of step {step:,} "
+                f"(it keeps those after the last {_KEEP_CHECKPOINTS} checkpoints; the "
+                f"interrupted run saved again at step {later[-1]:,})")
+    return (f"the interrupted run's record ends at its checkpoint (step {step:,}): it stopped "
+            "before it finished another step")
+
+
+def _damaged(count: int) -> str:
+    return f"; {count} damaged line(s) of the record were skipped" if count else ""
+
+
+def _call(ref: weakref.ref[FlightRecord], method: Callable[[FlightRecord], None]) -> None:
+    record = ref()
+    if record is not None:
+        method(record)
+
+
+def _loss_backward(ref: weakref.ref[FlightRecord], held: dict[str, Any], value: Any,
+                   grad: Any) -> None:
+    """A loss given before its backward pass: the backward pass shows it is the step under
+    way's, not the held one's (which is written now, without it)."""
+    record = ref()
+    if record is None or os.getpid() != record._pid:
+        return
+    with record._lock:
+        if record._held is held:
+            losses = held.get("l", [])
+            if any(v is value for v in losses):
+                held["l"] = [v for v in losses if v is not value] or None
+                if held["l"] is None:
+                    del held["l"]
+                record._losses.append(value)
+            record._backward_seen()
+
+
 def _step_ended(ref: weakref.ref[FlightRecord], optimizer: Any) -> None:
     record = ref()
     if record is not None and (not record._optimizers or optimizer in record._optimizers):
-        record.end_step()
+        record.end_step(optimizer)
 
 
 _open: weakref.WeakSet[FlightRecord] = weakref.WeakSet()
@@ -560,196 +723,6 @@ def _int_variable(name: str) -> int | None:
 def _combine(digests: list[str]) -> str:
     return digests[0] if len(digests) == 1 else \
         hashlib.blake2b("".join(digests).encode(), digest_size=8).hexdigest()
-
-
-def encode_line(line: Mapping[str, Any]) -> str:
-    """One line of a record file: the JSON text, a space and its CRC-32 (what a reader checks:
-    a torn or altered line is skipped)."""
-    text = json.dumps(line, separators=(",", ":"))
-    return f"{text} {zlib.crc32(text.encode()) & 0xFFFFFFFF:08x}\n"
-
-
-# -- reading a record ------------------------------------------------------------------------
-
-def _read_lines(path: str) -> tuple[list[dict[str, Any]], int]:
-    """Every whole, undamaged line of a record file, and how many were not."""
-    try:
-        with open(path, "rb") as fh:
-            raw = fh.read()
-    except FileNotFoundError:
-        return [], 0
-    lines, damaged = [], 0
-    for row in raw.split(b"\n"):
-        if not row:
-            continue
-        text, _, crc = row.rpartition(b" ")
-        try:
-            if f"{zlib.crc32(text) & 0xFFFFFFFF:08x}".encode() != crc:
-                raise ValueError
-            line = json.loads(text)
-            if not isinstance(line, dict):
-                raise ValueError
-        except ValueError:
-            damaged += 1
-            continue
-        lines.append(line)
-    return lines, damaged
-
-
-def read_record(path: str) -> dict[str, Any]:
-    """A record file as ``{"attempts": {attempt: {"id", "steps": {s: line}, "names"...}},
-    "damaged": n}`` (what ``devrng check-resume`` compares)."""
-    lines, damaged = _read_lines(path)
-    attempts: dict[str, dict[str, Any]] = {}
-    names: dict[str, list[str]] = {}
-    for line in lines:
-        attempt = str(line.get("a"))
-        entry = attempts.setdefault(attempt, {"id": None, "steps": {}, "checkpoints": [],
-                                              "from": None, "end": None})
-        kind = line.get("k")
-        if kind == "run":
-            entry["id"] = line.get("id")
-        elif kind == "names":
-            names[attempt] = line.get("names", [])
-        elif kind == "ckpt":
-            entry["checkpoints"].append(line.get("s"))
-        elif kind == "from":
-            entry["from"] = (line.get("from"), line.get("s"))
-        elif kind in ("stop", "end"):
-            entry["end"] = (kind, line.get("s"))
-        elif kind is None and isinstance(line.get("s"), int):
-            entry["steps"][line["s"]] = (line, list(names.get(attempt, [])))
-    return {"attempts": attempts, "damaged": damaged}
-
-
-def _find_checkpoint(lines: list[dict[str, Any]], key: str) -> tuple[int, str, int] | None:
-    """The checkpoint line with ``key`` whose run recorded the most steps after it (two runs
-    can hold the same state at the same step; the latest of equals)."""
-    best: tuple[int, int, str, int] | None = None
-    for index, line in enumerate(lines):
-        if line.get("k") == "ckpt" and line.get("key") == key and isinstance(line.get("s"), int):
-            after = len(_steps_after(lines, index, line["a"]))
-            if best is None or after >= best[0]:
-                best = (after, index, line["a"], line["s"])
-    return None if best is None else best[1:]
-
-
-def _header_of(lines: list[dict[str, Any]], attempt: str) -> dict[str, Any] | None:
-    for line in lines:
-        if line.get("k") == "run" and line.get("a") == attempt:
-            return line
-    return None
-
-
-def _steps_after(lines: list[dict[str, Any]], index: int, attempt: str
-                 ) -> dict[int, tuple[dict[str, Any], list[str]]]:
-    """The steps ``attempt`` recorded after line ``index``, each with the generator names
-    its fingerprints are in the order of."""
-    names: list[str] = []
-    for line in lines[:index]:
-        if line.get("k") == "names" and line.get("a") == attempt:
-            names = line.get("names", [])
-    steps: dict[int, tuple[dict[str, Any], list[str]]] = {}
-    for line in lines[index + 1:]:
-        if line.get("a") != attempt:
-            continue
-        if line.get("k") == "names":
-            names = line.get("names", [])
-        elif line.get("k") is None and isinstance(line.get("s"), int):
-            steps[line["s"]] = (line, names)
-    return steps
-
-
-def _identity_problem(saved: Any, now: Mapping[str, Any]) -> str | None:
-    if not isinstance(saved, Mapping):
-        return "its record has no description of the run"
-    differ = [f"{key} {short_repr(saved.get(key))} then, {short_repr(now.get(key))} now"
-              for key in dict.fromkeys([*saved, *now]) if saved.get(key) != now.get(key)]
-    return ("it was another run or configuration (" + "; ".join(differ) + ")") if differ else None
-
-
-def _damaged(count: int) -> str:
-    return f"; {count} damaged line(s) of the record were skipped" if count else ""
-
-
-# -- what differs, in words --------------------------------------------------------------------
-
-_HINTS = {
-    "content": ("randomness inside the dataset or collate_fn that devrng does not see (draw it "
-                "inside devrng.sample_rng(index), or seed it from the batch's indices)"),
-    "indices": ("the loader's sampler shuffled differently (a sampler with a generator of its "
-                "own, or one a loader fast-forwards by iterating it again: build the loader "
-                "with **rng.dataloader_kwargs() and use torchdata's StatefulDataLoader)"),
-    "count": "another number of batches per optimizer step (gradient accumulation or the loader)",
-    "loss": ("nondeterministic kernels (turn on devrng.deterministic()), or model or optimizer "
-             "state the checkpoint does not hold (a gradient accumulated inside a window, an "
-             "LR scheduler, a buffer)"),
-}
-
-
-def _generator_hint(name: str) -> str:
-    if name in ("python", "numpy"):
-        return (f"something drew from the {'Python' if name == 'python' else 'NumPy'} global "
-                "generator in one run and not in the other (a collate_fn, a callback, a "
-                "library) or its state was not restored")
-    return ("something drew from it in one run and not in the other between the checkpoint and "
-            "this step, or its state was not restored")
-
-
-def explain(theirs: Mapping[str, Any], their_names: list[str], ours: Mapping[str, Any],
-            our_names: list[str]) -> str | None:
-    """Where two records of the same step differ, as the words after "at", or None.
-
-    Examples:
-        >>> from devrng._training.flight import explain
-        >>> a = {"s": 7, "g": ["0a", "0b"], "n": 1, "b": "c1", "i": "d1"}
-        >>> explain(a, ["cpu", "numpy"], dict(a, b="c2"), ["cpu", "numpy"])[:59]
-        "step 7: the batch's indices match and its content does not:"
-        >>> explain(a, ["cpu", "numpy"], dict(a, g=["0a", "0c"]), ["cpu", "numpy"])[:56]
-        "step 7: at the step's start the generator numpy differed"
-        >>> explain(a, ["cpu", "numpy"], a, ["cpu", "numpy"]) is None
-        True
-    """
-    step = ours.get("s")
-    where = f"step {step:,}" if isinstance(step, int) else "a step"
-    position = ours.get("p")
-    if isinstance(position, list) and len(position) == 2 and position[1] is not None:
-        where += f" (batch {position[1] + 1} of its epoch from loader {position[0]!r})"
-    theirs_g = dict(zip(their_names, theirs.get("g") or [], strict=False))
-    ours_g = dict(zip(our_names, ours.get("g") or [], strict=False))
-    differ = [n for n in ours_g if n in theirs_g and theirs_g[n] != ours_g[n]]
-    # A loader's own generators act only through its batches, and it draws from them when it
-    # prefetches (how far ahead: its workers): on their own they say nothing; beside a batch
-    # that differs, they tell why.
-    primary = [n for n in differ if not n.startswith(LOADER_PREFIX)]
-    loaders = [n.removeprefix(LOADER_PREFIX) for n in differ if n.startswith(LOADER_PREFIX)]
-    if primary:
-        same = [_shown(n) for n in ours_g if n in theirs_g and n not in differ]
-        return (f"{where}: at the step's start the generator{'s' if len(primary) > 1 else ''} "
-                f"{', '.join(primary)} differed" + (f" ({', '.join(same)} matched)" if same else "")
-                + f": {_generator_hint(primary[0])}")
-    also = (f" (the loader's generator{'s' if len(loaders) > 1 else ''} {', '.join(loaders)} "
-            "differed at the step's start too)") if loaders else ""
-    if theirs.get("n") != ours.get("n"):
-        return (f"{where}: the step consumed {ours.get('n') or 0} batch(es) here and "
-                f"{theirs.get('n') or 0} in the interrupted run{also}: {_HINTS['count']}")
-    if theirs.get("b") != ours.get("b"):
-        if theirs.get("i") is not None and ours.get("i") is not None:
-            if theirs["i"] == ours["i"]:
-                return (f"{where}: the batch's indices match and its content does not{also}: "
-                        f"{_HINTS['content']}")
-            return (f"{where}: the batch holds other samples (its indices differ){also}: "
-                    f"{_HINTS['indices']}")
-        return (f"{where}: the batch's content differs (its indices were not recorded){also}: "
-                f"{_HINTS['indices']}, or {_HINTS['content']}")
-    if theirs.get("l") is not None and ours.get("l") is not None and theirs["l"] != ours["l"]:
-        return (f"{where}: the batch and every generator matched and the loss did not: "
-                f"{_HINTS['loss']}")
-    return None
-
-
-def _shown(name: str) -> str:
-    return name.removeprefix(LOADER_PREFIX)
 
 
 # -- seeing the batches of a DataLoader ---------------------------------------------------------

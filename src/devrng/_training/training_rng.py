@@ -41,7 +41,6 @@ from devrng._generators.ranks.protocol import (
     Apply,
     Loader,
     Summary,
-    identity_of,
     is_ranked,
     load_ranked,
     nested_state,
@@ -66,7 +65,13 @@ from devrng._generators.undo import Undo
 from devrng._training.determinism import DeterministicHandle
 from devrng._training.determinism import deterministic as turn_on_determinism
 from devrng._training.digest import generator_fingerprint, state_fingerprint
-from devrng._training.flight import FLIGHT_VARIABLE, LOADER_PREFIX, FlightRecord, global_sources
+from devrng._training.flight import (
+    FLIGHT_VARIABLE,
+    LOADER_PREFIX,
+    FlightRecord,
+    global_sources,
+    new_key,
+)
 from devrng._training.loaders import (
     EpochStart,
     EpochStarts,
@@ -95,7 +100,9 @@ _KEYS_OF = {1: _KEYS - {"loaders"}, 2: _KEYS, 3: _KEYS | SEAL_KEYS}
 _OPTIONAL = frozenset({SAVE})  # an entry's save identity (devrng 0.4 and before wrote none)
 # Keys a state holds only when it has something to say: "epoch_starts", the generators
 # each loader that replays its sampler made its epoch's iterator from.
-_OPTIONAL_OF = {1: frozenset(), 2: frozenset({"epoch_starts"}), 3: frozenset({"epoch_starts"})}
+# "flight": the key this save drew for the flight record (devrng 0.5; only with a record on).
+_OPTIONAL_OF = {1: frozenset(), 2: frozenset({"epoch_starts"}),
+                3: frozenset({"epoch_starts", "flight"})}
 _LOADER_NAME = re.compile(r"dataloader\d+")  # the generators dataloader_kwargs() makes
 _logger = logging.getLogger("devrng")
 _ENTROPY = "drawn from OS entropy"
@@ -413,9 +420,12 @@ class TrainingRNG:
                   if watch.last is not None}
         if starts:
             plain["epoch_starts"] = starts
+        key = None
+        if self._flight is not None:  # a key of this save's own: no other run's record has it
+            key = plain["flight"] = new_key()
         state = ranked(encode(seal(stamp(plain, self))))
-        if self._flight is not None:
-            self._flight.checkpoint(_flight_key(plain))
+        if key is not None:
+            self._flight.checkpoint(key)  # type: ignore[union-attr]
         return state
 
     @guard
@@ -579,8 +589,8 @@ class _Loading:
         self.inside: set[str] = set()  # loaders that resume their place inside an epoch
         self.states = self._fit_places()  # the state each tracked loader loads
         self.starts = self._read_epoch_starts(data.get("epoch_starts"))
-        # What the flight record knows the checkpoint by: hashed only where a record is kept.
-        self.key = None if rng._flight is None else _flight_key(data)
+        # What the flight record knows the checkpoint by (None: saved with the record off).
+        self.key = _read_key(data.get("flight"))
 
     def fail(self, problem: str) -> DevRNGError:
         return DevRNGError(f"TrainingRNG.load_state_dict: {problem}.{self.hint}")
@@ -731,8 +741,8 @@ class _Loading:
         warn_on_resume(resume_problems(self.saved_world, self.records, rng._loaders,
                                        self.inside) + [p for p in unreplayable if p],
                        stacklevel=4)
-        if rng._flight is not None and self.key is not None:  # the steps from here are
-            rng._flight.resume(self.key)  # compared with the saved run's
+        if rng._flight is not None:  # the steps from here are compared with the saved run's
+            rng._flight.resume(self.key)
 
 
 def start_flight_record(rng: TrainingRNG, directory: str, *, hooked: bool = False,
@@ -794,8 +804,6 @@ def _materialise(obj: Any) -> None:
         obj.state_dict()  # type: ignore[attr-defined]
 
 
-# The parts of a saved state that identify a checkpoint to the flight record.
-_FLIGHT_KEYED = ("seed", "rank", "rng", "generators", "tracked")
 # Tracked objects whose state_dict() is a few ints: their fingerprints are cheap each step.
 _CHEAP_STATES = frozenset({"SeededFunction", "PortableRNG"})
 
@@ -804,10 +812,14 @@ def _tracked_fingerprint(obj: Any) -> Any:
     return state_fingerprint(nested_state(obj))  # (no save identity: no collective)
 
 
-def _flight_key(plain: Mapping[str, Any]) -> str:
-    """What the flight record knows a checkpoint by: a digest of the generator states it
-    holds (the same whichever way the state travelled: a file, DCP, a trainer's list)."""
-    return f"{identity_of({k: plain.get(k) for k in _FLIGHT_KEYED}):016x}"
+def _read_key(key: Any) -> str | None:
+    """The flight record's key of a saved state (``new_key``), checked: None or 16 hex digits."""
+    if key is None or (isinstance(key, str) and len(key) == 16
+                       and all(c in "0123456789abcdef" for c in key)):
+        return key
+    raise DevRNGError(f"TrainingRNG.load_state_dict: the state's flight record key is "
+                      f"{short_repr(key)}; devrng writes 16 hexadecimal digits there, so the "
+                      "state was altered.")
 
 
 def _flight_directory(value: Any) -> str | None:
