@@ -13,7 +13,10 @@ user's script under ``devrng check-resume``). Configuration (all optional):
 - ``collate``: ``"numpy"``: the collate_fn adds NumPy noise (NumPy's global generator);
 - ``loader``: ``"stateful"`` (torchdata's StatefulDataLoader) or ``"plain"``;
 - ``workers``, ``batch``, ``accumulate`` (micro-batches per optimizer step), ``epochs``,
-  ``save_at`` (steps), ``seed``, ``loss`` (record the loss: default true).
+  ``save_at`` (steps), ``seed``, ``loss`` (record the loss: default true);
+- ``resumed``: what a resumed run does otherwise: ``"drift"`` (each step's gradient gets
+  noise from ``os.urandom``, as a nondeterministic kernel gives), ``"short"`` (it ends
+  after two steps).
 
 OUT_JSON gets the losses (``float.hex``), the step the run resumed at, the record's
 ``verified``, and the ``DevRNGWarning`` messages and ``"devrng"`` log lines of the run.
@@ -112,6 +115,9 @@ def train(config: dict[str, Any], out: str) -> dict[str, Any]:
         for i, (x, y) in enumerate(loader):
             loss = torch.nn.functional.mse_loss(model(x), y) / accumulate
             loss.backward()
+            if resumed is not None and config.get("resumed") == "drift":
+                with torch.no_grad():
+                    model[0].weight.grad[0, 0] += 1e-3 * (1 + os.urandom(1)[0])
             if config.get("loss", True):
                 rng.flight.loss(loss)
             if (i + 1) % accumulate:
@@ -120,6 +126,9 @@ def train(config: dict[str, Any], out: str) -> dict[str, Any]:
             opt.zero_grad()
             step += 1
             losses.append(loss.item().hex())
+            if resumed is not None and config.get("resumed") == "short" \
+                    and step == resumed + 2:
+                return {"losses": losses, "resumed": resumed, "verified": rng.flight.verified}
             if step in save_at:
                 torch.save({"model": model.state_dict(), "opt": opt.state_dict(),
                             "rng": rng.state_dict(), "epoch": epoch, "step": step}, "ckpt.pt")

@@ -676,7 +676,8 @@ def _check(tmp_path: Path, *args: str, config: dict[str, Any] | None = None,
 def test_check_resume_says_exact_and_exits_0(tmp_path: Path) -> None:
     proc = _check(tmp_path, "--steps", "10", "--stop", "5", config={"save_at": [3, 6, 9]})
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "resume exact for steps 7 to 10 (checkpoint at step 6;" in proc.stdout
+    assert ("resume exact for steps 7 to 10 (checkpoint at step 6; compared: generators, batch "
+            "indices, batch content, loss, parameters at every step)") in proc.stdout
 
 
 @pytest.mark.slow
@@ -687,6 +688,28 @@ def test_check_resume_names_the_first_differing_step_and_exits_1(tmp_path: Path)
     assert ("resume differs at step 5 (batch 5 of its epoch from loader 'loader'): the batch's "
             "indices match and its content does not") in proc.stdout
     assert "(the runs' directories, records and output are in" in proc.stdout
+
+
+@pytest.mark.slow
+def test_check_resume_sees_a_computation_difference_without_a_loss(tmp_path: Path) -> None:
+    # No loss is recorded; the resumed run's gradients drift (as a nondeterministic kernel's):
+    # the parameters after step 7 tell.
+    proc = _check(tmp_path, "--steps", "10", "--stop", "5",
+                  config={"save_at": [6], "loss": False, "resumed": "drift"})
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert ("resume differs at step 7 (batch 1 of its epoch from loader 'loader'): the batch "
+            "and every generator matched and the parameters after the step did not") \
+        in proc.stdout, proc.stdout
+
+
+@pytest.mark.slow
+def test_check_resume_does_not_pass_a_resume_it_compared_in_part(tmp_path: Path) -> None:
+    proc = _check(tmp_path, "--steps", "10", "--stop", "5",
+                  config={"save_at": [6], "resumed": "short"})
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert ("the resumed run recorded 2 steps of the 4 after the checkpoint of step 6 that the "
+            "uninterrupted run recorded (none from step 9); it was not compared in full"
+            in proc.stdout), proc.stdout
 
 
 @pytest.mark.slow

@@ -23,7 +23,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from devrng._training.compare import explain, read_record
+from devrng._training.compare import PARTS, compared_text, count_parts, explain, read_record
 from devrng._training.flight import FLIGHT_VARIABLE, MAX_STEPS_VARIABLE, STOP_VARIABLE
 
 __all__ = ["check_resume"]
@@ -176,20 +176,39 @@ def _compare(straight: dict[int, dict[str, Any]], resumed: dict[int, dict[str, A
                  "before the model), and turn on devrng.deterministic()")
             exact = False
             continue
+        last = max(reference["steps"], default=checkpoint)
         resumed_steps = after[-1]["steps"]
-        last = max(s for s in resumed_steps if s in reference["steps"]) if any(
-            s in reference["steps"] for s in resumed_steps) else checkpoint
-        if last <= checkpoint:
-            raise _Failed(f"{label}the resumed run recorded no step after the checkpoint of "
-                          f"step {checkpoint}.")
         problem = _first_difference(reference, after[-1], checkpoint + 1, last)
-        if problem is None:
-            _out(f"{label}resume exact for steps {checkpoint + 1} to {last} (checkpoint at step "
-                 f"{checkpoint}; each step's generators, batches and losses compared)")
-        else:
+        if problem is not None:
             _out(f"{label}resume differs at {problem}")
             exact = False
+            continue
+        # Exact only when every step after the checkpoint was compared, in full.
+        missing = [s for s in range(checkpoint + 1, last + 1) if s not in resumed_steps]
+        if missing:
+            done = last - checkpoint - len(missing)
+            raise _Failed(f"{label}the resumed run recorded {_steps(done)} of the "
+                          f"{last - checkpoint} after the checkpoint of step {checkpoint} "
+                          f"that the uninterrupted run recorded (none from step {missing[0]}); "
+                          "it was not compared in full: did it end early, or fail?")
+        pairs = [(reference["steps"][s][0], resumed_steps[s][0])
+                 for s in range(checkpoint + 1, last + 1)]
+        counts = count_parts(pairs)
+        # What the uninterrupted run recorded at every step, the resumed run must have too.
+        needed = [name for key, name in PARTS if key in ("g", "w")
+                  and all(ref.get(key) is not None for ref, _ in pairs)]
+        lacking = [name for name in needed if counts.get(name, 0) < len(pairs)]
+        if lacking:
+            raise _Failed(f"{label}steps {checkpoint + 1} to {last} matched, but the "
+                          f"{' and '.join(lacking)} were not recorded at every one of them by "
+                          "both runs, so the resume was not compared in full.")
+        _out(f"{label}resume exact for steps {checkpoint + 1} to {last} (checkpoint at step "
+             f"{checkpoint}; compared: {compared_text(counts, len(pairs))})")
     return EXACT if exact else DIFFERS
+
+
+def _steps(n: int) -> str:
+    return f"{n} step{'' if n == 1 else 's'}"
 
 
 def _first_difference(reference: dict[str, Any], other: dict[str, Any], first: int,
@@ -197,9 +216,7 @@ def _first_difference(reference: dict[str, Any], other: dict[str, Any], first: i
     for step in range(first, last + 1):
         theirs, ours = reference["steps"].get(step), other["steps"].get(step)
         if theirs is None or ours is None:
-            if (theirs is None) != (ours is None):
-                return f"step {step:,}: one run recorded it and the other did not"
-            continue
+            continue  # (a step only one run recorded: told apart by the caller)
         problem = explain(theirs[0], theirs[1], ours[0], ours[1])
         if problem is not None:
             return problem
