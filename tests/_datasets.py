@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import random
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -79,6 +80,24 @@ class Augmented(Dataset[torch.Tensor]):
     def _augment(self, i: int) -> torch.Tensor:
         noise = torch.randn(4) * 0.1 + float(np.random.normal()) * 0.05 + random.random() * 0.05
         return self.base[i] + noise
+
+
+class ShardedShuffled(torch.utils.data.IterableDataset[torch.Tensor]):
+    """An iterable dataset each worker reads its shard of (every ``num_workers``-th sample),
+    in an order it draws with ``torch.randperm`` from its own generator, augmenting each
+    sample from it too; rows indexed as ``Augmented(indexed=True)``'s."""
+
+    def __init__(self, size: int = 26) -> None:
+        self.base = torch.linspace(-1, 1, size * 4).reshape(size, 4)
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        info = get_worker_info()
+        shard = torch.arange(len(self.base))
+        if info is not None:
+            shard = shard[info.id::info.num_workers]
+        for i in shard[torch.randperm(len(shard))].tolist():
+            sample = self.base[i] + torch.randn(4) * 0.1
+            yield torch.cat([torch.tensor([float(i)]), sample])
 
 
 def noisy_collate(rows: list[torch.Tensor]) -> torch.Tensor:

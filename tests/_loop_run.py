@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tests._datasets import Augmented, noisy_collate
+from tests._datasets import Augmented, ShardedShuffled, noisy_collate
 from tests._internals import set_fix
 from tests._resume import model_and_optimizer, sgd_step
 from tests.integrations._runs import SEED, Result, devrng_messages, digest, job_runner, main
@@ -63,16 +63,21 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "stateful-subset": {**_STATEFUL, "sampler": "subset", "save_at": [3, 10]},
     "stateful-weighted": {**_STATEFUL, "sampler": "weighted"},
     "stateful-replacement": {**_STATEFUL, "sampler": "replacement", "save_at": [5]},
+    # issue 44: exact resumes no load-time warning may call inexact
+    "stateful-persistent": {**_STATEFUL, "persistent": True, "pin": True, "save_at": [3, 10]},
+    "stateful-iterable": {**_STATEFUL, "iterable": True, "save_at": [3, 10]},
 }
 
 
 def _loader(config: dict[str, Any], kwargs: dict[str, Any]) -> Any:
     size = config.get("size", 26)
     augment = config.get("augment", "inside")
-    data = Augmented(size=size, per_sample=augment == "inside", indexed=True,
-                     augment=augment != "none")
+    data: Any = Augmented(size=size, per_sample=augment == "inside", indexed=True,
+                          augment=augment != "none")
     sampler = config.get("sampler")
-    if sampler == "subset":
+    if config.get("iterable"):
+        data = ShardedShuffled(size)
+    elif sampler == "subset":
         kwargs["sampler"] = torch.utils.data.SubsetRandomSampler(range(size - 2))
     elif sampler == "weighted" or config.get("weighted"):
         # it draws from torch's global generator, which devrng keeps
@@ -86,7 +91,8 @@ def _loader(config: dict[str, Any], kwargs: dict[str, Any]) -> Any:
     workers = config.get("workers", 2)
     options = {"batch_size": 4, "drop_last": config.get("drop_last", False),
                "num_workers": workers, "persistent_workers": bool(config.get("persistent")),
-               "collate_fn": noisy_collate if config.get("collate") else None, **kwargs}
+               "collate_fn": noisy_collate if config.get("collate") else None,
+               "pin_memory": bool(config.get("pin")), **kwargs}
     if config.get("stateful"):
         from torchdata.stateful_dataloader import StatefulDataLoader
 

@@ -213,6 +213,9 @@ class FlightRecord:
         self._verified: tuple[int, int] | None = None  # (first, last) step to compare
         self._compared: dict[str, int] = {}  # how many compared steps compared each part
         self._diverged = False
+        #: A load-time warning already said that the resumed run differs (and why): a
+        #: difference found then is said as that warning's, not warned of again.
+        self.warned_at_load = False
         self._last_checkpoint: int | None = None
         self._stop_after = _int_variable(STOP_VARIABLE)
         self._max_steps = _int_variable(MAX_STEPS_VARIABLE)
@@ -590,6 +593,10 @@ class FlightRecord:
             first = self._verified[0] if self._verified is not None else line["s"]
             before = (f" Steps {first:,} to {line['s'] - 1:,} matched." if line["s"] > first
                       else " It is the first step after the checkpoint.")
+            if self.warned_at_load:  # the cause was named at load: no second, other cause
+                self._say(f"the resumed run differs from the interrupted one from "
+                          f"{problem.split(': ', 1)[0]}, as warned when it loaded.{before.rstrip('.')}")
+                return
             message = (f"devrng flight record: the resumed run differs from the interrupted one "
                        f"at {problem}.{before}")
             warn_and_log(message, stacklevel=2)
