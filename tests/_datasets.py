@@ -100,6 +100,14 @@ class ShardedShuffled(torch.utils.data.IterableDataset[torch.Tensor]):
             yield torch.cat([torch.tensor([float(i)]), sample])
 
 
+class SizedShards(ShardedShuffled):
+    """``ShardedShuffled`` with a length (its number of samples), from which a trainer counts
+    an epoch's steps."""
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+
 def noisy_collate(rows: list[torch.Tensor]) -> torch.Tensor:
     """A collate_fn that draws batch-level noise from NumPy (as MixUp draws its weight), outside
     ``devrng.sample_rng``; the first column (the index, in indexed rows) is left as it is."""

@@ -121,6 +121,10 @@ CELLS = [
     # a SubsetRandomSampler, which torchdata replays to find its place: from the generators of
     # the epoch's start (exact; the control turns devrng's fix off); the loader is reloaded
     # every epoch (reload_dataloaders_every_n_epochs=1), so epoch 1's is another one
+    # issue 44: a sharded IterableDataset whose workers draw outside sample_rng (torch.randperm,
+    # augmentation): torchdata fast-forwards them, so they draw again what they drew (exact,
+    # no warning at load)
+    Cell(L, "stateful-iterable", "step=6.ckpt", "exact"),
     Cell(L, "stateful-subset", "step=6.ckpt", "exact"),
     Cell(L, "stateful-subset", "step=18.ckpt", "exact"),
     Cell(L, "stateful-subset", "epoch=0.ckpt", "exact"),
@@ -194,6 +198,9 @@ CELLS = [
     # and at an epoch's end (nothing to skip: exact)
     Cell(H, "save5", "checkpoint-5", "exact"),
     Cell(H, "save5", "checkpoint-15", "exact"),
+    # issue 44: 2 -> 3 workers inside an epoch, samples in sample_rng: exact, and the Trainer's
+    # workers (which devrng does not seed) leave it to the flight record, with no warning
+    Cell(H, "save5", "checkpoint-5", "exact", changes={"workers": 3}),
     Cell(H, "save5-plain", "checkpoint-5", "exact alone"),  # epoch 0: set_seed's shuffle
     Cell(H, "save5-plain", "checkpoint-15", "differs"),
     Cell(H, "skipless", "checkpoint-18", "warned", r"with ignore_data_skip=True the Trainer does "

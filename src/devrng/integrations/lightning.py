@@ -194,7 +194,7 @@ class DevRNGCallback(pl.Callback):
         if self.strict:
             raise DevRNGError(problem + ". Resume from a checkpoint saved with the callback, "
                               "or pass DevRNGCallback(strict=False) to go on with a warning.")
-        warn_on_resume([problem], stacklevel=3)
+        warn_on_resume([problem], flight=self.rng.flight, stacklevel=3)
 
     def _loaders(self) -> dict[str, list[Any]]:
         trainer = self._trainer
@@ -235,7 +235,7 @@ class DevRNGCallback(pl.Callback):
             problems += self._start_at_the_epoch(trainer, loaders["training"], resumed)
         problems += _problems(trainer, loaders, resumed["loaders"], mid_epoch)
         problems += _position_problems(resumed["position"])
-        warn_on_resume(problems, stacklevel=2)
+        warn_on_resume(problems, flight=self.rng.flight, stacklevel=2)
 
     def _put_back(self, resumed: Mapping[str, Any]) -> None:
         """The generators as the checkpoint restored them: torch's, Python's, NumPy's and

@@ -147,7 +147,7 @@ class DevRNGTrainerCallback(transformers.TrainerCallback, ExportableState):
                 "batch, in a new order, so the resumed run sees other batches than the "
                 "uninterrupted one (what the flag is for: a faster resume, not an exact one); "
                 "set ignore_data_skip=False, or save at the ends of epochs")
-        warn_on_resume(problems, stacklevel=2)
+        warn_on_resume(problems, flight=self.flight, stacklevel=2)
 
     def _start_flight(self, args: Any, state: Any, loader: Any, model: Any,
                       saved: Mapping[str, Any] | None) -> None:
