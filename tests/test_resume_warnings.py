@@ -72,7 +72,8 @@ def test_a_tracked_loader_is_described_in_the_state() -> None:
                                             **rng.dataloader_kwargs()))
     record = plain_state(rng.state_dict())["loaders"]["loader"]
     assert record == {"kind": "DataLoader", "stateful": False, "num_workers": 0,
-                      "batch_size": 4, "persistent_workers": False, "sampler": "RandomSampler",
+                      "batch_size": 4, "persistent_workers": False, "in_order": True,
+                      "sampler": "RandomSampler",
                       "private_shuffle": False, "devrng_seeded": True, "sample_rng": False,
                       "worker_draws": False,
                       "sampler_args": {"replacement": False, "num_samples": None},
@@ -256,6 +257,15 @@ def test_a_persistent_loader_in_a_plain_loop_warns(caplog: pytest.LogCaptureFixt
     by_index(drew)
     [message] = resumed(drew, drew, caplog)
     assert "so the samples' augmentation differs" in message
+
+
+def test_a_loader_out_of_order_is_named_at_load(caplog: pytest.LogCaptureFixture) -> None:
+    loader = DataLoader(PerSample(), batch_size=2, num_workers=2, in_order=False)
+    [message] = resumed(loader, loader, caplog)
+    assert ("the loader 'loader' is built with in_order=False: its workers hand over the "
+            "batches in the order they finish them, which changes from run to run, so even two "
+            "uninterrupted runs see their batches in other orders") in message
+    assert describe_loader(DataLoader(PerSample(), in_order=False))["in_order"]  # no workers
 
 
 def test_what_devrng_cannot_tell_at_load_is_left_to_the_record(

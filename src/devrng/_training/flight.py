@@ -358,6 +358,14 @@ class FlightRecord:
                 line["i"] = None if None in indices else indices_digest(indices)
                 first = self._batches[0]
                 line["p"] = [first[3], first[2]]
+                # What a verdict needs to name the cause: a loader whose workers handed over
+                # batches as they finished them (in_order=False), and batches read at the
+                # model's input (watch_model), after the training loop had them.
+                if any(getattr(self._watched.get(b[3]), "unordered", False)
+                       for b in self._batches):
+                    line["u"] = 1
+                if self._model_hooks:
+                    line["m"] = 1
             if self._losses:
                 line["l"] = self._losses
             if optimizer is not None:
@@ -747,6 +755,7 @@ class _Watched:
         self.indices: dict[int, Any] = {}  # yield number -> what the index source yielded
         self.yielded = 0
         self.offset = 0  # send id - yield number, for loaders with workers
+        self.unordered = False  # its last iterator hands over batches out of order
         # Weak references both ways: the loader must not be kept in a cycle (see _iterator).
         watched, loader_ref = weakref.ref(self), weakref.ref(loader)
         # Another wrapper devrng put there (TrainingRNG's record of each epoch's generators)
@@ -797,7 +806,8 @@ class _Watched:
         # fails: "can only test a child process").
         ref = weakref.ref(it)
         next_data = type(it)._next_data
-        in_order = getattr(it, "_in_order", True) and tap
+        self.unordered = getattr(it, "_in_order", True) is False
+        in_order = not self.unordered and tap
         watched = self
 
         def _next_data() -> Any:

@@ -30,7 +30,8 @@ from devrng._generators.snapshot import Restore, RNGState, snapshot
 from devrng._generators.undo import Undo
 from devrng._training.workers import WorkerSeeding
 
-__all__ = ["Unsure", "describe", "differences", "feeding_loader", "is_stateful", "persistent_workers_problem", "position_problem",
+__all__ = ["Unsure", "describe", "differences", "feeding_loader", "is_stateful",
+           "out_of_order_problem", "persistent_workers_problem", "position_problem",
            "private_shuffle_problem", "resume_problems", "warn_on_resume", "world_size_problem"]
 
 _PREFIX = "The resumed run will not be bitwise the same as the uninterrupted one: "
@@ -114,6 +115,9 @@ def describe(loader: Any) -> dict[str, Any]:
         "batch_size": batch_size if isinstance(batch_size, int) else None,
         "persistent_workers": bool(getattr(loader, "persistent_workers", False))
         and int(getattr(loader, "num_workers", 0) or 0) > 0,
+        # in_order=False: workers hand over batches as they finish them (torch 2.6 and later)
+        "in_order": getattr(loader, "in_order", True) is not False
+        or not int(getattr(loader, "num_workers", 0) or 0),
         "sampler": type(indices).__name__,
         # A sampler with a generator of its own that is not the loader's: torchdata's
         # RandomSampler makes one, seeded from torch's global generator, when the loader
@@ -361,6 +365,8 @@ def resume_problems(saved_world: int, records: Any, loaders: Mapping[str, Any],
                 problem = inside_epoch_problem(f"the loader {name!r}", record,
                                                "**rng.dataloader_kwargs()")
                 problems += [problem] if problem else []
+        if not now["in_order"]:
+            problems.append(out_of_order_problem(f"the loader {name!r}"))
         if now["persistent_workers"]:
             problem = persistent_workers_problem(
                 f"the loader {name!r}", "build it with persistent_workers=False (or use devrng's "
@@ -379,6 +385,14 @@ def _kept_workers_differ(now: Mapping[str, Any], record: Any) -> bool:
         return False
     drew = isinstance(record, Mapping) and bool(record.get("sample_rng") or record.get("worker_draws"))
     return now["sampler"] in _DRAWN_ORDER or drew
+
+
+def out_of_order_problem(name: str) -> str:
+    """A loader built with ``in_order=False``, whose batches come in no fixed order."""
+    return (f"{name} is built with in_order=False: its workers hand over the batches in the "
+            "order they finish them, which changes from run to run, so even two uninterrupted "
+            "runs see their batches in other orders, and a resumed run cannot repeat one; build "
+            "it with in_order=True (the default)")
 
 
 def position_problem(name: str, kind: str, where: str,

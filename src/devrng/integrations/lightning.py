@@ -38,6 +38,7 @@ from devrng._training.loaders import (
     describe,
     differences,
     inside_epoch_problem,
+    out_of_order_problem,
     persistent_workers_problem,
     position_problem,
     private_shuffle_problem,
@@ -519,6 +520,8 @@ def _training_problems(name: str, now: Mapping[str, Any], loader: Any, mid_epoch
                                                      "before fit)")
         if problem is not None:
             yield problem
+    if not now["in_order"]:
+        yield out_of_order_problem(name)
     if now["private_shuffle"] and not mid_epoch:
         yield private_shuffle_problem(name, "Lightning builds it again when the run resumes "
                                             "and restores its position only in the middle of an "
