@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 from tests._helpers import run_python
+from tests._internals import read_record
 from tests.integrations._runs import Result, check_flight, check_resumed, run, target
 
 pytestmark = pytest.mark.slow
@@ -295,6 +296,24 @@ def test_a_resumed_epoch_draws_its_own_order(runs: Any, trainer: str, name: str,
     resumed = Result.read(target(out, {"mode": "B", "name": name, "tag": cell.tag}))
     assert whole.samples[0] != whole.samples[1]
     assert resumed.samples[0] == whole.samples[0 if replays else 1]
+
+
+@pytest.mark.parametrize(("trainer", "name"), [(L, "stateful"), (H, "save5")])
+def test_every_recorded_step_holds_its_batch_indices_and_place(runs: Any, trainer: str,
+                                                               name: str) -> None:
+    """Issue 44: Lightning's first iterator of a fit (made before on_train_start) and the loader
+    a resumed HF Trainer skips the epoch's first batches with are watched too: every step of
+    every run of the configuration (uninterrupted and resumed) records the indices of its
+    batch and its place in the epoch."""
+    records = list((runs(trainer) / name / "flight").glob("devrng-flight.rank*.jsonl"))
+    assert records
+    for path in records:
+        attempts = read_record(str(path))["attempts"].values()
+        steps = [line for attempt in attempts for line, _ in attempt["steps"].values()]
+        assert len(attempts) >= 3 and len(steps) >= 48, path
+        missing = [(line["s"], line.get("p")) for line in steps
+                   if line.get("i") is None or not isinstance((line.get("p") or [0, None])[1], int)]
+        assert missing == [], (path, missing)
 
 
 @pytest.mark.parametrize("name", ["stateful", "stateful-plain"])

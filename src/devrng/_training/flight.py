@@ -233,14 +233,17 @@ class FlightRecord:
     # -- what a step started from and consumed ----------------------------------------------
     def watch(self, name: str, loader: Any) -> None:
         """See the batches ``loader`` (a ``torch.utils.data.DataLoader``, or a trainer's or
-        device's loader feeding from one) delivers."""
+        device's loader feeding from one) delivers; a loader watched already is left as it is."""
         loader = feeding_loader(loader)
         # accelerate's prepared loaders iterate a DataLoader they keep (base_dataloader).
         loader = vars(loader).get("base_dataloader", loader) if hasattr(loader, "__dict__") \
             else loader
-        if name not in self._watched and isinstance(loader, torch.utils.data.DataLoader) \
+        if isinstance(loader, torch.utils.data.DataLoader) \
                 and "_devrng_flight" not in loader.__dict__:  # (not watched by another record)
-            self._watched[name] = _Watched(self, name, loader)
+            # Another loader of the same name (a trainer's for a resumed epoch, or a reloaded
+            # one) is watched beside the first, under that name.
+            key = name if name not in self._watched else f"{name}#{len(self._watched)}"
+            self._watched[key] = _Watched(self, name, loader)
 
     def begin_step(self) -> None:
         """The step under way starts now (its generators' fingerprints are taken now)."""
@@ -756,6 +759,10 @@ class _Watched:
         self.yielded = 0
         self.offset = 0  # send id - yield number, for loaders with workers
         self.unordered = False  # its last iterator hands over batches out of order
+        # Batches of the epoch it does not yield (accelerate's SkipBatchSampler, with which a
+        # resumed HF Trainer continues an epoch): counted in a batch's place in its epoch.
+        skipped = getattr(loader.__dict__.get("batch_sampler"), "skip_batches", 0)
+        self.skipped = skipped if isinstance(skipped, int) else 0
         # Weak references both ways: the loader must not be kept in a cycle (see _iterator).
         watched, loader_ref = weakref.ref(self), weakref.ref(loader)
         # Another wrapper devrng put there (TrainingRNG's record of each epoch's generators)
@@ -843,6 +850,8 @@ class _Watched:
             for k in [k for k in self.indices if k < number]:
                 del self.indices[k]
         position = getattr(it, "_num_yielded", None)
+        if isinstance(position, int):
+            position += self.skipped
         # A step a trainer's hook feeds is digested as the step sees it (consume).
         entry = (indices, batch_parts(data) if plain else None, position, self.name)
         with record._lock:

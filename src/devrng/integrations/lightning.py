@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import weakref
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -133,6 +134,7 @@ class DevRNGCallback(pl.Callback):
                 else os.fspath(self.flight_record)  # type: ignore[arg-type]
             start_flight_record(self.rng, where, hooked=True,
                                 log=logging.getLogger("lightning.pytorch").info)
+            self._watch_before_the_first_iterator(trainer)
         here = (os.getpid(), process_rank(strict=False))
         seed = rank_seed(self.rng.seed, here[1]) if self.per_rank else self.rng.seed
         moved = here != self._seeded_in and (self.per_rank or here[0] != self._seeded_in[0])
@@ -204,6 +206,31 @@ class DevRNGCallback(pl.Callback):
         return {"training": _flatten(trainer.train_dataloader),
                 "validation": _flatten(trainer.val_dataloaders)}
 
+    def _watch_training(self) -> None:
+        """Have the flight record see the batches of the training loaders."""
+        if self.rng.flight is not None:
+            for i, loader in enumerate(self._loaders().get("training", [])):
+                self.rng.flight.watch(f"train{i or ''}", loader)
+
+    def _watch_before_the_first_iterator(self, trainer: pl.Trainer) -> None:
+        """Watch the training loaders as soon as Lightning has them: its fit loop makes their
+        first iterator (the first epoch's, or the resumed one's) before ``on_train_start``,
+        right after it restores their states, where this hooks in."""
+        loop = trainer.fit_loop
+        restore = getattr(loop, "_load_combined_loader_states", None)
+        if not callable(restore) or getattr(restore, "_devrng_watches", False):
+            return
+        callback = weakref.ref(self)
+
+        def restore_then_watch() -> None:
+            restore()
+            this = callback()
+            if this is not None:
+                this._watch_training()
+
+        restore_then_watch._devrng_watches = True  # type: ignore[attr-defined]
+        loop._load_combined_loader_states = restore_then_watch  # type: ignore[method-assign]
+
     # -- the resumed run ------------------------------------------------------------------
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._trainer = trainer
@@ -214,8 +241,7 @@ class DevRNGCallback(pl.Callback):
         # restart in the middle of an epoch has no on_train_epoch_start for it.
         self._iterated = {id(loader) for loader in loaders["training"]} if mid_epoch else set()
         if self.rng.flight is not None:
-            for i, loader in enumerate(loaders["training"]):
-                self.rng.flight.watch(f"train{i or ''}", loader)
+            self._watch_training()
             for optimizer in trainer.optimizers:
                 self.rng.flight.watch_optimizer(optimizer)
         if resumed is None:

@@ -24,6 +24,8 @@ from __future__ import annotations
 import base64
 import functools
 import os
+import sys
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -168,6 +170,7 @@ class DevRNGTrainerCallback(transformers.TrainerCallback, ExportableState):
         if state.global_step > 0:
             key = saved.get("flight") if saved is not None else None
             self.flight.resume(key if isinstance(key, str) else "", step=state.global_step)
+            _watch_skipping(self.flight)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.flight is not None:
@@ -212,6 +215,31 @@ class DevRNGTrainerCallback(transformers.TrainerCallback, ExportableState):
                    "later sample's augmentation from another point of their streams; draw "
                    "each sample's randomness inside devrng.sample_rng(index) and pass "
                    "DevRNGTrainerCallback(sample_rng=True), or save at epoch ends")
+
+
+#: Records that watch the loader the Trainer makes next to skip a resumed epoch's first batches.
+_skipping: weakref.WeakSet[FlightRecord] = weakref.WeakSet()
+
+
+def _watch_skipping(flight: FlightRecord) -> None:
+    """Have ``flight`` watch, as the training loader, the loader a resumed Trainer iterates in
+    the epoch it resumes inside: a new one that accelerate's ``skip_first_batches`` makes
+    after ``on_epoch_begin`` (the Trainer's name for it is wrapped once per process)."""
+    _skipping.add(flight)
+    module = sys.modules.get("transformers.trainer")
+    skip = getattr(module, "skip_first_batches", None)
+    if not callable(skip) or getattr(skip, "_devrng_watches", False):
+        return
+
+    def skipping(dataloader: Any, num_batches: int = 0) -> Any:
+        made = skip(dataloader, num_batches)
+        for record in list(_skipping):  # the records of the Trainers resuming now: once each
+            _skipping.discard(record)
+            record.watch("train", made)
+        return made
+
+    skipping._devrng_watches = True  # type: ignore[attr-defined]
+    module.skip_first_batches = skipping  # type: ignore[union-attr]
 
 
 def _sources(loader: Any) -> list[tuple[str, Callable[[], Any]]]:
