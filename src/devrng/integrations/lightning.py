@@ -216,7 +216,7 @@ class DevRNGCallback(pl.Callback):
         """Watch the training loaders as soon as Lightning has them: its fit loop makes their
         first iterator (the first epoch's, or the resumed one's) before ``on_train_start``,
         right after it restores their states, where this hooks in."""
-        loop = trainer.fit_loop
+        loop: Any = getattr(trainer, "fit_loop", None)  # (absent from a simulated Trainer)
         restore = getattr(loop, "_load_combined_loader_states", None)
         if not callable(restore) or getattr(restore, "_devrng_watches", False):
             return
@@ -229,7 +229,7 @@ class DevRNGCallback(pl.Callback):
                 this._watch_training()
 
         restore_then_watch._devrng_watches = True  # type: ignore[attr-defined]
-        loop._load_combined_loader_states = restore_then_watch  # type: ignore[method-assign]
+        loop._load_combined_loader_states = restore_then_watch
 
     # -- the resumed run ------------------------------------------------------------------
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
