@@ -283,8 +283,8 @@ def test_what_devrng_cannot_tell_at_load_is_left_to_the_record(
         capsys.readouterr()
         assert resumed(saved, now, caplog) == []
         said = capsys.readouterr().err
-        assert said.startswith("devrng flight record: this resume could not be checked, and "
-                               "the record is off") and cause in said, said
+        assert said.startswith("devrng: this resume could not be checked when it loaded, and "
+                               "the flight record is off") and cause in said, said
         first = devrng.TrainingRNG(seed=0)
         first.track("loader", saved)
         state = first.state_dict()

@@ -33,7 +33,6 @@ import functools
 import hashlib
 import logging
 import os
-import sys
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Mapping
@@ -43,7 +42,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from devrng._backends.registry import device_count, get_backend, started_types
-from devrng._base.errors import DevRNGError, short_repr, warn_and_log
+from devrng._base.errors import DevRNGError, say, short_repr, warn_and_log
 from devrng._base.files import atomic_write
 from devrng._base.locks import ForkSafeLock
 from devrng._training.compare import (
@@ -128,17 +127,10 @@ def _device_fingerprint(backend: Any, index: int) -> Any:
 
 
 def tell(message: str, log: Callable[[str], None] | None = None) -> None:
-    """Say ``message`` (a verdict that is not a warning): on the ``"devrng"`` logger when
-    logging is set up to show its info lines, else on standard error; and on ``log`` (a
-    trainer's logger) too."""
-    text = f"devrng flight record: {message}."
-    if _logger.isEnabledFor(logging.INFO) and _logger.hasHandlers():
-        _logger.info(text)
-    else:
-        with contextlib.suppress(OSError, ValueError):  # a closed stderr: nowhere to say it
-            print(text, file=sys.stderr, flush=True)
-    if log is not None:
-        log(text)
+    """Say ``message`` (a verdict that is not a warning) as ``devrng._base.errors.say`` does:
+    on the ``"devrng"`` logger when logging is set up to show its info lines, else on
+    standard error; and on ``log`` (a trainer's logger) too."""
+    say(f"devrng flight record: {message}.", log)
 
 
 class FlightRecord:

@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 import torch
 
 from devrng._backends import host
-from devrng._base.errors import DevRNGError, short_repr, warn_and_log
+from devrng._base.errors import DevRNGError, say, short_repr, warn_and_log
 from devrng._base.lazy import imported
 from devrng._base.rank import world_size
 from devrng._generators.saved import check_cpu_state
@@ -748,7 +748,6 @@ def warn_on_resume(problems: Iterable[str], *, flight: Any = None, stacklevel: i
             flight.warned_at_load = True
         warn_and_log(_PREFIX + "; ".join(sure) + ".", stacklevel=stacklevel + 1)
     elif flight is None and len(sure) < len(found):
-        from devrng._training.flight import tell  # (flight imports this module)
-
-        tell("this resume could not be checked, and the record is off, so nothing will check "
-             "it: " + "; ".join(found) + " (turn the flight record on to have the run verified)")
+        say("devrng: this resume could not be checked when it loaded, and the flight record is "
+            "off, so nothing will check it: " + "; ".join(found) + " (turn the flight record "
+            "on to have the run verified).")

@@ -24,7 +24,6 @@ from __future__ import annotations
 import base64
 import functools
 import os
-import sys
 import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -35,6 +34,7 @@ from transformers.trainer_callback import ExportableState
 
 from devrng._backends.registry import available_backends
 from devrng._base.errors import check_flags
+from devrng._base.lazy import imported
 from devrng._base.rank import process_rank, world_size
 from devrng._generators.fork import fork_rng
 from devrng._generators.patch import patch_torch
@@ -226,7 +226,7 @@ def _watch_skipping(flight: FlightRecord) -> None:
     the epoch it resumes inside: a new one that accelerate's ``skip_first_batches`` makes
     after ``on_epoch_begin`` (the Trainer's name for it is wrapped once per process)."""
     _skipping.add(flight)
-    module = sys.modules.get("transformers.trainer")
+    module = imported("transformers.trainer")
     skip = getattr(module, "skip_first_batches", None)
     if not callable(skip) or getattr(skip, "_devrng_watches", False):
         return
