@@ -210,6 +210,10 @@ CELLS = [
     # and at an epoch's end (nothing to skip: exact)
     Cell(H, "save5", "checkpoint-5", "exact"),
     Cell(H, "save5", "checkpoint-15", "exact"),
+    # issue 44: another data_seed inside an epoch: warned at load, and the flight record, which
+    # sees step 7 differ, says so as that warning's (no second warning, of another cause)
+    Cell(H, "devrng", "checkpoint-6", "warned", r"the SeedableRandomSampler of the training "
+         r"loader had seed=1234 and has seed=99", changes={"data_seed": 99}),
     # issue 44: 2 -> 3 workers inside an epoch, samples in sample_rng: exact, and the Trainer's
     # workers (which devrng does not seed) leave it to the flight record, with no warning
     Cell(H, "save5", "checkpoint-5", "exact", changes={"workers": 3}),
