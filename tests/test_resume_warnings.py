@@ -72,7 +72,8 @@ def test_a_tracked_loader_is_described_in_the_state() -> None:
                                             **rng.dataloader_kwargs()))
     record = plain_state(rng.state_dict())["loaders"]["loader"]
     assert record == {"kind": "DataLoader", "stateful": False, "num_workers": 0,
-                      "batch_size": 4, "persistent_workers": False, "in_order": True,
+                      "batch_size": 4, "persistent_workers": False, "kept_past_epoch": False,
+                      "in_order": True,
                       "sampler": "RandomSampler",
                       "private_shuffle": False, "devrng_seeded": True, "sample_rng": False,
                       "worker_draws": False,

@@ -115,6 +115,9 @@ def describe(loader: Any) -> dict[str, Any]:
         "batch_size": batch_size if isinstance(batch_size, int) else None,
         "persistent_workers": bool(getattr(loader, "persistent_workers", False))
         and int(getattr(loader, "num_workers", 0) or 0) > 0,
+        # Whether such kept workers went on into a later epoch (None: devrng does not seed
+        # them, so it cannot tell): a resumed run's new workers do not continue their streams.
+        "kept_past_epoch": None if seeding is None else seeding.kept_past_an_epoch(),
         # in_order=False: workers hand over batches as they finish them (torch 2.6 and later)
         "in_order": getattr(loader, "in_order", True) is not False
         or not int(getattr(loader, "num_workers", 0) or 0),
@@ -368,9 +371,11 @@ def resume_problems(saved_world: int, records: Any, loaders: Mapping[str, Any],
         if not now["in_order"]:
             problems.append(out_of_order_problem(f"the loader {name!r}"))
         if now["persistent_workers"]:
+            # (A StatefulDataLoader restores its shuffle: only the augmentation can differ.)
             problem = persistent_workers_problem(
                 f"the loader {name!r}", "build it with persistent_workers=False (or use devrng's "
-                "Lightning callback, which reseeds them each epoch)", now["sampler"])
+                "Lightning callback, which reseeds them each epoch)",
+                None if now["stateful"] else now["sampler"])
             problems.append(problem if _kept_workers_differ(now, record) else Unsure(problem))
     return problems
 
@@ -378,12 +383,13 @@ def resume_problems(saved_world: int, records: Any, loaders: Mapping[str, Any],
 def _kept_workers_differ(now: Mapping[str, Any], record: Any) -> bool:
     """Whether a loader whose workers outlive an epoch surely resumes otherwise than the
     uninterrupted run: a torch DataLoader whose new iterator draws its base seed before the
-    shuffle, or whose workers drew (the record says so). A StatefulDataLoader restores its
-    shuffle and base seed, which its workers keep inside the epoch that started them:
-    whether the resume differs depends on the epoch, and is left to the flight record."""
+    shuffle; or workers that drew (the record says so) and, for a StatefulDataLoader, which
+    restores its shuffle and the base seed of the epoch that started its workers, went on
+    into a later epoch when it was saved. Where devrng cannot tell, the flight record does."""
+    record = record if isinstance(record, Mapping) else {}
+    drew = bool(record.get("sample_rng") or record.get("worker_draws"))
     if now["stateful"]:
-        return False
-    drew = isinstance(record, Mapping) and bool(record.get("sample_rng") or record.get("worker_draws"))
+        return drew and record.get("kept_past_epoch") is True
     return now["sampler"] in _DRAWN_ORDER or drew
 
 

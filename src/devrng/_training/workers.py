@@ -97,7 +97,7 @@ def dataloader_kwargs(seed: int | None, worker_init_fn: Callable[[int], Any] | N
 
 
 # Slots of WorkerSeeding.shared, an int64 tensor in shared memory.
-_SAMPLE_RNG_USED, _EPOCH_SEED_SET, _EPOCH_SEED, _DREW_OUTSIDE = range(4)
+_SAMPLE_RNG_USED, _EPOCH_SEED_SET, _EPOCH_SEED, _DREW_OUTSIDE, _KEPT = range(5)
 _shared: Any = None  # in a worker: its loader's WorkerSeeding.shared, as a NumPy view (fast)
 _marked = False  # in a worker: _SAMPLE_RNG_USED is written
 _untouched: Any = None  # in a worker: its generators' states while nothing drew outside sample_rng
@@ -106,14 +106,15 @@ _fetchers = 0  # in a worker: the fetchers its loop made, one per epoch it serve
 
 class WorkerSeeding:
     """The ``worker_init_fn`` of ``dataloader_kwargs``: devrng's seeding in each worker, then
-    the user's function; and three int64 slots in shared memory that the workers and the
+    the user's function; and five int64 slots in shared memory that the workers and the
     main process both see (picklable, so spawned workers get them too).
 
     The workers record there that a sample drew inside ``sample_rng``, and that
     a worker's own generators (torch's, Python's, NumPy's) moved outside it --
     in the dataset or the ``collate_fn`` (the main process reads both with
     ``sample_rng_used()`` and ``drew_outside()`` when it saves the loader's
-    description); the main process can give ``sample_rng`` the epoch's seed for
+    description), and that a worker kept across epochs went on into a later one
+    (``kept_past_an_epoch()``); the main process can give ``sample_rng`` the epoch's seed for
     workers that outlive an epoch (``persistent_workers=True``), which would
     otherwise keep the seed of the epoch that started them.
 
@@ -131,7 +132,7 @@ class WorkerSeeding:
         self.generator = generator  # the loader's, in the main process only
         self.rank = rank
         self.then = then
-        self.shared = torch.zeros(4, dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
+        self.shared = torch.zeros(5, dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
 
     def __call__(self, worker_id: int) -> Any:
         global _shared, _marked, _untouched
@@ -158,6 +159,11 @@ class WorkerSeeding:
         outside ``sample_rng`` while it loaded a batch (since the loader was made)."""
         return bool(self.shared.tolist()[_DREW_OUTSIDE])
 
+    def kept_past_an_epoch(self) -> bool:
+        """Whether a worker of this loader, kept across epochs, went on into a later epoch
+        (since the loader was made): a resumed run's new workers cannot continue its streams."""
+        return bool(self.shared.tolist()[_KEPT])
+
     def set_epoch_seed(self, seed: int | None) -> None:
         """The seed ``sample_rng`` uses in this loader's workers from now on, in place of the
         base seed they were started with; ``None`` goes back to that base seed."""
@@ -183,6 +189,8 @@ def _count_epochs() -> None:
     def counted(*args: Any, **kwargs: Any) -> Any:
         global _fetchers
         _fetchers += 1
+        if _fetchers == 2 and _shared is not None:  # a kept worker starts a later epoch
+            _shared[_KEPT] = 1
         return _watched(make(*args, **kwargs))
 
     counted._devrng_counts = True  # type: ignore[attr-defined]
