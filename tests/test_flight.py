@@ -453,6 +453,20 @@ def test_the_verdict_names_only_what_both_runs_recorded(tmp_path: Path,
             "not loss)") in err, err
 
 
+def test_a_verdict_over_a_damaged_record_counts_only_the_steps_it_compared(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    first = _loop(tmp_path, 16, save_at=10)
+    path = tmp_path / "devrng-flight.rank0.jsonl"
+    data = bytearray(path.read_bytes())
+    data[data.index(b'{"s":13') + 3] ^= 0x01  # step 13's line, damaged
+    path.write_bytes(bytes(data))
+    capfd.readouterr()
+    again = _loop(tmp_path, 16, resume=first["saved"])
+    assert again["verified"] is True
+    assert ("resume verified: the 5 steps from 11 to 16 that the interrupted run's record holds "
+            "drew, consumed and computed exactly") in capfd.readouterr().err
+
+
 # -- lose nothing (section 3) ---------------------------------------------------------------------
 
 _KILLED = """

@@ -319,9 +319,11 @@ class FlightRecord:
                 return
             losses = self._held.setdefault("l", [])
             losses.append(value)
-            if tensor is not None and tensor.requires_grad:
-                # Given before its backward pass (in a loop that takes no tracked batch): the
-                # backward pass says it is the next step's.
+            if tensor is not None and tensor.requires_grad and not self.hooked \
+                    and not self._watched:
+                # Given before its backward pass in a loop that takes no tracked batch (with
+                # one, the batch would have begun the step): the backward pass says it is the
+                # next step's.
                 ref, held = weakref.ref(self), self._held
                 tensor.register_hook(  # type: ignore[no-untyped-call]
                     functools.partial(_loss_backward, ref, held, value))
@@ -501,10 +503,10 @@ class FlightRecord:
             first, last = self._verified
             self._expected.clear()
             if self.step >= first:
+                compared = compared_text(self._compared, self._compared.get("steps", 0))
                 self._say(f"resume verified for steps {first:,} to {self.step:,} (compared: "
-                          f"{compared_text(self._compared, self.step - first + 1)}); the run "
-                          f"ended there, before steps {self.step + 1:,} to {last:,}, which the "
-                          "interrupted run recorded")
+                          f"{compared}); the run ended there, before steps {self.step + 1:,} to "
+                          f"{last:,}, which the interrupted run recorded")
             else:
                 self._say(f"this resume was not verified: the run ended at step {self.step:,}, "
                           f"before step {first:,}, the first the interrupted run recorded past "
@@ -596,13 +598,17 @@ class FlightRecord:
             if self.log is not None:
                 self.log(message)
             return
+        self._compared["steps"] = self._compared.get("steps", 0) + 1
         for part in compared_parts(expected[0], line):
             self._compared[part] = self._compared.get(part, 0) + 1
         if not self._expected and self._verified is not None:
             first, last = self._verified
-            self._say(f"resume verified: steps {first:,} to {last:,} drew, consumed and computed "
-                      "exactly what the interrupted run did (compared: "
-                      f"{compared_text(self._compared, last - first + 1)})")
+            count = self._compared["steps"]
+            steps = (f"steps {first:,} to {last:,}" if count == last - first + 1 else
+                     f"the {count:,} steps from {first:,} to {last:,} that the interrupted run's "
+                     "record holds")
+            self._say(f"resume verified: {steps} drew, consumed and computed exactly what the "
+                      f"interrupted run did (compared: {compared_text(self._compared, count)})")
 
     def _say(self, message: str) -> None:
         tell(message, self.log)

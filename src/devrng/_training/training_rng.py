@@ -554,6 +554,7 @@ class _Loading:
                  lenient: str) -> None:
         self.rng = rng
         self.strict = strict
+        self.lenient = lenient
         self.skipped: list[str] = []
         self.hint = "" if not strict else (
             f" Pass {lenient} to resume anyway with a warning listing what was not restored.")
@@ -621,6 +622,15 @@ class _Loading:
         problem = (f"the state was saved by rank {saved_rank} of {saved_world}, and this is rank "
                    f"{rank} of {world}")
         if self.strict:
+            if saved_world == world and saved_rank != rank:  # one rank's state, loaded by all
+                raise DevRNGError(
+                    f"TrainingRNG.load_state_dict: {problem}: every rank loads rank "
+                    f"{saved_rank}'s state, as when only one rank saves (if rank == 0: "
+                    "torch.save({..., 'rng': rng.state_dict()})). Each rank draws its own "
+                    "streams, so each needs its own state: save every rank's state_dict() (a "
+                    f"file per rank, or dcp.save), or pass {self.lenient}: rank {rank} then "
+                    "seeds its generators from the seed and its rank, which resumes the run "
+                    "but not the interrupted run's streams.")
             raise self.fail(problem)
         if saved_rank != rank:
             self.skipped.append(f"the global generators of rank {saved_rank} ({problem}; this "
@@ -809,7 +819,7 @@ _CHEAP_STATES = frozenset({"SeededFunction", "PortableRNG"})
 
 
 def _tracked_fingerprint(obj: Any) -> Any:
-    return state_fingerprint(nested_state(obj))  # (no save identity: no collective)
+    return state_fingerprint(nested_state(obj))  # (no save identity: no save counted)
 
 
 def _read_key(key: Any) -> str | None:

@@ -48,7 +48,7 @@ class PerRankState:
 
     def state_dict(self) -> dict[str, Any]:
         # Each rank's plain state (not its DCP entry): one per rank in the list, in one file,
-        # so without a save identity (and the collective that agrees on one).
+        # so without a save identity (and without counting a save in the job's store).
         return {"ranks": gather(nested_state(self.rng))}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
