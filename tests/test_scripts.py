@@ -36,7 +36,8 @@ class Fake:
         self.root = tmp / "checkout"
         (self.root / "scripts").mkdir(parents=True)
         (self.root / "envs").mkdir()
-        shutil.copy(ROOT / "scripts" / "_venv.sh", self.root / "scripts")
+        for script in ("_venv.sh", "test.sh"):
+            shutil.copy(ROOT / "scripts" / script, self.root / "scripts")
         shutil.copy(ROOT / "tests" / "_wheels.py", self.root)
         (self.root / "pyproject.toml").write_text(
             '[build-system]\nrequires = []\nbuild-backend = "_wheels"\nbackend-path = ["."]\n')
@@ -242,3 +243,56 @@ def test_the_main_jobs_failed_devrng_install_is_retried_by_the_next_run(fake: Fa
     devrng = subprocess.run([venv / "bin" / "devrng"], capture_output=True, text=True,
                             env=fake.env, check=False)
     assert devrng.stdout == "fake devrng\n", devrng.stderr
+
+
+# A pytest that says how far it got, waits DEVRNG_FAKE_PYTEST_SLEEP seconds, and ends as
+# DEVRNG_FAKE_PYTEST says: the fake environment's test run, as scripts/test.sh reads it.
+FAKE_PYTEST = """import os, sys, time
+print("arguments:", sys.argv[1:])
+print("tests/test_fake.py .                                         [ 50%]", flush=True)
+time.sleep(float(os.environ.get("DEVRNG_FAKE_PYTEST_SLEEP", "0")))
+end = os.environ.get("DEVRNG_FAKE_PYTEST", "passed")
+print({"passed": "=== 2 passed in 1.00s ===", "failed": "=== 1 failed, 1 passed in 1.00s ===",
+       "none": "=== no tests ran in 0.01s ==="}[end])
+sys.exit({"passed": 0, "failed": 1, "none": 5}[end])
+"""
+
+
+def test_test_sh_shows_progress_fails_on_failures_and_on_no_tests_and_cleans_up(
+        fake: Fake, tmp_path: Path) -> None:
+    write_wheel(fake.wheels, "pytest", "0.0.1", {"pytest/__init__.py": "",
+                                                  "pytest/__main__.py": FAKE_PYTEST})
+    fake.requirements("pytest==0.0.1\n")
+    temp = tmp_path / "temp"
+    temp.mkdir()
+
+    def test_sh(end: str, sleep: str = "0") -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["bash", str(fake.root / "scripts" / "test.sh"), "-m", "not slow"],
+                              env={**fake.env, "DEVRNG_ENVS": "fake", "TMPDIR": str(temp),
+                                   "DEVRNG_FAKE_PYTEST": end, "DEVRNG_FAKE_PYTEST_SLEEP": sleep},
+                              capture_output=True, text=True, timeout=180)
+
+    passed = test_sh("passed", sleep="12")
+    assert passed.returncode == 0, passed.stdout + passed.stderr
+    assert "== at 0 min: fake: pytest 50%" in passed.stdout  # while it ran
+    assert "arguments: ['-p', 'no:cacheprovider', '--durations=15', '-m', 'not slow']" \
+        in passed.stdout
+    assert passed.stdout.endswith("all checks passed in: fake\npytest: 2 passed, 0 failed\n")
+    assert "until then it is in " + str(temp) in passed.stdout
+    assert list(temp.iterdir()) == [], "test.sh left its logs"
+    for end, exit_line in [("failed", "fake: pytest (exit 1)"), ("none", "fake: pytest (exit 5)")]:
+        proc = test_sh(end)
+        assert proc.returncode == 1, proc.stdout + proc.stderr
+        assert f"FAILED: {exit_line}" in proc.stdout
+        assert list(temp.iterdir()) == []
+
+
+def test_test_sh_help_says_what_it_runs_and_builds_nothing(tmp_path: Path) -> None:
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "test.sh"), "-x", "--help"],
+                          env={**os.environ, "DEVRNG_CACHE": str(tmp_path)},
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    for said in ("DEVRNG_ENVS", "DEVRNG_JOBS", "DEVRNG_CACHE", "22 GB", "5.7 GB",
+                 'DEVRNG_ENVS=core bash scripts/test.sh -m "not slow"', "integrations"):
+        assert said in proc.stdout
+    assert proc.stderr == "" and list(tmp_path.iterdir()) == []
