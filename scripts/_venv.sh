@@ -14,8 +14,13 @@ DEVRNG_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 DEVRNG_CACHE=${DEVRNG_CACHE:-$HOME/.cache/devrng}
 PYTHON=${PYTHON:-python3}
 
+_DEVRNG_LOCK_FD=""
 _lock() {  # _lock DIR: hold DIR's lock until _unlock (or until this shell exits)
     mkdir -p "$(dirname "$1")"
+    if ! command -v flock > /dev/null; then
+        echo "== (no flock command here: nothing stops another run from building $1 too)" >&2
+        return 0
+    fi
     exec {_DEVRNG_LOCK_FD}>>"$1.lock"
     if ! flock -n "$_DEVRNG_LOCK_FD"; then
         echo "== waiting: another run is building or updating $1 (it holds $1.lock)" >&2
@@ -24,7 +29,9 @@ _lock() {  # _lock DIR: hold DIR's lock until _unlock (or until this shell exits
     fi
 }
 
-_unlock() { exec {_DEVRNG_LOCK_FD}>&-; }
+_unlock() {
+    if [ -n "$_DEVRNG_LOCK_FD" ]; then exec {_DEVRNG_LOCK_FD}>&-; _DEVRNG_LOCK_FD=""; fi
+}
 
 # _build DIR WHAT SMOKE COMMAND...: unless DIR holds a finished build, build it again: a new
 # virtual environment, then COMMAND DIR (the install), then SMOKE's modules imported in it;

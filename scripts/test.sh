@@ -40,6 +40,10 @@ cd "$DEVRNG_ROOT"
 
 envs=${DEVRNG_ENVS:-core xla ipex integrations}
 jobs=${DEVRNG_JOBS:-2}
+if ! [[ $jobs =~ ^[1-9][0-9]*$ ]]; then
+    echo "DEVRNG_JOBS is '$jobs': it takes a whole number of checks to run at a time, 1 or more." >&2
+    exit 2
+fi
 # This run's logs and docs site: removed when it ends, however it ends (a check still running
 # then, after Ctrl-C, is stopped).
 logs=$(mktemp -d "${TMPDIR:-/tmp}/devrng-test.XXXXXX")

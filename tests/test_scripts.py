@@ -296,3 +296,13 @@ def test_test_sh_help_says_what_it_runs_and_builds_nothing(tmp_path: Path) -> No
                  'DEVRNG_ENVS=core bash scripts/test.sh -m "not slow"', "integrations"):
         assert said in proc.stdout
     assert proc.stderr == "" and list(tmp_path.iterdir()) == []
+
+
+def test_test_sh_refuses_a_bad_devrng_jobs_before_building(tmp_path: Path) -> None:
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "test.sh")],
+                          env={**os.environ, "DEVRNG_CACHE": str(tmp_path), "DEVRNG_JOBS": "two"},
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2
+    assert proc.stderr == ("DEVRNG_JOBS is 'two': it takes a whole number of checks to run at a "
+                           "time, 1 or more.\n")
+    assert list(tmp_path.iterdir()) == []
