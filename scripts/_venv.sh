@@ -4,8 +4,8 @@
 # and the Python version, so a machine that built one never downloads it again.
 #
 # A build is finished when its folder holds `.complete`, written last, after pip and a smoke
-# import succeeded; a folder without it is a build that failed or was stopped, and the next
-# run starts it again. (The build happens in its final folder, not in one renamed into place:
+# import succeeded (it names the modules); a folder without it is a build that failed or was
+# stopped, and the next run starts it again. (The build happens in its final folder, not in one renamed into place:
 # a virtual environment cannot move, its scripts name their interpreter by absolute path.)
 # Each environment has a lock (`<folder>.lock`, flock): a second run that wants it while
 # another builds or updates it waits, says so, and then uses what the first one built.
@@ -33,13 +33,12 @@ _unlock() {
     if [ -n "$_DEVRNG_LOCK_FD" ]; then exec {_DEVRNG_LOCK_FD}>&-; _DEVRNG_LOCK_FD=""; fi
 }
 
-# _build DIR WHAT SMOKE COMMAND...: unless DIR holds a finished build, build it again: a new
-# virtual environment, then COMMAND DIR (the install), then SMOKE's modules imported in it;
-# `.complete` only when all three succeeded. The caller holds DIR's lock.
+# _build DIR WHAT SMOKE COMMAND...: DIR built again from nothing: a new virtual environment,
+# then COMMAND DIR (the install), then SMOKE's modules imported in it; marked finished only
+# when all three succeeded. The caller holds DIR's lock.
 _build() {
     local dir=$1 what=$2 smoke=$3 failed=""
     shift 3
-    [ -f "$dir/.complete" ] && return 0
     if [ -e "$dir" ]; then
         echo "== $dir holds an unfinished build of $what (a run failed or was stopped):" \
             "removing it and building again" >&2
@@ -49,8 +48,7 @@ _build() {
         failed="creating it ($PYTHON -m venv)"
     elif ! "$@" "$dir"; then
         failed="installing its packages (pip's messages are above)"
-    elif ! "$dir/bin/python" -c 'import importlib, sys
-for name in sys.argv[1:]: importlib.import_module(name)' $smoke; then
+    elif ! _smoke "$dir" "$smoke"; then
         failed="the smoke import (import ${smoke// /, })"
     fi
     if [ -n "$failed" ]; then
@@ -59,7 +57,35 @@ for name in sys.argv[1:]: importlib.import_module(name)' $smoke; then
             "the next run builds it again." >&2
         return 1
     fi
-    touch "$dir/.complete"
+    _mark_finished "$dir" "$smoke"
+}
+
+_smoke() {  # _smoke DIR MODULES: import each of MODULES with DIR's python
+    # shellcheck disable=SC2086  # (MODULES: one word per module)
+    "$1/bin/python" -c 'import importlib, sys
+for name in sys.argv[1:]: importlib.import_module(name)' $2
+}
+
+_mark_finished() {  # _mark_finished DIR SMOKE: DIR/.complete, written whole or not at all
+    echo "smoke import passed: ${2:-(nothing to import)}" > "$1/.complete.new"
+    mv "$1/.complete.new" "$1/.complete"
+}
+
+# _finished DIR WHAT SMOKE: whether DIR holds a finished build. An empty mark was left by an
+# older version of this script, which wrote it even after pip failed: it is trusted once
+# the smoke import passes (and then filled in); otherwise it goes, and the caller builds.
+_finished() {
+    local dir=$1 what=$2 smoke=$3
+    [ -f "$dir/.complete" ] || return 1
+    [ -s "$dir/.complete" ] && return 0
+    if _smoke "$dir" "$smoke" 2> /dev/null; then
+        _mark_finished "$dir" "$smoke"
+        return 0
+    fi
+    echo "== $dir was marked finished by an older scripts/_venv.sh, but cannot import" \
+        "${smoke// /, }: its install had failed; building $what again" >&2
+    rm -f "$dir/.complete"
+    return 1
 }
 
 # The modules a build must import before it counts as finished: those of torch, NumPy and
@@ -79,7 +105,7 @@ _install_requirements() {  # _install_requirements REQ DIR
 }
 
 venv_for() {
-    local name=$1 req="$DEVRNG_ROOT/envs/$1.txt" key dir
+    local name=$1 req="$DEVRNG_ROOT/envs/$1.txt" key dir smoke
     if [ ! -f "$req" ]; then
         echo "== there is no environment '$name': envs/ names" \
             "$(cd "$DEVRNG_ROOT/envs" && ls -- *.txt | sed 's/\.txt$//' | tr '\n' ' ')" >&2
@@ -87,11 +113,12 @@ venv_for() {
     fi
     key=$( (cat "$req"; "$PYTHON" --version) | sha256sum | cut -c1-12)
     dir="$DEVRNG_CACHE/venvs/$name-$key"
+    smoke=$(_smoke_for "$req")
     _lock "$dir"
-    if [ ! -f "$dir/.complete" ]; then
+    if ! _finished "$dir" "the $name environment" "$smoke"; then
         echo "== building the $name environment in $dir" >&2
-        _build "$dir" "the $name environment" "$(_smoke_for "$req")" \
-            _install_requirements "$req" || { _unlock; return 1; }
+        _build "$dir" "the $name environment" "$smoke" _install_requirements "$req" \
+            || { _unlock; return 1; }
     fi
     # devrng itself: editable, no dependencies, no network.
     if ! "$dir/bin/python" -m pip install --quiet --no-deps --no-build-isolation \
@@ -149,7 +176,7 @@ if '+cpu' in found['metadata']['version'] and found['download_info']['url'].star
     key=$( (echo "$how"; "$PYTHON" --version) | sha256sum | cut -c1-12)
     dir="$DEVRNG_CACHE/venvs/run-$key"
     _lock "$dir"
-    if [ ! -f "$dir/.complete" ]; then
+    if ! _finished "$dir" "the main job's environment" torch; then
         say "a new environment in $dir"
         _build "$dir" "the main job's environment" torch _install_run_torch "$how" "$wheel" \
             || { _unlock; return 1; }

@@ -200,6 +200,39 @@ def test_a_package_that_fails_to_import_keeps_nothing(fake: Fake) -> None:
     assert "ImportError: a broken pytest" in broken.stderr
 
 
+def _pytest_wheel(fake: Fake) -> None:
+    write_wheel(fake.wheels, "pytest", "0.0.1", {"pytest/__init__.py": ""})
+    fake.requirements("pytest==0.0.1\n")
+
+
+def test_an_older_scripts_mark_on_a_failed_install_is_found_out_and_built_again(
+        fake: Fake) -> None:
+    _pytest_wheel(fake)
+    venv = _ready(fake.run())
+    # What the older script left after pip failed: the mark (empty), not the packages.
+    subprocess.run([venv / "bin" / "python", "-m", "pip", "uninstall", "-q", "-y", "pytest"],
+                   env=fake.env, check=True)
+    (venv / ".complete").write_text("")
+    again = fake.run()
+    assert _ready(again) == venv
+    assert (f"{venv} was marked finished by an older scripts/_venv.sh, but cannot import "
+            "pytest: its install had failed; building the fake environment again") in again.stderr
+    assert (venv / ".complete").read_text() == "smoke import passed: pytest\n"
+    assert subprocess.run([venv / "bin" / "python", "-c", "import pytest"],
+                          env=fake.env, check=False).returncode == 0
+
+
+def test_an_older_scripts_mark_on_a_good_install_is_kept(fake: Fake) -> None:
+    _pytest_wheel(fake)
+    venv = _ready(fake.run())
+    (venv / ".complete").write_text("")
+    (venv / "kept").write_text("")
+    again = fake.run()
+    assert _ready(again) == venv
+    assert "build" not in again.stderr and (venv / "kept").exists()
+    assert (venv / ".complete").read_text() == "smoke import passed: pytest\n"
+
+
 def test_two_runs_at_once_build_once_and_both_use_it(fake: Fake, tmp_path: Path) -> None:
     # A Python whose `-m venv` takes 3 s more: the first run holds the lock that long.
     slow = tmp_path / "slow-python"
