@@ -9,6 +9,7 @@ is, a package that fails to import, two runs at once.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import signal
@@ -233,6 +234,18 @@ def test_an_older_scripts_mark_on_a_good_install_is_kept(fake: Fake) -> None:
     assert (venv / ".complete").read_text() == "smoke import passed: pytest\n"
 
 
+def _held(venvs: Path) -> bool:
+    """Whether some run holds the lock of an environment in ``venvs``."""
+    for lock in venvs.glob("*.lock"):
+        with lock.open() as file:
+            try:
+                fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(file, fcntl.LOCK_UN)
+    return False
+
+
 def test_two_runs_at_once_build_once_and_both_use_it(fake: Fake, tmp_path: Path) -> None:
     # A Python whose `-m venv` takes 3 s more: the first run holds the lock that long.
     slow = tmp_path / "slow-python"
@@ -242,10 +255,9 @@ def test_two_runs_at_once_build_once_and_both_use_it(fake: Fake, tmp_path: Path)
     fake.requirements("")
     first = fake.start(PYTHON=str(slow))
     deadline = time.monotonic() + 60
-    while not list((fake.cache / "venvs").glob("fake-*.lock")):
+    while not _held(fake.cache / "venvs"):
         assert time.monotonic() < deadline and first.poll() is None, first.communicate()
         time.sleep(0.05)
-    time.sleep(0.5)  # the lock file exists: let the first run take it
     second = fake.run(PYTHON=str(slow))
     out, err = first.communicate(timeout=120)
     first_done = subprocess.CompletedProcess(first.args, first.returncode, out, err)
