@@ -332,6 +332,54 @@ def test_test_sh_shows_progress_fails_on_failures_and_on_no_tests_and_cleans_up(
         assert list(temp.iterdir()) == []
 
 
+def test_test_sh_stopped_by_ctrl_c_stops_its_checks_and_removes_its_logs(
+        fake: Fake, tmp_path: Path) -> None:
+    write_wheel(fake.wheels, "pytest", "0.0.1", {"pytest/__init__.py": "",
+                                                  "pytest/__main__.py": FAKE_PYTEST})
+    fake.requirements("pytest==0.0.1\n")
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    proc = subprocess.Popen(["bash", str(fake.root / "scripts" / "test.sh")], text=True,
+                            env={**fake.env, "DEVRNG_ENVS": "fake", "TMPDIR": str(temp),
+                                 "DEVRNG_FAKE_PYTEST_SLEEP": "120"},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:  # until the check started
+            if line.startswith("== started fake: pytest"):
+                break
+        [log] = temp.glob("devrng-test.*/0.log")
+        checks = _pids_writing(log)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+    assert list(temp.iterdir()) == []
+    deadline = time.monotonic() + 10
+    while any(Path(f"/proc/{pid}").exists() for pid in checks):  # the check was stopped too
+        assert time.monotonic() < deadline, "the check outlived test.sh"
+        time.sleep(0.1)
+
+
+def _pids_writing(log: Path) -> list[int]:
+    """The processes whose output goes to ``log`` (the check test.sh started)."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        found = []
+        for fd in Path("/proc").glob("[0-9]*/fd/1"):
+            try:
+                if fd.readlink() == log:
+                    found.append(int(fd.parent.parent.name))
+            except OSError:
+                continue
+        if found:
+            return found
+        time.sleep(0.1)
+    raise AssertionError(f"no process writes {log}")
+
+
 def test_test_sh_help_says_what_it_runs_and_builds_nothing(tmp_path: Path) -> None:
     proc = subprocess.run(["bash", str(ROOT / "scripts" / "test.sh"), "-x", "--help"],
                           env={**os.environ, "DEVRNG_CACHE": str(tmp_path)},
