@@ -4,7 +4,9 @@ Each test builds small environments in a temporary cache (``DEVRNG_CACHE``) from
 the scripts beside a fake ``envs/fake.txt`` and a fake devrng project (tests/_wheels.py),
 offline: pip reads only a folder of hand-written wheels. Failures are injected for real: an
 index nothing listens on, an index that never answers while pip is killed or the whole run
-is, a package that fails to import, two runs at once.
+is, a package that fails to import, a mark an older script left on a failed install, two
+runs at once. scripts/test.sh runs a fake pytest there: its progress line, its exit status
+(a failure, no test run), Ctrl-C, its logs removed; and its --help, which builds nothing.
 """
 
 from __future__ import annotations
@@ -201,8 +203,10 @@ def test_a_package_that_fails_to_import_keeps_nothing(fake: Fake) -> None:
     assert "ImportError: a broken pytest" in broken.stderr
 
 
-def _pytest_wheel(fake: Fake) -> None:
-    write_wheel(fake.wheels, "pytest", "0.0.1", {"pytest/__init__.py": ""})
+def _pytest_wheel(fake: Fake, main: str = "") -> None:
+    """The fake environment's only package: a pytest whose ``python -m pytest`` runs ``main``."""
+    write_wheel(fake.wheels, "pytest", "0.0.1",
+                {"pytest/__init__.py": "", "pytest/__main__.py": main})
     fake.requirements("pytest==0.0.1\n")
 
 
@@ -305,9 +309,7 @@ sys.exit({"passed": 0, "failed": 1, "none": 5}[end])
 
 def test_test_sh_shows_progress_fails_on_failures_and_on_no_tests_and_cleans_up(
         fake: Fake, tmp_path: Path) -> None:
-    write_wheel(fake.wheels, "pytest", "0.0.1", {"pytest/__init__.py": "",
-                                                  "pytest/__main__.py": FAKE_PYTEST})
-    fake.requirements("pytest==0.0.1\n")
+    _pytest_wheel(fake, FAKE_PYTEST)
     temp = tmp_path / "temp"
     temp.mkdir()
 
@@ -334,9 +336,7 @@ def test_test_sh_shows_progress_fails_on_failures_and_on_no_tests_and_cleans_up(
 
 def test_test_sh_stopped_by_ctrl_c_stops_its_checks_and_removes_its_logs(
         fake: Fake, tmp_path: Path) -> None:
-    write_wheel(fake.wheels, "pytest", "0.0.1", {"pytest/__init__.py": "",
-                                                  "pytest/__main__.py": FAKE_PYTEST})
-    fake.requirements("pytest==0.0.1\n")
+    _pytest_wheel(fake, FAKE_PYTEST)
     temp = tmp_path / "temp"
     temp.mkdir()
     proc = subprocess.Popen(["bash", str(fake.root / "scripts" / "test.sh")], text=True,
