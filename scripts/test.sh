@@ -118,8 +118,9 @@ progress() {
         line=""
         for log in "$logs"/*.log; do
             [ -e "$log" ] && [ ! -e "$log.done" ] || continue
-            pct=$(grep -o -E '\[ *[0-9]+%\]' "$log" | tail -n 1 | tr -d '[] ') || true
-            line+="${line:+; }$(cat "${log%.log}.label") ${pct:-running}"
+            # (2>/dev/null: the folder goes at the end, maybe under this loop's feet.)
+            pct=$(grep -o -E '\[ *[0-9]+%\]' "$log" 2> /dev/null | tail -n 1 | tr -d '[] ') || true
+            line+="${line:+; }$(cat "${log%.log}.label" 2> /dev/null) ${pct:-running}"
         done
         if [ -n "$line" ] && [ "$line" != "$last" ] && [ $((SECONDS - said)) -ge 30 ]; then
             echo "== at $(((SECONDS - started) / 60)) min: $line"
