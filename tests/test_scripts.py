@@ -327,6 +327,7 @@ def test_test_sh_shows_progress_fails_on_failures_and_on_no_tests_and_cleans_up(
     assert passed.stdout.endswith("all checks passed in: fake\npytest: 2 passed, 0 failed\n")
     assert "until then it is in " + str(temp) in passed.stdout
     assert list(temp.iterdir()) == [], "test.sh left its logs"
+    assert "No such file" not in passed.stderr, passed.stderr
     for end, exit_line in [("failed", "fake: pytest (exit 1)"), ("none", "fake: pytest (exit 5)")]:
         proc = test_sh(end)
         assert proc.returncode == 1, proc.stdout + proc.stderr
