@@ -219,6 +219,7 @@ class FlightRecord:
         self._watched: dict[str, _Watched] = {}
         self._model_hooks: list[Any] = []
         self._grad_hooked: set[int] = set()  # ids of the optimizers whose backward is seen
+        self._closed = False
         self._write({"k": "run", "v": _FORMAT, "a": self.attempt, "id": self.identity,
                      "pid": self._pid})
         ref = weakref.ref(self)
@@ -516,6 +517,9 @@ class FlightRecord:
         """Write what is left and stop recording (at exit, or when its owner is done)."""
         with self._lock:
             self.finish()
+            if not self._closed:  # a run that ended here, as opposed to one killed
+                self._closed = True
+                self._write({"k": "done", "a": self.attempt, "s": self.step})
             self._hook.remove()
             for handle in self._model_hooks:
                 handle.remove()
@@ -658,8 +662,11 @@ def _not_found(lines: list[dict[str, Any]], key: str | None, where: str) -> str:
 
 def _nothing_after(lines: list[dict[str, Any]], index: int, attempt: str, step: int) -> str:
     """Why the attempt that wrote the checkpoint at line ``index`` has no step after it."""
-    later = [line.get("s") for line in lines[index + 1:]
-             if line.get("a") == attempt and line.get("k") == "ckpt"]
+    mine = [line for line in lines[index + 1:] if line.get("a") == attempt]
+    later = [line.get("s") for line in mine if line.get("k") == "ckpt"]
+    if any(line.get("k") in ("done", "end") for line in mine) and not later:
+        return (f"the run that saved this checkpoint ended there (step {step:,}), so no step of "
+                "it follows the checkpoint to compare with")
     if later:
         return (f"the record no longer holds the steps after the checkpoint of step {step:,} "
                 f"(it keeps those after the last {_KEEP_CHECKPOINTS} checkpoints; the "
