@@ -288,8 +288,9 @@ def test_a_run_that_recorded_nothing_past_its_checkpoint_cannot_be_verified_and_
         rng = devrng.TrainingRNG(5, flight_record=tmp_path)
         rng.dataloader_kwargs()
         rng.load_state_dict(first["saved"]["rng"])
-    assert any("cannot be verified: the interrupted run's record ends at its checkpoint "
-               "(step 4): it stopped before it finished another step" in m
+    # (That run ended at its checkpoint; a run killed there: the kill tests below.)
+    assert any("cannot be verified: the run that saved this checkpoint ended there (step 4), "
+               "so no step of it follows the checkpoint to compare with" in m
                for m in caplog.messages), caplog.messages
     assert rng.flight is not None and rng.flight.verified is None
     rng.flight.close()
