@@ -219,7 +219,7 @@ class FlightRecord:
         self._watched: dict[str, _Watched] = {}
         self._model_hooks: list[Any] = []
         self._grad_hooked: set[int] = set()  # ids of the optimizers whose backward is seen
-        self._closed = False
+        self._done: int | None = None  # the step a "done" line was written at
         self._write({"k": "run", "v": _FORMAT, "a": self.attempt, "id": self.identity,
                      "pid": self._pid})
         ref = weakref.ref(self)
@@ -328,6 +328,12 @@ class FlightRecord:
                 ref, held = weakref.ref(self), self._held
                 tensor.register_hook(  # type: ignore[no-untyped-call]
                     functools.partial(_loss_backward, ref, held, value))
+            elif self._last_compared(self._held):
+                self._write_held()  # the verdict now, not when the next step begins
+
+    def _last_compared(self, line: Mapping[str, Any]) -> bool:
+        """Whether ``line`` is the last step a resume compares (its verdict is due)."""
+        return len(self._expected) == 1 and line.get("s") in self._expected
 
     def _begun(self) -> bool:
         return self._start is not None or bool(self._batches) or self._backward
@@ -366,6 +372,9 @@ class FlightRecord:
                     line["w"] = digest
             self._start, self._batches, self._losses, self._backward = None, [], [], False
             self._held = line
+            if self._last_compared(line) and (
+                    "l" in line or self._expected[self.step][0].get("l") is None):
+                self._write_held()  # the verdict now (a loss to come would join it: it did)
             if self._max_steps is not None and self.step >= self._max_steps:
                 self._stop("end", f"{MAX_STEPS_VARIABLE}={self._max_steps}")
 
@@ -499,6 +508,9 @@ class FlightRecord:
         interrupted run recorded past the checkpoint."""
         with self._lock:
             self._write_held()
+            if self._done != self.step:  # a run that ended here, as opposed to one killed
+                self._done = self.step
+                self._write({"k": "done", "a": self.attempt, "s": self.step})
             if not self._expected or self._diverged or self._verified is None:
                 return
             first, last = self._verified
@@ -517,9 +529,7 @@ class FlightRecord:
         """Write what is left and stop recording (at exit, or when its owner is done)."""
         with self._lock:
             self.finish()
-            if not self._closed:  # a run that ended here, as opposed to one killed
-                self._closed = True
-                self._write({"k": "done", "a": self.attempt, "s": self.step})
+
             self._hook.remove()
             for handle in self._model_hooks:
                 handle.remove()
