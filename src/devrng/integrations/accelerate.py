@@ -32,6 +32,7 @@ from typing import Any
 import accelerate
 import torch
 
+from devrng._base.errors import short_repr
 from devrng._base.rank import process_rank
 from devrng._training.flight import FLIGHT_VARIABLE, FlightRecord
 from devrng._training.loaders import describe, position_problem, warn_on_resume
@@ -78,7 +79,7 @@ def register(accelerator: accelerate.Accelerator, rng: TrainingRNG | None = None
     """
     if not isinstance(flight_record, (bool, str, os.PathLike)):
         raise TypeError(f"register(..., flight_record=...) takes a directory, True (the "
-                        f"project_dir) or False, not {flight_record!r}.")
+                        f"project_dir) or False, not {short_repr(flight_record)}.")
     if rng is None:
         rng = TrainingRNG(seed)
     if flight_record is not False or os.environ.get(FLIGHT_VARIABLE):

@@ -25,7 +25,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
-from devrng._base.errors import DevRNGError, check_flags
+from devrng._base.errors import DevRNGError, check_flags, short_repr
 from devrng._base.rank import process_rank
 from devrng._base.seeds import seed32
 from devrng._generators.seeding import manual_seed
@@ -106,7 +106,7 @@ class DevRNGCallback(pl.Callback):
         check_flags(deterministic=deterministic, per_rank=per_rank, strict=strict)
         if not isinstance(flight_record, (bool, str, os.PathLike)):
             raise TypeError(f"DevRNGCallback(flight_record=...) takes a directory, True (the "
-                            f"Trainer's default_root_dir) or False, not {flight_record!r}.")
+                            f"Trainer's default_root_dir) or False, not {short_repr(flight_record)}.")
         self.flight_record = flight_record
         self.seed = seed
         self.deterministic = deterministic
