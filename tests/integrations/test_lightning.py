@@ -279,3 +279,65 @@ def test_a_resumed_epoch_whose_workers_persist_warns(tmp_path: Any) -> None:
                                               r"epoch to 1"):
         order = _resume_at_epoch_1(tmp_path, persistent=True, devrng_callback=True)
     assert order == _epoch_order(0)
+
+
+class _Streaming(pl.LightningModule):  # type: ignore[misc]
+    """Trains on ``tests._datasets.Streamed`` (an IterableDataset without a length) in a plain
+    DataLoader; records each step's loss (``float.hex``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.3),
+                                         torch.nn.Linear(8, 1))
+        self.losses: list[str] = []
+
+    def training_step(self, batch: torch.Tensor, _index: int) -> torch.Tensor:
+        loss = self.layer(batch).pow(2).mean()
+        self.losses.append(float(loss).hex())
+        return loss
+
+    def train_dataloader(self) -> torch.utils.data.DataLoader:
+        from tests._datasets import Streamed
+
+        return torch.utils.data.DataLoader(Streamed(), batch_size=4)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+class _SaveAtStep(pl.Callback):  # type: ignore[misc]
+    def __init__(self, step: int, path: Path) -> None:
+        self.step, self.path = step, path
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *_: Any) -> None:
+        if trainer.global_step == self.step:
+            trainer.save_checkpoint(self.path)
+
+
+def test_a_loader_without_a_length_resumes_inside_its_epoch_with_a_warning(tmp_path: Path
+                                                                          ) -> None:
+    """max_steps=6 over a dataset without a length (Lightning counts inf batches), a checkpoint
+    at step 3: the callback raised OverflowError (int(inf)); now the resumed run trains to
+    step 6 and says why it is not the uninterrupted one (the DataLoader starts the stream
+    again), and it is not."""
+    import warnings
+
+    def fit(model: _Streaming, resume: Path | None = None) -> list[str]:
+        trainer = pl.Trainer(max_steps=6, callbacks=[DevRNGCallback(5),
+                                                     _SaveAtStep(3, tmp_path / "step3.ckpt")],
+                             logger=False, enable_checkpointing=False, accelerator="cpu",
+                             enable_progress_bar=False, enable_model_summary=False,
+                             default_root_dir=tmp_path)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            trainer.fit(model, ckpt_path=resume)
+        assert trainer.global_step == 6
+        return [str(w.message) for w in caught if issubclass(w.category, devrng_warning())]
+
+    whole = _Streaming()
+    assert fit(whole) == []
+    resumed = _Streaming()
+    said = fit(resumed, tmp_path / "step3.ckpt")
+    assert any("the checkpoint was written inside an epoch (after batch 3), and the training "
+               "loader is a DataLoader, which cannot restore its place" in m for m in said), said
+    assert len(resumed.losses) == 3 and resumed.losses != whole.losses[3:]

@@ -18,6 +18,7 @@ exist, restored, before Lightning builds the loader: that is why the loaders tak
 from __future__ import annotations
 
 import logging
+import math
 import os
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -417,13 +418,20 @@ def _position(trainer: pl.Trainer | None) -> dict[str, Any] | None:
         return None
     progress = trainer.fit_loop.epoch_loop.batch_progress
     ready, processed = progress.current.ready, progress.current.processed
-    batches = trainer.num_training_batches
+    batches = _epoch_batches(trainer)
     accumulate = trainer.accumulate_grad_batches
     in_step = ready > processed
-    ended = progress.is_last_batch or ready >= batches  # Lightning steps on the last batch
-    return {"batch": ready, "batches": int(batches) if batches != float("inf") else None,
-            "in_step": in_step, "accumulate": accumulate,
+    # (Lightning steps on the last batch)
+    ended = progress.is_last_batch or (batches is not None and ready >= batches)
+    return {"batch": ready, "batches": batches, "in_step": in_step, "accumulate": accumulate,
             "accumulated": 0 if in_step or ended else ready % accumulate}
+
+
+def _epoch_batches(trainer: pl.Trainer) -> int | None:
+    """The batches of an epoch; None for a training loader without a length (an
+    IterableDataset's: Lightning counts ``inf``)."""
+    batches = trainer.num_training_batches
+    return int(batches) if math.isfinite(batches) else None
 
 
 def _position_problems(position: Mapping[str, Any]) -> list[str]:
@@ -497,7 +505,7 @@ def _problems(trainer: pl.Trainer, loaders: Mapping[str, list[Any]],
 def _training_problems(name: str, now: Mapping[str, Any], loader: Any, mid_epoch: bool,
                        last_batch: bool, record: Mapping[str, Any], trainer: pl.Trainer
                        ) -> Iterable[str]:
-    batches = int(trainer.num_training_batches)
+    batches = _epoch_batches(trainer)  # (the last batch of an epoch: only with a length)
     avoid = ("save at the ends of epochs (ModelCheckpoint's default) or every_n_train_steps "
              f"that does not divide the {batches} batches of an epoch")
     if last_batch and now["stateful"]:
@@ -512,7 +520,8 @@ def _training_problems(name: str, now: Mapping[str, Any], loader: Any, mid_epoch
                f"(Lightning's behaviour, with or without devrng); {avoid}")
     elif mid_epoch and not last_batch and not now["stateful"]:
         done = trainer.fit_loop.epoch_loop.batch_progress.current.processed
-        yield position_problem(name, now["kind"], f"after batch {done} of {batches}",
+        of = "" if batches is None else f" of {batches}"
+        yield position_problem(name, now["kind"], f"after batch {done}{of}",
                                "Lightning starts the epoch's loader again")
     elif mid_epoch and not last_batch and now["num_workers"]:
         problem = inside_epoch_problem(name, record, "**callback.rng.dataloader_kwargs() (made "
