@@ -333,9 +333,9 @@ def test_a_changed_callback_state_in_trainer_state_json_is_refused(tmp_path: Pat
             if text is not None:
                 raw = bytearray(base64.b64decode(text))
                 torch.Generator().set_state(torch.frombuffer(raw, dtype=torch.uint8))
-        with pytest.raises(DevRNGError, match=r"DevRNGTrainerCallback: its state in the "
-                                              r"checkpoint's trainer_state.json .*(altered or "
-                                              r"damaged after).*(none of it is loaded)") as caught:
+        with pytest.raises(DevRNGError, match=r"DevRNGTrainerCallback: the checkpoint's "
+                                              r"trainer_state.json .*(altered or damaged "
+                                              r"after).*(none of it is loaded)") as caught:
             _stream_run(tmp_path / name, changed, workers=0)
         # (raised as training begins: before the callback restores a generator or a step runs)
         callback_frames = [entry.name for entry in caught.traceback

@@ -63,7 +63,7 @@ _FORM = SavedForm("devrng.DevRNGTrainerCallback", (1,), 1, "DevRNGTrainerCallbac
 _STATE = "devrng_state"
 _FIELDS = frozenset({"epoch_start", "loader", "world_size", "flight", "saved"})
 _KEYS = _FIELDS | {"format", "version"} | SEAL_KEYS
-_SOURCE = "its state in the checkpoint's trainer_state.json"
+_SOURCE = "the checkpoint's trainer_state.json"
 
 #: Warn when ignore_data_skip=True resumes a checkpoint written inside an epoch (the Trainer
 #: then trains that epoch again from its first batch).
@@ -267,14 +267,14 @@ def _saved(state: Any) -> Mapping[str, Any] | None:
     with refusing(_FORM.what):
         if set(attributes) != {_STATE}:
             raise DevRNGError(
-                f"{_FORM.what}: {_SOURCE} has the attributes "
-                f"{short_repr(sorted(map(str, attributes)))}, not the one {_STATE!r} devrng "
-                "writes: it was altered or damaged after it was written, so none of it is "
+                f"{_FORM.what}: {_SOURCE} holds the attributes "
+                f"{short_repr(sorted(map(str, attributes)))} for it, not the one {_STATE!r} "
+                "devrng writes: it was altered or damaged after it was written, so none of it is "
                 "loaded. Resume from an intact checkpoint.")
         sealed: Mapping[str, Any] = attributes[_STATE]
         check_saved(sealed, _FORM, source=_SOURCE)
         if set(sealed) != _KEYS:
-            raise DevRNGError(f"{_FORM.what}: {_SOURCE} has the keys "
+            raise DevRNGError(f"{_FORM.what}: its state in {_SOURCE} has the keys "
                               f"{short_repr(sorted(map(str, sealed)))}; devrng writes "
                               f"{', '.join(sorted(_KEYS))}.")
     return sealed
