@@ -29,7 +29,7 @@ import torch
 from devrng._base.errors import DevRNGError, check_flags, short_repr
 from devrng._base.rank import process_rank
 from devrng._base.seeds import seed32
-from devrng._generators.saved import SEAL_KEYS, SavedForm, check_saved, refusing, seal
+from devrng._generators.saved import SavedForm
 from devrng._generators.seeding import manual_seed
 from devrng._generators.snapshot import get_rng_state, set_rng_state
 from devrng._generators.undo import Undo
@@ -56,17 +56,17 @@ from devrng._training.training_rng import (
 )
 from devrng._training.workers import WorkerSeeding
 from devrng.distributed import rank_seed
-from devrng.integrations._per_rank import PerRankState, gather
+from devrng.integrations._per_rank import PerRankState, check_entry, gather, seal_entry
 
 __all__ = ["DevRNGCallback"]
 
 # The callback's entry in a checkpoint, sealed whole (every rank's state, the loaders'
 # descriptions, the place in the epoch, the epoch starts): its digest is checked before any
-# of it is used. devrng 0.4.0 wrote the keys of _UNSEALED only, without a header or digest.
+# of it is used (devrng 0.4.0 wrote these keys alone, unsealed).
 _FORM = SavedForm("devrng.DevRNGCallback", (1,), 1, "DevRNGCallback",
                   "DevRNGCallback.state_dict()", own=("ranks",))
-_UNSEALED = frozenset({"ranks", "loaders", "position", "epoch_starts"})
-_KEYS = (_UNSEALED - {"epoch_starts"}) | {"format", "version"} | SEAL_KEYS
+_KEYS = frozenset({"ranks", "loaders", "position"})
+_OPTIONAL = frozenset({"epoch_starts"})
 
 #: Say in a sentence why a resume inside an epoch failed when a training loader has another
 #: number of workers (torchdata's empty assertion, then Lightning's teardown error, hide it).
@@ -159,8 +159,7 @@ class DevRNGCallback(pl.Callback):
             # StatefulDataLoader for its state, which builds a new iterator that draws from
             # the loader's generator; the run's state is the one it ended with.
             return self._ended
-        state = {"format": _FORM.tag, "version": _FORM.version,
-                 **self._per_rank().state_dict()}
+        state = self._per_rank().state_dict()
         # One description per rank (each rank has its own DistributedSampler), as the states.
         state["loaders"] = gather({stage: [describe(loader) for loader in loaders]
                                    for stage, loaders in self._loaders().items()})
@@ -168,7 +167,7 @@ class DevRNGCallback(pl.Callback):
         training = self._loaders().get("training", [])
         if any(map(replays_sampler, training)):
             state["epoch_starts"] = gather([_last_start(loader) for loader in training])
-        return seal(state)
+        return seal_entry(_FORM, state)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._ended = self.state_dict()
@@ -179,7 +178,7 @@ class DevRNGCallback(pl.Callback):
         if not state_dict:
             self._no_state(f"its DevRNGCallback entry is {short_repr(state_dict)}")
             return
-        _check_entry(state_dict)  # all of it, before any of it is used
+        check_entry(state_dict, _FORM, _KEYS, _OPTIONAL)  # all of it, before any is used
         starts = _read_starts(state_dict.get("epoch_starts"))
         self._per_rank().load_state_dict(state_dict)
         self._ended = None
@@ -381,20 +380,6 @@ class DevRNGCallback(pl.Callback):
                 base = torch.empty((), dtype=torch.int64).random_(generator=loader.generator)
                 seeding.set_epoch_seed(int(base.item()))
             self._iterated.add(id(loader))
-
-
-def _check_entry(state: Any) -> None:
-    """Raise ``DevRNGError`` unless ``state`` is the callback's entry as devrng wrote it:
-    sealed and intact (``check_saved``: a changed key or value anywhere is refused), or the
-    unsealed entry of devrng 0.4.0 (read unchecked, as other forms' unsealed versions)."""
-    if isinstance(state, Mapping) and set(state) <= _UNSEALED:
-        return
-    with refusing(_FORM.what):
-        check_saved(state, _FORM)
-        if set(state) - {"epoch_starts"} != _KEYS:
-            raise DevRNGError(f"{_FORM.what}: the state has the keys "
-                              f"{short_repr(sorted(map(str, state)))}; devrng writes "
-                              f"{', '.join(sorted(_KEYS))} (and epoch_starts).")
 
 
 def _reseeded_by_lightning(exported: int, seed: int) -> bool:
