@@ -39,23 +39,25 @@ def seal_entry(form: SavedForm, parts: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def check_entry(state: Any, form: SavedForm, keys: frozenset[str],
-                optional: frozenset[str] = frozenset()) -> None:
+                optional: frozenset[str] = frozenset(), *, unsealed: bool = True,
+                source: str | None = None) -> None:
     """Raise ``DevRNGError`` unless ``state`` is a trainer's entry of ``form`` as devrng wrote
     it (``keys``, and any of ``optional``): sealed and intact (``check_saved``: a key or value
-    changed anywhere is refused), or the unsealed entry of devrng 0.4.0, whose keys were
-    those alone (read unchecked, as other forms' unsealed versions).
+    changed anywhere is refused), or (``unsealed``) the unsealed entry of devrng 0.4.0, whose
+    keys were those alone (read unchecked, as other forms' unsealed versions). ``source``
+    names where ``state`` was read from, for the messages.
 
     Examples:
         >>> form = SavedForm("devrng.Example", (1,), 1, "Example", "Example.state_dict()")
         >>> check_entry(seal_entry(form, {"ranks": []}), form, frozenset({"ranks"}))
     """
-    if isinstance(state, Mapping) and set(state) <= keys | optional:
+    if unsealed and isinstance(state, Mapping) and set(state) <= keys | optional:
         return
     with refusing(form.what):
-        check_saved(state, form)
+        check_saved(state, form, source=source)
         expected = keys | {"format", "version"} | SEAL_KEYS
         if set(state) - optional != expected:
-            raise DevRNGError(f"{form.what}: the state has the keys "
+            raise DevRNGError(f"{form.what}: {source or 'the state'} has the keys "
                               f"{short_repr(sorted(map(str, state)))}; devrng writes "
                               f"{', '.join(sorted(expected | optional))}.")
 

@@ -37,7 +37,7 @@ from devrng._base.errors import DevRNGError, check_flags, short_repr
 from devrng._base.rank import process_rank, world_size
 from devrng._generators.fork import fork_rng
 from devrng._generators.patch import patch_torch
-from devrng._generators.saved import SEAL_KEYS, SavedForm, check_saved, refusing, seal
+from devrng._generators.saved import SavedForm
 from devrng._generators.seeding import manual_seed
 from devrng._training.digest import generator_fingerprint
 from devrng._training.flight import (
@@ -53,6 +53,7 @@ from devrng._training.loaders import (
     warn_on_resume,
     world_size_problem,
 )
+from devrng.integrations._per_rank import check_entry, seal_entry
 
 __all__ = ["DevRNGTrainerCallback"]
 
@@ -62,7 +63,6 @@ _FORM = SavedForm("devrng.DevRNGTrainerCallback", (1,), 1, "DevRNGTrainerCallbac
                   "DevRNGTrainerCallback.state()")
 _STATE = "devrng_state"
 _FIELDS = frozenset({"epoch_start", "loader", "world_size", "flight", "saved"})
-_KEYS = _FIELDS | {"format", "version"} | SEAL_KEYS
 _SOURCE = "the checkpoint's trainer_state.json"
 
 #: Warn when ignore_data_skip=True resumes a checkpoint written inside an epoch (the Trainer
@@ -121,19 +121,18 @@ class DevRNGTrainerCallback(transformers.TrainerCallback, ExportableState):
         if self.flight is not None:  # where this checkpoint is in the flight record
             checkpoint = f"{self.flight.attempt}:{self.flight.step}"
             self.flight.checkpoint(checkpoint)
-        plain = {"format": _FORM.tag, "version": _FORM.version,
-                 "epoch_start": self.epoch_start, "loader": self.loader,
-                 "world_size": self.world_size, "flight": checkpoint,
-                 # torch's state when the Trainer saves (after its rng_state.pth): the
-                 # start of the next epoch, for a checkpoint at an epoch's end
-                 "saved": _encode(torch.get_rng_state())}
+        fields = {"epoch_start": self.epoch_start, "loader": self.loader,
+                  "world_size": self.world_size, "flight": checkpoint,
+                  # torch's state when the Trainer saves (after its rng_state.pth): the
+                  # start of the next epoch, for a checkpoint at an epoch's end
+                  "saved": _encode(torch.get_rng_state())}
         # Sealed as JSON gives it back (tuples become lists), so that the digest holds.
         flight_record = self.flight_record if isinstance(self.flight_record, bool) \
             else os.fspath(self.flight_record)
         # (args: what the Trainer makes a new callback with under
         # restore_callback_states_from_checkpoint=True, before it sets the attributes)
         return {"args": {"sample_rng": self.sample_rng, "flight_record": flight_record},
-                "attributes": {_STATE: seal(json.loads(json.dumps(plain)))}}
+                "attributes": {_STATE: seal_entry(_FORM, json.loads(json.dumps(fields)))}}
 
     # -- hooks --------------------------------------------------------------------------------
     def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -264,19 +263,14 @@ def _saved(state: Any) -> Mapping[str, Any] | None:
         return None
     if set(attributes) <= _FIELDS:
         return attributes  # devrng 0.4.0's, unsealed
-    with refusing(_FORM.what):
-        if set(attributes) != {_STATE}:
-            raise DevRNGError(
-                f"{_FORM.what}: {_SOURCE} holds the attributes "
-                f"{short_repr(sorted(map(str, attributes)))} for it, not the one {_STATE!r} "
-                "devrng writes: it was altered or damaged after it was written, so none of it is "
-                "loaded. Resume from an intact checkpoint.")
-        sealed: Mapping[str, Any] = attributes[_STATE]
-        check_saved(sealed, _FORM, source=_SOURCE)
-        if set(sealed) != _KEYS:
-            raise DevRNGError(f"{_FORM.what}: its state in {_SOURCE} has the keys "
-                              f"{short_repr(sorted(map(str, sealed)))}; devrng writes "
-                              f"{', '.join(sorted(_KEYS))}.")
+    if set(attributes) != {_STATE}:
+        raise DevRNGError(
+            f"{_FORM.what}: {_SOURCE} holds the attributes "
+            f"{short_repr(sorted(map(str, attributes)))} for it, not the one {_STATE!r} "
+            "devrng writes: it was altered or damaged after it was written, so none of it is "
+            "loaded. Resume from an intact checkpoint.")
+    sealed: Mapping[str, Any] = attributes[_STATE]
+    check_entry(sealed, _FORM, _FIELDS, unsealed=False, source=_SOURCE)
     return sealed
 
 
