@@ -344,3 +344,22 @@ def test_a_changed_callback_state_in_trainer_state_json_is_refused(tmp_path: Pat
         assert callback_frames == ["on_train_begin", "_saved"], name
     resumed, _, steps = _stream_run(tmp_path / "run", checkpoint, workers=0)
     assert steps == 6 and len(resumed) == 3
+
+
+@pytest.mark.skipif(HAS_XLA, reason="with torch_xla installed the Trainer picks XLA")
+@pytest.mark.parametrize("restore", [False, True],
+                         ids=["callback kept", "restore_callback_states_from_checkpoint"])
+def test_a_checkpoint_written_by_devrng_0_4_still_resumes(tmp_path: Path, restore: bool) -> None:
+    """devrng 0.4.0 wrote the callback's fields as attributes of their own, unsealed (and
+    args without flight_record): such a checkpoint resumes as before, exactly, also when the
+    Trainer sets those attributes on a new callback (its "flight" text was taken for the
+    flight record: AttributeError)."""
+    whole, _, _ = _stream_run(tmp_path / "run")
+    state_file = tmp_path / "run" / "checkpoint-3" / "trainer_state.json"
+    data = json.loads(state_file.read_text())
+    entry = data["stateful_callbacks"]["DevRNGTrainerCallback"]
+    entry["attributes"] = _unsealed(entry["attributes"])
+    entry["args"] = {"sample_rng": entry["args"]["sample_rng"]}
+    state_file.write_text(json.dumps(data))
+    resumed, said, steps = _stream_run(tmp_path / "run", state_file.parent, restore=restore)
+    assert (resumed, said, steps) == (whole[3:], [], 6)

@@ -141,6 +141,10 @@ class DevRNGTrainerCallback(transformers.TrainerCallback, ExportableState):
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         # What the checkpoint holds for this callback, checked whole before anything changes.
         saved = _saved(state) if state.global_step > 0 else None
+        if not isinstance(self.flight, FlightRecord):
+            # (what devrng 0.4.0 saved as the attribute "flight", its text, which the Trainer
+            # sets on the callback under restore_callback_states_from_checkpoint=True)
+            self.flight = None
         patch_torch()  # idempotent: picks up a device package imported since
         devices = [name for name in available_backends() if name != "cpu"]
         if devices and state.global_step == 0:  # a resumed run keeps the Trainer's restored state
@@ -178,8 +182,7 @@ class DevRNGTrainerCallback(transformers.TrainerCallback, ExportableState):
                       saved: Mapping[str, Any] | None) -> None:
         if self.flight_record is False and not os.environ.get(FLIGHT_VARIABLE):
             return
-        if not isinstance(self.flight, FlightRecord):  # (None, or what devrng 0.4.0 saved as
-            # "flight", set by restore_callback_states_from_checkpoint=True)
+        if self.flight is None:
             where = args.output_dir if self.flight_record in (True, False) \
                 else os.fspath(self.flight_record)  # type: ignore[arg-type]
             rank = process_rank()
