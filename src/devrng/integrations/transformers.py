@@ -97,7 +97,8 @@ class DevRNGTrainerCallback(transformers.TrainerCallback, ExportableState):
     Examples:
         >>> from devrng.integrations.transformers import DevRNGTrainerCallback
         >>> callback = DevRNGTrainerCallback()   # Trainer(..., callbacks=[callback])
-        >>> sorted(callback.state()["attributes"]["devrng_state"])[:4]
+        >>> attributes = callback.state()["attributes"]   # sealed in one attribute
+        >>> sorted(attributes["devrng_state"])[:4]
         ['devrng_version', 'digest', 'epoch_start', 'flight']
     """
 
