@@ -440,6 +440,47 @@ def test_hostile_values_anywhere_in_a_small_state_are_sentences(make: Any) -> No
                 load({"format": value} if key == "format" else {**state, key: value})
 
 
+def _seeded_call(value: Any, *, positional: bool = False) -> None:
+    step = devrng.seeded_jit(lambda x: x, backend="eager", seed=1)
+    if positional:
+        step(torch.ones(1), value)
+    else:
+        step(torch.ones(1), seed=value)
+
+
+_ARGUMENT_SITES: dict[str, Callable[[Any], Any]] = {
+    "seeded call seed=": _seeded_call,
+    "seeded call, seed by position": functools.partial(_seeded_call, positional=True),
+    "seed_worker": devrng.seed_worker,
+    "sample_rng": lambda value: devrng.sample_rng(value).__enter__(),
+    "RNGStreams.add seed": lambda value: devrng.RNGStreams().add("a", value),
+    "RNGStreams.add name": lambda value: devrng.RNGStreams().add(value, 1),
+    "PortableRNG": devrng.PortableRNG,
+    "fork_rng devices=": lambda value: devrng.fork_rng(devices=value).__enter__(),
+    "get_rng_state devices=[...]": lambda value: devrng.get_rng_state(devices=[value]),
+}
+_HUGE = 10**5000  # past Python's 4300 digits for str(int)
+_HOSTILE_ARGUMENTS = {"raising repr": _Hostile(), "10**5000": _HUGE, "-10**5000": -_HUGE}
+# Where a value is no error: only an int looks like a seed given by position; any int of 0
+# or more is a worker id.
+_NOT_ERRORS = {("seeded call, seed by position", "raising repr"), ("seed_worker", "10**5000")}
+
+
+@pytest.mark.parametrize(("site", "kind"), [
+    (site, kind) for site in sorted(_ARGUMENT_SITES) for kind in _HOSTILE_ARGUMENTS
+    if (site, kind) not in _NOT_ERRORS])
+def test_a_hostile_argument_of_a_public_call_is_named_in_a_sentence(site: str,
+                                                                     kind: str) -> None:
+    """A value whose repr raises, or an int too long for str(), is quoted by short_repr,
+    never let through as the repr's error or Python's digit-limit ValueError."""
+    value = _HOSTILE_ARGUMENTS[kind]
+    with pytest.raises((TypeError, ValueError)) as caught:
+        _ARGUMENT_SITES[site](value)
+    shown = "<_Hostile>" if kind == "raising repr" else "<an int of 16610 bits>"
+    message = str(caught.value)
+    assert shown in message and message.endswith("."), message
+
+
 def test_one_bounded_formatter_quotes_any_value() -> None:
     """short_repr: bounded in length, nesting and cost, whatever the value."""
     import time

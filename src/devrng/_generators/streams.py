@@ -123,11 +123,13 @@ class RNGStreams:
             ('model-parallel',)
         """
         if not isinstance(name, str) or not name:
-            raise TypeError(f"A stream name must be a non-empty string, not {name!r}.")
+            raise TypeError(f"A stream name must be a non-empty string, not {short_repr(name)} "
+                            f"(a {type(name).__name__}).")
         seed = check_seed(seed)
         if name in self._streams:
             raise ValueError(
-                f"A stream named {name!r} already exists (seed {self._streams[name].seed}); "
+                f"A stream named {short_repr(name)} already exists (seed "
+                f"{self._streams[name].seed}); "
                 "choose another name, or load_state_dict() to replace every stream."
             )
         cpu = torch.Generator().manual_seed(_stream_seed(name, seed)).get_state()

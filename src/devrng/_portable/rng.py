@@ -139,7 +139,9 @@ class PortableRNG(TorchFunctionMode):
         """Made by ``devrng.portable(seed, strict=...)``, whose arguments these are."""
         super().__init__()
         self.strict = strict
-        self._stream: Any = _HostStream(seed) if stream is None else stream
+        self._stream: Any = stream
+        if stream is None:
+            self._stream = _HostStream(check_seed(seed, "PortableRNG's seed"))
         self._warned: set[str] = set()
 
     # -- state ---------------------------------------------------------------------------
