@@ -87,7 +87,8 @@ _SOURCES_EVERY = 64  # steps between two looks at what generators there are
 PRUNE_BYTES = 1 << 18  # rewrite the file (dropping what no resume needs) past this size
 _KEEP_CHECKPOINTS = 2  # a resume from either of the last two checkpoints can be verified
 #: Parameter tensors digested after each step: the first and the last (a difference anywhere
-#: in the forward or backward pass reaches the first layer's gradient), and two more in turn.
+#: in the forward or backward pass reaches the first layer's gradient), and on the CPU two
+#: more in turn.
 _PARAMETERS = 4
 
 
@@ -388,7 +389,10 @@ class FlightRecord:
         if id(optimizer) not in self._grad_hooked:
             self._see_backward(optimizer, params)
         n = len(params)
-        chosen = sorted({0, n - 1, *((self.step * 2 + k) % n for k in range(_PARAMETERS - 2))})
+        turns = range(_PARAMETERS - 2) if params[0].device.type == "cpu" else ()
+        # (On a device, the same two each step: a compiler that traces the step, as XLA's,
+        # then sees one graph, not one per choice.)
+        chosen = sorted({0, n - 1, *((self.step * 2 + k) % n for k in turns)})
         try:
             # (A sharded parameter, a DTensor, is digested as this rank's shard.)
             return batch_parts([getattr(params[i], "to_local", lambda p=params[i]: p)()
