@@ -60,14 +60,13 @@ from devrng._generators.ranks.collectives import (
     reduce_min,
     send_entries,
 )
-from devrng._generators.saved import decode, encode, recorded_counts, refusing
+from devrng._generators.saved import PREFIX, decode, encode, recorded_counts, refusing
 from devrng._generators.undo import Undo
 
 __all__ = ["PREFIX", "SAVE", "Apply", "Loader", "Summary", "entry_key", "entry_rank",
            "identity_of", "is_ranked", "load_ranked", "nested_state",
            "own_entry", "ranked", "ranks_text", "save_of", "stamp"]
 
-PREFIX = "devrng_rank_"
 _KEY = re.compile(re.escape(PREFIX) + r"(\d+)")
 
 
