@@ -718,24 +718,28 @@ class EpochStarts:
         caller sets them to the checkpoint's afterwards."""
         self._armed = (start, undo)
 
-    def resume(self, loader: Any, start: EpochStart | None, keep: Iterable[torch.Generator],
-               undo: Undo) -> None:
-        """Have ``loader``, just given its place in an epoch, make its resumed iterator when
-        the loop asks for it -- after the loop's ``set_epoch`` on its sampler -- replaying the
-        sampler from ``start`` (if any); Python's, NumPy's and torch's CPU generator and
-        ``keep`` are then put back as they were. (The caller sets them to the checkpoint's
-        now; ``undo`` forgets this.)"""
+    def resume(self, loader: Any, place: Any, start: EpochStart | None,
+               keep: Iterable[torch.Generator], undo: Undo) -> None:
+        """Have ``loader``, just given its ``place`` in an epoch, make the resumed iterator it
+        yields from when the loop asks for it -- after the loop's ``set_epoch`` on its
+        sampler -- replaying the sampler from ``start`` (if any) and leaving Python's,
+        NumPy's and torch's CPU generator and ``keep`` as they were. It makes one now too,
+        so that a place the loader cannot take fails here (inside ``undo``), and drops it."""
         if not hasattr(loader, "next_iter_state"):  # torchdata's StatefulDataLoader only
             return
-        if start is not None:
-            self.arm(start, Undo("the resumed loader"))
         if not _FIX_LATE_RESUME:  # made now, from the generators as they are now (0.5)
             if start is not None:
-                self._armed = (start, undo)
+                self.arm(start, undo)
             _materialise(loader)
             return
         undo.push("the resumed loader's plan", self._forget)
-        self._keep = list(keep)
+        for now in (True, False):
+            if start is not None:
+                self.arm(start, Undo("the resumed loader"))
+            self._keep = list(keep)
+            if now:
+                _materialise(loader)
+                loader.load_state_dict(place)
 
     def _forget(self) -> None:
         self._armed = self._keep = None

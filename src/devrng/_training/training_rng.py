@@ -711,8 +711,9 @@ class _Loading:
                     # The resumed iterator is made when the loop asks for it (after its
                     # set_epoch), replaying the sampler from the generators the epoch's
                     # iterator was made from, and leaves the generators as they are then
-                    # (the checkpoint's: set below).
-                    watch.resume(obj, self.starts.get(name), rng._generators.values(), undo)
+                    # (the checkpoint's: set below); made once now too, to fail here.
+                    watch.resume(obj, state, self.starts.get(name), rng._generators.values(),
+                                 undo)
         # Generators after the tracked loaders: a resumed StatefulDataLoader sets its
         # generator back to the start of the epoch when it makes its iterator.
         for name, g in rng._generators.items():
