@@ -571,7 +571,7 @@ class EpochStart(NamedTuple):
     """The generators a replayed sampler draws from -- torch's, Python's and NumPy's global
     ones and the sampler's own -- as they stood when an epoch's sampler iteration began.
 
-    Taken as the loader began to make the epoch's iterator (``by_sampler`` False: devrng 0.5
+    Taken as the loader began to make the epoch's iterator (``by_sampler`` False: devrng 0.4
     and older), or as the sampler's ``iter()`` was called for the iteration that yielded the
     epoch's indices (``by_sampler``), with ``first``: the generators as that iteration's first
     index was taken, when something drew in between (None: nothing did).
@@ -727,7 +727,7 @@ class EpochStarts:
         so that a place the loader cannot take fails here (inside ``undo``), and drops it."""
         if not hasattr(loader, "next_iter_state"):  # torchdata's StatefulDataLoader only
             return
-        if not _FIX_LATE_RESUME:  # made now, from the generators as they are now (0.5)
+        if not _FIX_LATE_RESUME:  # made now, from the generators as they are now (0.4)
             if start is not None:
                 self.arm(start, undo)
             _materialise(loader)
