@@ -654,9 +654,9 @@ class EpochStarts:
 
     While the loader makes an iterator, its replayed sampler is seen through a ``_Drawn``: so
     the record is taken as the sampler's ``iter()`` is called, and a resumed iterator's
-    every ``iter()`` on it starts from that record (torchdata calls it three times as it
-    makes a resumed iterator, and uses the last; a sampler that shuffles as ``iter()`` is
-    called draws each time). ``resume`` has a loader just given a place make its resumed
+    every ``iter()`` on it starts from that record (torchdata 0.11 calls it three times as
+    it makes a resumed iterator, four with workers, and uses the last; a sampler that
+    shuffles as ``iter()`` is called draws each time). ``resume`` has a loader just given a place make its resumed
     iterator when the loop asks for it, leaving the generators as they were."""
 
     def __init__(self, loader: Any) -> None:
@@ -695,7 +695,7 @@ class EpochStarts:
             self.last = armed[0]
         elif self._replays and _FIX_REPLAYED_SAMPLERS:
             self.last = EpochStart.now(loader)  # (by the sampler, once it draws: _Making.first)
-        making = self._making = _Making(self, loader, None if armed is None else armed)
+        making = self._making = _Making(self, loader, armed)
         place = self._drawing if _FIX_SAMPLER_DRAWS and _FIX_REPLAYED_SAMPLERS else None
         real = None if place is None else vars(place[0])[place[1]]
         if place is not None:  # (vars: a DataLoader refuses to set its samplers after __init__)
@@ -846,7 +846,8 @@ def _skip_now(it: Any) -> None:
     the loop takes the first batch: from the generators as they are then."""
     source = getattr(it, "_sampler_iter", None)
     skip = getattr(it, "_sampler_iter_yielded", None)
-    if isinstance(source, itertools.islice) and isinstance(skip, int):
+    if isinstance(source, itertools.islice) and isinstance(skip, int) \
+            and not getattr(it, "_num_workers", 0):  # (with workers it prefetched already)
         fresh = iter(it._index_sampler)
         for _ in range(skip):
             next(fresh)
