@@ -104,16 +104,16 @@ class ShuffledAtIter(torch.utils.data.Sampler[int]):
 
 class OwnBatches:
     """A batch sampler of the user's: batches of 4 of a permutation drawn from its own
-    generator as each epoch's iteration begins."""
+    generator (kept under a name of its own, ``rng``) as each epoch's iteration begins."""
 
     def __init__(self, size: int, generator: torch.Generator) -> None:
-        self.size, self.generator = size, generator
+        self.size, self.rng = size, generator
 
     def __len__(self) -> int:
         return (self.size + 3) // 4
 
     def __iter__(self) -> Any:
-        order = torch.randperm(self.size, generator=self.generator).tolist()
+        order = torch.randperm(self.size, generator=self.rng).tolist()
         for start in range(0, self.size, 4):
             yield order[start:start + 4]
 

@@ -558,12 +558,17 @@ def _replays(sampler: Any) -> bool:
 def _own_generator(loader: Any) -> torch.Generator | None:
     """The generator of the sampler that yields ``loader``'s indices -- or, where it has none,
     of the batch sampler that groups them (a ``batch_sampler`` of the user's) -- unless it is
-    torch's global one (saved with the rest)."""
+    torch's global one (saved with the rest): its ``generator``, else the first
+    ``torch.Generator`` among its attributes."""
     batches = _batch_sampler(loader)
     for sampler in (getattr(batches, "sampler", getattr(loader, "sampler", None)), batches):
-        generator = getattr(sampler, "generator", None)
-        if isinstance(generator, torch.Generator) and generator is not torch.default_generator:
-            return generator
+        while type(sampler).__module__.startswith("devrng.") and hasattr(sampler, "_real"):
+            sampler = sampler._real  # (devrng's stand-ins while the loader makes an iterator)
+        held = vars(sampler).values() if hasattr(sampler, "__dict__") else ()
+        for generator in (getattr(sampler, "generator", None), *held):
+            if isinstance(generator, torch.Generator) \
+                    and generator is not torch.default_generator:
+                return generator
     return None
 
 
