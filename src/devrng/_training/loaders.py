@@ -561,6 +561,7 @@ def _own_generator(loader: Any) -> torch.Generator | None:
     torch's global one (saved with the rest): its ``generator``, else the first
     ``torch.Generator`` among its attributes."""
     batches = _batch_sampler(loader)
+    sampler: Any
     for sampler in (getattr(batches, "sampler", getattr(loader, "sampler", None)), batches):
         while type(sampler).__module__.startswith("devrng.") and hasattr(sampler, "_real"):
             sampler = sampler._real  # (devrng's stand-ins while the loader makes an iterator)
