@@ -139,6 +139,13 @@ FIXES: dict[str, tuple[str, str]] = {
     "LIGHTNING_WORKER_COUNT": ("devrng.integrations.lightning", "_FIX_WORKER_COUNT"),
     # the warning for workers kept across epochs names the order of the samples too
     "PERSISTENT_ORDER": ("devrng._training.loaders", "_FIX_PERSISTENT_ORDER"),
+    # a resumed StatefulDataLoader makes its iterator when the loop asks for it (after the
+    # loop's set_epoch), not inside load_state_dict (issue 44)
+    "LATE_RESUME": ("devrng._training.loaders", "_FIX_LATE_RESUME"),
+    # a sampler torchdata replays draws, each time torchdata calls iter() on it or takes its
+    # first index while making the resumed iterator, from the generators the uninterrupted
+    # run's did (issue 44)
+    "SAMPLER_DRAWS": ("devrng._training.loaders", "_FIX_SAMPLER_DRAWS"),
     # HF Trainer: ignore_data_skip=True resumed inside an epoch warns
     "IGNORE_DATA_SKIP": ("devrng.integrations.transformers", "_FIX_IGNORE_DATA_SKIP"),
 }
