@@ -98,6 +98,32 @@ class Streamed(IterableDataset[torch.Tensor]):
             i += step
 
 
+class ShardedShuffled(torch.utils.data.IterableDataset[torch.Tensor]):
+    """An iterable dataset each worker reads its shard of (every ``num_workers``-th sample),
+    in an order it draws with ``torch.randperm`` from its own generator, augmenting each
+    sample from it too; rows indexed as ``Augmented(indexed=True)``'s."""
+
+    def __init__(self, size: int = 26) -> None:
+        self.base = torch.linspace(-1, 1, size * 4).reshape(size, 4)
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        info = get_worker_info()
+        shard = torch.arange(len(self.base))
+        if info is not None:
+            shard = shard[info.id::info.num_workers]
+        for i in shard[torch.randperm(len(shard))].tolist():
+            sample = self.base[i] + torch.randn(4) * 0.1
+            yield torch.cat([torch.tensor([float(i)]), sample])
+
+
+class SizedShards(ShardedShuffled):
+    """``ShardedShuffled`` with a length (its number of samples), from which a trainer counts
+    an epoch's steps."""
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+
 def noisy_collate(rows: list[torch.Tensor]) -> torch.Tensor:
     """A collate_fn that draws batch-level noise from NumPy (as MixUp draws its weight), outside
     ``devrng.sample_rng``; the first column (the index, in indexed rows) is left as it is."""

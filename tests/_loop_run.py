@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tests._datasets import Augmented, noisy_collate
+from tests._datasets import Augmented, ShardedShuffled, noisy_collate
 from tests._internals import set_fix
 from tests._resume import model_and_optimizer, sgd_step
 from tests.integrations._runs import SEED, Result, devrng_messages, digest, job_runner, main
@@ -80,6 +80,9 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "stateful-randperm": {**_STATEFUL, "sampler": "randperm", "save_at": [10]},
     "stateful-randperm-main": {**_STATEFUL, "sampler": "randperm", "save_at": [10],
                                "workers": 0},
+    # issue 44: exact resumes no load-time warning may call inexact
+    "stateful-persistent": {**_STATEFUL, "persistent": True, "pin": True, "save_at": [3, 10]},
+    "stateful-iterable": {**_STATEFUL, "iterable": True, "save_at": [3, 10]},
 }
 
 
@@ -122,10 +125,12 @@ def _loader(config: dict[str, Any], kwargs: dict[str, Any],
             batches: torch.Generator | None = None) -> Any:
     size = config.get("size", 26)
     augment = config.get("augment", "inside")
-    data = Augmented(size=size, per_sample=augment == "inside", indexed=True,
-                     augment=augment != "none")
+    data: Any = Augmented(size=size, per_sample=augment == "inside", indexed=True,
+                          augment=augment != "none")
     sampler = config.get("sampler")
-    if sampler == "subset":
+    if config.get("iterable"):
+        data = ShardedShuffled(size)
+    elif sampler == "subset":
         kwargs["sampler"] = torch.utils.data.SubsetRandomSampler(range(size - 2))
     elif sampler == "weighted" or config.get("weighted"):
         # it draws from torch's global generator, which devrng keeps
@@ -148,7 +153,8 @@ def _loader(config: dict[str, Any], kwargs: dict[str, Any],
                                                "drop_last": config.get("drop_last", False)}
     options = {**batching,
                "num_workers": workers, "persistent_workers": bool(config.get("persistent")),
-               "collate_fn": noisy_collate if config.get("collate") else None, **kwargs}
+               "collate_fn": noisy_collate if config.get("collate") else None,
+               "pin_memory": bool(config.get("pin")), **kwargs}
     if config.get("stateful"):
         from torchdata.stateful_dataloader import StatefulDataLoader
 

@@ -622,6 +622,60 @@ def test_explain_names_the_part_that_differs_with_its_hint() -> None:
                            "every generator matched and the loss did not")
 
 
+def test_explain_names_out_of_order_loaders_the_training_loop_and_untracked_generators(
+        ) -> None:
+    """Issue 44: a loader built with in_order=False (two uninterrupted runs already differ); a
+    batch read at the model's input (HF Trainer, accelerate), which the training loop had
+    first; and a generator devrng does not track, among the causes of a computation."""
+    names = ["cpu"]
+    base = {"s": 3, "g": ["a"], "n": 1, "b": "x", "i": None, "w": "p"}
+    assert ("step 3: the batch differs: the loader is built with in_order=False: its workers "
+            "hand over the batches in the order they finish them") in explain(
+        dict(base, u=1), names, dict(base, u=1, b="x2"), names)
+    plain = explain(dict(base, i="y"), names, dict(base, i="y", b="x2"), names)
+    assert "randomness inside the dataset or collate_fn" in plain
+    assert "in the training loop" not in plain
+    assert "a generator devrng does not track (one kept on the dataset or the model" in plain
+    at_model = explain(dict(base, i="y", m=1), names, dict(base, i="y", m=1, b="x2"), names)
+    assert ("the batch's indices match and its content does not: randomness the batch met "
+            "before the model's forward pass") in at_model
+    assert "or in the training loop (noise added to the inputs)" in at_model
+    assert "in the training loop" in explain(dict(base, m=1), names,
+                                             dict(base, m=1, b="x2"), names)
+    computed = explain(base, names, dict(base, w="p2"), names)
+    assert ("or a draw in the step from a generator devrng does not track (one kept on the "
+            "dataset or the model") in computed
+
+
+def test_the_lines_say_out_of_order_batches_and_batches_read_at_the_model(
+        tmp_path: Path) -> None:
+    rng = devrng.TrainingRNG(0, flight_record=tmp_path / "loop")
+    data = torch.utils.data.TensorDataset(torch.arange(16.0).reshape(8, 2))
+    loader = rng.track("loader", torch.utils.data.DataLoader(
+        data, batch_size=2, num_workers=2, in_order=False, **rng.dataloader_kwargs()))
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for (x,) in loader:
+        model(x).sum().backward()
+        opt.step()
+    assert rng.flight is not None
+    rng.flight.close()
+    (attempt,) = read_record(str(tmp_path / "loop" / "devrng-flight.rank0.jsonl")
+                             )["attempts"].values()
+    lines = [line for line, _ in attempt["steps"].values()]
+    assert len(lines) == 4 and all(line.get("u") == 1 and "m" not in line for line in lines)
+    flight = devrng.FlightRecord(tmp_path / "model", rank=0, identity={}, sources=list,
+                                 hooked=True)
+    flight.watch_model(model)
+    model(torch.ones(2)).sum().backward()
+    opt.step()
+    flight.close()
+    (attempt,) = read_record(str(tmp_path / "model" / "devrng-flight.rank0.jsonl")
+                             )["attempts"].values()
+    [(line, _)] = attempt["steps"].values()
+    assert line.get("m") == 1 and "u" not in line
+
+
 # -- in fresh processes, as users resume ------------------------------------------------------
 
 def _needs_its_loader(config: dict[str, Any] | None) -> None:
@@ -655,22 +709,37 @@ def test_an_exact_resume_in_a_fresh_process_is_verified_and_silent(tmp_path: Pat
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("config", "cause"), [
+@pytest.mark.parametrize("config", [
     # augmentation from torch's generator in the workers, saved inside an epoch
-    ({"augment": "torch", "save_at": [4]},
-     "step 5 (batch 5 of its epoch from loader 'loader'): the batch's indices match and its "
-     "content does not: randomness inside the dataset or collate_fn"),
+    {"augment": "torch", "save_at": [4]},
     # NumPy in the collate_fn (the workers' NumPy), saved inside an epoch
-    ({"collate": "numpy", "save_at": [4]},
-     "step 5 (batch 5 of its epoch from loader 'loader'): the batch's indices match and its "
-     "content does not"),
+    {"collate": "numpy", "save_at": [4]},
 ], ids=["augmentation-outside-sample_rng", "numpy-in-collate_fn"])
 def test_a_resume_that_is_not_exact_names_the_step_and_the_cause(
-        tmp_path: Path, config: dict[str, Any], cause: str) -> None:
+        tmp_path: Path, config: dict[str, Any]) -> None:
+    """The load names the cause (the workers drew outside sample_rng); the record the step,
+    as that warning's (issue 44: no second warning, of another cause)."""
     _run(tmp_path, config, DEVRNG_MAX_STEPS="8")
     resumed = _run(tmp_path, config)
-    flagged = [w for w in resumed["warnings"] if "flight record" in w]
-    assert len(flagged) == 1 and cause in flagged[0], resumed["warnings"]
+    [warning] = resumed["warnings"]
+    assert ("the workers of the loader 'loader' drew random numbers outside devrng.sample_rng "
+            "(in the dataset or in its collate_fn)") in warning
+    assert any("differs from the interrupted one from step 5 (batch 5 of its epoch from loader "
+               "'loader'), as warned when it loaded" in m for m in resumed["logged"])
+    assert resumed["verified"] is False
+
+
+@pytest.mark.slow
+def test_a_difference_warned_of_at_load_is_not_warned_of_again(tmp_path: Path) -> None:
+    """Resumed with batch size 5 for 4: the load names the cause; the record, which sees the
+    first step differ, says so as that warning's, with no second warning of another cause."""
+    _run(tmp_path, {"save_at": [4]}, DEVRNG_MAX_STEPS="8")
+    resumed = _run(tmp_path, {"save_at": [4], "batch": 5})
+    [warning] = resumed["warnings"]
+    assert "the loader 'loader' had batch size 4 and has 5" in warning
+    assert any("the resumed run differs from the interrupted one from step 5 (batch 5 of its "
+               "epoch from loader 'loader'), as warned when it loaded" in m
+               for m in resumed["logged"]), resumed["logged"]
     assert resumed["verified"] is False
 
 

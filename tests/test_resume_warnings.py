@@ -72,12 +72,13 @@ def test_a_tracked_loader_is_described_in_the_state() -> None:
                                             **rng.dataloader_kwargs()))
     record = plain_state(rng.state_dict())["loaders"]["loader"]
     assert record == {"kind": "DataLoader", "stateful": False, "num_workers": 0,
-                      "batch_size": 4, "persistent_workers": False, "sampler": "RandomSampler",
+                      "batch_size": 4, "persistent_workers": False, "in_order": True,
+                      "sampler": "RandomSampler",
                       "private_shuffle": False, "devrng_seeded": True, "sample_rng": False,
                       "worker_draws": False,
                       "sampler_args": {"replacement": False, "num_samples": None},
                       "batch_sampler": "BatchSampler", "drop_last": False,
-                      "dataset_length": 8, "epoch_length": 8}
+                      "dataset_length": 8, "iterable": False, "epoch_length": 8}
     assert describe_loader(loader) == record
     rng.load_state_dict(rng.state_dict())  # the same loader: nothing to warn about
 
@@ -243,9 +244,58 @@ def test_another_number_of_workers_warns_unless_sample_rng_decides(
 
 
 def test_a_persistent_loader_in_a_plain_loop_warns(caplog: pytest.LogCaptureFixture) -> None:
-    loader = DataLoader(PerSample(), batch_size=2, num_workers=1, persistent_workers=True)
+    # A new iterator draws its base seed before the shuffle, kept workers do not: the order.
+    loader = DataLoader(PerSample(), batch_size=2, num_workers=1, persistent_workers=True,
+                        shuffle=True)
     [message] = resumed(loader, loader, caplog)
     assert "keeps its workers from epoch to epoch (persistent_workers=True)" in message
+    assert "the order of the samples differs" in message
+    # In order, with workers that drew inside sample_rng: their augmentation.
+    rng = devrng.TrainingRNG(seed=0)
+    drew = DataLoader(PerSample(), batch_size=2, num_workers=1, persistent_workers=True,
+                      **rng.dataloader_kwargs())
+    by_index(drew)
+    [message] = resumed(drew, drew, caplog)
+    assert "so the samples' augmentation differs" in message
+
+
+def test_a_loader_out_of_order_is_named_at_load(caplog: pytest.LogCaptureFixture) -> None:
+    loader = DataLoader(PerSample(), batch_size=2, num_workers=2, in_order=False)
+    [message] = resumed(loader, loader, caplog)
+    assert ("the loader 'loader' is built with in_order=False: its workers hand over the "
+            "batches in the order they finish them, which changes from run to run, so even two "
+            "uninterrupted runs see their batches in other orders") in message
+    assert describe_loader(DataLoader(PerSample(), in_order=False))["in_order"]  # no workers
+
+
+def test_what_devrng_cannot_tell_at_load_is_left_to_the_record(
+        caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str],
+        tmp_path: Any) -> None:
+    """Kept workers devrng does not seed, in order, that may have drawn nothing; another
+    number of workers devrng does not seed (issue 44): no warning. With the record off, one
+    line says the resume could not be checked; with it on, nothing (the record decides)."""
+    kept = DataLoader(PerSample(), batch_size=2, num_workers=1, persistent_workers=True)
+    two = DataLoader(PerSample(), batch_size=2, num_workers=2)
+    by_index(two)
+    for saved, now, cause in [(kept, kept, "keeps its workers from epoch to epoch"),
+                              (two, DataLoader(PerSample(), batch_size=2, num_workers=3),
+                               "had num_workers=2 and has 3")]:
+        capsys.readouterr()
+        assert resumed(saved, now, caplog) == []
+        said = capsys.readouterr().err
+        assert said.startswith("devrng: this resume could not be checked when it loaded, and "
+                               "the flight record is off") and cause in said, said
+        first = devrng.TrainingRNG(seed=0)
+        first.track("loader", saved)
+        state = first.state_dict()
+        rng = devrng.TrainingRNG(seed=0, flight_record=tmp_path)
+        rng.track("loader", now)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", devrng.DevRNGWarning)
+            rng.load_state_dict(state)
+        assert "could not be checked" not in capsys.readouterr().err
+        assert rng.flight is not None
+        rng.flight.close()
 
 
 def test_another_world_size_warns_with_strict_false(caplog: pytest.LogCaptureFixture) -> None:

@@ -15,7 +15,8 @@ True)``; ``accumulate`` -- ``gradient_accumulation_steps`` with ``accelerator.ac
 at all; ``ranks`` -- a job of that many processes (the program started by
 ``torch.distributed.run``; rank r > 0 writes ``*.rank{r}.json``), with ``dispatch``,
 ``split`` or ``even=False`` (``DataLoaderConfiguration``'s ``dispatch_batches``,
-``split_batches``, ``even_batches``) and another ``batch``. Every run records each epoch's
+``split_batches``, ``even_batches``) and another ``batch``; ``loopnoise`` -- the loop
+adds noise to the inputs from a generator kept on the model. Every run records each epoch's
 order of sample indices (the result's ``samples``). A resume with ``chain`` resumes twice: a first resumed run (a process of
 its own) saves after each epoch's loop too, and the second resumes from its state
 ``chain`` (see ``tests/integrations/_runs.py``).
@@ -56,6 +57,9 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "dispatch": {"register": True, "ranks": 2, "dispatch": True},
     "split": {"register": True, "ranks": 2, "split": True},
     "uneven": {"register": True, "ranks": 2, "even": False, "batch": 5},
+    # issue 44: the loop adds noise to the inputs from a generator kept on the model, which
+    # nothing saves (the resumed run draws it from its seed again)
+    "loopnoise": {"register": True, "loopnoise": True},
 }
 
 
@@ -115,6 +119,7 @@ def train(config: dict[str, Any], out: Path, resume: Path | None = None) -> Resu
                 else devrng.TrainingRNG(SEED)
             kwargs = rng.dataloader_kwargs()
         model = small_model(seeded=False)
+        model.noise = torch.Generator().manual_seed(7)  # type: ignore[assignment]
         opt = torch.optim.SGD(model.parameters(), lr=0.05)
         workers = config.get("workers", 2)
         loader = torch.utils.data.DataLoader(
@@ -137,6 +142,9 @@ def train(config: dict[str, Any], out: Path, resume: Path | None = None) -> Resu
             for batch in batches:
                 index, x = batch[:, 0], batch[:, 1:]
                 order[-1] += index.long().tolist()
+                if config.get("loopnoise"):
+                    noise = accelerator.unwrap_model(model).noise
+                    x = x + torch.randn(x.shape, generator=noise) * 0.01
                 with accelerator.accumulate(model):
                     y = x.sum(dim=1, keepdim=True) * 0.5 + torch.randn(len(x), 1) * 0.01
                     loss = torch.nn.functional.mse_loss(model(x), y)

@@ -17,7 +17,8 @@ sends before a time limit, inside the training step of batch 4 and at the end of
 ``requeued`` picks the newest as a requeued job does (``fit()`` without ``ckpt_path``);
 ``ddp`` -- ``strategy="ddp"`` on 2 CPU processes (Lightning starts the second; its result
 goes to ``*.rank1.json``); ``indexed`` -- each epoch's order of sample indices in the
-result's ``samples``; ``sampler="subset"`` -- a ``SubsetRandomSampler`` drawing from torch's
+result's ``samples``; ``iterable`` -- ``tests/_datasets.py``'s ``SizedShards``;
+``sampler="subset"`` -- a ``SubsetRandomSampler`` drawing from torch's
 generator (torchdata replays it); ``val="random"`` -- a validation loader that shuffles
 and augments from the generators devrng does not give it (no generator, 1 worker), run in
 the sanity check too (``sanity``); ``reload``, ``precision`` -- the Trainer's
@@ -37,7 +38,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.plugins.environments import SLURMEnvironment
-from tests._datasets import Augmented, small_model
+from tests._datasets import Augmented, SizedShards, small_model
 from tests._internals import set_fix
 from tests.integrations._runs import SEED, Result, devrng_messages, digest, main, target
 from torchdata.stateful_dataloader import StatefulDataLoader
@@ -80,6 +81,10 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "stateful-outside": {"devrng": True, "loader": "stateful", "kwargs": True},
     "stateful-subset": {"devrng": True, "loader": "stateful", "kwargs": True,
                         "sample_rng": True, "sampler": "subset", "reload": 1},
+    # issue 44: a sharded IterableDataset whose workers shuffle with torch.randperm and
+    # augment from their own generators (torchdata fast-forwards them when it resumes)
+    "stateful-iterable": {"devrng": True, "loader": "stateful", "kwargs": True,
+                          "iterable": True, "indexed": True},
     "extras": {"devrng": True, "loader": "stateful", "val": "random", "kwargs": True,
                "sample_rng": True, "sanity": 2, "reload": 1, "precision": "bf16-mixed"},
 }
@@ -125,8 +130,11 @@ class Net(pl.LightningModule):
         if kind == "random":  # shuffled and augmented by generators devrng does not give it
             return torch.utils.data.DataLoader(Augmented(size=size), batch_size=4,
                                                shuffle=True, num_workers=1)
-        data = Augmented(size=size, per_sample=bool(self.config.get("sample_rng")),
-                         indexed=bool(self.config.get("indexed")))
+        data: Any = Augmented(size=size, per_sample=bool(self.config.get("sample_rng")),
+                              indexed=bool(self.config.get("indexed")))
+        if self.config.get("iterable") and size == 48:  # the training loader's
+            del options["shuffle"]
+            data = SizedShards(size)
         if self.config.get("sampler") == "subset" and size == 48:  # the training loader's
             del options["shuffle"]
             options["sampler"] = torch.utils.data.SubsetRandomSampler(range(40))

@@ -8,7 +8,8 @@ the configuration says so), batch 4, 2 workers, 2 epochs of 12 steps, plain SGD 
 constant learning rate. The uninterrupted run saves every 6 steps (``save_steps``):
 ``checkpoint-6`` and ``checkpoint-18`` inside epochs 0 and 1, ``checkpoint-12`` at the end
 of epoch 0. Some configurations save every 5 steps, or set ``ignore_data_skip=True``;
-``fix_off`` turns devrng's fixes off (``tests/_internals.py``'s ``FIXES``).
+``fix_off`` turns devrng's fixes off (``tests/_internals.py``'s ``FIXES``); a resume may set
+another ``data_seed`` or number of ``workers``.
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ def train(config: dict[str, Any], out: Path, resume: Path | None = None) -> Resu
             output_dir=str(out / "ck"), per_device_train_batch_size=config.get("batch", 4),
             num_train_epochs=EPOCHS, save_strategy="steps", save_steps=config.get("save_steps", 6),
             ignore_data_skip=bool(config.get("ignore_data_skip")), seed=SEED,
+            data_seed=config.get("data_seed"),
             use_cpu=True, report_to=[], disable_tqdm=True, logging_strategy="no",
             dataloader_num_workers=workers,
             dataloader_persistent_workers=bool(config.get("persistent")) and workers > 0,

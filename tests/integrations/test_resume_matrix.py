@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 from tests._helpers import run_python
+from tests._internals import read_record
 from tests.integrations._runs import Result, check_flight, check_resumed, run, target
 
 pytestmark = pytest.mark.slow
@@ -38,7 +39,8 @@ class Cell:
     name: str  # the configuration, in the program's CONFIGS
     checkpoint: str  # under the configuration's ck/, or "first.ckpt" (a first part's)
     # "exact", "differs" (a control without devrng), "exact alone", "warned", "refused", or
-    # "silent" (a control with one of devrng's fixes off: only the flight record says so)
+    # "silent" (a control with one of devrng's fixes off, or a case devrng cannot tell at
+    # load: only the flight record says so)
     expect: str
     match: str = ""  # what the warning says (a regular expression)
     changes: dict[str, Any] = field(default_factory=dict)  # at resume
@@ -83,8 +85,11 @@ CELLS = [
          r"and the training loader is a DataLoader, which cannot restore its place"),
     Cell(L, "dataloader", "step=12.ckpt", "warned", r"after the last batch of an epoch, before "
          r"its validation"),
-    Cell(L, "dataloader", "epoch=0.ckpt", "warned", r"the training loader had num_workers=2 and "
-         r"has 3", changes={"workers": 3}),
+    # Lightning seeds these workers, not devrng, which cannot tell at load whether they draw
+    # (issue 44): the flight record names the first step whose augmentation differs
+    Cell(L, "dataloader", "epoch=0.ckpt", "silent", changes={"workers": 3},
+         flagged=r"at step 15 \(batch 3 of its epoch from loader 'train'\): the batch's indices "
+                 r"match and its content does not: randomness inside the dataset"),
     # persistent_workers=True: the callback gives kept workers each epoch's seed
     Cell(L, "persistent", "epoch=0.ckpt", "exact"),
     Cell(L, "persistent-plain", "epoch=0.ckpt", "differs"),
@@ -121,13 +126,17 @@ CELLS = [
     # a SubsetRandomSampler, which torchdata replays to find its place: from the generators of
     # the epoch's start (exact; the control turns devrng's fix off); the loader is reloaded
     # every epoch (reload_dataloaders_every_n_epochs=1), so epoch 1's is another one
+    # issue 44: a sharded IterableDataset whose workers draw outside sample_rng (torch.randperm,
+    # augmentation): torchdata fast-forwards them, so they draw again what they drew (exact,
+    # no warning at load)
+    Cell(L, "stateful-iterable", "step=6.ckpt", "exact"),
     Cell(L, "stateful-subset", "step=6.ckpt", "exact"),
     Cell(L, "stateful-subset", "step=18.ckpt", "exact"),
     Cell(L, "stateful-subset", "epoch=0.ckpt", "exact"),
     Cell(L, "stateful-subset", "step=18.ckpt", "silent",
          changes={"fix_off": ["REPLAYED_SAMPLERS"]},
-         flagged=r"at step 19 \(batch 9 of its epoch from loader 'train'\): the batch's content "
-                 r"differs \(its indices were not recorded\): the loader's sampler shuffled"),
+         flagged=r"at step 19 \(batch 9 of its epoch from loader 'train'\): the batch holds "
+                 r"other samples \(its indices differ\): the loader's sampler shuffled"),
     # another number of workers inside an epoch: torchdata cannot, and the callback says why
     # before Lightning's teardown error (the control) hides torchdata's empty assertion
     Cell(L, "stateful", "step=6.ckpt", "refused", r"^DevRNGError: DevRNGCallback: the run could "
@@ -145,6 +154,13 @@ CELLS = [
     Cell(L, "extras", "step=6.ckpt", "exact"),
     Cell(L, "extras", "step=18.ckpt", "exact"),
     # -- accelerate 1.15 (the accelerate page's loop; see _accelerate_run)
+    # issue 44: noise added in the loop from a generator kept on the model (nothing saves it):
+    # the record reads the batch at the model's input and names the loop and such a generator
+    Cell(A, "loopnoise", "epoch1", "silent",
+         flagged=r"at step 13 \(batch 1 of its epoch from loader 'loader'\): the batch's "
+                 r"indices match and its content does not: randomness the batch met before the "
+                 r"model's forward pass.*in the training loop.*a generator devrng does not "
+                 r"track \(one kept on the dataset or the model"),
     Cell(A, "devrng", "epoch1", "exact"),  # saved after epoch 0's loop
     # accelerate's own state, not register(): the loader's own generator is not saved
     Cell(A, "unregistered", "epoch1", "differs"),
@@ -194,6 +210,13 @@ CELLS = [
     # and at an epoch's end (nothing to skip: exact)
     Cell(H, "save5", "checkpoint-5", "exact"),
     Cell(H, "save5", "checkpoint-15", "exact"),
+    # issue 44: another data_seed inside an epoch: warned at load, and the flight record, which
+    # sees step 7 differ, says so as that warning's (no second warning, of another cause)
+    Cell(H, "devrng", "checkpoint-6", "warned", r"the SeedableRandomSampler of the training "
+         r"loader had seed=1234 and has seed=99", changes={"data_seed": 99}),
+    # issue 44: 2 -> 3 workers inside an epoch, samples in sample_rng: exact, and the Trainer's
+    # workers (which devrng does not seed) leave it to the flight record, with no warning
+    Cell(H, "save5", "checkpoint-5", "exact", changes={"workers": 3}),
     Cell(H, "save5-plain", "checkpoint-5", "exact alone"),  # epoch 0: set_seed's shuffle
     Cell(H, "save5-plain", "checkpoint-15", "differs"),
     Cell(H, "skipless", "checkpoint-18", "warned", r"with ignore_data_skip=True the Trainer does "
@@ -288,6 +311,24 @@ def test_a_resumed_epoch_draws_its_own_order(runs: Any, trainer: str, name: str,
     resumed = Result.read(target(out, {"mode": "B", "name": name, "tag": cell.tag}))
     assert whole.samples[0] != whole.samples[1]
     assert resumed.samples[0] == whole.samples[0 if replays else 1]
+
+
+@pytest.mark.parametrize(("trainer", "name"), [(L, "stateful"), (H, "save5")])
+def test_every_recorded_step_holds_its_batch_indices_and_place(runs: Any, trainer: str,
+                                                               name: str) -> None:
+    """Issue 44: Lightning's first iterator of a fit (made before on_train_start) and the loader
+    a resumed HF Trainer skips the epoch's first batches with are watched too: every step of
+    every run of the configuration (uninterrupted and resumed) records the indices of its
+    batch and its place in the epoch."""
+    records = list((runs(trainer) / name / "flight").glob("devrng-flight.rank*.jsonl"))
+    assert records
+    for path in records:
+        attempts = read_record(str(path))["attempts"].values()
+        steps = [line for attempt in attempts for line, _ in attempt["steps"].values()]
+        assert len(attempts) >= 3 and len(steps) >= 48, path
+        missing = [(line["s"], line.get("p")) for line in steps
+                   if line.get("i") is None or not isinstance((line.get("p") or [0, None])[1], int)]
+        assert missing == [], (path, missing)
 
 
 @pytest.mark.parametrize("name", ["stateful", "stateful-plain"])

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
+import sys
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 from devrng._base.lazy import imported
@@ -68,6 +71,21 @@ def warn_and_log(message: str, *, stacklevel: int = 1) -> None:
     """
     logging.getLogger("devrng").warning(message)
     warnings.warn(message, DevRNGWarning, stacklevel=stacklevel + 1)
+
+
+def say(message: str, log: Callable[[str], None] | None = None) -> None:
+    """Say ``message``, which is not a warning (a verdict, a resume that could not be
+    checked): on the ``"devrng"`` logger when logging is set up to show its info lines, else
+    on standard error, so that a script that sets up no logging sees it too; and on ``log``
+    (a trainer's logger) as well."""
+    logger = logging.getLogger("devrng")
+    if logger.isEnabledFor(logging.INFO) and logger.hasHandlers():
+        logger.info(message)
+    else:
+        with contextlib.suppress(OSError, ValueError):  # a closed stderr: nowhere to say it
+            print(message, file=sys.stderr, flush=True)
+    if log is not None:
+        log(message)
 
 
 def short_repr(value: object, limit: int = 60) -> str:

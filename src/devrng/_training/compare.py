@@ -132,16 +132,28 @@ def identity_problem(saved: Any, now: Mapping[str, Any]) -> str | None:
 
 # -- what differs, in words --------------------------------------------------------------------
 
+_UNTRACKED = ("a generator devrng does not track (one kept on the dataset or the model, or "
+              "made in the loop: rng.track(name, generator) saves and restores it)")
 _HINTS = {
     "content": ("randomness inside the dataset or collate_fn that devrng does not see (draw it "
-                "inside devrng.sample_rng(index), or seed it from the batch's indices)"),
+                "inside devrng.sample_rng(index), or seed it from the batch's indices), or "
+                + _UNTRACKED),
+    # The batch read at the model's input (HF Trainer, accelerate): the loop had it before.
+    "model input": ("randomness the batch met before the model's forward pass: in the dataset "
+                    "or collate_fn (draw it inside devrng.sample_rng(index)), or in the training "
+                    "loop (noise added to the inputs), from " + _UNTRACKED
+                    + " or from a generator the two runs left in other states"),
+    "unordered": ("the loader is built with in_order=False: its workers hand over the batches "
+                  "in the order they finish them, which changes from run to run, even between "
+                  "two uninterrupted runs; build it with in_order=True (the default)"),
     "indices": ("the loader's sampler shuffled differently (a sampler with a generator of its "
                 "own, or one a loader fast-forwards by iterating it again: build the loader "
                 "with **rng.dataloader_kwargs() and use torchdata's StatefulDataLoader)"),
     "count": "another number of batches per optimizer step (gradient accumulation or the loader)",
-    "computed": ("nondeterministic kernels (turn on devrng.deterministic()), or model or "
+    "computed": ("nondeterministic kernels (turn on devrng.deterministic()), model or "
                  "optimizer state the checkpoint does not hold (momentum, a gradient accumulated "
-                 "inside a window, an LR scheduler, a GradScaler, a buffer)"),
+                 "inside a window, an LR scheduler, a GradScaler, a buffer), or a draw in the "
+                 "step from " + _UNTRACKED),
 }
 
 #: The parts of a line a comparison reads, in causal order, with their names in a verdict.
@@ -237,14 +249,17 @@ def explain(theirs: Mapping[str, Any], their_names: list[str], ours: Mapping[str
         return (f"{where}: the step consumed {ours.get('n') or 0} batch(es) here and "
                 f"{theirs.get('n') or 0} in the other run{also}: {_HINTS['count']}")
     if theirs.get("b") != ours.get("b"):
+        if theirs.get("u") or ours.get("u"):
+            return f"{where}: the batch differs{also}: {_HINTS['unordered']}"
+        content = _HINTS["model input" if ours.get("m") else "content"]
         if theirs.get("i") is not None and ours.get("i") is not None:
             if theirs["i"] == ours["i"]:
                 return (f"{where}: the batch's indices match and its content does not{also}: "
-                        f"{_HINTS['content']}")
+                        f"{content}")
             return (f"{where}: the batch holds other samples (its indices differ){also}: "
                     f"{_HINTS['indices']}")
         return (f"{where}: the batch's content differs (its indices were not recorded){also}: "
-                f"{_HINTS['indices']}, or {_HINTS['content']}")
+                f"{_HINTS['indices']}, or {content}")
     for key, what in (("l", "the loss"), ("w", "the parameters after the step")):
         if theirs.get(key) is not None and ours.get(key) is not None and theirs[key] != ours[key]:
             return (f"{where}: the batch and every generator matched and {what} did not: "

@@ -33,7 +33,6 @@ import functools
 import hashlib
 import logging
 import os
-import sys
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Mapping
@@ -43,7 +42,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from devrng._backends.registry import device_count, get_backend, started_types
-from devrng._base.errors import DevRNGError, short_repr, warn_and_log
+from devrng._base.errors import DevRNGError, say, short_repr, warn_and_log
 from devrng._base.files import atomic_write
 from devrng._base.locks import ForkSafeLock
 from devrng._training.compare import (
@@ -129,17 +128,10 @@ def _device_fingerprint(backend: Any, index: int) -> Any:
 
 
 def tell(message: str, log: Callable[[str], None] | None = None) -> None:
-    """Say ``message`` (a verdict that is not a warning): on the ``"devrng"`` logger when
-    logging is set up to show its info lines, else on standard error; and on ``log`` (a
-    trainer's logger) too."""
-    text = f"devrng flight record: {message}."
-    if _logger.isEnabledFor(logging.INFO) and _logger.hasHandlers():
-        _logger.info(text)
-    else:
-        with contextlib.suppress(OSError, ValueError):  # a closed stderr: nowhere to say it
-            print(text, file=sys.stderr, flush=True)
-    if log is not None:
-        log(text)
+    """Say ``message`` (a verdict that is not a warning) as ``devrng._base.errors.say`` does:
+    on the ``"devrng"`` logger when logging is set up to show its info lines, else on
+    standard error; and on ``log`` (a trainer's logger) too."""
+    say(f"devrng flight record: {message}.", log)
 
 
 class FlightRecord:
@@ -214,6 +206,9 @@ class FlightRecord:
         self._verified: tuple[int, int] | None = None  # (first, last) step to compare
         self._compared: dict[str, int] = {}  # how many compared steps compared each part
         self._diverged = False
+        #: A load-time warning already said that the resumed run differs (and why): a
+        #: difference found then is said as that warning's, not warned of again.
+        self.warned_at_load = False
         self._last_checkpoint: int | None = None
         self._stop_after = _int_variable(STOP_VARIABLE)
         self._max_steps = _int_variable(MAX_STEPS_VARIABLE)
@@ -232,14 +227,17 @@ class FlightRecord:
     # -- what a step started from and consumed ----------------------------------------------
     def watch(self, name: str, loader: Any) -> None:
         """See the batches ``loader`` (a ``torch.utils.data.DataLoader``, or a trainer's or
-        device's loader feeding from one) delivers."""
+        device's loader feeding from one) delivers; a loader watched already is left as it is."""
         loader = feeding_loader(loader)
         # accelerate's prepared loaders iterate a DataLoader they keep (base_dataloader).
         loader = vars(loader).get("base_dataloader", loader) if hasattr(loader, "__dict__") \
             else loader
-        if name not in self._watched and isinstance(loader, torch.utils.data.DataLoader) \
+        if isinstance(loader, torch.utils.data.DataLoader) \
                 and "_devrng_flight" not in loader.__dict__:  # (not watched by another record)
-            self._watched[name] = _Watched(self, name, loader)
+            # Another loader of the same name (a trainer's for a resumed epoch, or a reloaded
+            # one) is watched beside the first, under that name.
+            key = name if name not in self._watched else f"{name}#{len(self._watched)}"
+            self._watched[key] = _Watched(self, name, loader)
 
     def begin_step(self) -> None:
         """The step under way starts now (its generators' fingerprints are taken now)."""
@@ -365,6 +363,14 @@ class FlightRecord:
                 line["i"] = None if None in indices else indices_digest(indices)
                 first = self._batches[0]
                 line["p"] = [first[3], first[2]]
+                # What a verdict needs to name the cause: a loader whose workers handed over
+                # batches as they finished them (in_order=False), and batches read at the
+                # model's input (watch_model), after the training loop had them.
+                if any(getattr(self._watched.get(b[3]), "unordered", False)
+                       for b in self._batches):
+                    line["u"] = 1
+                if self._model_hooks:
+                    line["m"] = 1
             if self._losses:
                 line["l"] = self._losses
             if optimizer is not None:
@@ -610,6 +616,10 @@ class FlightRecord:
             first = self._verified[0] if self._verified is not None else line["s"]
             before = (f" Steps {first:,} to {line['s'] - 1:,} matched." if line["s"] > first
                       else " It is the first step after the checkpoint.")
+            if self.warned_at_load:  # the cause was named at load: no second, other cause
+                self._say(f"the resumed run differs from the interrupted one from "
+                          f"{problem.split(': ', 1)[0]}, as warned when it loaded.{before.rstrip('.')}")
+                return
             message = (f"devrng flight record: the resumed run differs from the interrupted one "
                        f"at {problem}.{before}")
             warn_and_log(message, stacklevel=2)
@@ -767,6 +777,11 @@ class _Watched:
         self.indices: dict[int, Any] = {}  # yield number -> what the index source yielded
         self.yielded = 0
         self.offset = 0  # send id - yield number, for loaders with workers
+        self.unordered = False  # its last iterator hands over batches out of order
+        # Batches of the epoch it does not yield (accelerate's SkipBatchSampler, with which a
+        # resumed HF Trainer continues an epoch): counted in a batch's place in its epoch.
+        skipped = getattr(loader.__dict__.get("batch_sampler"), "skip_batches", 0)
+        self.skipped = skipped if isinstance(skipped, int) else 0
         # Weak references both ways: the loader must not be kept in a cycle (see _iterator).
         watched, loader_ref = weakref.ref(self), weakref.ref(loader)
         # Another wrapper devrng put there (TrainingRNG's record of each epoch's generators)
@@ -817,7 +832,8 @@ class _Watched:
         # fails: "can only test a child process").
         ref = weakref.ref(it)
         next_data = type(it)._next_data
-        in_order = getattr(it, "_in_order", True) and tap
+        self.unordered = getattr(it, "_in_order", True) is False
+        in_order = not self.unordered and tap
         watched = self
 
         def _next_data() -> Any:
@@ -853,6 +869,8 @@ class _Watched:
             for k in [k for k in self.indices if k < number]:
                 del self.indices[k]
         position = getattr(it, "_num_yielded", None)
+        if isinstance(position, int):
+            position += self.skipped
         # A step a trainer's hook feeds is digested as the step sees it (consume).
         entry = (indices, batch_parts(data) if plain else None, position, self.name)
         with record._lock:

@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 import torch
 
 from devrng._backends import host
-from devrng._base.errors import DevRNGError, short_repr, warn_and_log
+from devrng._base.errors import DevRNGError, say, short_repr, warn_and_log
 from devrng._base.lazy import imported
 from devrng._base.rank import world_size
 from devrng._generators.saved import check_cpu_state
@@ -32,10 +32,19 @@ from devrng._generators.snapshot import Restore, RNGState, snapshot
 from devrng._generators.undo import Undo
 from devrng._training.workers import WorkerSeeding
 
-__all__ = ["describe", "differences", "feeding_loader", "is_stateful", "persistent_workers_problem", "position_problem",
+__all__ = ["Unsure", "describe", "differences", "feeding_loader", "is_stateful",
+           "out_of_order_problem", "persistent_workers_problem", "position_problem",
            "private_shuffle_problem", "resume_problems", "warn_on_resume", "world_size_problem"]
 
 _PREFIX = "The resumed run will not be bitwise the same as the uninterrupted one: "
+
+
+class Unsure(str):
+    """A way a resume may differ that devrng cannot confirm when it loads (it depends on what
+    the workers or the dataset draw): not a warning, but left to the flight record, or said
+    in one line when the record is off (``warn_on_resume``)."""
+
+    __slots__ = ()
 
 # Switches that turn off devrng's handling of the resume cases of issue 37, each for a test
 # showing what a run does without it (what the flight record then has to catch).
@@ -115,6 +124,9 @@ def describe(loader: Any) -> dict[str, Any]:
         "batch_size": batch_size if isinstance(batch_size, int) else None,
         "persistent_workers": bool(getattr(loader, "persistent_workers", False))
         and int(getattr(loader, "num_workers", 0) or 0) > 0,
+        # in_order=False: workers hand over batches as they finish them (torch 2.6 and later)
+        "in_order": getattr(loader, "in_order", True) is not False
+        or not int(getattr(loader, "num_workers", 0) or 0),
         "sampler": type(indices).__name__,
         # A sampler with a generator of its own that is not the loader's: torchdata's
         # RandomSampler makes one, seeded from torch's global generator, when the loader
@@ -132,6 +144,10 @@ def describe(loader: Any) -> dict[str, Any]:
         "batch_sampler": None if batches is None else type(batches).__name__,
         "drop_last": bool(getattr(batches, "drop_last", getattr(loader, "drop_last", False))),
         "dataset_length": _length(getattr(loader, "dataset", None)),
+        # An iterable dataset's workers are fast-forwarded (or restored from its own state)
+        # inside an epoch, not skipped to their place: their draws may well repeat.
+        "iterable": isinstance(getattr(loader, "dataset", None),
+                               torch.utils.data.IterableDataset),
         "epoch_length": _length(indices),  # indices an epoch yields: does drop_last drop any?
     }
 
@@ -239,7 +255,11 @@ def differences(name: str, saved: Mapping[str, Any], now: Mapping[str, Any]) -> 
             fix = (f"resume with num_workers={before}, or build the loader with "
                    "rng.dataloader_kwargs() and draw each sample's randomness inside "
                    "devrng.sample_rng(index), which makes it independent of the workers")
-        problems.append(f"{name} had num_workers={before} and has {after}: {why}; {fix}")
+        text = f"{name} had num_workers={before} and has {after}: {why}; {fix}"
+        # Workers devrng does not seed may have drawn nothing outside sample_rng: only their
+        # draws would differ, and devrng cannot see them.
+        problems.append(Unsure(text) if before and after and saved.get("worker_draws") is None
+                        and "worker_draws" in saved else text)
     return problems
 
 
@@ -354,11 +374,34 @@ def resume_problems(saved_world: int, records: Any, loaders: Mapping[str, Any],
                 problem = inside_epoch_problem(f"the loader {name!r}", record,
                                                "**rng.dataloader_kwargs()")
                 problems += [problem] if problem else []
+        if not now["in_order"]:
+            problems.append(out_of_order_problem(f"the loader {name!r}"))
         if now["persistent_workers"]:
-            problems.append(persistent_workers_problem(
+            problem = persistent_workers_problem(
                 f"the loader {name!r}", "build it with persistent_workers=False (or use devrng's "
-                "Lightning callback, which reseeds them each epoch)", now["sampler"]))
+                "Lightning callback, which reseeds them each epoch)", now["sampler"])
+            problems.append(problem if _kept_workers_differ(now, record) else Unsure(problem))
     return problems
+
+
+def _kept_workers_differ(now: Mapping[str, Any], record: Any) -> bool:
+    """Whether a loader whose workers outlive an epoch surely resumes otherwise than the
+    uninterrupted run: a torch DataLoader whose new iterator draws its base seed before the
+    shuffle, or whose workers drew (the record says so). A StatefulDataLoader restores its
+    shuffle and base seed, which its workers keep inside the epoch that started them:
+    whether the resume differs depends on the epoch, and is left to the flight record."""
+    if now["stateful"]:
+        return False
+    drew = isinstance(record, Mapping) and bool(record.get("sample_rng") or record.get("worker_draws"))
+    return now["sampler"] in _DRAWN_ORDER or drew
+
+
+def out_of_order_problem(name: str) -> str:
+    """A loader built with ``in_order=False``, whose batches come in no fixed order."""
+    return (f"{name} is built with in_order=False: its workers hand over the batches in the "
+            "order they finish them, which changes from run to run, so even two uninterrupted "
+            "runs see their batches in other orders, and a resumed run cannot repeat one; build "
+            "it with in_order=True (the default)")
 
 
 def position_problem(name: str, kind: str, where: str,
@@ -883,7 +926,8 @@ def unreplayable_problem(name: str) -> str | None:
 
 def inside_epoch_problem(name: str, record: Mapping[str, Any], fix: str) -> str | None:
     """Why a loader resumed inside an epoch, with new workers, draws other augmentation than
-    the uninterrupted run (None: it does not). ``record``: ``describe`` of the saved loader;
+    the uninterrupted run (None: it does not; ``Unsure``: it may). ``record``: ``describe`` of
+    the saved loader;
     ``fix``: how to build the loader with devrng's seeding (``rng.dataloader_kwargs()``)."""
     if not _FIX_WORKER_DRAWS or not record.get("num_workers"):
         return None
@@ -892,6 +936,12 @@ def inside_epoch_problem(name: str, record: Mapping[str, Any], fix: str) -> str 
              "workers, whose torch, Python and NumPy generators start afresh")
     if drew is False:
         return None
+    if drew and record.get("iterable"):
+        return Unsure(f"{start}: the workers of {name} drew random numbers outside "
+                      "devrng.sample_rng from an iterable dataset, which torchdata replays "
+                      "from the epoch's start (or restores from a state of its own), so "
+                      "whether the resumed draws repeat the uninterrupted run's depends on "
+                      "the dataset")
     if drew:
         return (f"{start}: the workers of {name} drew random numbers outside "
                 "devrng.sample_rng (in the dataset or in its collate_fn) before the "
@@ -901,14 +951,25 @@ def inside_epoch_problem(name: str, record: Mapping[str, Any], fix: str) -> str 
                 "the epoch's loop")
     why = ("devrng does not seed its workers" if not record.get("devrng_seeded")
            else "the checkpoint was written by devrng 0.4 or older")
-    return (f"{start}, and devrng cannot tell whether the workers of {name} drew random numbers "
-            f"outside devrng.sample_rng ({why}): if its dataset or collate_fn draws any "
-            "(augmentation), the resumed run's draws differ from the uninterrupted run's; "
-            f"build it with {fix}, and devrng warns only when they do")
+    return Unsure(f"{start}, and devrng cannot tell whether the workers of {name} drew random "
+                  f"numbers outside devrng.sample_rng ({why}): if its dataset or collate_fn "
+                  "draws any (augmentation), the resumed run's draws differ from the "
+                  f"uninterrupted run's; build it with {fix}, and devrng warns only when they "
+                  "do")
 
 
-def warn_on_resume(problems: Iterable[str], *, stacklevel: int = 1) -> None:
-    """One ``DevRNGWarning`` (also logged on ``"devrng"``) naming every problem; none if empty."""
+def warn_on_resume(problems: Iterable[str], *, flight: Any = None, stacklevel: int = 1) -> None:
+    """One ``DevRNGWarning`` (also logged on ``"devrng"``) naming every problem devrng is sure
+    of; none if there is none. What it is not sure of (``Unsure``) is left to ``flight``, the
+    run's flight record, told that the load warned (it then adds no warning of its own); with
+    the record off, one line says that the resume could not be checked."""
     found = list(dict.fromkeys(problems))  # the same sentence once, in order
-    if found:
-        warn_and_log(_PREFIX + "; ".join(found) + ".", stacklevel=stacklevel + 1)
+    sure = [p for p in found if not isinstance(p, Unsure)]
+    if sure:
+        if flight is not None:
+            flight.warned_at_load = True
+        warn_and_log(_PREFIX + "; ".join(sure) + ".", stacklevel=stacklevel + 1)
+    elif flight is None and len(sure) < len(found):
+        say("devrng: this resume could not be checked when it loaded, and the flight record is "
+            "off, so nothing will check it: " + "; ".join(found) + " (turn the flight record "
+            "on to have the run verified).")

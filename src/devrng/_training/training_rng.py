@@ -754,7 +754,7 @@ class _Loading:
                         if name in rng._epoch_starts and name not in self.starts]
         warn_on_resume(resume_problems(self.saved_world, self.records, rng._loaders,
                                        self.inside) + [p for p in unreplayable if p],
-                       stacklevel=4)
+                       flight=rng._flight, stacklevel=4)
         if rng._flight is not None:  # the steps from here are compared with the saved run's
             rng._flight.resume(self.key)
 

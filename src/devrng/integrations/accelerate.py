@@ -157,7 +157,7 @@ class _Registered(PerRankState):
         for name, epoch in (epochs.items() if isinstance(epochs, Mapping) else ()):
             if _counts_epochs(loaders.get(name)) and type(epoch) is int and epoch >= 0:
                 loaders[name].set_epoch(epoch)  # the count the next epoch shuffles by
-        warn_on_resume(_problems(state_dict), stacklevel=2)
+        warn_on_resume(_problems(state_dict), flight=self.rng.flight, stacklevel=2)
 
 
 def _counts_epochs(loader: Any) -> bool:

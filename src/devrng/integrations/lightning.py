@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import weakref
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -40,6 +41,7 @@ from devrng._training.loaders import (
     describe,
     differences,
     inside_epoch_problem,
+    out_of_order_problem,
     persistent_workers_problem,
     position_problem,
     private_shuffle_problem,
@@ -142,6 +144,7 @@ class DevRNGCallback(pl.Callback):
                 else os.fspath(self.flight_record)  # type: ignore[arg-type]
             start_flight_record(self.rng, where, hooked=True,
                                 log=logging.getLogger("lightning.pytorch").info)
+            self._watch_before_the_first_iterator(trainer)
         here = (os.getpid(), process_rank(strict=False))
         seed = rank_seed(self.rng.seed, here[1]) if self.per_rank else self.rng.seed
         moved = here != self._seeded_in and (self.per_rank or here[0] != self._seeded_in[0])
@@ -206,7 +209,7 @@ class DevRNGCallback(pl.Callback):
         if self.strict:
             raise DevRNGError(problem + ". Resume from a checkpoint saved with the callback, "
                               "or pass DevRNGCallback(strict=False) to go on with a warning.")
-        warn_on_resume([problem], stacklevel=3)
+        warn_on_resume([problem], flight=self.rng.flight, stacklevel=3)
 
     def _loaders(self) -> dict[str, list[Any]]:
         trainer = self._trainer
@@ -214,6 +217,31 @@ class DevRNGCallback(pl.Callback):
             return {}
         return {"training": _flatten(trainer.train_dataloader),
                 "validation": _flatten(trainer.val_dataloaders)}
+
+    def _watch_training(self) -> None:
+        """Have the flight record see the batches of the training loaders."""
+        if self.rng.flight is not None:
+            for i, loader in enumerate(self._loaders().get("training", [])):
+                self.rng.flight.watch(f"train{i or ''}", loader)
+
+    def _watch_before_the_first_iterator(self, trainer: pl.Trainer) -> None:
+        """Watch the training loaders as soon as Lightning has them: its fit loop makes their
+        first iterator (the first epoch's, or the resumed one's) before ``on_train_start``,
+        right after it restores their states, where this hooks in."""
+        loop: Any = getattr(trainer, "fit_loop", None)  # (absent from a simulated Trainer)
+        restore = getattr(loop, "_load_combined_loader_states", None)
+        if not callable(restore) or getattr(restore, "_devrng_watches", False):
+            return
+        callback = weakref.ref(self)
+
+        def restore_then_watch() -> None:
+            restore()
+            this = callback()
+            if this is not None:
+                this._watch_training()
+
+        restore_then_watch._devrng_watches = True  # type: ignore[attr-defined]
+        loop._load_combined_loader_states = restore_then_watch
 
     # -- the resumed run ------------------------------------------------------------------
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -225,8 +253,7 @@ class DevRNGCallback(pl.Callback):
         # restart in the middle of an epoch has no on_train_epoch_start for it.
         self._iterated = {id(loader) for loader in loaders["training"]} if mid_epoch else set()
         if self.rng.flight is not None:
-            for i, loader in enumerate(loaders["training"]):
-                self.rng.flight.watch(f"train{i or ''}", loader)
+            self._watch_training()
             for optimizer in trainer.optimizers:
                 self.rng.flight.watch_optimizer(optimizer)
         if resumed is None:
@@ -247,7 +274,7 @@ class DevRNGCallback(pl.Callback):
             problems += self._start_at_the_epoch(trainer, loaders["training"], resumed)
         problems += _problems(trainer, loaders, resumed["loaders"], mid_epoch)
         problems += _position_problems(resumed["position"])
-        warn_on_resume(problems, stacklevel=2)
+        warn_on_resume(problems, flight=self.rng.flight, stacklevel=2)
 
     def _put_back(self, resumed: Mapping[str, Any]) -> None:
         """The generators as the checkpoint restored them: torch's, Python's, NumPy's and
@@ -539,6 +566,8 @@ def _training_problems(name: str, now: Mapping[str, Any], loader: Any, mid_epoch
                                                      "before fit)")
         if problem is not None:
             yield problem
+    if not now["in_order"]:
+        yield out_of_order_problem(name)
     if now["private_shuffle"] and not mid_epoch:
         yield private_shuffle_problem(name, "Lightning builds it again when the run resumes "
                                             "and restores its position only in the middle of an "

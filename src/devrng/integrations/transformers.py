@@ -25,6 +25,7 @@ import base64
 import functools
 import json
 import os
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -34,6 +35,7 @@ from transformers.trainer_callback import ExportableState
 
 from devrng._backends.registry import available_backends
 from devrng._base.errors import DevRNGError, check_flags, short_repr
+from devrng._base.lazy import imported
 from devrng._base.rank import process_rank, world_size
 from devrng._generators.fork import fork_rng
 from devrng._generators.patch import patch_torch
@@ -177,7 +179,7 @@ class DevRNGTrainerCallback(transformers.TrainerCallback, ExportableState):
                 "batch, in a new order, so the resumed run sees other batches than the "
                 "uninterrupted one (what the flag is for: a faster resume, not an exact one); "
                 "set ignore_data_skip=False, or save at the ends of epochs")
-        warn_on_resume(problems, stacklevel=2)
+        warn_on_resume(problems, flight=self.flight, stacklevel=2)
 
     def _start_flight(self, args: Any, state: Any, loader: Any, model: Any,
                       saved: Mapping[str, Any] | None) -> None:
@@ -198,6 +200,7 @@ class DevRNGTrainerCallback(transformers.TrainerCallback, ExportableState):
         if state.global_step > 0:
             key = saved.get("flight") if saved is not None else None
             self.flight.resume(key if isinstance(key, str) else "", step=state.global_step)
+            _watch_skipping(self.flight)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.flight is not None:
@@ -242,6 +245,31 @@ class DevRNGTrainerCallback(transformers.TrainerCallback, ExportableState):
                    "later sample's augmentation from another point of their streams; draw "
                    "each sample's randomness inside devrng.sample_rng(index) and pass "
                    "DevRNGTrainerCallback(sample_rng=True), or save at epoch ends")
+
+
+#: Records that watch the loader the Trainer makes next to skip a resumed epoch's first batches.
+_skipping: weakref.WeakSet[FlightRecord] = weakref.WeakSet()
+
+
+def _watch_skipping(flight: FlightRecord) -> None:
+    """Have ``flight`` watch, as the training loader, the loader a resumed Trainer iterates in
+    the epoch it resumes inside: a new one that accelerate's ``skip_first_batches`` makes
+    after ``on_epoch_begin`` (the Trainer's name for it is wrapped once per process)."""
+    _skipping.add(flight)
+    module = imported("transformers.trainer")
+    skip = getattr(module, "skip_first_batches", None)
+    if not callable(skip) or getattr(skip, "_devrng_watches", False):
+        return
+
+    def skipping(dataloader: Any, num_batches: int = 0) -> Any:
+        made = skip(dataloader, num_batches)
+        for record in list(_skipping):  # the records of the Trainers resuming now: once each
+            _skipping.discard(record)
+            record.watch("train", made)
+        return made
+
+    skipping._devrng_watches = True  # type: ignore[attr-defined]
+    module.skip_first_batches = skipping  # type: ignore[union-attr]
 
 
 def _sources(loader: Any) -> list[tuple[str, Callable[[], Any]]]:
