@@ -98,6 +98,7 @@ _PRIVATE: dict[str, tuple[str, str | None]] = {
     "CpuKernel": ("devrng._portable.threefry_cpu", "CpuKernel"),
     "kernel": ("devrng._portable.threefry_cpu", "kernel"),
     "status": ("devrng._portable.threefry_cpu", "status"),
+    "switched_off": ("devrng._portable.threefry_cpu", "switched_off"),
     # The loader's checks, run on bit-flipped builds of the kernel (tests/_kernel_flips.py).
     "load_checked": ("devrng._portable.threefry_cpu", "load_checked"),
     # doctor's rules, checked against made-up versions and environments.
