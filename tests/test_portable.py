@@ -11,6 +11,7 @@ is touched and that draws land on the requested device.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import subprocess
 import sys
@@ -255,6 +256,71 @@ def test_complex_normals_split_the_key_as_jax_does() -> None:
     root2 = distributions.round_to(math.sqrt(2.0), torch.float32)
     assert torch.equal(z.real, distributions.normal(source.split(0), (1000,), torch.float32) / root2)
     assert torch.equal(z.imag, distributions.normal(source.split(1), (1000,), torch.float32) / root2)
+
+
+COMPLEX = (torch.complex32, torch.complex64, torch.complex128)
+_PARTS = {torch.complex32: torch.float16, torch.complex64: torch.float32,
+          torch.complex128: torch.float64}
+
+
+def _complex_normal_forms(dtype: torch.dtype, n: int) -> dict[str, tuple[Callable[[], torch.Tensor],
+                                                                        complex, float]]:
+    """Each way to draw complex normals, with the mean and the std torch gives each part:
+    normal_ and the factory add a number mean to both parts, a complex mean tensor adds its
+    parts; every part has std / sqrt(2) (torch's normal_impl_)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # complex32 is "experimental"
+        mean = torch.full((n,), 3 - 5j, dtype=torch.complex64).to(dtype)
+    root2 = math.sqrt(2.0)
+    return {
+        "normal_(2, 3)": (lambda: torch.empty(n, dtype=dtype).normal_(2.0, 3.0), 2 + 2j, 3 / root2),
+        "normal(2, 3, size, dtype)": (lambda: torch.normal(2.0, 3.0, (n,), dtype=dtype),
+                                      2 + 2j, 3 / root2),
+        "normal(mean tensor, 2)": (lambda: torch.normal(mean, 2.0), 3 - 5j, 2 / root2),
+        "normal(mean tensor, std tensor)": (lambda: torch.normal(mean, torch.full((n,), 0.5)),
+                                            3 - 5j, 0.5 / root2),
+    }
+
+
+@pytest.mark.parametrize("dtype", COMPLEX)
+def test_complex_normal_draws_are_distributed_as_torchs(dtype: torch.dtype) -> None:
+    # Before: torch.normal(complex mean, std) had no imaginary noise, and normal_(mean, std)
+    # added the mean to the real part only. Tolerances, n = 200,000 per part: the sample mean
+    # within 5 standard errors (5 sigma / sqrt(n)), the sample std within 5 / sqrt(2n) (1.1%)
+    # of sigma; torch's own draws pass the same check, so the expectations are torch's.
+    n = 200_000
+    for name, (draw, mean, sigma) in _complex_normal_forms(dtype, n).items():
+        for how in ("native", "portable"):
+            torch.manual_seed(1)
+            with devrng.portable(1) if how == "portable" else contextlib.nullcontext():
+                with warnings.catch_warnings():
+                    warnings.simplefilter("error")  # no "casting complex to real" any more
+                    warnings.filterwarnings("ignore", "ComplexHalf")
+                    z = draw()
+            assert z.dtype == dtype, (name, how)
+            for part, want in ((z.real.double(), mean.real), (z.imag.double(), mean.imag)):
+                assert abs(float(part.mean()) - want) < 5 * sigma / math.sqrt(n), (name, how)
+                assert abs(float(part.std()) / sigma - 1) < 5 / math.sqrt(2 * n), (name, how)
+
+
+@pytest.mark.parametrize("dtype", COMPLEX)
+def test_complex_normal_parts_are_the_standard_draw_scaled_and_rounded_once(
+        dtype: torch.dtype) -> None:
+    # Where the stream defines the values: each part of a complex normal(mean, std) is
+    # mean_part + std * z_part for the standard complex draw z (randn of the same op), in
+    # float64 and rounded once to the part's dtype (as real normal draws are).
+    n = 2000
+    part = _PARTS[dtype]
+    with devrng.portable(4):
+        z = torch.randn(n, dtype=dtype)
+    for name, (draw, mean, sigma) in _complex_normal_forms(dtype, n).items():
+        std = sigma * math.sqrt(2.0)
+        with devrng.portable(4), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            got = draw()
+        for got_part, z_part, m in ((got.real, z.real, mean.real), (got.imag, z.imag, mean.imag)):
+            want = (z_part.double() * std + m).to(part)
+            assert torch.equal(got_part, want), name
 
 
 def test_large_draws_use_the_high_counter_word() -> None:

@@ -232,8 +232,14 @@ def affine(x: torch.Tensor, scale: float | torch.Tensor, shift: float | torch.Te
     ``scale`` makes the product exact, and then nothing moves). MPS has no
     float64, and JAX (torchax) only with x64: there it is computed in
     ``dtype``, within 1 ulp of the others. (Uniforms between bounds are
-    exact everywhere: ``scale_shift``.)
+    exact everywhere: ``scale_shift``.) A complex ``x`` is scaled part by part, as torch's
+    ``normal`` does: a real ``shift`` is added to both parts, a complex one to each its own.
     """
+    if dtype.is_complex:  # as torch: a number added to both parts, a complex tensor by part
+        part = _COMPLEX_PARTS[dtype]
+        by_part = isinstance(shift, torch.Tensor) and shift.dtype.is_complex
+        real, imag = (shift.real, shift.imag) if by_part else (shift, shift)
+        return torch.complex(affine(x.real, scale, real, part), affine(x.imag, scale, imag, part))
     if dtype == torch.float64 or not devices.row(x.device).float64:
         return (x * scale + shift).to(dtype)  # (torchax makes float32 of half * a number)
     return (x.to(torch.float64) * scale + shift).to(dtype)
@@ -509,15 +515,15 @@ def erfinv32(x: torch.Tensor) -> torch.Tensor:
 
 def normal(source: Source, shape: Sequence[int], dtype: torch.dtype, mean: float = 0.0,
            std: float = 1.0) -> torch.Tensor:
-    """``mean + std * z`` for a standard normal z (``affine``: rounded once)."""
+    """``mean + std * z`` for a standard normal z (``affine``: rounded once); complex: each
+    part ``mean + std * z_part``, as torch's ``normal_`` (its parts have std / sqrt(2))."""
     if mean == 0.0 and std == 1.0:
         return _standard_normal(source, shape, dtype)
     if dtype == torch.float32:
         fused = source.fused(NORMAL_AT, shape, std, mean)
         if fused is not None:
             return fused
-    z = _standard_normal(source, shape, dtype)
-    return z * std + mean if dtype.is_complex else affine(z, std, mean, dtype)
+    return affine(_standard_normal(source, shape, dtype), std, mean, dtype)
 
 
 def _standard_normal(source: Source, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
