@@ -47,6 +47,8 @@ _PRIVATE: dict[str, tuple[str, str | None]] = {
     # Fault injection: the CPU/NumPy setters are made to fail where devrng calls them.
     "host": ("devrng._backends.host", None),
     "fork_module": ("devrng._generators.fork", None),
+    # How long a stream fork waits for another thread's before it warns (shortened in tests).
+    "streams_module": ("devrng._generators.streams", None),
     # Device inference's per-type indices (infer_device_types returns only the types).
     "collect_devices": ("devrng._generators.infer", "collect_devices"),
     # seeded_jit's seed stream and backend choice, checked against their definitions.
