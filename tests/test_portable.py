@@ -228,11 +228,57 @@ def test_bounds_that_are_not_finite_or_too_close_are_refused() -> None:
                                                  r"not \[-60000.0, 60000.0\)"):
         distributions.uniform(host(0), (3,), torch.float16, -60000.0, 60000.0)  # span 120000: inf
     u = torch.rand(4)
-    with pytest.raises(devrng.DevRNGError, match=r"float32 uniforms only over ranges wider than "
-                                                 r"2\*\*-102 here"):
+    # Without float64, a range this narrow is drawn scaled up and scaled back, exact where
+    # the draws are normal numbers; these reach float32's subnormal ones (3 * 2**-133).
+    with pytest.raises(devrng.DevRNGError, match=r"draws float32 uniforms on a range as narrow "
+                       r"as 2.3.*e-33 only where no draw is a nonzero number below 1.18e-38 "
+                       r"\(a subnormal float32 number\).* the draws on \[0.0, 2.3.*e-33\) do"):
         distributions.scale_shift(u, 0.0, 2.0 ** -110 * 3, torch.float32, False)
     assert torch.equal(distributions.scale_shift(u, 0.0, 2.0 ** -110 * 3, torch.float32, True),
                        u.double().mul(2.0 ** -110 * 3).float())  # with float64: drawn
+
+
+# Ranges so narrow that a step of the formula would fall below what the working type keeps
+# (float64 narrower than about 2**-969 on the CPU; float32 without float64 narrower than
+# 2**-102, or 2**-79 where the device flushes subnormal numbers): drawn scaled by a power of
+# two and scaled back. torch draws them all.
+NARROW = [(torch.float64, 1e-300, 2e-300, True), (torch.float64, -2e-300, -1.5e-300, True),
+          (torch.float64, 2.0 ** -1000, 2.0 ** -1000 + 2.0 ** -1040, True),
+          (torch.float32, 1e-30, 1e-29, False), (torch.float32, -1e-33, -1e-34, False),
+          (torch.bfloat16, 1e-36, 1e-35, True)]
+
+
+@pytest.mark.parametrize("flushes", [False, True], ids=["keeps subnormals", "flushes them"])
+@pytest.mark.parametrize(("dtype", "low", "high", "float64"), NARROW)
+def test_narrow_ranges_are_the_exact_value_rounded_once(dtype: torch.dtype, low: float,
+                                                        high: float, float64: bool,
+                                                        flushes: bool) -> None:
+    fmt, bits = str(dtype).removeprefix("torch."), UNIT_BITS[dtype]
+    ks, u = unit_values(dtype)
+    lo, span = distributions.bounds(low, high, dtype)
+    got = distributions.scale_shift(u, lo, span, dtype, float64, flushes=flushes)
+    want = [ref.rounded_once(Fraction(k, 1 << bits) * Fraction(span) + Fraction(lo), fmt)
+            for k in ks]
+    assert got.dtype == dtype and got.tolist() == want
+
+
+def test_narrow_float64_uniforms_are_drawn_as_torch_draws_them() -> None:
+    # Before: refused (a range narrower than 2**-969). torch accepts it; so does portable,
+    # each draw the exact u * span + lo rounded once.
+    with devrng.portable(4):
+        got = torch.empty(3000, dtype=torch.float64).uniform_(1e-300, 2e-300)
+    with devrng.portable(4):
+        u = torch.rand(3000, dtype=torch.float64)
+    want = [ref.rounded_once(Fraction(int(x * 2 ** 52), 1 << 52) * Fraction(1e-300)
+                             + Fraction(1e-300), "float64") for x in u.tolist()]
+    assert got.tolist() == want
+    assert float(got.min()) >= 1e-300 and float(got.max()) < 2e-300
+    # Narrow ranges whose draws reach float64's subnormal numbers stay refused, saying so.
+    for low, high in ((0.0, 1e-310), (-1e-300, 1e-300)):
+        with devrng.portable(4), pytest.raises(devrng.DevRNGError, match=(
+                r"float64 uniforms on a range as narrow as .* only where no draw is a nonzero "
+                r"number below 2.23e-308")):
+            torch.empty(8, dtype=torch.float64).uniform_(low, high)
 
 
 def test_half_precision_normals_are_the_float32_draw_rounded() -> None:

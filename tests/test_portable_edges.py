@@ -242,6 +242,8 @@ def _shapes_and_others() -> Iterator[tuple[str, str, Call]]:
                                                     torch.ones(3, dtype=torch.complex64))),
         ("normal mixed dtypes", lambda: torch.normal(torch.zeros(3, dtype=torch.float64),
                                                      torch.ones(3))),
+        ("uniform_ float64 on a range narrower than 2**-969", lambda: torch.zeros(
+            3, dtype=torch.float64).uniform_(1e-300, 2e-300)),
         ("normal mixed dtypes, the narrower mean", lambda: torch.normal(
             torch.zeros(3), torch.ones(3, dtype=torch.float64))),
         ("normal complex32 mean, float32 std", lambda: torch.normal(

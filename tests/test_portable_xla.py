@@ -372,7 +372,8 @@ def test_draws_that_would_pass_through_subnormal_numbers_are_refused_where_they_
         for dtype in (torch.float32, torch.bfloat16):
             with ENV, devrng.portable(0), pytest.raises(devrng.DevRNGError, match=(
                     rf"{name} flushes {str(dtype).removeprefix('torch.')} numbers below "
-                    r"1.18e-38 to zero, and uniform draws on \[0.0, 1e-39\) can pass through")):
+                    r"1.18e-38 to zero, and uniform draws on \[0.0, 1e-39\) can be such numbers "
+                    r"\(the smallest nonzero one is about")):
                 torch.empty(8, dtype=dtype, device=device).uniform_(0.0, 1e-39)
     with devrng.portable(2):
         cpu = torch.empty(2000, dtype=torch.float16).uniform_(0.0, 1e-5)  # float16 subnormals
@@ -382,6 +383,25 @@ def test_draws_that_would_pass_through_subnormal_numbers_are_refused_where_they_
         jx = as_float64(torch.empty(2000, dtype=torch.float16, device="jax").uniform_(0.0, 1e-5))
     assert bool((cpu < torch.finfo(torch.float16).tiny).any())
     assert torch.equal(xla, cpu) and np.array_equal(jx, cpu.to(torch.float64).numpy())
+
+
+@pytest.mark.parametrize(("dtype", "low", "high"), [
+    (torch.float32, 1e-30, 1e-29), (torch.float32, -1e-33, -1e-34), (torch.float32, 0.0, 1e-30),
+    (torch.bfloat16, 1e-36, 1e-35)])
+def test_narrow_ranges_whose_draws_are_normal_are_drawn_where_subnormals_flush(
+        dtype: torch.dtype, low: float, high: float) -> None:
+    # Before: refused on XLA and torchax (bounds within about 1e-38 of zero). Only draws
+    # that are themselves nonzero subnormal numbers are refused now (above); the formula's
+    # steps are scaled out of the flushed range and back, the CPU's bits.
+    with devrng.portable(5):
+        cpu = torch.empty(3000, dtype=dtype).uniform_(low, high)
+    with devrng.portable(5):
+        xla = torch.empty(3000, dtype=dtype, device=XLA).uniform_(low, high).cpu()
+    with ENV, devrng.portable(5):
+        jx = as_float64(torch.empty(3000, dtype=dtype, device="jax").uniform_(low, high))
+    assert torch.equal(xla, cpu)
+    assert np.array_equal(jx, cpu.to(torch.float64).numpy())
+    assert bool(((cpu == 0) | (cpu.abs() >= torch.finfo(dtype).tiny)).all())  # normal or 0
 
 
 def _bounded_step(x: torch.Tensor) -> list[torch.Tensor]:

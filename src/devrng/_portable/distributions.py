@@ -251,22 +251,41 @@ def bounds(low: float, high: float, dtype: torch.dtype, row: devices.Device = de
     ``lo = dtype(low)``, ``span = dtype(dtype(high) - lo)`` (the difference of two ``dtype``
     numbers is rounded once: float64 has more than twice their precision). Refused: bounds
     whose span is not finite, and on a device that flushes subnormal numbers (``row``),
-    bounds whose draws could pass through one (every value the formula makes is a multiple
-    of the lowest bit of ``lo`` or of ``2**-UNIT_BITS * ulp(span)``)."""
+    bounds where some draw's exact value ``u * span + lo`` is a nonzero number below the
+    dtype's smallest normal one (which the device would make 0)."""
     lo = round_to(low, dtype)
     span = round_to(round_to(high, dtype) - lo, dtype)
     name = str(dtype).removeprefix("torch.")
     if not (math.isfinite(lo) and math.isfinite(span)):
         raise DevRNGError(f"devrng.portable draws uniforms between finite bounds whose "
                           f"difference is a finite {name} number, not [{low!r}, {high!r}).")
-    if row.flushes_subnormals and dtype != torch.float16 and span and (
-            _quantum(lo, span, dtype) < torch.finfo(dtype).tiny):
+    if row.flushes_subnormals and dtype != torch.float16 and _reaches_subnormals(lo, span, dtype):
         raise DevRNGError(
             f"{row.name} flushes {name} numbers below {torch.finfo(dtype).tiny:.3g} to zero, "
-            f"and uniform draws on [{low!r}, {high!r}) can pass through such numbers: they "
-            f"would differ from the CPU's. Draw on the CPU and move the result, or draw on a "
-            f"scaled range and scale it back.")
+            f"and uniform draws on [{low!r}, {high!r}) can be such numbers (the smallest "
+            f"nonzero one is about {float(_smallest_draw(lo, span, dtype)):.3g}): they would "
+            f"differ from the CPU's. Draw on the CPU and move the result, or draw on a scaled "
+            f"range and scale it back.")
     return lo, span
+
+
+def _smallest_draw(lo: float, span: float, dtype: torch.dtype) -> Fraction:
+    """The smallest nonzero ``|u * span + lo|`` over the unit draws u of ``dtype`` (exact;
+    0 when every draw is 0)."""
+    last = (1 << UNIT_BITS[dtype]) - 1
+    step, start = Fraction(span) / (last + 1), Fraction(lo)
+    if not step:
+        return abs(start)
+    turn = math.floor(-start / step)  # where the draws cross zero, if they do
+    ks = {0, last} | {min(max(k, 0), last) for k in range(turn - 1, turn + 3)}
+    return min((v for v in (abs(start + k * step) for k in ks) if v), default=Fraction(0))
+
+
+def _reaches_subnormals(lo: float, span: float, dtype: torch.dtype) -> bool:
+    """Whether some draw of ``u * span + lo`` is exactly a nonzero number below the smallest
+    normal ``dtype`` number."""
+    smallest = _smallest_draw(lo, span, dtype)
+    return bool(smallest) and smallest < Fraction(torch.finfo(dtype).tiny)
 
 
 def _quantum(lo: float, span: float, dtype: torch.dtype) -> Fraction:
@@ -290,7 +309,8 @@ def uniform(source: Source, shape: Sequence[int], dtype: torch.dtype, low: float
         fused = source.fused(UNIFORM_AT, shape, span, lo)
         if fused is not None:
             return fused
-    return scale_shift(source.unit(shape, dtype), lo, span, dtype, row.float64)  # type: ignore[no-any-return]
+    return scale_shift(source.unit(shape, dtype), lo, span, dtype, row.float64,  # type: ignore[no-any-return]
+                       flushes=row.flushes_subnormals)
 
 
 # -- u * span + lo, rounded once on every device ------------------------------------------------
@@ -315,6 +335,7 @@ UNIT_BITS = {torch.float16: 10, torch.bfloat16: 7, torch.float32: 23, torch.floa
 _PRECISION = {torch.float32: 24, torch.float64: 53}  # significand bits
 _SIGNIFICAND = {torch.float16: 11, torch.bfloat16: 8, **_PRECISION}
 _MIN_EXPONENT = {torch.float32: -149, torch.float64: -1074}  # of the smallest subnormal
+_MIN_NORMAL = {torch.float32: -126, torch.float64: -1022}  # of the smallest normal number
 
 
 class Ops(NamedTuple):
@@ -334,11 +355,49 @@ TORCH_OPS = Ops(torch, lambda x, dtype: x.to(dtype))
 
 
 def scale_shift(u: Any, lo: float, span: float, dtype: torch.dtype, float64: bool,
-                ops: Ops = TORCH_OPS) -> Any:
+                ops: Ops = TORCH_OPS, flushes: bool = False) -> Any:
     """``u * span + lo`` rounded once to ``dtype``, the same bits on every device and whether
     or not a compiler fuses multiplies and adds (see above). ``u`` is a unit draw of
     ``dtype`` (never negative), ``lo`` and ``span`` are ``dtype`` numbers (``bounds``),
-    ``float64``: the device computes float64."""
+    ``float64``: the device computes float64, ``flushes``: it flushes subnormal numbers.
+
+    Where a step of the formula would make a number below the smallest one the working
+    type keeps (its smallest subnormal, or normal where the device flushes), ``lo`` and
+    ``span`` are first scaled by a power of two and the result scaled back: exact, for
+    results that are 0 or normal numbers. Ranges whose draws need that and reach the
+    subnormal numbers of ``dtype`` are refused.
+    """
+    scale = _rescaling(lo, span, dtype, float64, flushes)
+    if not scale:
+        return _formula(u, lo, span, dtype, float64, ops)
+    if _reaches_subnormals(lo, span, dtype):
+        name = str(dtype).removeprefix("torch.")
+        raise DevRNGError(
+            f"devrng.portable draws {name} uniforms on a range as narrow as {span!r} only "
+            f"where no draw is a nonzero number below {torch.finfo(dtype).tiny:.3g} (a "
+            f"subnormal {name} number), which its exact rounding does not reach there; the "
+            f"draws on [{lo!r}, {lo + span!r}) do. Draw on a scaled range and scale it back.")
+    scaled = _formula(u, lo * 2.0 ** scale, span * 2.0 ** scale, dtype, float64, ops)
+    return scaled * 2.0 ** -scale  # exact: a power of two, and the results are normal or 0
+
+
+def _rescaling(lo: float, span: float, dtype: torch.dtype, float64: bool, flushes: bool) -> int:
+    """The power of two by which ``_formula`` needs ``lo`` and ``span`` scaled up (0: none):
+    every number it makes is a multiple of ``_quantum``, which must not fall below what its
+    working type keeps."""
+    if not span:
+        return 0
+    work = (torch.float32 if dtype in (torch.float16, torch.bfloat16)
+            else torch.float64 if float64 else dtype)
+    floor = _MIN_NORMAL[work] if flushes else _MIN_EXPONENT[work]
+    quantum = _quantum(lo, span, dtype)
+    exponent = quantum.numerator.bit_length() - quantum.denominator.bit_length()  # a power of 2
+    return max(0, floor - exponent)
+
+
+def _formula(u: Any, lo: float, span: float, dtype: torch.dtype, float64: bool,
+             ops: Ops) -> Any:
+    """``scale_shift`` for ``lo`` and ``span`` whose every step stays in range."""
     if span == 0.0 or (dtype in _PRECISION and math.frexp(span)[0] == 0.5):
         return u * span + lo  # a power of two: the product is exact, the sum rounds once
     wide = (torch.float32 if dtype in (torch.float16, torch.bfloat16)
@@ -418,12 +477,6 @@ def _exact_product(u: Any, span: float, dtype: torch.dtype, ops: Ops) -> tuple[A
     precision, m = _PRECISION[dtype], UNIT_BITS[dtype]
     fraction, exponent = math.frexp(span)
     s, a = int(fraction * (1 << precision)), exponent - precision
-    if a - m < _MIN_EXPONENT[dtype]:
-        raise DevRNGError(
-            f"devrng.portable draws {str(dtype).removeprefix('torch.')} uniforms only over "
-            f"ranges wider than 2**{_MIN_EXPONENT[dtype] + m + precision} here (the low half "
-            f"of u * span would be below the smallest subnormal number); the range given is "
-            f"{span!r} wide.")
     k = ops.cast(u * float(1 << m), integer)
     k1, k0 = k >> k_bits, k & ((1 << k_bits) - 1)
     s1, s0 = s >> s_bits, s & ((1 << s_bits) - 1)

@@ -91,7 +91,8 @@ class JaxSource(Source):
         values = self._unit(shape, dtype)
         if low != 0.0 or high != 1.0:
             lo, span = distributions.bounds(low, high, dtype, devices.TORCHAX)
-            values = distributions.scale_shift(values, lo, span, dtype, False, JAX_OPS)
+            values = distributions.scale_shift(values, lo, span, dtype, False, JAX_OPS,
+                                               flushes=devices.TORCHAX.flushes_subnormals)
         return interop.torch_view(values)  # type: ignore[no-any-return]
 
     # float64 normal and exponential draws in JAX itself: torchax 0.0.13 multiplies float64
