@@ -6,6 +6,7 @@ These run in the xla environment (PJRT_DEVICE=CPU); the core environment skips t
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -237,7 +238,7 @@ def test_every_device_draws_the_same_numbers(where: str, cpu_draws: dict[str, np
 
 def test_torchax_refuses_float64_draws_without_jax_x64() -> None:
     # JAX without x64 would make float32 numbers, silently; the same for every float64 draw.
-    # (A float64 torchax tensor made without x64 is float32 already: filling it draws float32.)
+    # (Making a float64 torchax tensor inside portable without x64 is refused: below.)
     calls = [lambda: torch.rand(4, dtype=torch.float64, device="jax"),
              lambda: torch.randn(4, dtype=torch.float64, device="jax"),
              lambda: torch.normal(2.0, 0.5, (4,), dtype=torch.float64, device="jax"),
@@ -247,6 +248,38 @@ def test_torchax_refuses_float64_draws_without_jax_x64() -> None:
                                                      r"jax\.config\.update\('jax_enable_x64', True\)"):
             with ENV, devrng.portable(0):
                 call()
+
+
+def test_torchax_refuses_to_make_float64_tensors_inside_portable_without_jax_x64() -> None:
+    # Before: torch.zeros(dtype=torch.float64, device="jax") became float32 silently, and
+    # uniform_, normal_ and exponential_ on it drew float32 numbers (64 of 64 cases other
+    # values than the CPU's float64 ones). Inside portable every way to make one is refused.
+    with ENV:
+        jx = torch.zeros(4, device="jax")
+    cpu64 = torch.zeros(4, dtype=torch.float64)
+    calls = {"torch.zeros": lambda: torch.zeros(4, dtype=torch.float64, device="jax"),
+             "torch.tensor": lambda: torch.tensor([1.0], dtype=torch.float64, device="jax"),
+             "torch.zeros_like": lambda: torch.zeros_like(jx, dtype=torch.float64),
+             "torch.Tensor.to": lambda: cpu64.to("jax"),
+             "torch.Tensor.double": lambda: jx.double()}
+    for name, call in [*calls.items(), ("torch.Tensor.to", lambda: jx.to(torch.float64))]:
+        with ENV, devrng.portable(0), pytest.raises(devrng.DevRNGError, match=(
+                rf"{re.escape(name)} would make a float64 torchax tensor, which torchax makes "
+                r"float32 while JAX has no 64-bit floats: draws into it would be float32 "
+                r"numbers.*jax\.config\.update\('jax_enable_x64', True\)")):
+            call()
+    with ENV, devrng.portable(0):  # float64 elsewhere, and float32 on torchax, are drawn
+        assert jx.to("cpu", torch.float64).dtype == torch.float64
+        assert torch.zeros(4, dtype=torch.float64).uniform_().dtype == torch.float64
+        assert jx.to(torch.float32).uniform_().dtype == torch.float32
+
+
+def test_torchax_makes_float64_tensors_inside_portable_with_x64(x64: None) -> None:
+    with ENV, devrng.portable(0):
+        made = torch.zeros(4, dtype=torch.float64, device="jax").uniform_()
+    with devrng.portable(0):
+        cpu = torch.zeros(4, dtype=torch.float64).uniform_()
+    assert made.dtype == torch.float64 and np.array_equal(np_of(made), cpu.numpy())
 
 
 def test_torchax_float64_draws_with_x64_match_the_cpu(x64: None) -> None:
