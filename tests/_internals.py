@@ -83,6 +83,8 @@ _PRIVATE: dict[str, tuple[str, str | None]] = {
     # Threefry internals: known-answer vectors (Random123, JAX) and the stream's pieces.
     "threefry": ("devrng._portable.threefry", None),
     "distributions": ("devrng._portable.distributions", None),
+    # The device table: a CPU row without float64 stands in for MPS and torchax (SIMULATED).
+    "portable_devices": ("devrng._portable.devices", None),
     # The table of random aten ops portable covers, checked against torch's own list.
     "PORTABLE_OPS": ("devrng._portable.ops", "ENTRIES"),
     # The array functions torchax's bounded uniforms run in (imports JAX and torchax).

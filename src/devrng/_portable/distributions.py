@@ -230,8 +230,9 @@ def affine(x: torch.Tensor, scale: float | torch.Tensor, shift: float | torch.Te
     unfused sum differ by a float64 unit at most, which moves the rounded
     value only where it lies on a rounding boundary of ``dtype`` (a float32
     ``scale`` makes the product exact, and then nothing moves). MPS has no
-    float64, and JAX (torchax) only with x64: there it is computed in
-    ``dtype``, within 1 ulp of the others. (Uniforms between bounds are
+    float64, and JAX (torchax) only with x64: there it is computed from float32 pieces
+    (``_affine_pieces``), which round the same way except where the exact value lies within
+    about 2**-48 of the larger term of a rounding boundary. (Uniforms between bounds are
     exact everywhere: ``scale_shift``.) A complex ``x`` is scaled part by part, as torch's
     ``normal`` does: a real ``shift`` is added to both parts, a complex one to each its own.
     """
@@ -240,9 +241,59 @@ def affine(x: torch.Tensor, scale: float | torch.Tensor, shift: float | torch.Te
         by_part = isinstance(shift, torch.Tensor) and shift.dtype.is_complex
         real, imag = (shift.real, shift.imag) if by_part else (shift, shift)
         return torch.complex(affine(x.real, scale, real, part), affine(x.imag, scale, imag, part))
-    if dtype == torch.float64 or not devices.row(x.device).float64:
-        return (x * scale + shift).to(dtype)  # (torchax makes float32 of half * a number)
+    if dtype == torch.float64:
+        return x * scale + shift
+    if not devices.row(x.device).float64:
+        return _affine_pieces(x, scale, shift, dtype)
     return (x.to(torch.float64) * scale + shift).to(dtype)
+
+
+_SPLITTER = 4097.0  # 2**12 + 1: Veltkamp's split of a float32 into two halves of 12 bits
+
+
+def _halves(v: float | torch.Tensor) -> tuple[Any, Any]:
+    """``v`` (float32 values) as ``hi + lo`` exactly, each of at most 12 significant bits."""
+    if isinstance(v, torch.Tensor):
+        c = v * _SPLITTER
+        top = c - (c - v)
+        return top, v - top
+    # The same steps on a number, each rounded to float32 as the tensor ops round them.
+    wide = round_to(v * _SPLITTER, torch.float32)
+    high = round_to(wide - round_to(wide - v, torch.float32), torch.float32)
+    return high, v - high
+
+
+def _pieces(v: float | torch.Tensor) -> tuple[Any, Any]:
+    """``v`` as a float32 number or tensor and the float32 rest (0 for a tensor, whose
+    values are float32 numbers already)."""
+    if isinstance(v, torch.Tensor):
+        return v.to(torch.float32), 0.0
+    hi = round_to(v, torch.float32)
+    return hi, round_to(v - hi, torch.float32)
+
+
+def _affine_pieces(x: torch.Tensor, scale: float | torch.Tensor, shift: float | torch.Tensor,
+                   dtype: torch.dtype) -> torch.Tensor:
+    """``affine`` without float64: ``x * scale + shift`` from float32 pieces, rounded once.
+
+    ``scale`` and ``shift`` are split into a float32 number and its float32 rest (48 bits of
+    each); ``x * scale_hi`` is made exactly as two float32 numbers (Dekker's product of
+    Veltkamp's halves: no fused multiply-add needed), its sum with ``shift_hi`` exactly by
+    Knuth's two-sum, and the small terms are added to the error: the exact value within
+    about 2**-48 of the larger term, rounded once to ``dtype``.
+    """
+    x = x.to(torch.float32)
+    s_hi, s_lo = _pieces(scale)
+    m_hi, m_lo = _pieces(shift)
+    product = x * s_hi
+    (x1, x0), (s1, s0) = _halves(x), _halves(s_hi)
+    product_error = ((x1 * s1 - product) + x1 * s0 + x0 * s1) + x0 * s0
+    total, error = _two_sum(product, m_hi)
+    rest = error + (product_error + (x * s_lo + m_lo))
+    if dtype == torch.float32:
+        return total + rest  # type: ignore[no-any-return]
+    total, error = _two_sum(total, rest)
+    return _rounded_once(total, error, dtype, torch.float32, TORCH_OPS)  # type: ignore[no-any-return]
 
 
 def bounds(low: float, high: float, dtype: torch.dtype, row: devices.Device = devices.CPU
@@ -587,8 +638,8 @@ def _standard_normal(source: Source, shape: Sequence[int], dtype: torch.dtype) -
     if dtype.is_complex:
         real = _COMPLEX_PARTS[dtype]
         root2 = round_to(math.sqrt(2.0), real)
-        return torch.complex(_standard_normal(source.split(0), shape, real) / root2,
-                             _standard_normal(source.split(1), shape, real) / root2)
+        return torch.complex(_divided(_standard_normal(source.split(0), shape, real), root2),
+                             _divided(_standard_normal(source.split(1), shape, real), root2))
     work = torch.float64 if dtype == torch.float64 else torch.float32
     if work == torch.float32:
         fused = source.fused(NORMAL, shape)
@@ -599,6 +650,19 @@ def _standard_normal(source: Source, shape: Sequence[int], dtype: torch.dtype) -
     if work == torch.float64:  # in place on the draw's own tensor: 8 bytes a number
         return u.erfinv_().mul_(round_to(math.sqrt(2.0), work))
     return (erfinv32(u) * round_to(math.sqrt(2.0), work)).to(dtype)
+
+
+def _divided(x: torch.Tensor, c: float) -> torch.Tensor:
+    """``x / c``, correctly rounded: without float64 (JAX, whose float32 division by a number
+    goes through its reciprocal: 1 ulp off for a third of them) the quotient is corrected by
+    its exact remainder ``x - q * c`` (Dekker's product of Veltkamp's halves)."""
+    q = x / c
+    if x.dtype != torch.float32 or devices.row(x.device).float64:
+        return q
+    product = q * c
+    (q1, q0), (c1, c0) = _halves(q), _halves(c)
+    error = ((q1 * c1 - product) + q1 * c0 + q0 * c1) + q0 * c0
+    return q + ((x - product) - error) / c  # type: ignore[no-any-return]
 
 
 def exponential(source: Source, shape: Sequence[int], dtype: torch.dtype,
