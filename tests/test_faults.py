@@ -22,6 +22,7 @@ import textwrap
 import threading
 import warnings
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -1594,6 +1595,42 @@ def test_an_interrupted_fork_restores_everything(world: _World, inject: str,
     interrupted = _all_or_nothing(_trials(inject, op, world.reset, *world.holders), world, new,
                                   op.__name__)
     assert interrupted > (0 if op is _fork_fast else _ENOUGH[inject])
+
+
+def _turn_is_free() -> bool:
+    """Whether another thread could fork a stream now (no fork left holding its turn)."""
+    from tests._internals import streams_module
+
+    def take() -> bool:
+        if not streams_module._TURN.acquire(timeout=0):
+            return False
+        streams_module._TURN.release()
+        return True
+
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(take).result(timeout=10)
+
+
+@INJECT
+def test_an_interrupted_stream_fork_restores_everything_and_gives_back_its_turn(
+        world: _World, inject: str) -> None:
+    streams = devrng.RNGStreams()
+    streams.add("a", 1)
+
+    def op() -> None:
+        with streams.fork("a", devices=["faulty:0", "other:1"]):
+            torch.rand(1)
+
+    def reset() -> None:
+        assert _turn_is_free()
+        world.reset()
+
+    new = world.result_of(op)
+    assert new == world.start  # the caller's states come back
+    interrupted = _all_or_nothing(_trials(inject, op, reset, *world.holders), world, new,
+                                  "RNGStreams.fork")
+    assert interrupted > _ENOUGH[inject]
+    assert _turn_is_free()
 
 
 @INJECT
