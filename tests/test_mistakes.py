@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import gc
-import warnings
 from pathlib import Path
 
 import pytest
@@ -49,38 +47,3 @@ def test_a_path_given_to_load_state_dict_says_to_load_the_file_first(path: objec
                                                  r"weights_only=True\)\)|'ckpt\.pt', not a "
                                                  r"state: to resume from a file, load it first"):
         rng.load_state_dict(path)  # type: ignore[arg-type]
-
-
-def _fork_warnings(caught: list[warnings.WarningMessage]) -> list[str]:
-    return [str(w.message) for w in caught if "never entered" in str(w.message)]
-
-
-def test_a_fork_never_entered_warns_once_at_the_line_that_made_it() -> None:
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        devrng.fork_rng(devices=[])  # the common call (the CPU's own fork)
-        devrng.fork_rng(devices=None, python=True)
-        gc.collect()
-    found = _fork_warnings(caught)
-    assert len(found) == 2, found
-    assert "forked nothing: write `with devrng.fork_rng(...):`" in found[0]
-    assert {Path(w.filename).name for w in caught if "never entered" in str(w.message)} == \
-        {Path(__file__).name}
-
-
-def test_a_fork_entered_or_made_a_decorator_does_not_warn() -> None:
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        with devrng.fork_rng(devices=[]):
-            torch.rand(1)
-        with devrng.fork_rng(devices=None):
-            torch.rand(1)
-
-        @devrng.fork_rng(devices=[])
-        def draw() -> torch.Tensor:
-            return torch.rand(1)
-
-        draw()
-        del draw
-        gc.collect()
-    assert _fork_warnings(caught) == []

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import inspect
 import threading
@@ -142,16 +141,11 @@ class Fork:
     ``if PENDING[0]: deliver()`` is that check, inline on this hot path.
     """
 
-    __slots__ = ("_args", "_open", "_used")
+    __slots__ = ("_args", "_open")
 
     def __init__(self, args: _Args) -> None:
         self._args = args
         self._open: list[Any] = []  # per open entry: a CPU state, an Undo, or None
-        self._used = False  # entered, or made a decorator: see __del__
-
-    def __del__(self) -> None:
-        if not self._used:  # as Python says of a coroutine never awaited
-            _never_entered()
 
     def _entry(self) -> Any:
         return _saved_for(self._args)
@@ -162,7 +156,6 @@ class Fork:
 
     @guard
     def __enter__(self) -> None:
-        self._used = True
         try:
             saved = self._entry()
             opened = _threads.forks
@@ -215,7 +208,6 @@ class Fork:
                     deliver()
 
     def __call__(self, fn: F) -> F:
-        self._used = True
         if inspect.isasyncgenfunction(fn) or inspect.isgeneratorfunction(fn):
             kind = "async generator" if inspect.isasyncgenfunction(fn) else "generator"
             raise TypeError(
@@ -279,7 +271,6 @@ class CpuFork(Fork):
         self._caller = caller
         self._devices_kw = devices_kw
         self._open = []
-        self._used = False
 
     def _entry(self) -> Any:
         return _saved_for(_Args(self._devices, True, self._caller, self._devices_kw, None,
@@ -287,7 +278,6 @@ class CpuFork(Fork):
 
     @guard
     def __enter__(self) -> None:  # Fork.__enter__ with the CPU's state read in line
-        self._used = True
         try:
             saved = get_cpu_state() if not self._devices else self._entry()
             opened = _threads.forks
@@ -301,13 +291,6 @@ class CpuFork(Fork):
 
     def _fresh(self) -> Fork:
         return CpuFork(self._devices, self._caller, self._devices_kw)
-
-
-def _never_entered() -> None:
-    with contextlib.suppress(Exception):  # (at interpreter exit, warnings may be gone)
-        warn_and_log("devrng.fork_rng(...) was called but never entered, so it forked nothing: "
-                     "write `with devrng.fork_rng(...):` around the draws to fork, or use it as "
-                     "a decorator.", stacklevel=3)
 
 
 def _exited_out_of_order(fork: Fork, opened: list[Fork]) -> None:
