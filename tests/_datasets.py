@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, get_worker_info
+from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 import devrng
 
@@ -80,6 +80,22 @@ class Augmented(Dataset[torch.Tensor]):
     def _augment(self, i: int) -> torch.Tensor:
         noise = torch.randn(4) * 0.1 + float(np.random.normal()) * 0.05 + random.random() * 0.05
         return self.base[i] + noise
+
+
+class Streamed(IterableDataset[torch.Tensor]):
+    """``Augmented``'s samples as a stream without a length (as a streaming dataset), each
+    worker taking every ``num_workers``-th one; a run sets ``max_steps``."""
+
+    def __init__(self, size: int = 24) -> None:
+        self.data = Augmented(size=size)
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        info = get_worker_info()
+        start, step = (0, 1) if info is None else (info.id, info.num_workers)
+        i = start
+        while True:
+            yield self.data[i % len(self.data)]
+            i += step
 
 
 class ShardedShuffled(torch.utils.data.IterableDataset[torch.Tensor]):

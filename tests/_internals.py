@@ -47,6 +47,8 @@ _PRIVATE: dict[str, tuple[str, str | None]] = {
     # Fault injection: the CPU/NumPy setters are made to fail where devrng calls them.
     "host": ("devrng._backends.host", None),
     "fork_module": ("devrng._generators.fork", None),
+    # How long a stream fork waits for another thread's before it warns (shortened in tests).
+    "streams_module": ("devrng._generators.streams", None),
     # Device inference's per-type indices (infer_device_types returns only the types).
     "collect_devices": ("devrng._generators.infer", "collect_devices"),
     # seeded_jit's seed stream and backend choice, checked against their definitions.
@@ -82,6 +84,8 @@ _PRIVATE: dict[str, tuple[str, str | None]] = {
     # Threefry internals: known-answer vectors (Random123, JAX) and the stream's pieces.
     "threefry": ("devrng._portable.threefry", None),
     "distributions": ("devrng._portable.distributions", None),
+    # The device table: a CPU row without float64 stands in for MPS and torchax (SIMULATED).
+    "portable_devices": ("devrng._portable.devices", None),
     # The table of random aten ops portable covers, checked against torch's own list.
     "PORTABLE_OPS": ("devrng._portable.ops", "ENTRIES"),
     # The array functions torchax's bounded uniforms run in (imports JAX and torchax).
@@ -99,6 +103,7 @@ _PRIVATE: dict[str, tuple[str, str | None]] = {
     "CpuKernel": ("devrng._portable.threefry_cpu", "CpuKernel"),
     "kernel": ("devrng._portable.threefry_cpu", "kernel"),
     "status": ("devrng._portable.threefry_cpu", "status"),
+    "switched_off": ("devrng._portable.threefry_cpu", "switched_off"),
     # The loader's checks, run on bit-flipped builds of the kernel (tests/_kernel_flips.py).
     "load_checked": ("devrng._portable.threefry_cpu", "load_checked"),
     # doctor's rules, checked against made-up versions and environments.
@@ -139,6 +144,13 @@ FIXES: dict[str, tuple[str, str]] = {
     "LIGHTNING_WORKER_COUNT": ("devrng.integrations.lightning", "_FIX_WORKER_COUNT"),
     # the warning for workers kept across epochs names the order of the samples too
     "PERSISTENT_ORDER": ("devrng._training.loaders", "_FIX_PERSISTENT_ORDER"),
+    # a resumed StatefulDataLoader makes its iterator when the loop asks for it (after the
+    # loop's set_epoch), not inside load_state_dict (issue 44)
+    "LATE_RESUME": ("devrng._training.loaders", "_FIX_LATE_RESUME"),
+    # a sampler torchdata replays draws, each time torchdata calls iter() on it or takes its
+    # first index while making the resumed iterator, from the generators the uninterrupted
+    # run's did (issue 44)
+    "SAMPLER_DRAWS": ("devrng._training.loaders", "_FIX_SAMPLER_DRAWS"),
     # HF Trainer: ignore_data_skip=True resumed inside an epoch warns
     "IGNORE_DATA_SKIP": ("devrng.integrations.transformers", "_FIX_IGNORE_DATA_SKIP"),
 }

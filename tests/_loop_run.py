@@ -24,6 +24,12 @@ generator): samplers without a state of their own, which torchdata replays; ``co
 a ``collate_fn`` drawing NumPy noise; ``workers``; ``fix_off`` -- devrng's fixes turned
 off in the run (``tests/_internals.py``'s ``FIXES``). A resume refused with a
 ``DevRNGError`` records its message (the result's ``error``).
+
+Samplers of issue 44 (section 6): ``sampler`` -- "distributed" (a ``DistributedSampler``
+of rank 0 of 2, whose epoch the loop sets with ``set_epoch`` before each epoch's loop),
+"python" / "randperm" (a sampler of the user's that shuffles with Python's ``random`` /
+torch's global ``randperm`` when ``iter`` is called), or "batches" (a ``batch_sampler`` of
+the user's shuffling with a ``torch.Generator`` of its own, which the run tracks).
 """
 
 from __future__ import annotations
@@ -63,13 +69,60 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "stateful-subset": {**_STATEFUL, "sampler": "subset", "save_at": [3, 10]},
     "stateful-weighted": {**_STATEFUL, "sampler": "weighted"},
     "stateful-replacement": {**_STATEFUL, "sampler": "replacement", "save_at": [5]},
+    # issue 44, section 6: saved inside epoch 1 (a DistributedSampler's epoch: 4 batches)
+    "stateful-distributed": {**_STATEFUL, "sampler": "distributed", "save_at": [6]},
+    "stateful-distributed-main": {**_STATEFUL, "sampler": "distributed", "save_at": [6],
+                                  "workers": 0},
+    "stateful-batches": {**_STATEFUL, "sampler": "batches", "save_at": [10]},
+    "stateful-batches-main": {**_STATEFUL, "sampler": "batches", "save_at": [10], "workers": 0},
+    "stateful-python": {**_STATEFUL, "sampler": "python", "save_at": [10]},
+    "stateful-python-main": {**_STATEFUL, "sampler": "python", "save_at": [10], "workers": 0},
+    "stateful-randperm": {**_STATEFUL, "sampler": "randperm", "save_at": [10]},
+    "stateful-randperm-main": {**_STATEFUL, "sampler": "randperm", "save_at": [10],
+                               "workers": 0},
     # issue 44: exact resumes no load-time warning may call inexact
     "stateful-persistent": {**_STATEFUL, "persistent": True, "pin": True, "save_at": [3, 10]},
     "stateful-iterable": {**_STATEFUL, "iterable": True, "save_at": [3, 10]},
 }
 
 
-def _loader(config: dict[str, Any], kwargs: dict[str, Any]) -> Any:
+class ShuffledAtIter(torch.utils.data.Sampler[int]):
+    """Shuffles when ``iter`` is called, with Python's ``random`` or torch's global
+    ``randperm`` (a sampler of the user's: no state of its own, no generator)."""
+
+    def __init__(self, size: int, how: str) -> None:
+        self.size, self.how = size, how
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __iter__(self) -> Any:
+        if self.how == "python":
+            order = list(range(self.size))
+            random.shuffle(order)
+        else:
+            order = torch.randperm(self.size).tolist()
+        return iter(order)
+
+
+class OwnBatches:
+    """A batch sampler of the user's: batches of 4 of a permutation drawn from its own
+    generator (kept under a name of its own, ``rng``) as each epoch's iteration begins."""
+
+    def __init__(self, size: int, generator: torch.Generator) -> None:
+        self.size, self.rng = size, generator
+
+    def __len__(self) -> int:
+        return (self.size + 3) // 4
+
+    def __iter__(self) -> Any:
+        order = torch.randperm(self.size, generator=self.rng).tolist()
+        for start in range(0, self.size, 4):
+            yield order[start:start + 4]
+
+
+def _loader(config: dict[str, Any], kwargs: dict[str, Any],
+            batches: torch.Generator | None = None) -> Any:
     size = config.get("size", 26)
     augment = config.get("augment", "inside")
     data: Any = Augmented(size=size, per_sample=augment == "inside", indexed=True,
@@ -86,10 +139,19 @@ def _loader(config: dict[str, Any], kwargs: dict[str, Any]) -> Any:
     elif sampler == "replacement":
         kwargs["sampler"] = torch.utils.data.RandomSampler(
             data, replacement=True, num_samples=40, generator=kwargs.get("generator"))
-    else:
+    elif sampler == "distributed":
+        kwargs["sampler"] = torch.utils.data.DistributedSampler(data, num_replicas=2, rank=0,
+                                                                seed=SEED)
+    elif sampler in ("python", "randperm"):
+        kwargs["sampler"] = ShuffledAtIter(size, sampler)
+    elif sampler != "batches":
         kwargs["shuffle"] = config.get("shuffle", True)
     workers = config.get("workers", 2)
-    options = {"batch_size": 4, "drop_last": config.get("drop_last", False),
+    if batches is not None:
+        kwargs["batch_sampler"] = OwnBatches(size, batches)
+    batching = {} if batches is not None else {"batch_size": 4,
+                                               "drop_last": config.get("drop_last", False)}
+    options = {**batching,
                "num_workers": workers, "persistent_workers": bool(config.get("persistent")),
                "collate_fn": noisy_collate if config.get("collate") else None,
                "pin_memory": bool(config.get("pin")), **kwargs}
@@ -114,10 +176,14 @@ def train(config: dict[str, Any], out: Path, resume: Path | None = None) -> Resu
         else:
             torch.manual_seed(SEED)
             kwargs = {"generator": torch.Generator().manual_seed(SEED)}
-        loader = _loader(config, kwargs)
+        batches = torch.Generator().manual_seed(SEED + 1) \
+            if config.get("sampler") == "batches" else None
+        loader = _loader(config, kwargs, batches)
         step: Any = sgd_step(model, opt)
         if rng is not None:
             step = rng.track("step", devrng.seeded_jit(step, backend="eager"))
+            if batches is not None:
+                rng.track("batches", batches)
             if config.get("track", True):
                 rng.track("loader", loader)
         epoch = steps = 0
@@ -137,6 +203,8 @@ def train(config: dict[str, Any], out: Path, resume: Path | None = None) -> Resu
         while epoch < EPOCHS:
             augmented: dict[int, list[float]] = {}
             indices: list[int] = []
+            if config.get("sampler") == "distributed":
+                loader.sampler.set_epoch(epoch)
             for batch in loader:
                 index, x = batch[:, 0], batch[:, 1:]
                 y = x.sum(dim=1, keepdim=True) * 0.5 + torch.randn(len(x), 1) * 0.01 \

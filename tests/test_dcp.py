@@ -25,6 +25,7 @@ import torch.distributed as dist
 from tests._helpers import ROOT, run_env, run_torchrun
 
 pytestmark = [
+    pytest.mark.slow,  # torchrun jobs of 2 and 4 ranks, tens of seconds each
     pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not built"),
     # Each launch costs tens of seconds on this machine's 2 cores: they run once, in the
     # environment of the newest torch (core); the older ones run the rest of the suite.
@@ -83,7 +84,7 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> Launches:
 
 
 # 4 processes on this machine's 2 cores: about a minute per launch, so in the slow run.
-WORLDS = [2, pytest.param(4, marks=pytest.mark.slow)]
+WORLDS = [2, 4]
 
 
 @pytest.mark.parametrize("world", WORLDS)
@@ -173,7 +174,7 @@ def test_missing_entry_with_dcps_planner_fails_inside_dcp_on_every_rank(jobs: La
         assert seen["unchanged"]
 
 
-@pytest.mark.parametrize("change", ["2->1", pytest.param("4->2", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("change", ["2->1", "4->2"])
 def test_shrink_refuses_or_warns_naming_both_world_sizes(jobs: Launches, change: str) -> None:
     saved_world, world = change.split("->")
     for rank, seen in enumerate(jobs.resharded(change)):
@@ -205,7 +206,7 @@ def test_grown_world_fails_in_dcp_by_default_and_speaks_with_devrngs_planner(job
             streams["msg"] and "rank 0's entry holds" in streams["msg"], streams
 
 
-@pytest.mark.parametrize("change", ["2->1", "2->3", pytest.param("4->2", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("change", ["2->1", "2->3", "4->2"])
 def test_a_stream_every_rank_held_continues_exactly_on_any_world(jobs: Launches,
                                                                  change: str) -> None:
     saved_world = int(change.split("->")[0])
@@ -215,7 +216,7 @@ def test_a_stream_every_rank_held_continues_exactly_on_any_world(jobs: Launches,
         assert seen["shared_draws"] == reference, f"rank {rank}"
 
 
-@pytest.mark.parametrize("change", ["2->1", pytest.param("4->2", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("change", ["2->1", "4->2"])
 def test_per_rank_streams_continue_their_own_on_fewer_ranks(jobs: Launches, change: str) -> None:
     saved = jobs.saved(int(change.split("->")[0]))
     for rank, seen in enumerate(jobs.resharded(change)):
@@ -229,8 +230,7 @@ def _megatron_reference(jobs: Launches, saved_world: int, tp_rank: int) -> list[
     return [step["megatron"] for step in jobs.saved(saved_world)[tp_rank]["after"]]
 
 
-@pytest.mark.parametrize("change", [pytest.param("4->2", marks=pytest.mark.slow),
-                                    pytest.param("2->4", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("change", ["4->2", "2->4"])
 def test_megatron_streams_follow_their_tensor_parallel_rank_on_another_dp_size(
         jobs: Launches, change: str) -> None:
     """dp2 x tp2 -> dp1 x tp2, and dp1 x tp2 -> dp2 x tp2: each rank continues the
@@ -242,7 +242,6 @@ def test_megatron_streams_follow_their_tensor_parallel_rank_on_another_dp_size(
         assert seen["megatron_draws"] == _megatron_reference(jobs, saved_world, rank % 2)
 
 
-@pytest.mark.slow
 def test_megatron_streams_of_another_tensor_parallel_size_are_refused(jobs: Launches) -> None:
     """2x2 -> 4x1 (tp 2 -> 1): the names differ, so every rank refuses."""
     for rank, seen in enumerate(jobs.resharded("4->4", tp=1)):
@@ -251,7 +250,7 @@ def test_megatron_streams_of_another_tensor_parallel_size_are_refused(jobs: Laun
             refused["msg"] and "'model-parallel/tp2'" in refused["msg"], (rank, refused)
 
 
-@pytest.mark.parametrize("change", ["2->1", "2->3", pytest.param("4->4", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("change", ["2->1", "2->3", "4->4"])
 def test_portable_dtensor_draws_continue_exactly_on_another_mesh(jobs: Launches,
                                                                  change: str) -> None:
     """The shared portable stream on a new mesh (1-D of 1 or 3, or 2x2 -> 4x1): the full

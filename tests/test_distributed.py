@@ -19,6 +19,7 @@ import os
 import random
 import subprocess
 import sys
+import time
 import warnings
 from datetime import timedelta
 from pathlib import Path
@@ -118,10 +119,33 @@ def _checks(rank: int, world: int) -> dict[str, Any]:
     out["coverage"] = _expect_error(ddist.assert_rng_in_sync, devices=mine)
     out["coverage_bcast"] = _expect_error(ddist.broadcast_rng_state, devices=mine)
 
+    out.update(_save_checks(rank))
     if world == 4:
         out.update(_subgroup_checks(rank))
     elif HAS_XLA:
         out.update(_xla_checks(rank))
+    return out
+
+
+def _save_checks(rank: int) -> dict[str, Any]:
+    """``state_dict()`` is local: rank 0 saving alone (``if rank == 0: torch.save(...)``)
+    waits for nobody (an all_reduce there blocked it until the group's timeout), the ranks
+    still agree on the identity of a save they all make, and loading rank 0's lone state
+    on every rank says what to do."""
+    from tests._helpers import plain_state
+
+    out: dict[str, Any] = {}
+    alone = devrng.TrainingRNG(seed=21)
+    if rank == 0:
+        started = time.monotonic()
+        lone = alone.state_dict()
+        out["lone_save_seconds"] = time.monotonic() - started
+        torch.save(lone, Path(os.environ["DEVRNG_TEST_OUT"], "lone.pt"))
+    everyone = devrng.TrainingRNG(seed=22)
+    out["saves"] = [plain_state(everyone.state_dict())["save"] for _ in range(2)]
+    dist.barrier()
+    state = torch.load(Path(os.environ["DEVRNG_TEST_OUT"], "lone.pt"), weights_only=True)
+    out["lone_load"] = _expect_error(devrng.TrainingRNG(seed=21).load_state_dict, state)
     return out
 
 
@@ -186,6 +210,7 @@ def _worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
     os.dup2(log, 2)
     os.close(log)
     os.environ.pop("RANK", None)  # the rank must come from the process group
+    os.environ["DEVRNG_TEST_OUT"] = out_dir
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
                             world_size=world, timeout=timedelta(seconds=60))
     try:
@@ -284,6 +309,19 @@ def test_gloo_manual_seed_ranks_is_reproducible_across_runs(jobs: Any) -> None:
 
 
 # -- assert_rng_in_sync / broadcast_rng_state ---------------------------------------------
+def test_gloo_a_save_on_one_rank_alone_waits_for_nobody_and_loads_with_a_sentence(
+        job: list[dict[str, Any]]) -> None:
+    assert job[0]["lone_save_seconds"] < 5  # (blocked for the group's timeout, 60 s, before)
+    # Every rank's n-th save of one object has one identity, agreed without a collective.
+    assert _same(job, "saves") and len(set(job[0]["saves"])) == 2
+    for result in job:  # all ranks load or none: rank 1's sentence on every rank
+        error = result["lone_load"]
+        assert error["type"] == "DevRNGError", error
+        assert (f"the state was saved by rank 0 of {len(job)}, and this is rank 1 of "
+                f"{len(job)}: every rank loads rank 0's state, as when only one rank saves"
+                in error["msg"]), error
+
+
 def test_gloo_broadcast_then_in_sync_and_identical_draws(job: list[dict[str, Any]]) -> None:
     for r in job:
         assert r["after_bcast"] == {"type": None}

@@ -22,6 +22,7 @@ import textwrap
 import threading
 import warnings
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -438,6 +439,47 @@ def test_hostile_values_anywhere_in_a_small_state_are_sentences(make: Any) -> No
         for key in ("counter", "format"):
             with pytest.raises(DevRNGError):
                 load({"format": value} if key == "format" else {**state, key: value})
+
+
+def _seeded_call(value: Any, *, positional: bool = False) -> None:
+    step = devrng.seeded_jit(lambda x: x, backend="eager", seed=1)
+    if positional:
+        step(torch.ones(1), value)
+    else:
+        step(torch.ones(1), seed=value)
+
+
+_ARGUMENT_SITES: dict[str, Callable[[Any], Any]] = {
+    "seeded call seed=": _seeded_call,
+    "seeded call, seed by position": functools.partial(_seeded_call, positional=True),
+    "seed_worker": devrng.seed_worker,
+    "sample_rng": lambda value: devrng.sample_rng(value).__enter__(),
+    "RNGStreams.add seed": lambda value: devrng.RNGStreams().add("a", value),
+    "RNGStreams.add name": lambda value: devrng.RNGStreams().add(value, 1),
+    "PortableRNG": devrng.PortableRNG,
+    "fork_rng devices=": lambda value: devrng.fork_rng(devices=value).__enter__(),
+    "get_rng_state devices=[...]": lambda value: devrng.get_rng_state(devices=[value]),
+}
+_HUGE = 10**5000  # past Python's 4300 digits for str(int)
+_HOSTILE_ARGUMENTS = {"raising repr": _Hostile(), "10**5000": _HUGE, "-10**5000": -_HUGE}
+# Where a value is no error: only an int looks like a seed given by position; any int of 0
+# or more is a worker id.
+_NOT_ERRORS = {("seeded call, seed by position", "raising repr"), ("seed_worker", "10**5000")}
+
+
+@pytest.mark.parametrize(("site", "kind"), [
+    (site, kind) for site in sorted(_ARGUMENT_SITES) for kind in _HOSTILE_ARGUMENTS
+    if (site, kind) not in _NOT_ERRORS])
+def test_a_hostile_argument_of_a_public_call_is_named_in_a_sentence(site: str,
+                                                                     kind: str) -> None:
+    """A value whose repr raises, or an int too long for str(), is quoted by short_repr,
+    never let through as the repr's error or Python's digit-limit ValueError."""
+    value = _HOSTILE_ARGUMENTS[kind]
+    with pytest.raises((TypeError, ValueError)) as caught:
+        _ARGUMENT_SITES[site](value)
+    shown = "<_Hostile>" if kind == "raising repr" else "<an int of 16610 bits>"
+    message = str(caught.value)
+    assert shown in message and message.endswith("."), message
 
 
 def test_one_bounded_formatter_quotes_any_value() -> None:
@@ -1553,6 +1595,42 @@ def test_an_interrupted_fork_restores_everything(world: _World, inject: str,
     interrupted = _all_or_nothing(_trials(inject, op, world.reset, *world.holders), world, new,
                                   op.__name__)
     assert interrupted > (0 if op is _fork_fast else _ENOUGH[inject])
+
+
+def _turn_is_free() -> bool:
+    """Whether another thread could fork a stream now (no fork left holding its turn)."""
+    from tests._internals import streams_module
+
+    def take() -> bool:
+        if not streams_module._TURN.acquire(timeout=0):
+            return False
+        streams_module._TURN.release()
+        return True
+
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(take).result(timeout=10)
+
+
+@INJECT
+def test_an_interrupted_stream_fork_restores_everything_and_gives_back_its_turn(
+        world: _World, inject: str) -> None:
+    streams = devrng.RNGStreams()
+    streams.add("a", 1)
+
+    def op() -> None:
+        with streams.fork("a", devices=["faulty:0", "other:1"]):
+            torch.rand(1)
+
+    def reset() -> None:
+        assert _turn_is_free()
+        world.reset()
+
+    new = world.result_of(op)
+    assert new == world.start  # the caller's states come back
+    interrupted = _all_or_nothing(_trials(inject, op, reset, *world.holders), world, new,
+                                  "RNGStreams.fork")
+    assert interrupted > _ENOUGH[inject]
+    assert _turn_is_free()
 
 
 @INJECT

@@ -288,8 +288,9 @@ def test_a_run_that_recorded_nothing_past_its_checkpoint_cannot_be_verified_and_
         rng = devrng.TrainingRNG(5, flight_record=tmp_path)
         rng.dataloader_kwargs()
         rng.load_state_dict(first["saved"]["rng"])
-    assert any("cannot be verified: the interrupted run's record ends at its checkpoint "
-               "(step 4): it stopped before it finished another step" in m
+    # (That run ended at its checkpoint; a run killed there: the kill tests below.)
+    assert any("cannot be verified: the run that saved this checkpoint ended there (step 4), "
+               "so no step of it follows the checkpoint to compare with" in m
                for m in caplog.messages), caplog.messages
     assert rng.flight is not None and rng.flight.verified is None
     rng.flight.close()
@@ -451,6 +452,20 @@ def test_the_verdict_names_only_what_both_runs_recorded(tmp_path: Path,
     err = capfd.readouterr().err
     assert ("(compared: generators, batch indices, batch content, parameters at every step; "
             "not loss)") in err, err
+
+
+def test_a_verdict_over_a_damaged_record_counts_only_the_steps_it_compared(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    first = _loop(tmp_path, 16, save_at=10)
+    path = tmp_path / "devrng-flight.rank0.jsonl"
+    data = bytearray(path.read_bytes())
+    data[data.index(b'{"s":13') + 3] ^= 0x01  # step 13's line, damaged
+    path.write_bytes(bytes(data))
+    capfd.readouterr()
+    again = _loop(tmp_path, 16, resume=first["saved"])
+    assert again["verified"] is True
+    assert ("resume verified: the 5 steps from 11 to 16 that the interrupted run's record holds "
+            "drew, consumed and computed exactly") in capfd.readouterr().err
 
 
 # -- lose nothing (section 3) ---------------------------------------------------------------------

@@ -51,9 +51,12 @@ from tests._internals import (
     proof_digest,
     proof_draw_counters,
     status,
+    switched_off,
     threefry,
 )
 from tests._kernel_flips import running_code, sample_flips
+
+from devrng import DevRNGError
 
 SOURCE = ROOT / "src" / "devrng" / "_portable" / "_threefry_kernel.c"
 SUFFIX = sysconfig.get_config_var("EXT_SUFFIX")
@@ -432,6 +435,35 @@ print([type(w.message).__name__ for w in seen])
 """)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "['DevRNGWarning']"
+
+
+@pytest.mark.parametrize("value", ["0", "false", "OFF", " No ", "1", "true", "On", "YES", ""])
+def test_devrng_cpu_kernel_takes_the_usual_spellings_of_off_and_on(
+        value: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DEVRNG_CPU_KERNEL", value)
+    assert switched_off() is (value.strip().lower() in ("0", "false", "off", "no"))
+
+
+@pytest.mark.parametrize("value", ["00", "maybe", "disable", "2"])
+def test_devrng_cpu_kernel_refuses_a_value_that_is_neither_off_nor_on(
+        value: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DEVRNG_CPU_KERNEL", value)
+    with pytest.raises(DevRNGError, match=rf"DEVRNG_CPU_KERNEL='{value}' is neither on nor off: "
+                                          r"set it to 0, false, off or no .* or to 1, true, on"):
+        switched_off()
+
+
+def test_devrng_cpu_kernel_spellings_reach_the_first_draw_and_doctor() -> None:
+    lines = _probe({"DEVRNG_CPU_KERNEL": "Off"})  # off: the tensor ops, the same numbers
+    assert lines[0] == "False" and "switched off by DEVRNG_CPU_KERNEL=Off" in lines[1]
+    assert lines[2] == _want()
+    assert _probe({"DEVRNG_CPU_KERNEL": "yes"})[0] == "True"
+    bad = run_python(PROBE, env={"DEVRNG_CPU_KERNEL": "offf"})
+    assert bad.returncode != 0
+    assert "DevRNGError: DEVRNG_CPU_KERNEL='offf' is neither on nor off" in bad.stderr
+    doctor = run_python("devrng", args=["doctor"], module=True, env={"DEVRNG_CPU_KERNEL": "offf"})
+    assert "fused C kernel NOT in use: DEVRNG_CPU_KERNEL='offf' is neither" in doctor.stdout
+    assert "ERROR: DEVRNG_CPU_KERNEL='offf'" in doctor.stdout and doctor.returncode == 1
 
 
 def test_doctor_says_whether_the_kernel_is_in_use() -> None:

@@ -11,6 +11,7 @@ is touched and that draws land on the requested device.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import subprocess
 import sys
@@ -25,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from tests import _threefry_ref as ref
 from tests._helpers import plain_state
-from tests._internals import distributions, threefry
+from tests._internals import distributions, portable_devices, threefry
 
 import devrng
 
@@ -227,11 +228,57 @@ def test_bounds_that_are_not_finite_or_too_close_are_refused() -> None:
                                                  r"not \[-60000.0, 60000.0\)"):
         distributions.uniform(host(0), (3,), torch.float16, -60000.0, 60000.0)  # span 120000: inf
     u = torch.rand(4)
-    with pytest.raises(devrng.DevRNGError, match=r"float32 uniforms only over ranges wider than "
-                                                 r"2\*\*-102 here"):
+    # Without float64, a range this narrow is drawn scaled up and scaled back, exact where
+    # the draws are normal numbers; these reach float32's subnormal ones (3 * 2**-133).
+    with pytest.raises(devrng.DevRNGError, match=r"draws float32 uniforms on a range as narrow "
+                       r"as 2.3.*e-33 only where no draw is a nonzero number below 1.18e-38 "
+                       r"\(a subnormal float32 number\).* the draws on \[0.0, 2.3.*e-33\) do"):
         distributions.scale_shift(u, 0.0, 2.0 ** -110 * 3, torch.float32, False)
     assert torch.equal(distributions.scale_shift(u, 0.0, 2.0 ** -110 * 3, torch.float32, True),
                        u.double().mul(2.0 ** -110 * 3).float())  # with float64: drawn
+
+
+# Ranges so narrow that a step of the formula would fall below what the working type keeps
+# (float64 narrower than about 2**-969 on the CPU; float32 without float64 narrower than
+# 2**-102, or 2**-79 where the device flushes subnormal numbers): drawn scaled by a power of
+# two and scaled back. torch draws them all.
+NARROW = [(torch.float64, 1e-300, 2e-300, True), (torch.float64, -2e-300, -1.5e-300, True),
+          (torch.float64, 2.0 ** -1000, 2.0 ** -1000 + 2.0 ** -1040, True),
+          (torch.float32, 1e-30, 1e-29, False), (torch.float32, -1e-33, -1e-34, False),
+          (torch.bfloat16, 1e-36, 1e-35, True)]
+
+
+@pytest.mark.parametrize("flushes", [False, True], ids=["keeps subnormals", "flushes them"])
+@pytest.mark.parametrize(("dtype", "low", "high", "float64"), NARROW)
+def test_narrow_ranges_are_the_exact_value_rounded_once(dtype: torch.dtype, low: float,
+                                                        high: float, float64: bool,
+                                                        flushes: bool) -> None:
+    fmt, bits = str(dtype).removeprefix("torch."), UNIT_BITS[dtype]
+    ks, u = unit_values(dtype)
+    lo, span = distributions.bounds(low, high, dtype)
+    got = distributions.scale_shift(u, lo, span, dtype, float64, flushes=flushes)
+    want = [ref.rounded_once(Fraction(k, 1 << bits) * Fraction(span) + Fraction(lo), fmt)
+            for k in ks]
+    assert got.dtype == dtype and got.tolist() == want
+
+
+def test_narrow_float64_uniforms_are_drawn_as_torch_draws_them() -> None:
+    # Before: refused (a range narrower than 2**-969). torch accepts it; so does portable,
+    # each draw the exact u * span + lo rounded once.
+    with devrng.portable(4):
+        got = torch.empty(3000, dtype=torch.float64).uniform_(1e-300, 2e-300)
+    with devrng.portable(4):
+        u = torch.rand(3000, dtype=torch.float64)
+    want = [ref.rounded_once(Fraction(int(x * 2 ** 52), 1 << 52) * Fraction(1e-300)
+                             + Fraction(1e-300), "float64") for x in u.tolist()]
+    assert got.tolist() == want
+    assert float(got.min()) >= 1e-300 and float(got.max()) < 2e-300
+    # Narrow ranges whose draws reach float64's subnormal numbers stay refused, saying so.
+    for low, high in ((0.0, 1e-310), (-1e-300, 1e-300)):
+        with devrng.portable(4), pytest.raises(devrng.DevRNGError, match=(
+                r"float64 uniforms on a range as narrow as .* only where no draw is a nonzero "
+                r"number below 2.23e-308")):
+            torch.empty(8, dtype=torch.float64).uniform_(low, high)
 
 
 def test_half_precision_normals_are_the_float32_draw_rounded() -> None:
@@ -255,6 +302,71 @@ def test_complex_normals_split_the_key_as_jax_does() -> None:
     root2 = distributions.round_to(math.sqrt(2.0), torch.float32)
     assert torch.equal(z.real, distributions.normal(source.split(0), (1000,), torch.float32) / root2)
     assert torch.equal(z.imag, distributions.normal(source.split(1), (1000,), torch.float32) / root2)
+
+
+COMPLEX = (torch.complex32, torch.complex64, torch.complex128)
+_PARTS = {torch.complex32: torch.float16, torch.complex64: torch.float32,
+          torch.complex128: torch.float64}
+
+
+def _complex_normal_forms(dtype: torch.dtype, n: int) -> dict[str, tuple[Callable[[], torch.Tensor],
+                                                                        complex, float]]:
+    """Each way to draw complex normals, with the mean and the std torch gives each part:
+    normal_ and the factory add a number mean to both parts, a complex mean tensor adds its
+    parts; every part has std / sqrt(2) (torch's normal_impl_)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # complex32 is "experimental"
+        mean = torch.full((n,), 3 - 5j, dtype=torch.complex64).to(dtype)
+    root2 = math.sqrt(2.0)
+    return {
+        "normal_(2, 3)": (lambda: torch.empty(n, dtype=dtype).normal_(2.0, 3.0), 2 + 2j, 3 / root2),
+        "normal(2, 3, size, dtype)": (lambda: torch.normal(2.0, 3.0, (n,), dtype=dtype),
+                                      2 + 2j, 3 / root2),
+        "normal(mean tensor, 2)": (lambda: torch.normal(mean, 2.0), 3 - 5j, 2 / root2),
+        "normal(mean tensor, std tensor)": (lambda: torch.normal(mean, torch.full((n,), 0.5)),
+                                            3 - 5j, 0.5 / root2),
+    }
+
+
+@pytest.mark.parametrize("dtype", COMPLEX)
+def test_complex_normal_draws_are_distributed_as_torchs(dtype: torch.dtype) -> None:
+    # Before: torch.normal(complex mean, std) had no imaginary noise, and normal_(mean, std)
+    # added the mean to the real part only. Tolerances, n = 200,000 per part: the sample mean
+    # within 5 standard errors (5 sigma / sqrt(n)), the sample std within 5 / sqrt(2n) (1.1%)
+    # of sigma; torch's own draws pass the same check, so the expectations are torch's.
+    n = 200_000
+    for name, (draw, mean, sigma) in _complex_normal_forms(dtype, n).items():
+        for how in ("native", "portable"):
+            torch.manual_seed(1)
+            with devrng.portable(1) if how == "portable" else contextlib.nullcontext():
+                with warnings.catch_warnings():
+                    warnings.simplefilter("error")  # no "casting complex to real" any more
+                    warnings.filterwarnings("ignore", "ComplexHalf")
+                    z = draw()
+            assert z.dtype == dtype, (name, how)
+            for part, want in ((z.real.double(), mean.real), (z.imag.double(), mean.imag)):
+                assert abs(float(part.mean()) - want) < 5 * sigma / math.sqrt(n), (name, how)
+                assert abs(float(part.std()) / sigma - 1) < 5 / math.sqrt(2 * n), (name, how)
+
+
+@pytest.mark.parametrize("dtype", COMPLEX)
+def test_complex_normal_parts_are_the_standard_draw_scaled_and_rounded_once(
+        dtype: torch.dtype) -> None:
+    # Where the stream defines the values: each part of a complex normal(mean, std) is
+    # mean_part + std * z_part for the standard complex draw z (randn of the same op), in
+    # float64 and rounded once to the part's dtype (as real normal draws are).
+    n = 2000
+    part = _PARTS[dtype]
+    with devrng.portable(4):
+        z = torch.randn(n, dtype=dtype)
+    for name, (draw, mean, sigma) in _complex_normal_forms(dtype, n).items():
+        std = sigma * math.sqrt(2.0)
+        with devrng.portable(4), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            got = draw()
+        for got_part, z_part, m in ((got.real, z.real, mean.real), (got.imag, z.imag, mean.imag)):
+            want = (z_part.double() * std + m).to(part)
+            assert torch.equal(got_part, want), name
 
 
 def test_large_draws_use_the_high_counter_word() -> None:
@@ -1004,17 +1116,26 @@ def test_off_the_cpu_draws_run_tensor_ops_and_never_read_a_simulated_cuda_genera
     assert torch.equal(before, fake.generators[0].get_state()) and not fake.set_calls
 
 
-def test_mps_scales_normal_draws_in_float32_within_1_ulp() -> None:
-    # MPS has no float64: affine() (normal's mean and std) rounds twice there, at most 1 ulp
-    # from the others. (Uniforms between bounds are exact there too: the bounded tests.)
-    u = distributions.unit(host(1), (10_000,), torch.float32)
-    span, low = float(torch.tensor(0.7)), float(torch.tensor(-0.35))  # float32 values
-    fused = distributions.affine(u, span, low, torch.float32)
-    twice = u * span + low
-    # Two roundings: at most one ulp of the larger term (a cancelling sum can be tiny).
-    scale = torch.maximum((u * span).abs(), torch.tensor(abs(low)))
-    ulp = torch.from_numpy(np.spacing(scale.numpy()))
-    assert float(((fused - twice).abs() / ulp).max()) <= 1.0
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_devices_without_float64_scale_normal_draws_as_the_cpu(
+        dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
+    # MPS, and JAX (torchax) without x64, have no float64: normal_(mean, std) scaled in the
+    # dtype there (1 ulp of the larger term apart: 20% of float32 values, up to 104,858 ulp of
+    # the result where it cancels, signs flipped in float16 and bfloat16; measured on
+    # torchax). Now from float32 pieces: equal wherever the exact value is not within about
+    # 2**-48 of a rounding boundary (none of these). SIMULATED: a CPU row without float64.
+    z = distributions.normal(host(1), (20_000,), dtype)
+    cases = [(0.5, 0.02), (-3.0, 2.5), (1000.0, 7.0), (0.1, 0.3), (1e-3, 1.0 / 3),
+             (torch.full((20_000,), 0.1, dtype=dtype), torch.full((20_000,), 0.3, dtype=dtype))]
+    want = [distributions.affine(z, std, mean, dtype) for mean, std in cases]
+    monkeypatch.setitem(portable_devices.DEVICES, "cpu",
+                        portable_devices.CPU._replace(float64=False))
+    unlike = 0  # values the dtype's own arithmetic (as before) makes otherwise
+    for (mean, std), cpu in zip(cases, want, strict=True):
+        got = distributions.affine(z, std, mean, dtype)
+        assert got.dtype == dtype and torch.equal(got, cpu), mean
+        unlike += int(((z * std + mean).to(dtype) != cpu).sum())
+    assert unlike > 1000
 
 
 # -- compare_devices, TrainingRNG ---------------------------------------------------------------------

@@ -242,6 +242,12 @@ def _shapes_and_others() -> Iterator[tuple[str, str, Call]]:
                                                     torch.ones(3, dtype=torch.complex64))),
         ("normal mixed dtypes", lambda: torch.normal(torch.zeros(3, dtype=torch.float64),
                                                      torch.ones(3))),
+        ("uniform_ float64 on a range narrower than 2**-969", lambda: torch.zeros(
+            3, dtype=torch.float64).uniform_(1e-300, 2e-300)),
+        ("normal mixed dtypes, the narrower mean", lambda: torch.normal(
+            torch.zeros(3), torch.ones(3, dtype=torch.float64))),
+        ("normal complex32 mean, float32 std", lambda: torch.normal(
+            torch.zeros(3, dtype=torch.complex32), torch.ones(3))),
         ("bernoulli probabilities above 1", lambda: torch.bernoulli(torch.tensor([1.5, 0.5]))),
         ("bernoulli_ tensor p above 1", lambda: torch.zeros(2).bernoulli_(torch.tensor([1.5, 0.5]))),
         ("bernoulli_ tensor p too long", lambda: torch.zeros(2).bernoulli_(torch.full((3,), 0.5))),

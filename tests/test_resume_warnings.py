@@ -525,16 +525,22 @@ def test_a_state_with_a_corrupt_epoch_start_is_refused_before_anything_changes()
     batches = iter(loader)
     next(batches)
     state = plain_state(rng.state_dict())
-    assert set(state["epoch_starts"]["loader"]) == {"host", "sampler"}
-    state["epoch_starts"]["loader"]["host"] = {"cpu": "not a state"}
+    start = state["epoch_starts"]["loader"]
+    assert set(start) == {"host", "sampler", "first"}
     before = torch.get_rng_state()
-    with pytest.raises(devrng.DevRNGError, match=r"TrainingRNG.load_state_dict: the saved epoch "
-                                                 r"start of the loader 'loader' is not a record "
-                                                 r"devrng wrote"):
-        rng.load_state_dict(resealed(state))
-    assert torch.equal(torch.get_rng_state(), before)
+    for key, bad in (("host", {"cpu": "not a state"}), ("first", 3),
+                     ("first", {**start, "first": None})):  # ('first' holds no 'first')
+        state["epoch_starts"]["loader"] = {**start, key: bad}
+        with pytest.raises(devrng.DevRNGError, match=r"TrainingRNG.load_state_dict: the saved "
+                                                     r"epoch start of the loader 'loader' is "
+                                                     r"not a record devrng wrote"):
+            rng.load_state_dict(resealed(state))
+        assert torch.equal(torch.get_rng_state(), before)
+    # As devrng 0.4 wrote them: an epoch start without 'first', and none at all. They load.
+    state["epoch_starts"]["loader"] = {"host": start["host"], "sampler": start["sampler"]}
+    rng.load_state_dict(resealed(state))
     del state["epoch_starts"]
-    rng.load_state_dict(resealed(state))  # states of devrng 0.4 had no epoch starts: they load
+    rng.load_state_dict(resealed(state))
 
 
 def test_a_stateful_loader_saved_inside_an_epoch_takes_another_number_of_workers(

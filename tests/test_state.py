@@ -206,22 +206,62 @@ def test_manual_seed_makes_every_host_stream_reproducible() -> None:
     assert not same(a, draws())
 
 
-def test_manual_seed_matches_torch_and_numpy_for_small_seeds() -> None:
-    devrng.manual_seed(5)
+@pytest.mark.parametrize("seed", [0, 5, 2**31 + 7, 2**32 - 1])
+def test_manual_seed_matches_torch_and_numpy_for_small_seeds(seed: int) -> None:
+    devrng.manual_seed(seed)
     a = (torch.rand(2), np.random.rand(2), random.random())
-    torch.manual_seed(5)
-    np.random.seed(5)
-    random.seed(5)
+    torch.manual_seed(seed)
+    np.random.seed(seed)
+    random.seed(seed)
     assert torch.equal(a[0], torch.rand(2)) and np.array_equal(a[1], np.random.rand(2))
     assert a[2] == random.random()
 
 
-def test_manual_seed_uses_all_64_bits() -> None:
-    devrng.manual_seed(2**40 + 1)
+@pytest.mark.parametrize("low", [0, 1, 2**31 + 7, 2**32 - 1])
+@pytest.mark.parametrize("high", [1, 3 << 20, 2**31, 2**32 - 1])
+def test_manual_seed_uses_all_64_bits_in_every_generator(low: int, high: int) -> None:
+    """torch.manual_seed keeps the low 32 bits of a seed for the CPU generator; devrng's
+    seeds that differ only above bit 32 give every generator, that one too, its own stream."""
+    seed = (high << 32) | low
+    torch.manual_seed(low)
+    torch_low = torch.rand(3)
+    torch.manual_seed(seed)
+    assert torch.equal(torch_low, torch.rand(3))  # why devrng folds the high bits in
+    devrng.manual_seed(low)
     a = draws()
-    devrng.manual_seed(1)
-    assert not same(a, draws())
-    devrng.manual_seed(2**64 - 1)
+    devrng.manual_seed(seed)
+    b = draws()
+    assert torch.equal(a[0], torch_low) and not torch.equal(a[0], b[0])
+    # Python's random.seed itself gives high == low - 1 (mod 2**32) the stream of low alone.
+    assert (a[1] == b[1]) == (high == (low - 1) % 2**32) and not np.array_equal(a[2], b[2])
+    assert torch.initial_seed() == seed
+    devrng.manual_seed(seed)
+    assert same(b, draws())
+
+
+def test_a_large_seed_starts_torch_cpu_generator_where_numpy_starts_its_own() -> None:
+    """Above 2**32 the CPU generator's 624 MT19937 words are init_by_array([low, high]),
+    which NumPy's legacy seeding computes independently."""
+    for seed in (2**32, 2**40 + 12345, 2**64 - 1):
+        devrng.manual_seed(seed)
+        key = np.random.RandomState([seed & 0xFFFFFFFF, seed >> 32]).get_state()[1]
+        words = torch.get_rng_state()[24:24 + 8 * 624].view(torch.int64).numpy()
+        assert np.array_equal(words, key.astype(np.int64))
+        assert np.array_equal(np.random.get_state()[1], key)  # NumPy seeded the same way
+
+
+def test_a_large_seed_is_refused_where_the_cpu_state_layout_is_unknown(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Simulated: a torch whose CPU state devrng cannot fill; small seeds still work."""
+    from tests._internals import host
+
+    monkeypatch.setattr(host, "_layout", [False])
+    before = devrng.get_rng_state()
+    with pytest.raises(DevRNGError, match=r"lays out its CPU generator's state in a way devrng "
+                                          r"does not know.*seed with a value below 2\*\*32"):
+        devrng.manual_seed(2**40)
+    assert devrng.get_rng_state() == before
+    assert devrng.manual_seed(2**32 - 1) == 2**32 - 1
 
 
 def test_manual_seed_seeds_simulated_devices(simulate_device: Any) -> None:

@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import _thread
 import io
 import json
 import os
 import subprocess
 import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from tests._helpers import plain_state, resealed
+from tests._internals import streams_module
 
 import devrng
 from devrng import DevRNGError, RNGStreams
@@ -216,6 +221,87 @@ def test_cpu_resume_in_a_fresh_process_matches_an_uninterrupted_run(tmp_path: Pa
 
 
 # -- errors ----------------------------------------------------------------------------------
+def _forked_draws(seed: int, rounds: int, start: threading.Barrier | None = None) -> list[float]:
+    """What ``rounds`` forks of a stream of its own draw, two draws per fork with a pause
+    between them (where another thread's fork would swap its state in)."""
+    streams = RNGStreams()
+    streams.add("own", seed)
+    if start is not None:
+        start.wait()
+    drawn: list[float] = []
+    for _ in range(rounds):
+        with streams.fork("own", devices=[]):
+            drawn += torch.rand(2).tolist()
+            time.sleep(0.001)
+            drawn += torch.rand(2).tolist()
+    return drawn
+
+
+def test_threads_forking_streams_of_their_own_each_draw_their_own_numbers() -> None:
+    # Before: the CPU generator is one per process, and one thread's fork swapped its
+    # stream in while another thread drew inside its own fork (7 of 8 threads got others'
+    # numbers). Forks now take turns across threads.
+    seeds = range(8)
+    want = {seed: _forked_draws(seed, 20) for seed in seeds}
+    start = threading.Barrier(len(seeds))
+    with ThreadPoolExecutor(len(seeds)) as pool:
+        got = dict(zip(seeds, pool.map(lambda s: _forked_draws(s, 20, start), seeds), strict=True))
+    assert got == want
+    # One thread's forks still nest, and other threads go on once they exit.
+    streams = RNGStreams()
+    streams.add("a", 1)
+    streams.add("b", 2)
+    with ThreadPoolExecutor(1) as pool:
+        with streams.fork("a", devices=[]), streams.fork("b", devices=[]):
+            other = pool.submit(_forked_draws, 3, 1)
+            time.sleep(0.1)
+            assert not other.done()  # waiting for this thread's forks
+        assert other.result(timeout=10) == _forked_draws(3, 1)
+
+
+def _hold_a_fork(entered: threading.Event, leave: threading.Event) -> None:
+    streams = RNGStreams()
+    streams.add("held", 1)
+    with streams.fork("held", devices=[]):
+        entered.set()
+        leave.wait(10)
+
+
+def test_a_fork_waiting_for_another_threads_warns_and_takes_a_ctrl_c(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(streams_module, "_PATIENCE", 0.2)
+    entered, leave = threading.Event(), threading.Event()
+    holder = threading.Thread(target=_hold_a_fork, args=(entered, leave), name="holder")
+    holder.start()
+    entered.wait(10)
+    streams = RNGStreams()
+    streams.add("mine", 2)
+    try:
+        # The holder leaves after 0.5 s: this fork warns at 0.2 s, then goes on.
+        threading.Timer(0.5, leave.set).start()
+        with pytest.warns(devrng.DevRNGWarning, match=r"RNGStreams.fork: thread 'MainThread''s "
+                          r"fork of 'mine' has waited 0.2 s for thread 'holder''s fork of "
+                          r"'held' to exit: .* forks in different threads take turns"):
+            with streams.fork("mine", devices=[]):
+                pass
+        holder.join(10)
+        # A Ctrl-C while waiting is raised at once, and leaves nothing held.
+        entered.clear()
+        leave.clear()
+        holder = threading.Thread(target=_hold_a_fork, args=(entered, leave), name="holder")
+        holder.start()
+        entered.wait(10)
+        threading.Timer(0.2, _thread.interrupt_main).start()
+        with pytest.raises(KeyboardInterrupt):
+            with streams.fork("mine", devices=[]):
+                pytest.fail("the fork was entered")
+    finally:
+        leave.set()
+        holder.join(10)
+    with ThreadPoolExecutor(1) as pool:  # the turn is free: another thread forks at once
+        assert pool.submit(_forked_draws, 3, 1).result(timeout=5) == _forked_draws(3, 1)
+
+
 def test_adding_a_name_twice_is_a_value_error() -> None:
     streams = RNGStreams()
     streams.add("dropout", 1)

@@ -32,8 +32,10 @@ from devrng._backends.registry import (
     requirement,
 )
 from devrng._base import bytecode, sigint
+from devrng._base.errors import DevRNGError
 from devrng._base.seeds import SEED_VARIABLES, seed_from_environment
 from devrng._portable.threefry_cpu import status as kernel_status
+from devrng._portable.threefry_cpu import switched_off as kernel_switched_off
 from devrng._training.determinism import CUBLAS_DETERMINISTIC, current_settings
 from devrng._versions import Problem, release, version_problems
 
@@ -255,6 +257,10 @@ def environment_problems(versions: dict[str, str | None]) -> tuple[list[str], li
             except ValueError as err:
                 errors.append(f"{err} TrainingRNG() and the trainer callbacks read it when "
                               "given no seed, and raise on it.")
+    try:
+        kernel_switched_off()
+    except DevRNGError as err:
+        errors.append(f"{err} devrng.portable raises this at its first draw on the CPU.")
     cublas = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
     if cublas is not None and cublas not in CUBLAS_DETERMINISTIC:
         warnings.append(

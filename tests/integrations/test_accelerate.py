@@ -109,6 +109,49 @@ def test_a_prepared_loaders_epoch_count_is_saved_and_put_back() -> None:
     state = registered.state_dict()
     assert state["epochs"] == {"loader": 2}
     registered, loader = prepared(_accelerator_with(use_seedable_sampler=True))
-    state["epochs"] = {"loader": 1}  # as saved after the first epoch's loop
+    state = resealed({**state, "epochs": {"loader": 1}})  # as saved after the first epoch
     registered.load_state_dict(state)
     assert loader.iteration == 1
+
+
+_CHANGES: dict[str, Any] = {
+    "an epoch count": lambda s: {**s, "epochs": {"loader": 3}},
+    "the key 'epochs'": lambda s: {("epochz" if k == "epochs" else k): v for k, v in s.items()},
+    "inside_epoch": lambda s: {**s, "inside_epoch": None},
+    "accumulating": lambda s: {**s, "accumulating": 2},
+}
+
+
+def test_every_part_of_the_registered_state_is_sealed(tmp_path: Any) -> None:
+    """What register_for_checkpointing saves -- every rank's state, and beside it the place in
+    the epoch, the accumulation window and the loaders' epoch counts (set_epoch'ed on load) --
+    is sealed whole: a changed key or value is refused with a DevRNGError by
+    accelerator.load_state and by load_state_dict before any generator or epoch count
+    changes; devrng 0.4.0's unsealed state still loads."""
+    accelerator = _accelerator_with(use_seedable_sampler=True)
+    registered = _registered(accelerator)
+    loader = accelerator.prepare(torch.utils.data.DataLoader(
+        range(8), batch_size=2, shuffle=True, **registered.rng.dataloader_kwargs()))
+    registered.rng.track("loader", loader)
+    for _ in loader:
+        break  # inside the epoch's loop
+    accelerator.save_state(tmp_path / "state")
+    [saved] = (tmp_path / "state").glob("custom_checkpoint_*.pkl")
+    intact = torch.load(saved, weights_only=True)
+    assert intact["epochs"] == {"loader": 0} and intact["inside_epoch"] is not None
+    for name, change in _CHANGES.items():
+        changed = change(intact)
+        before = devrng.get_rng_state(), loader.iteration
+        with pytest.raises(devrng.DevRNGError, match=r"devrng.integrations.accelerate: the "
+                                                     r"state was altered or damaged after"):
+            registered.load_state_dict(changed)
+        assert (devrng.get_rng_state(), loader.iteration) == before, name
+        torch.save(changed, saved)
+        with pytest.raises(devrng.DevRNGError, match=r"the state was altered or damaged"):
+            accelerator.load_state(tmp_path / "state")
+    torch.save(intact, saved)
+    with pytest.warns(devrng.DevRNGWarning, match="skip_first_batches"):
+        accelerator.load_state(tmp_path / "state")
+    unsealed = {key: intact[key] for key in ("ranks", "inside_epoch", "accumulating", "epochs")}
+    with pytest.warns(devrng.DevRNGWarning, match="skip_first_batches"):
+        registered.load_state_dict(unsealed)  # as devrng 0.4.0 wrote it

@@ -279,3 +279,127 @@ def test_a_resumed_epoch_whose_workers_persist_warns(tmp_path: Any) -> None:
                                               r"epoch to 1"):
         order = _resume_at_epoch_1(tmp_path, persistent=True, devrng_callback=True)
     assert order == _epoch_order(0)
+
+
+class _Streaming(pl.LightningModule):  # type: ignore[misc]
+    """Trains on ``tests._datasets.Streamed`` (an IterableDataset without a length) in a plain
+    DataLoader; records each step's loss (``float.hex``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.3),
+                                         torch.nn.Linear(8, 1))
+        self.losses: list[str] = []
+
+    def training_step(self, batch: torch.Tensor, _index: int) -> torch.Tensor:
+        loss = self.layer(batch).pow(2).mean()
+        self.losses.append(float(loss).hex())
+        return loss
+
+    def train_dataloader(self) -> torch.utils.data.DataLoader:
+        from tests._datasets import Streamed
+
+        return torch.utils.data.DataLoader(Streamed(), batch_size=4)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+class _SaveAtStep(pl.Callback):  # type: ignore[misc]
+    def __init__(self, step: int, path: Path) -> None:
+        self.step, self.path = step, path
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *_: Any) -> None:
+        if trainer.global_step == self.step:
+            trainer.save_checkpoint(self.path)
+
+
+def test_a_loader_without_a_length_resumes_inside_its_epoch_with_a_warning(tmp_path: Path
+                                                                          ) -> None:
+    """max_steps=6 over a dataset without a length (Lightning counts inf batches), a checkpoint
+    at step 3: the callback raised OverflowError (int(inf)); now the resumed run trains to
+    step 6 and says why it is not the uninterrupted one (the DataLoader starts the stream
+    again), and it is not."""
+    import warnings
+
+    def fit(model: _Streaming, resume: Path | None = None) -> list[str]:
+        trainer = pl.Trainer(max_steps=6, callbacks=[DevRNGCallback(5),
+                                                     _SaveAtStep(3, tmp_path / "step3.ckpt")],
+                             logger=False, enable_checkpointing=False, accelerator="cpu",
+                             enable_progress_bar=False, enable_model_summary=False,
+                             default_root_dir=tmp_path)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            trainer.fit(model, ckpt_path=resume)
+        assert trainer.global_step == 6
+        return [str(w.message) for w in caught if issubclass(w.category, devrng_warning())]
+
+    whole = _Streaming()
+    assert fit(whole) == []
+    resumed = _Streaming()
+    said = fit(resumed, tmp_path / "step3.ckpt")
+    assert any("the checkpoint was written inside an epoch (after batch 3), and the training "
+               "loader is a DataLoader, which cannot restore its place" in m for m in said), said
+    assert len(resumed.losses) == 3 and resumed.losses != whole.losses[3:]
+
+
+def _renamed(mapping: dict[str, Any], old: str, new: str) -> dict[str, Any]:
+    return {(new if key == old else key): value for key, value in mapping.items()}
+
+
+def _first_loader(entry: dict[str, Any], change: Any) -> dict[str, Any]:
+    """``entry`` with rank 0's first training loader description changed by ``change``."""
+    loaders = [dict(per_rank) for per_rank in entry["loaders"]]
+    loaders[0]["training"] = [change(dict(loaders[0]["training"][0]))]
+    return {**entry, "loaders": loaders}
+
+
+_ENTRY_CHANGES: dict[str, Any] = {
+    "the key 'loaders'": lambda e: _renamed(e, "loaders", "loaderz"),
+    "the key 'position'": lambda e: _renamed(e, "position", "positiom"),
+    "a loader's batch size": lambda e: _first_loader(e, lambda d: {**d, "batch_size": 5}),
+    "a key in a loader's record": lambda e: _first_loader(
+        e, lambda d: _renamed(d, "num_workers", "num_workerz")),
+    "the batch in position": lambda e: {**e, "position": {**e["position"], "batch": 1}},
+    "the key 'format'": lambda e: _renamed(e, "format", "formaT"),
+}
+
+
+def test_every_part_of_the_callbacks_entry_is_sealed(tmp_path: Path) -> None:
+    """A real Lightning checkpoint (inside an epoch): a changed key or value of the entry's
+    loaders or position -- outside the digest before, where a flipped key silently skipped the
+    loader checks -- is refused with a DevRNGError, by fit(ckpt_path=...) and by
+    load_state_dict before any generator changes; devrng 0.4.0's unsealed entry still loads."""
+    import devrng
+
+    path = tmp_path / "step2.ckpt"
+    trainer = pl.Trainer(max_steps=3, callbacks=[DevRNGCallback(5), _SaveAtStep(2, path)],
+                         logger=False, enable_checkpointing=False, accelerator="cpu",
+                         enable_progress_bar=False, enable_model_summary=False,
+                         default_root_dir=tmp_path)
+    trainer.fit(_Tiny())
+    checkpoint = torch.load(path, weights_only=False)
+    entry = checkpoint["callbacks"]["DevRNGCallback"]
+    assert entry["position"]["batch"] == 2 and entry["loaders"][0]["training"]
+    for name, change in _ENTRY_CHANGES.items():
+        changed = change(entry)
+        callback = DevRNGCallback(6)  # (which seeds)
+        before = devrng.get_rng_state()
+        with pytest.raises(devrng_error(), match=r"DevRNGCallback(: the state was altered or "
+                                                 r"damaged after devrng| takes the dict that "
+                                                 r"DevRNGCallback.state_dict\(\) returns; its "
+                                                 r"format tag is None)"):
+            callback.load_state_dict(changed)
+        assert devrng.get_rng_state() == before, name
+        changed_path = tmp_path / f"{len(name)}-{name[:8]}.ckpt"
+        torch.save({**checkpoint, "callbacks": {"DevRNGCallback": changed}}, changed_path)
+        again = pl.Trainer(max_steps=3, callbacks=[DevRNGCallback(5)], logger=False,
+                           enable_checkpointing=False, accelerator="cpu",
+                           enable_progress_bar=False, enable_model_summary=False,
+                           default_root_dir=tmp_path)
+        with pytest.raises(devrng_error(), match=r"DevRNGCallback(: the state was| takes the)"):
+            again.fit(_Tiny(), ckpt_path=changed_path)
+        assert again.global_step == 0, name  # refused as Lightning restored the callbacks
+    unsealed = {key: entry[key] for key in ("ranks", "loaders", "position")}  # devrng 0.4.0's
+    DevRNGCallback(5).load_state_dict(unsealed)
+    DevRNGCallback(5).load_state_dict(entry)

@@ -18,6 +18,7 @@ import pytest
 from tests._helpers import ROOT, run_env, run_torchrun
 
 pytest.importorskip("lightning.pytorch")
+pytestmark = pytest.mark.slow  # two torchrun jobs of 2 ranks
 PROGRAM = ROOT / "tests" / "integrations" / "_lightning_model_parallel.py"
 
 

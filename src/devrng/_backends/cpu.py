@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from devrng._backends.host import seed_cpu
+
 __all__ = ["CPUBackend", "backend"]
 
 
@@ -31,7 +33,7 @@ class CPUBackend:
         torch.default_generator.set_state(state)
 
     def manual_seed(self, seed: int) -> None:
-        torch.default_generator.manual_seed(seed)
+        seed_cpu(seed)  # all 64 bits (torch's manual_seed keeps the low 32)
 
 
 backend = CPUBackend()

@@ -40,3 +40,14 @@ class ForkSafeLock:
 
     def __exit__(self, *exc_info: Any) -> None:
         self._lock.release()
+
+    def acquire(self, timeout: float = -1) -> bool:
+        """Hold the lock (waiting at most ``timeout`` seconds if not negative); whether held.
+        For a lock held across calls (entered in one, released in another)."""
+        return self._lock.acquire(timeout=timeout)
+
+    def release(self) -> bool:
+        """Release the lock; returns False (not held), so that ``held = lock.release()``
+        changes a flag in the very line that releases (one line here too: no exception can
+        land between the release and its result)."""
+        return bool(self._lock.release())  # type: ignore[func-returns-value]  # (None)

@@ -47,7 +47,7 @@ from typing import Any, TypeVar
 
 from devrng._base.bytecode import tested
 
-__all__ = ["PENDING", "deliver", "guard", "install", "installed", "interrupt_in", "raised_count"]
+__all__ = ["PENDING", "deliver", "deliver_waiting", "guard", "install", "installed", "interrupt_in", "raised_count"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -63,10 +63,19 @@ _CHECK_POINTS = ("CALL", "PRECALL", "JUMP_BACKWARD", "RESUME", "SEND", "YIELD")
 
 def deliver() -> None:
     """End of a guarded call: raise the interrupt noted during it, unless a guarded call
-    that encloses this one is still running (it will raise it when it ends)."""
-    if PENDING[0]:
+    that encloses this one is still running (it will raise it when it ends). Only the main
+    thread's: the interrupt was noted there, and another thread's call must not take it."""
+    if PENDING[0] and threading.current_thread() is threading.main_thread():
         if _inside_guarded(sys._getframe(2)):  # 0: here, 1: the guarded call that ends
             return
+        PENDING[0] = False
+        raise KeyboardInterrupt
+
+
+def deliver_waiting() -> None:
+    """In a guarded call that waits (for a lock) before it has changed anything: raise a
+    noted interrupt now, enclosing guarded calls or not, so that a Ctrl-C ends the wait."""
+    if PENDING[0] and threading.current_thread() is threading.main_thread():
         PENDING[0] = False
         raise KeyboardInterrupt
 

@@ -11,7 +11,7 @@ from typing import Any, NamedTuple, TypeVar
 import torch
 
 from devrng._backends.host import get_cpu_state, set_cpu_state
-from devrng._base.errors import check_flags, warn_and_log
+from devrng._base.errors import check_flags, short_repr, warn_and_log
 from devrng._base.sigint import PENDING, deliver, guard
 from devrng._generators.plan import make_plan
 from devrng._generators.undo import Undo
@@ -315,19 +315,19 @@ def _listed(devices: Any, kw: str) -> list[Any]:
     """Any other iterable, listed once (a generator or range may be consumed)."""
     if callable(devices):
         raise TypeError(
-            f"fork_rng got the callable {devices!r} as {kw}; to decorate a function "
+            f"fork_rng got the callable {short_repr(devices)} as {kw}; to decorate a function "
             "write @fork_rng() with parentheses."
         )
     if isinstance(devices, (bytes, bytearray, memoryview)):
         raise TypeError(
-            f"fork_rng got {kw}={devices!r} (a {type(devices).__name__}); pass device strings "
+            f"fork_rng got {kw}={short_repr(devices)} (a {type(devices).__name__}); pass device strings "
             "such as 'cuda:0', not bytes."
         )
     try:
         return list(devices)
     except TypeError:
         raise TypeError(
-            f"fork_rng got {kw}={devices!r} (a {type(devices).__name__}), which is neither a "
+            f"fork_rng got {kw}={short_repr(devices)} (a {type(devices).__name__}), which is neither a "
             "device nor a collection of them; pass a list of ints, device strings, "
             "torch.device objects, tensors or modules."
         ) from None

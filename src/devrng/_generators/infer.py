@@ -204,15 +204,15 @@ def _owner_of_ints(named: list[str], inferred: list[str], ints: list[int], kw: s
         why = (f"several device types are in use ({', '.join(in_use)})" if in_use else
                "this process has no accelerator to refer them to")
         raise ValueError(
-            f"{kw}={ints!r} holds device indices but no device type, and {why}; pass "
+            f"{kw}={short_repr(ints)} holds device indices but no device type, and {why}; pass "
             "device_type='cuda' (or 'xla', 'xpu', ...), or name devices fully, as in "
             f"{kw}=['xla:0']."
         )
     candidates = named or inferred
     raise ValueError(
-        f"{kw} holds bare indices {ints!r} but several device types ({', '.join(candidates)}); "
+        f"{kw} holds bare indices {short_repr(ints)} but several device types ({', '.join(candidates)}); "
         "say which type they belong to with device_type='...', or name devices fully, as in "
-        f"'{candidates[0]}:{ints[0]}'."
+        f"'{candidates[0]}:{short_repr(ints[0])}'."
     )
 
 

@@ -309,9 +309,7 @@ def _check_header(data: Any, form: SavedForm, source: str | None) -> int:
     tag, what, made_by = form.tag, form.what, form.made_by
     tagged = data.get("format") if isinstance(data, Mapping) else None
     if not (type(tagged) is str and tagged == tag):
-        got = (f"its format tag is {short_repr(data.get('format'))}, not {tag!r}"
-               if isinstance(data, Mapping) else "it is None" if data is None
-               else f"it is {short_repr(data)} (of type {type(data).__name__})")
+        got = _not_a_state(data, tag, made_by)
         if source is not None:
             raise DevRNGError(f"{source} is not a valid devrng state for {what}: {got}. Write it "
                               f"with {made_by}.")
@@ -323,6 +321,34 @@ def _check_header(data: Any, form: SavedForm, source: str | None) -> int:
                           f"this devrng reads version{'s' if len(known) > 1 else ''} "
                           f"{', '.join(map(str, known))}.")
     return version
+
+
+#: The key prefix of a rank's entry in what a devrng object's ``state_dict()`` returns.
+PREFIX = "devrng_rank_"
+
+
+def _not_a_state(data: Any, tag: str, made_by: str) -> str:
+    """What ``data`` is, in words, when it is not a saved state tagged ``tag``: the key that
+    holds one in a whole checkpoint, the keys of another dict, or a path not loaded yet."""
+    if isinstance(data, Mapping) and "format" not in data:
+        holders = [key for key, value in data.items() if isinstance(value, Mapping) and (
+            str(value.get("format", "")).startswith("devrng.")
+            or any(str(k).startswith(PREFIX) for k in value))]
+        if holders:
+            return (f"it is a dict that holds a devrng state under the key "
+                    f"{short_repr(holders[0])} (a whole checkpoint?): pass that entry, "
+                    f"checkpoint[{short_repr(holders[0])}]")
+        keys = ", ".join(map(short_repr, list(data)[:8])) + (", ..." if len(data) > 8 else "")
+        return (f"it is a dict with the keys {keys or '(none)'}, none of which holds a devrng "
+                f"state: pass what {made_by} returned")
+    if isinstance(data, Mapping):
+        return f"its format tag is {short_repr(data.get('format'))}, not {tag!r}"
+    if isinstance(data, str) or hasattr(data, "__fspath__"):
+        return (f"it is the {type(data).__name__} {short_repr(data)}, not a state: to resume "
+                "from a file, load it first (torch.load(path, weights_only=True)) and pass what "
+                f"{made_by} returned, from inside it")
+    return "it is None" if data is None else \
+        f"it is {short_repr(data)} (of type {type(data).__name__})"
 
 
 def _verify(data: Mapping[str, Any], version: int, where: str) -> None:

@@ -34,7 +34,9 @@ def manual_seed(seed: int, *, devices: Any = None, device_type: Any = None, pyth
     raised once everything is seeded.
 
     Args:
-        seed: An int in ``[0, 2**64)``; all 64 bits reach every generator.
+        seed: An int in ``[0, 2**64)``; all 64 bits reach every generator (torch's
+            CPU generator too, which ``torch.manual_seed`` seeds from the low 32 only;
+            below 2**32 it is seeded as ``torch.manual_seed(seed)`` seeds it).
         devices: Seed only the device types found here (every device of each).
         device_type: Seed only these device types (one or a sequence).
         python: Also seed Python's ``random``.

@@ -29,6 +29,7 @@ from devrng._base.plain import hash_into
 from devrng._base.sigint import deliver, guard
 from devrng._generators.plan import make_plan
 from devrng._generators.saved import (
+    PREFIX,
     Fit,
     SavedForm,
     check_device_states,
@@ -444,10 +445,7 @@ def set_rng_state(state: RNGState) -> None:
         True
     """
     if not isinstance(state, RNGState):
-        raise TypeError(
-            f"set_rng_state takes a devrng.RNGState, not a {type(state).__name__}; get one from "
-            "devrng.get_rng_state() or devrng.RNGState.load(path)."
-        )
+        raise TypeError(f"set_rng_state takes a devrng.RNGState, not {_what_state(state)}.")
     try:
         check_host(state)
         restore = prepare_restore(state)
@@ -497,3 +495,16 @@ def prepare_restore(state: RNGState, fit: Fit | None = None) -> Restore:
     """
     targets = check_device_states(state.devices if fit is None else fit.devices)
     return Restore(state, targets) if fit is None else Restore(state, targets, fit.reseed, fit.seed)
+
+
+def _what_state(state: Any) -> str:
+    """What ``set_rng_state`` got instead of a snapshot, and where that goes, in words."""
+    if isinstance(state, Mapping):
+        tag = state.get("format")
+        if tag == "devrng.RNGState":
+            return "a dict (RNGState.to_dict()): turn it into one with RNGState.from_dict(state)"
+        if tag == "devrng.TrainingRNG" or any(str(k).startswith(PREFIX) for k in state):
+            return ("the state_dict() of a TrainingRNG (or another devrng object): put it back "
+                    "with that object's load_state_dict(state), e.g. rng.load_state_dict(state)")
+    return (f"a {type(state).__name__}; get one from devrng.get_rng_state() or "
+            "devrng.RNGState.load(path)")

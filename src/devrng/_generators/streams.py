@@ -4,12 +4,19 @@ A device-aware take on Megatron-LM's CUDA RNG tracker: each stream keeps its
 own state for the CPU generator and for every device it has been forked on
 (CUDA, XPU, MPS, XLA, torchax, ...) -- an ``RNGState`` without Python and
 NumPy -- swapped in while the stream is forked.
+
+The generators a fork swaps are one per process, shared by every thread: two threads
+forking at once would each draw the other's numbers. So forks take turns (``_TURN``): a
+thread's fork waits until every fork another thread holds has exited, while forks in one
+thread nest as before.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -17,10 +24,11 @@ import torch
 
 from devrng._backends import host
 from devrng._backends.registry import Backend, device_count
-from devrng._base.errors import DevRNGError, short_repr
+from devrng._base.errors import DevRNGError, short_repr, warn_and_log
+from devrng._base.locks import ForkSafeLock
 from devrng._base.rank import process_rank, world_size
 from devrng._base.seeds import check_seed
-from devrng._base.sigint import deliver, guard
+from devrng._base.sigint import deliver, deliver_waiting, guard
 from devrng._generators.plan import Plan, make_plan
 from devrng._generators.ranks.protocol import (
     Apply,
@@ -123,11 +131,13 @@ class RNGStreams:
             ('model-parallel',)
         """
         if not isinstance(name, str) or not name:
-            raise TypeError(f"A stream name must be a non-empty string, not {name!r}.")
+            raise TypeError(f"A stream name must be a non-empty string, not {short_repr(name)} "
+                            f"(a {type(name).__name__}).")
         seed = check_seed(seed)
         if name in self._streams:
             raise ValueError(
-                f"A stream named {name!r} already exists (seed {self._streams[name].seed}); "
+                f"A stream named {short_repr(name)} already exists (seed "
+                f"{self._streams[name].seed}); "
                 "choose another name, or load_state_dict() to replace every stream."
             )
         cpu = torch.Generator().manual_seed(_stream_seed(name, seed)).get_state()
@@ -184,7 +194,9 @@ class RNGStreams:
         Covers the CPU and the device types of ``devices`` / ``device_type``
         (with neither, the accelerator and XLA / torchax when in use, as
         ``fork_rng``). The stream's advanced state is kept, so the next
-        ``fork(name)`` continues where this one stopped.
+        ``fork(name)`` continues where this one stopped. Forks in different threads
+        take turns (the generators are one per process): one waits while another
+        thread's fork is open, so each thread draws exactly its own streams' numbers.
 
         Args:
             name: A stream added with ``RNGStreams.add``.
@@ -397,12 +409,65 @@ def _swap_in(name: str, stream: _Stream, plan: Plan) -> None:
         ) from err
 
 
+# Forks of every RNGStreams in this process, one thread's at a time (reentrant: one thread's
+# forks nest). _HOLDER lists the holding thread's open turns, outermost first, for the
+# warning a fork gives when it has waited _PATIENCE seconds (a block that waits for another
+# thread's fork would wait for good).
+_TURN = ForkSafeLock()
+_HOLDER: list[_Turn] = []
+_PATIENCE = 10.0
+_POLL = 0.05  # seconds between looks at a Ctrl-C noted while waiting
+
+
+class _Turn:
+    """One fork's hold of ``_TURN``, taken once and given back once.
+
+    ``held`` changes only in the line that acquires or releases the lock, so an exception
+    landing between any two lines (devrng's interrupt tests inject one before every line)
+    leaves it true exactly while the lock is held, and ``give_back`` can be called again.
+    """
+
+    __slots__ = ("held", "who")
+
+    def __init__(self, name: str) -> None:
+        self.who = f"thread {threading.current_thread().name!r}'s fork of {name!r}"
+        self.held = False
+
+    def take(self) -> None:
+        """Wait for the turn (inside a guarded call: a Ctrl-C while waiting is raised here,
+        with nothing held)."""
+        since = time.monotonic()
+        warned = False
+        while not self.held:
+            self.held = _TURN.acquire(timeout=_POLL)
+            if not self.held:
+                deliver_waiting()
+                if not warned and time.monotonic() - since >= _PATIENCE:
+                    warned = True
+                    self._warn()
+        _HOLDER.append(self)
+
+    def _warn(self) -> None:
+        holder = next(iter(_HOLDER[:1]), None)  # (a copy: the holder may change it meanwhile)
+        warn_and_log(
+            f"RNGStreams.fork: {self.who} has waited {_PATIENCE:g} s for "
+            f"{holder.who if holder else 'another thread'} to exit: the generators are one per "
+            "process, so forks in different threads take turns. If that fork waits for this "
+            "thread, neither will go on; exit it first.", stacklevel=5)
+
+    def give_back(self) -> None:
+        if self.held:
+            if self in _HOLDER:
+                _HOLDER.remove(self)
+            self.held = _TURN.release()  # False, in the line that releases
+
+
 class StreamFork:
     """``RNGStreams.fork(name)``: the stream's states in, the caller's kept aside; on exit the
     stream keeps what it drew and the caller gets its own states back."""
 
     __slots__ = ("_advanced", "_caller", "_device_type", "_devices", "_name", "_plan", "_stream",
-                 "_streams")
+                 "_streams", "_turn")
 
     def __init__(self, streams: RNGStreams, name: str, devices: Any, device_type: Any) -> None:
         self._streams, self._name = streams, name
@@ -410,7 +475,10 @@ class StreamFork:
 
     @guard
     def __enter__(self) -> None:
+        turn = _Turn(self._name)
+        swapping = False  # the stream's states are (maybe partly) in place: undo them
         try:
+            turn.take()  # waits while another thread has a fork open
             streams, name = self._streams, self._name
             stream = streams._get(name, "fork")
             if name in streams._active:
@@ -425,15 +493,17 @@ class StreamFork:
             caller.save_devices(read_devices(plan))
             self._stream, self._plan, self._caller = stream, plan, caller
             self._advanced: RNGState | None = None  # what the stream drew, read on exit
-        finally:
-            deliver()  # nothing is swapped in yet: a noted Ctrl-C leaves nothing to undo
-        try:
+            self._turn = turn
+            deliver()  # nothing is swapped in yet: a noted Ctrl-C gives back the turn only
+            swapping = True
             streams._active.add(name)
             _swap_in(name, stream, plan)
             deliver()  # a Ctrl-C noted meanwhile: the block is not entered, so undo below
         except BaseException as err:
-            caller.roll_back(err)  # the error goes on; what could not be put back is a note
-            streams._active.discard(name)
+            if swapping:
+                caller.roll_back(err)  # the error goes on; what could not be put back is a note
+                streams._active.discard(name)
+            turn.give_back()
             deliver()
             raise
 
@@ -448,13 +518,16 @@ class StreamFork:
             else:
                 self._caller.roll_back(exc)
             self._end()
+            self._turn.give_back()
         except BaseException as err:
             if self._advanced is None:
                 self._advanced = snapshot(read_devices(self._plan), python=False, numpy=False)
             self._caller.roll_back(err)
             self._end()
+            self._turn.give_back()
             raise
         finally:
+            self._turn.give_back()  # if an interrupt cut the one above short (it gives once)
             deliver()
 
     def _end(self) -> None:

@@ -87,7 +87,8 @@ def _check_call_seed(seed: object) -> int | torch.Tensor:
         return seed
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise TypeError(
-            f"seed must be None, an int in [0, 2**64) or a 0-d integer tensor, not {seed!r} "
+            f"seed must be None, an int in [0, 2**64) or a 0-d integer tensor, not "
+            f"{short_repr(seed)} "
             f"(a {type(seed).__name__})."
         )
     return check_seed(seed)
@@ -130,9 +131,10 @@ def _explain_positional_seed(sig: inspect.Signature | None, args: tuple[Any, ...
         sig.bind(*args[:-1], **kwargs)
     except TypeError:
         return
+    shown = short_repr(last)
     raise TypeError(
-        f"The last positional argument, {last!r}, looks like a seed, but seed is keyword-only: "
-        f"call the function as f(..., seed={last!r})."
+        f"The last positional argument, {shown}, looks like a seed, but seed is keyword-only: "
+        f"call the function as f(..., seed={shown})."
     ) from err
 
 

@@ -230,13 +230,70 @@ def affine(x: torch.Tensor, scale: float | torch.Tensor, shift: float | torch.Te
     unfused sum differ by a float64 unit at most, which moves the rounded
     value only where it lies on a rounding boundary of ``dtype`` (a float32
     ``scale`` makes the product exact, and then nothing moves). MPS has no
-    float64, and JAX (torchax) only with x64: there it is computed in
-    ``dtype``, within 1 ulp of the others. (Uniforms between bounds are
-    exact everywhere: ``scale_shift``.)
+    float64, and JAX (torchax) only with x64: there it is computed from float32 pieces
+    (``_affine_pieces``), which round the same way except where the exact value lies within
+    about 2**-48 of the larger term of a rounding boundary. (Uniforms between bounds are
+    exact everywhere: ``scale_shift``.) A complex ``x`` is scaled part by part, as torch's
+    ``normal`` does: a real ``shift`` is added to both parts, a complex one to each its own.
     """
-    if dtype == torch.float64 or not devices.row(x.device).float64:
-        return (x * scale + shift).to(dtype)  # (torchax makes float32 of half * a number)
+    if dtype.is_complex:  # as torch: a number added to both parts, a complex tensor by part
+        part = _COMPLEX_PARTS[dtype]
+        by_part = isinstance(shift, torch.Tensor) and shift.dtype.is_complex
+        real, imag = (shift.real, shift.imag) if by_part else (shift, shift)
+        return torch.complex(affine(x.real, scale, real, part), affine(x.imag, scale, imag, part))
+    if dtype == torch.float64:
+        return x * scale + shift
+    if not devices.row(x.device).float64:
+        return _affine_pieces(x, scale, shift, dtype)
     return (x.to(torch.float64) * scale + shift).to(dtype)
+
+
+_SPLITTER = 4097.0  # 2**12 + 1: Veltkamp's split of a float32 into two halves of 12 bits
+
+
+def _halves(v: float | torch.Tensor) -> tuple[Any, Any]:
+    """``v`` (float32 values) as ``hi + lo`` exactly, each of at most 12 significant bits."""
+    if isinstance(v, torch.Tensor):
+        c = v * _SPLITTER
+        top = c - (c - v)
+        return top, v - top
+    # The same steps on a number, each rounded to float32 as the tensor ops round them.
+    wide = round_to(v * _SPLITTER, torch.float32)
+    high = round_to(wide - round_to(wide - v, torch.float32), torch.float32)
+    return high, v - high
+
+
+def _pieces(v: float | torch.Tensor) -> tuple[Any, Any]:
+    """``v`` as a float32 number or tensor and the float32 rest (0 for a tensor, whose
+    values are float32 numbers already)."""
+    if isinstance(v, torch.Tensor):
+        return v.to(torch.float32), 0.0
+    hi = round_to(v, torch.float32)
+    return hi, round_to(v - hi, torch.float32)
+
+
+def _affine_pieces(x: torch.Tensor, scale: float | torch.Tensor, shift: float | torch.Tensor,
+                   dtype: torch.dtype) -> torch.Tensor:
+    """``affine`` without float64: ``x * scale + shift`` from float32 pieces, rounded once.
+
+    ``scale`` and ``shift`` are split into a float32 number and its float32 rest (48 bits of
+    each); ``x * scale_hi`` is made exactly as two float32 numbers (Dekker's product of
+    Veltkamp's halves: no fused multiply-add needed), its sum with ``shift_hi`` exactly by
+    Knuth's two-sum, and the small terms are added to the error: the exact value within
+    about 2**-48 of the larger term, rounded once to ``dtype``.
+    """
+    x = x.to(torch.float32)
+    s_hi, s_lo = _pieces(scale)
+    m_hi, m_lo = _pieces(shift)
+    product = x * s_hi
+    (x1, x0), (s1, s0) = _halves(x), _halves(s_hi)
+    product_error = ((x1 * s1 - product) + x1 * s0 + x0 * s1) + x0 * s0
+    total, error = _two_sum(product, m_hi)
+    rest = error + (product_error + (x * s_lo + m_lo))
+    if dtype == torch.float32:
+        return total + rest  # type: ignore[no-any-return]
+    total, error = _two_sum(total, rest)
+    return _rounded_once(total, error, dtype, torch.float32, TORCH_OPS)  # type: ignore[no-any-return]
 
 
 def bounds(low: float, high: float, dtype: torch.dtype, row: devices.Device = devices.CPU
@@ -245,22 +302,41 @@ def bounds(low: float, high: float, dtype: torch.dtype, row: devices.Device = de
     ``lo = dtype(low)``, ``span = dtype(dtype(high) - lo)`` (the difference of two ``dtype``
     numbers is rounded once: float64 has more than twice their precision). Refused: bounds
     whose span is not finite, and on a device that flushes subnormal numbers (``row``),
-    bounds whose draws could pass through one (every value the formula makes is a multiple
-    of the lowest bit of ``lo`` or of ``2**-UNIT_BITS * ulp(span)``)."""
+    bounds where some draw's exact value ``u * span + lo`` is a nonzero number below the
+    dtype's smallest normal one (which the device would make 0)."""
     lo = round_to(low, dtype)
     span = round_to(round_to(high, dtype) - lo, dtype)
     name = str(dtype).removeprefix("torch.")
     if not (math.isfinite(lo) and math.isfinite(span)):
         raise DevRNGError(f"devrng.portable draws uniforms between finite bounds whose "
                           f"difference is a finite {name} number, not [{low!r}, {high!r}).")
-    if row.flushes_subnormals and dtype != torch.float16 and span and (
-            _quantum(lo, span, dtype) < torch.finfo(dtype).tiny):
+    if row.flushes_subnormals and dtype != torch.float16 and _reaches_subnormals(lo, span, dtype):
         raise DevRNGError(
             f"{row.name} flushes {name} numbers below {torch.finfo(dtype).tiny:.3g} to zero, "
-            f"and uniform draws on [{low!r}, {high!r}) can pass through such numbers: they "
-            f"would differ from the CPU's. Draw on the CPU and move the result, or draw on a "
-            f"scaled range and scale it back.")
+            f"and uniform draws on [{low!r}, {high!r}) can be such numbers (the smallest "
+            f"nonzero one is about {float(_smallest_draw(lo, span, dtype)):.3g}): they would "
+            f"differ from the CPU's. Draw on the CPU and move the result, or draw on a scaled "
+            f"range and scale it back.")
     return lo, span
+
+
+def _smallest_draw(lo: float, span: float, dtype: torch.dtype) -> Fraction:
+    """The smallest nonzero ``|u * span + lo|`` over the unit draws u of ``dtype`` (exact;
+    0 when every draw is 0)."""
+    last = (1 << UNIT_BITS[dtype]) - 1
+    step, start = Fraction(span) / (last + 1), Fraction(lo)
+    if not step:
+        return abs(start)
+    turn = math.floor(-start / step)  # where the draws cross zero, if they do
+    ks = {0, last} | {min(max(k, 0), last) for k in range(turn - 1, turn + 3)}
+    return min((v for v in (abs(start + k * step) for k in ks) if v), default=Fraction(0))
+
+
+def _reaches_subnormals(lo: float, span: float, dtype: torch.dtype) -> bool:
+    """Whether some draw of ``u * span + lo`` is exactly a nonzero number below the smallest
+    normal ``dtype`` number."""
+    smallest = _smallest_draw(lo, span, dtype)
+    return bool(smallest) and smallest < Fraction(torch.finfo(dtype).tiny)
 
 
 def _quantum(lo: float, span: float, dtype: torch.dtype) -> Fraction:
@@ -284,7 +360,8 @@ def uniform(source: Source, shape: Sequence[int], dtype: torch.dtype, low: float
         fused = source.fused(UNIFORM_AT, shape, span, lo)
         if fused is not None:
             return fused
-    return scale_shift(source.unit(shape, dtype), lo, span, dtype, row.float64)  # type: ignore[no-any-return]
+    return scale_shift(source.unit(shape, dtype), lo, span, dtype, row.float64,  # type: ignore[no-any-return]
+                       flushes=row.flushes_subnormals)
 
 
 # -- u * span + lo, rounded once on every device ------------------------------------------------
@@ -309,6 +386,7 @@ UNIT_BITS = {torch.float16: 10, torch.bfloat16: 7, torch.float32: 23, torch.floa
 _PRECISION = {torch.float32: 24, torch.float64: 53}  # significand bits
 _SIGNIFICAND = {torch.float16: 11, torch.bfloat16: 8, **_PRECISION}
 _MIN_EXPONENT = {torch.float32: -149, torch.float64: -1074}  # of the smallest subnormal
+_MIN_NORMAL = {torch.float32: -126, torch.float64: -1022}  # of the smallest normal number
 
 
 class Ops(NamedTuple):
@@ -328,11 +406,49 @@ TORCH_OPS = Ops(torch, lambda x, dtype: x.to(dtype))
 
 
 def scale_shift(u: Any, lo: float, span: float, dtype: torch.dtype, float64: bool,
-                ops: Ops = TORCH_OPS) -> Any:
+                ops: Ops = TORCH_OPS, flushes: bool = False) -> Any:
     """``u * span + lo`` rounded once to ``dtype``, the same bits on every device and whether
     or not a compiler fuses multiplies and adds (see above). ``u`` is a unit draw of
     ``dtype`` (never negative), ``lo`` and ``span`` are ``dtype`` numbers (``bounds``),
-    ``float64``: the device computes float64."""
+    ``float64``: the device computes float64, ``flushes``: it flushes subnormal numbers.
+
+    Where a step of the formula would make a number below the smallest one the working
+    type keeps (its smallest subnormal, or normal where the device flushes), ``lo`` and
+    ``span`` are first scaled by a power of two and the result scaled back: exact, for
+    results that are 0 or normal numbers. Ranges whose draws need that and reach the
+    subnormal numbers of ``dtype`` are refused.
+    """
+    scale = _rescaling(lo, span, dtype, float64, flushes)
+    if not scale:
+        return _formula(u, lo, span, dtype, float64, ops)
+    if _reaches_subnormals(lo, span, dtype):
+        name = str(dtype).removeprefix("torch.")
+        raise DevRNGError(
+            f"devrng.portable draws {name} uniforms on a range as narrow as {span!r} only "
+            f"where no draw is a nonzero number below {torch.finfo(dtype).tiny:.3g} (a "
+            f"subnormal {name} number), which its exact rounding does not reach there; the "
+            f"draws on [{lo!r}, {lo + span!r}) do. Draw on a scaled range and scale it back.")
+    scaled = _formula(u, lo * 2.0 ** scale, span * 2.0 ** scale, dtype, float64, ops)
+    return scaled * 2.0 ** -scale  # exact: a power of two, and the results are normal or 0
+
+
+def _rescaling(lo: float, span: float, dtype: torch.dtype, float64: bool, flushes: bool) -> int:
+    """The power of two by which ``_formula`` needs ``lo`` and ``span`` scaled up (0: none):
+    every number it makes is a multiple of ``_quantum``, which must not fall below what its
+    working type keeps."""
+    if not span:
+        return 0
+    work = (torch.float32 if dtype in (torch.float16, torch.bfloat16)
+            else torch.float64 if float64 else dtype)
+    floor = _MIN_NORMAL[work] if flushes else _MIN_EXPONENT[work]
+    quantum = _quantum(lo, span, dtype)
+    exponent = quantum.numerator.bit_length() - quantum.denominator.bit_length()  # a power of 2
+    return max(0, floor - exponent)
+
+
+def _formula(u: Any, lo: float, span: float, dtype: torch.dtype, float64: bool,
+             ops: Ops) -> Any:
+    """``scale_shift`` for ``lo`` and ``span`` whose every step stays in range."""
     if span == 0.0 or (dtype in _PRECISION and math.frexp(span)[0] == 0.5):
         return u * span + lo  # a power of two: the product is exact, the sum rounds once
     wide = (torch.float32 if dtype in (torch.float16, torch.bfloat16)
@@ -412,12 +528,6 @@ def _exact_product(u: Any, span: float, dtype: torch.dtype, ops: Ops) -> tuple[A
     precision, m = _PRECISION[dtype], UNIT_BITS[dtype]
     fraction, exponent = math.frexp(span)
     s, a = int(fraction * (1 << precision)), exponent - precision
-    if a - m < _MIN_EXPONENT[dtype]:
-        raise DevRNGError(
-            f"devrng.portable draws {str(dtype).removeprefix('torch.')} uniforms only over "
-            f"ranges wider than 2**{_MIN_EXPONENT[dtype] + m + precision} here (the low half "
-            f"of u * span would be below the smallest subnormal number); the range given is "
-            f"{span!r} wide.")
     k = ops.cast(u * float(1 << m), integer)
     k1, k0 = k >> k_bits, k & ((1 << k_bits) - 1)
     s1, s0 = s >> s_bits, s & ((1 << s_bits) - 1)
@@ -509,15 +619,15 @@ def erfinv32(x: torch.Tensor) -> torch.Tensor:
 
 def normal(source: Source, shape: Sequence[int], dtype: torch.dtype, mean: float = 0.0,
            std: float = 1.0) -> torch.Tensor:
-    """``mean + std * z`` for a standard normal z (``affine``: rounded once)."""
+    """``mean + std * z`` for a standard normal z (``affine``: rounded once); complex: each
+    part ``mean + std * z_part``, as torch's ``normal_`` (its parts have std / sqrt(2))."""
     if mean == 0.0 and std == 1.0:
         return _standard_normal(source, shape, dtype)
     if dtype == torch.float32:
         fused = source.fused(NORMAL_AT, shape, std, mean)
         if fused is not None:
             return fused
-    z = _standard_normal(source, shape, dtype)
-    return z * std + mean if dtype.is_complex else affine(z, std, mean, dtype)
+    return affine(_standard_normal(source, shape, dtype), std, mean, dtype)
 
 
 def _standard_normal(source: Source, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
@@ -528,8 +638,8 @@ def _standard_normal(source: Source, shape: Sequence[int], dtype: torch.dtype) -
     if dtype.is_complex:
         real = _COMPLEX_PARTS[dtype]
         root2 = round_to(math.sqrt(2.0), real)
-        return torch.complex(_standard_normal(source.split(0), shape, real) / root2,
-                             _standard_normal(source.split(1), shape, real) / root2)
+        return torch.complex(_divided(_standard_normal(source.split(0), shape, real), root2),
+                             _divided(_standard_normal(source.split(1), shape, real), root2))
     work = torch.float64 if dtype == torch.float64 else torch.float32
     if work == torch.float32:
         fused = source.fused(NORMAL, shape)
@@ -540,6 +650,19 @@ def _standard_normal(source: Source, shape: Sequence[int], dtype: torch.dtype) -
     if work == torch.float64:  # in place on the draw's own tensor: 8 bytes a number
         return u.erfinv_().mul_(round_to(math.sqrt(2.0), work))
     return (erfinv32(u) * round_to(math.sqrt(2.0), work)).to(dtype)
+
+
+def _divided(x: torch.Tensor, c: float) -> torch.Tensor:
+    """``x / c``, correctly rounded: without float64 (JAX, whose float32 division by a number
+    goes through its reciprocal: 1 ulp off for a third of them) the quotient is corrected by
+    its exact remainder ``x - q * c`` (Dekker's product of Veltkamp's halves)."""
+    q = x / c
+    if x.dtype != torch.float32 or devices.row(x.device).float64:
+        return q
+    product = q * c
+    (q1, q0), (c1, c0) = _halves(q), _halves(c)
+    error = ((q1 * c1 - product) + q1 * c0 + q0 * c1) + q0 * c0
+    return q + ((x - product) - error) / c  # type: ignore[no-any-return]
 
 
 def exponential(source: Source, shape: Sequence[int], dtype: torch.dtype,

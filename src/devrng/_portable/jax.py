@@ -22,10 +22,10 @@ from torchax import interop
 from devrng._base.errors import DevRNGError
 from devrng._portable import devices, distributions
 from devrng._portable.distributions import Source
-from devrng._portable.rng import PortableRNG
+from devrng._portable.rng import FLOAT64_CASTS, PortableRNG
 from devrng._portable.threefry import HostKey
 
-__all__ = ["JAX_OPS", "JaxSource", "JaxStream", "key_data", "traced_stream"]
+__all__ = ["JAX_OPS", "JaxSource", "JaxStream", "key_data", "refuse_float64", "traced_stream"]
 
 _JNP = {torch.float32: jnp.float32, torch.float16: jnp.float16, torch.bfloat16: jnp.bfloat16,
         torch.float64: jnp.float64, torch.int32: jnp.int32, torch.int64: jnp.int64}
@@ -44,6 +44,32 @@ def _check_float64(dtype: torch.dtype) -> None:
             "floats: JAX would make float32 numbers instead, not the float64 draws of every "
             "other device. Call jax.config.update('jax_enable_x64', True) before drawing, or "
             "draw float32.")
+
+
+def refuse_float64(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Refuse a call inside portable that would make a float64 torchax tensor while JAX has no
+    64-bit floats: torchax would make it float32, silently, and every later draw into it
+    would be float32 numbers, not the float64 draws of other devices (which the docs promise
+    to refuse). Tensors made float32 so outside the portable block cannot be told apart."""
+    if jax.config.jax_enable_x64:
+        return
+    dtype = kwargs.get("dtype") or next((a for a in args if isinstance(a, torch.dtype)), None)
+    tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+    if dtype is None and func in FLOAT64_CASTS and tensors:
+        dtype = torch.float64 if func is torch.Tensor.double else tensors[0].dtype
+    if dtype is not torch.float64:
+        return
+    named = [torch.device(d) for d in (kwargs.get("device"), *args)
+             if isinstance(d, (str, torch.device)) and not isinstance(d, torch.dtype)]
+    on_jax = (devices.row(named[0]) is devices.TORCHAX if named
+              else any(devices.row(t.device) is devices.TORCHAX for t in tensors))
+    if on_jax:
+        name = torch.overrides.resolve_name(func) or repr(func)
+        raise DevRNGError(
+            f"{name} would make a float64 torchax tensor, which torchax makes float32 while "
+            f"JAX has no 64-bit floats: draws into it would be float32 numbers, not the float64 "
+            f"draws of every other device. Call jax.config.update('jax_enable_x64', True) "
+            f"before making it, or make it float32.")
 
 
 class JaxSource(Source):
@@ -91,7 +117,8 @@ class JaxSource(Source):
         values = self._unit(shape, dtype)
         if low != 0.0 or high != 1.0:
             lo, span = distributions.bounds(low, high, dtype, devices.TORCHAX)
-            values = distributions.scale_shift(values, lo, span, dtype, False, JAX_OPS)
+            values = distributions.scale_shift(values, lo, span, dtype, False, JAX_OPS,
+                                               flushes=devices.TORCHAX.flushes_subnormals)
         return interop.torch_view(values)  # type: ignore[no-any-return]
 
     # float64 normal and exponential draws in JAX itself: torchax 0.0.13 multiplies float64

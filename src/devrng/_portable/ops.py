@@ -510,9 +510,8 @@ def _normal(rng: Stream, func: Any, args: Args, kwargs: Kwargs) -> torch.Tensor:
             s, shape, dtype, float(mean), float(std)))
         return _finish_factory(values, kwargs)
     shape = tuple(torch.broadcast_shapes(*(t.shape for t in tensors)))  # type: ignore[no-untyped-call]
-    dtype = tensors[0].dtype if len(tensors) == 1 or mean.dtype == std.dtype \
-        else torch.promote_types(mean.dtype, std.dtype)  # (which torchax cannot run)
-    dtype = _float_dtype(dtype, "normal", empty=math.prod(shape) == 0)
+    # torch's dtype: the mean's where it is a tensor (whatever the std's), else the std's
+    dtype = _float_dtype(tensors[0].dtype, "normal", empty=math.prod(shape) == 0)
     values = _new(rng, tensors[0].device, shape, dtype, lambda s, shape: _normal_values(
         s, shape, dtype, mean, std))
     return _finish_factory(values, {"out": kwargs.get("out")})

@@ -57,7 +57,7 @@ from devrng._generators.saved import (
 from devrng._portable import devices, distributions, ops, threefry
 from devrng._portable.ops import ENTRIES, Args, Kwargs, Op, aten_entry, entry_name, redispatch
 
-__all__ = ["PortableRNG", "TracedStream", "active", "call_stream", "portable"]
+__all__ = ["FLOAT64_CASTS", "PortableRNG", "TracedStream", "active", "call_stream", "portable"]
 
 if TYPE_CHECKING:
     from devrng._generators.undo import Undo
@@ -139,7 +139,9 @@ class PortableRNG(TorchFunctionMode):
         """Made by ``devrng.portable(seed, strict=...)``, whose arguments these are."""
         super().__init__()
         self.strict = strict
-        self._stream: Any = _HostStream(seed) if stream is None else stream
+        self._stream: Any = stream
+        if stream is None:
+            self._stream = _HostStream(check_seed(seed, "PortableRNG's seed"))
         self._warned: set[str] = set()
 
     # -- state ---------------------------------------------------------------------------
@@ -295,6 +297,11 @@ class PortableRNG(TorchFunctionMode):
             entry = aten_entry(func)  # torch.ops.aten.<random op> called directly
         if entry is not None:
             return entry.handle(self, func, types, args, kwargs)
+        if "torchax" in sys.modules and (kwargs.get("dtype") is torch.float64
+                                         or func in FLOAT64_CASTS):
+            # torchax without x64 would make a float64 tensor float32 (refused: see there)
+            load("devrng._portable.jax", what="devrng.portable on torchax",
+                 extra="torchax").refuse_float64(func, args, kwargs)
         if redispatch is not None and inspect.isfunction(func) \
                 and not func.__module__.startswith("torch."):
             # A Python-level torch function of another library: run its body with this
@@ -321,6 +328,10 @@ class PortableRNG(TorchFunctionMode):
                 f"(not covered{why}); its numbers differ between devices.",
                 UserWarning, stacklevel=4)
 
+
+# Tensor methods that make a float64 tensor without dtype=: portable's mode sends them, and
+# every call with dtype=torch.float64, to devrng._portable.jax.refuse_float64 under torchax.
+FLOAT64_CASTS = frozenset(getattr(torch.Tensor, name) for name in ("to", "double", "type"))
 
 # 2: with a header and a digest; the dicts without one (devrng <= 0.4) load unchecked
 _FORM = SavedForm("devrng.PortableRNG", (2,), 2, "PortableRNG.load_state_dict",

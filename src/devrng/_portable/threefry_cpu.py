@@ -19,7 +19,7 @@ answers (``kernel_proof``: Random123's test vectors for Threefry-2x32-20, and th
 digest of draws that run every mode, output type and code path of the kernel).
 A kernel that fails either is not used, with a ``DevRNGWarning`` once per
 process (also logged on the ``"devrng"`` logger). Without it (no C compiler at
-install time), with ``DEVRNG_CPU_KERNEL=0``, or after a failed check, CPU draws
+install time), with ``DEVRNG_CPU_KERNEL`` off (``switched_off``), or after a failed check, CPU draws
 use the tensor ops: the same numbers, more slowly. ``devrng doctor`` says which
 is in use (``status``).
 """
@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from devrng._base.errors import warn_and_log
+from devrng._base.errors import DevRNGError, warn_and_log
 from devrng._base.locks import ForkSafeLock
 from devrng._portable.kernel_proof import (
     BITS,
@@ -49,7 +49,7 @@ from devrng._portable.kernel_proof import (
 )
 
 __all__ = ["BITS", "DTYPES", "EXPONENTIAL", "NORMAL", "NORMAL_AT", "UNIFORM", "UNIFORM64",
-           "UNIFORM_AT", "WORDS", "CpuKernel", "kernel", "load_checked", "status"]
+           "UNIFORM_AT", "WORDS", "CpuKernel", "kernel", "load_checked", "status", "switched_off"]
 
 # The modes of fill() (``kernel_proof``) and the dtype of what each fills.
 DTYPES = {BITS: torch.int32, WORDS: torch.int32, UNIFORM: torch.float32,
@@ -114,8 +114,30 @@ def kernel() -> CpuKernel | None:
 
 def status() -> tuple[bool, str]:
     """Whether the kernel is in use, and a sentence that says why (for ``devrng doctor``)."""
-    kernel()
+    try:
+        kernel()
+    except DevRNGError as err:  # DEVRNG_CPU_KERNEL holds a value that is neither on nor off
+        return False, str(err)
     return _loaded["kernel"] is not None, _loaded["status"]
+
+
+# The spellings of DEVRNG_CPU_KERNEL, compared stripped and lower-cased; unset and empty is on.
+_OFF = ("0", "false", "off", "no")
+_ON = ("", "1", "true", "on", "yes")
+
+
+def switched_off() -> bool:
+    """Whether ``DEVRNG_CPU_KERNEL`` switches the kernel off; a value that is neither one of
+    the spellings of off nor one of on raises ``DevRNGError`` (a typo would otherwise
+    silently leave the kernel on)."""
+    raw = os.environ.get("DEVRNG_CPU_KERNEL", "")
+    word = raw.strip().lower()
+    if word in _OFF or word in _ON:
+        return word in _OFF
+    raise DevRNGError(
+        f"DEVRNG_CPU_KERNEL={raw!r} is neither on nor off: set it to {', '.join(_OFF[:-1])} or "
+        f"{_OFF[-1]} to draw without devrng's C kernel, or to {', '.join(_ON[1:-1])} or "
+        f"{_ON[-1]} (or leave it unset or empty) to use it; case does not matter.")
 
 
 _SLOWER = ("devrng.portable's CPU draws use tensor ops: the same numbers, many times more "
@@ -126,8 +148,9 @@ def load_checked(spec: ModuleSpec | None) -> tuple[CpuKernel | None, str, str | 
     """The kernel at ``spec`` (the extension's, or None where it was not built), the
     sentence ``status`` gives, and the same sentence where a kernel failed its checks and
     must be warned about."""
-    if os.environ.get("DEVRNG_CPU_KERNEL", "1").strip() == "0":
-        return None, f"switched off by DEVRNG_CPU_KERNEL=0; {_SLOWER}.", None
+    if switched_off():
+        setting = os.environ["DEVRNG_CPU_KERNEL"].strip()
+        return None, f"switched off by DEVRNG_CPU_KERNEL={setting}; {_SLOWER}.", None
     if spec is None or spec.origin is None or spec.loader is None:  # installed without a compiler
         return None, (f"not available (devrng was installed without it); {_SLOWER}. Reinstall "
                       "devrng where a C compiler is available (pip install . builds it) to "

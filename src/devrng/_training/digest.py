@@ -46,6 +46,19 @@ _NUMPY_READS = frozenset({torch.float16, torch.float32, torch.float64, torch.uin
 _NUMPY_INTEGERS: dict[int, Any] = {}
 
 
+_found_numpy: list[Any] = []  # NumPy, once found (a step reads it several times)
+
+
+def _numpy() -> Any:
+    """NumPy, or None without it (asked of the import system until it is found)."""
+    if _found_numpy:
+        return _found_numpy[0]
+    np = host.numpy_or_none()
+    if np is not None:
+        _found_numpy.append(np)
+    return np
+
+
 class Pending:
     """A digest not computed yet (``resolve`` computes many at once, when the record is
     written): its parts are bytes, ints, copies of the sampled elements of CPU tensors
@@ -203,7 +216,7 @@ def _walk(obj: Any, parts: list[Any], depth: int) -> None:
     elif obj is None:
         parts.append(b"N")
     else:
-        np = host.numpy_or_none()
+        np = _numpy()
         if np is not None and isinstance(obj, np.ndarray) and obj.dtype.kind in "biufc":
             _walk(torch.from_numpy(np.ascontiguousarray(obj)), parts, depth)
         else:  # an object of the user's: its type is what can be compared
@@ -253,7 +266,7 @@ def _tensor_sum(t: torch.Tensor) -> Any:
     a copy of them on the CPU (summed when resolved), a 0-d int64 tensor on a device."""
     t = t.detach()
     if t.is_cpu and t.layout is torch.strided and not t.is_quantized:
-        np = host.numpy_or_none()
+        np = _numpy()
         if np is not None and t.dtype in _NUMPY_READS:  # few calls: a step pays for each
             if not _NUMPY_INTEGERS:
                 _NUMPY_INTEGERS.update({1: np.uint8, 2: np.int16, 4: np.int32, 8: np.int64})
@@ -273,7 +286,7 @@ def _tensor_sum(t: torch.Tensor) -> Any:
     if n == 0:
         return 0
     bits = t.view(_INTEGER_VIEW[size]).reshape(-1)
-    if t.is_cpu and host.numpy_or_none() is not None:
+    if t.is_cpu and _numpy() is not None:
         return _Sample(n, _sampled(bits.numpy(), n).copy())
     key = (t.device, n)
     weights = _weights.get(key)
@@ -286,7 +299,7 @@ def _tensor_sum(t: torch.Tensor) -> Any:
 
 def _sample_sum(sample: _Sample) -> int:
     """``_tensor_sum`` of a CPU tensor, from the copy of its sampled elements."""
-    np = host.numpy_or_none()
+    np = _numpy()
     weights = _weights.get(("cpu", sample.n))
     if weights is None:
         weights = _cached(("cpu", sample.n),
@@ -329,7 +342,7 @@ def state_fingerprint(state: Any) -> Crc | Pending:
 
 def _plain_state(state: Any) -> Any:
     if hasattr(state, "__jax_array__") or type(state).__module__.startswith("jax"):
-        np = host.numpy_or_none()
+        np = _numpy()
         jax_random = __import__("jax.random", fromlist=["key_data"])
         data = jax_random.key_data(state) if "key" in str(getattr(state, "dtype", "")) \
             else state
@@ -391,7 +404,7 @@ def numpy_fingerprint() -> Callable[[], Crc] | None:
     there, the fingerprint costs about 1 us. Checked once against ``get_state``; any
     other generator or layout takes the slow road.
     """
-    np = host.numpy_or_none()
+    np = _numpy()
     if np is None:
         return None
 

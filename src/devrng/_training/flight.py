@@ -86,7 +86,8 @@ _SOURCES_EVERY = 64  # steps between two looks at what generators there are
 PRUNE_BYTES = 1 << 18  # rewrite the file (dropping what no resume needs) past this size
 _KEEP_CHECKPOINTS = 2  # a resume from either of the last two checkpoints can be verified
 #: Parameter tensors digested after each step: the first and the last (a difference anywhere
-#: in the forward or backward pass reaches the first layer's gradient), and two more in turn.
+#: in the forward or backward pass reaches the first layer's gradient), and on the CPU two
+#: more in turn.
 _PARAMETERS = 4
 
 
@@ -214,6 +215,7 @@ class FlightRecord:
         self._watched: dict[str, _Watched] = {}
         self._model_hooks: list[Any] = []
         self._grad_hooked: set[int] = set()  # ids of the optimizers whose backward is seen
+        self._done: int | None = None  # the step a "done" line was written at
         self._write({"k": "run", "v": _FORMAT, "a": self.attempt, "id": self.identity,
                      "pid": self._pid})
         ref = weakref.ref(self)
@@ -317,12 +319,20 @@ class FlightRecord:
                 return
             losses = self._held.setdefault("l", [])
             losses.append(value)
-            if tensor is not None and tensor.requires_grad:
-                # Given before its backward pass (in a loop that takes no tracked batch): the
-                # backward pass says it is the next step's.
+            if tensor is not None and tensor.requires_grad and not self.hooked \
+                    and not self._watched:
+                # Given before its backward pass in a loop that takes no tracked batch (with
+                # one, the batch would have begun the step): the backward pass says it is the
+                # next step's.
                 ref, held = weakref.ref(self), self._held
                 tensor.register_hook(  # type: ignore[no-untyped-call]
                     functools.partial(_loss_backward, ref, held, value))
+            elif self._last_compared(self._held):
+                self._write_held()  # the verdict now, not when the next step begins
+
+    def _last_compared(self, line: Mapping[str, Any]) -> bool:
+        """Whether ``line`` is the last step a resume compares (its verdict is due)."""
+        return len(self._expected) == 1 and line.get("s") in self._expected
 
     def _begun(self) -> bool:
         return self._start is not None or bool(self._batches) or self._backward
@@ -369,6 +379,9 @@ class FlightRecord:
                     line["w"] = digest
             self._start, self._batches, self._losses, self._backward = None, [], [], False
             self._held = line
+            if self._last_compared(line) and (
+                    "l" in line or self._expected[self.step][0].get("l") is None):
+                self._write_held()  # the verdict now (a loss to come would join it: it did)
             if self._max_steps is not None and self.step >= self._max_steps:
                 self._stop("end", f"{MAX_STEPS_VARIABLE}={self._max_steps}")
 
@@ -382,7 +395,10 @@ class FlightRecord:
         if id(optimizer) not in self._grad_hooked:
             self._see_backward(optimizer, params)
         n = len(params)
-        chosen = sorted({0, n - 1, *((self.step * 2 + k) % n for k in range(_PARAMETERS - 2))})
+        turns = range(_PARAMETERS - 2) if params[0].device.type == "cpu" else ()
+        # (On a device, the same two each step: a compiler that traces the step, as XLA's,
+        # then sees one graph, not one per choice.)
+        chosen = sorted({0, n - 1, *((self.step * 2 + k) % n for k in turns)})
         try:
             # (A sharded parameter, a DTensor, is digested as this rank's shard.)
             return batch_parts([getattr(params[i], "to_local", lambda p=params[i]: p)()
@@ -502,15 +518,18 @@ class FlightRecord:
         interrupted run recorded past the checkpoint."""
         with self._lock:
             self._write_held()
+            if self._done != self.step:  # a run that ended here, as opposed to one killed
+                self._done = self.step
+                self._write({"k": "done", "a": self.attempt, "s": self.step})
             if not self._expected or self._diverged or self._verified is None:
                 return
             first, last = self._verified
             self._expected.clear()
             if self.step >= first:
+                compared = compared_text(self._compared, self._compared.get("steps", 0))
                 self._say(f"resume verified for steps {first:,} to {self.step:,} (compared: "
-                          f"{compared_text(self._compared, self.step - first + 1)}); the run "
-                          f"ended there, before steps {self.step + 1:,} to {last:,}, which the "
-                          "interrupted run recorded")
+                          f"{compared}); the run ended there, before steps {self.step + 1:,} to "
+                          f"{last:,}, which the interrupted run recorded")
             else:
                 self._say(f"this resume was not verified: the run ended at step {self.step:,}, "
                           f"before step {first:,}, the first the interrupted run recorded past "
@@ -520,6 +539,7 @@ class FlightRecord:
         """Write what is left and stop recording (at exit, or when its owner is done)."""
         with self._lock:
             self.finish()
+
             self._hook.remove()
             for handle in self._model_hooks:
                 handle.remove()
@@ -606,13 +626,17 @@ class FlightRecord:
             if self.log is not None:
                 self.log(message)
             return
+        self._compared["steps"] = self._compared.get("steps", 0) + 1
         for part in compared_parts(expected[0], line):
             self._compared[part] = self._compared.get(part, 0) + 1
         if not self._expected and self._verified is not None:
             first, last = self._verified
-            self._say(f"resume verified: steps {first:,} to {last:,} drew, consumed and computed "
-                      "exactly what the interrupted run did (compared: "
-                      f"{compared_text(self._compared, last - first + 1)})")
+            count = self._compared["steps"]
+            steps = (f"steps {first:,} to {last:,}" if count == last - first + 1 else
+                     f"the {count:,} steps from {first:,} to {last:,} that the interrupted run's "
+                     "record holds")
+            self._say(f"resume verified: {steps} drew, consumed and computed exactly what the "
+                      f"interrupted run did (compared: {compared_text(self._compared, count)})")
 
     def _say(self, message: str) -> None:
         tell(message, self.log)
@@ -662,8 +686,11 @@ def _not_found(lines: list[dict[str, Any]], key: str | None, where: str) -> str:
 
 def _nothing_after(lines: list[dict[str, Any]], index: int, attempt: str, step: int) -> str:
     """Why the attempt that wrote the checkpoint at line ``index`` has no step after it."""
-    later = [line.get("s") for line in lines[index + 1:]
-             if line.get("a") == attempt and line.get("k") == "ckpt"]
+    mine = [line for line in lines[index + 1:] if line.get("a") == attempt]
+    later = [line.get("s") for line in mine if line.get("k") == "ckpt"]
+    if any(line.get("k") in ("done", "end") for line in mine) and not later:
+        return (f"the run that saved this checkpoint ended there (step {step:,}), so no step of "
+                "it follows the checkpoint to compare with")
     if later:
         return (f"the record no longer holds the steps after the checkpoint of step {step:,} "
                 f"(it keeps those after the last {_KEEP_CHECKPOINTS} checkpoints; the "

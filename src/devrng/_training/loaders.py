@@ -14,9 +14,11 @@ trainer integrations and ``TrainingRNG`` say the same thing.
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import itertools
 import weakref
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
 
 import torch
@@ -58,6 +60,13 @@ _FIX_WORKER_COUNT = True
 #: Say that workers kept across epochs change the order of the samples, not only their
 #: augmentation.
 _FIX_PERSISTENT_ORDER = True
+# Issue 44's samplers, each switch for a test too.
+#: Make a resumed StatefulDataLoader's iterator when the loop asks for it -- after its
+#: set_epoch (a DistributedSampler's) -- not inside load_state_dict.
+_FIX_LATE_RESUME = True
+#: Have every iter() torchdata calls on a replayed sampler, and the first index it takes,
+#: while it makes a resumed iterator, draw from the generators the uninterrupted run's did.
+_FIX_SAMPLER_DRAWS = True
 
 
 def feeding_loader(obj: Any) -> Any:
@@ -596,21 +605,49 @@ def _replays(sampler: Any) -> bool:
 
 
 def _own_generator(loader: Any) -> torch.Generator | None:
-    """The generator of the sampler that yields ``loader``'s indices, unless it is torch's
-    global one (saved with the rest)."""
-    sampler = getattr(_batch_sampler(loader), "sampler", getattr(loader, "sampler", None))
-    generator = getattr(sampler, "generator", None)
-    if not isinstance(generator, torch.Generator) or generator is torch.default_generator:
-        return None
-    return generator
+    """The generator of the sampler that yields ``loader``'s indices -- or, where it has none,
+    of the batch sampler that groups them (a ``batch_sampler`` of the user's) -- unless it is
+    torch's global one (saved with the rest): its ``generator``, else the first
+    ``torch.Generator`` among its attributes."""
+    batches = _batch_sampler(loader)
+    sampler: Any
+    for sampler in (getattr(batches, "sampler", getattr(loader, "sampler", None)), batches):
+        while type(sampler).__module__.startswith("devrng.") and hasattr(sampler, "_real"):
+            sampler = sampler._real  # (devrng's stand-ins while the loader makes an iterator)
+        held = vars(sampler).values() if hasattr(sampler, "__dict__") else ()
+        for generator in (getattr(sampler, "generator", None), *held):
+            if isinstance(generator, torch.Generator) \
+                    and generator is not torch.default_generator:
+                return generator
+    return None
 
 
 class EpochStart(NamedTuple):
     """The generators a replayed sampler draws from -- torch's, Python's and NumPy's global
-    ones and the sampler's own -- as they stood when a loader made an epoch's iterator."""
+    ones and the sampler's own -- as they stood when an epoch's sampler iteration began.
+
+    Taken as the loader began to make the epoch's iterator (``by_sampler`` False: devrng 0.4
+    and older), or as the sampler's ``iter()`` was called for the iteration that yielded the
+    epoch's indices (``by_sampler``), with ``first``: the generators as that iteration's first
+    index was taken, when something drew in between (None: nothing did).
+    """
 
     host: RNGState
     sampler: torch.Tensor | None
+    by_sampler: bool = False
+    first: EpochStart | None = None
+
+    @classmethod
+    def now(cls, loader: Any) -> EpochStart:
+        """The generators ``loader``'s sampler draws from, as they are now."""
+        own = _own_generator(loader)
+        return cls(snapshot([], python=True, numpy=True), None if own is None else own.get_state())
+
+    def same(self, other: EpochStart) -> bool:
+        """Whether ``other`` holds the same generator states."""
+        if self.sampler is None or other.sampler is None:
+            return self.host == other.host and self.sampler is other.sampler
+        return self.host == other.host and torch.equal(self.sampler, other.sampler)
 
     def put(self, loader: Any, undo: Undo) -> None:
         """Set the generators back to this start, each one's state pushed on ``undo`` first."""
@@ -623,22 +660,44 @@ class EpochStart(NamedTuple):
             own.set_state(self.sampler)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"host": self.host.to_dict(), "sampler": self.sampler}
+        data = {"host": self.host.to_dict(), "sampler": self.sampler}
+        if self.by_sampler:
+            data["first"] = None if self.first is None else self.first.to_dict()
+        return data
 
     @classmethod
     def read(cls, data: Any, what: str) -> EpochStart:
         """``to_dict``'s data, checked; ``DevRNGError`` naming ``what`` if it is not that."""
         sampler = data.get("sampler") if isinstance(data, Mapping) else None
+        first: EpochStart | None = None
         try:
-            if not isinstance(data, Mapping) or set(data) != {"host", "sampler"}:
+            if not isinstance(data, Mapping) or set(data) - {"first"} != {"host", "sampler"}:
                 raise ValueError("it is not {'host': ..., 'sampler': ...}")
             if sampler is not None:
                 check_cpu_state(sampler)
             host_state = RNGState.from_dict(data["host"], source=what)
+            if isinstance(data.get("first"), Mapping) and "first" not in data["first"]:
+                first = cls.read(data["first"], what)
+            elif data.get("first") is not None:
+                raise ValueError("its 'first' is not {'host': ..., 'sampler': ...}")
         except (TypeError, ValueError, DevRNGError) as err:
             raise DevRNGError(f"{what} is not a record devrng wrote: "
                               f"{str(err).rstrip('.')}.") from None
-        return cls(host_state, sampler)
+        return cls(host_state, sampler, "first" in data, first)
+
+
+def _drawing(loader: Any) -> tuple[Any, str] | None:
+    """Where the sampler that a resumed StatefulDataLoader replays sits -- (the object that
+    holds it, the attribute): a sampler inside torchdata's or torch's ``BatchSampler``, a
+    ``batch_sampler`` of the user's, or the loader's sampler without batches -- or None."""
+    batches = getattr(loader, "batch_sampler", None)
+    places = ((loader, "sampler"),) if batches is None else ((batches, "sampler"),
+                                                               (loader, "batch_sampler"))
+    for owner, attribute in places:
+        sampler = vars(owner).get(attribute) if hasattr(owner, "__dict__") else None
+        if sampler is not None and _replays(sampler):
+            return owner, attribute
+    return None
 
 
 class EpochStarts:
@@ -646,11 +705,22 @@ class EpochStarts:
     iterator it makes (``last``), so that a checkpoint written inside the epoch can have the
     resumed loader replay the sampler from the same generators (``arm``). ``watch`` installs
     it once per loader, around the loader's own ``_get_iterator``, where torchdata 0.11's
-    loader makes every new iterator: the first epoch's, later ones' and resumed ones."""
+    loader makes every new iterator: the first epoch's, later ones' and resumed ones.
+
+    While the loader makes an iterator, its replayed sampler is seen through a ``_Drawn``: so
+    the record is taken as the sampler's ``iter()`` is called, and a resumed iterator's
+    every ``iter()`` on it starts from that record (torchdata 0.11 calls it three times as
+    it makes a resumed iterator, four with workers, and uses the last; a sampler that
+    shuffles as ``iter()`` is called draws each time). ``resume`` has a loader just given a place make its resumed
+    iterator when the loop asks for it, leaving the generators as they were."""
 
     def __init__(self, loader: Any) -> None:
         self.last: EpochStart | None = None
         self._armed: tuple[EpochStart, Undo] | None = None
+        self._keep: list[torch.Generator] | None = None  # resume(): put back once it is made
+        self._making: _Making | None = None  # the iterator made last
+        self._replays = replays_sampler(loader)
+        self._drawing = _drawing(loader) if self._replays else None
         # Weakly held: a loader kept in a reference cycle (through its own __dict__) and its
         # iterator are left to the garbage collector, which may run in a forked worker,
         # whose clean-up of the iterator then fails ("can only test a child process").
@@ -661,23 +731,73 @@ class EpochStarts:
             this, target = watch(), loader_ref()
             if target is None:  # (the loader calls this: it exists)
                 raise ReferenceError("the DataLoader is gone")
-            if this is not None:
-                armed, this._armed = this._armed, None
-                if armed is not None:
-                    armed[0].put(target, armed[1])
-                if _FIX_REPLAYED_SAMPLERS:
-                    own = _own_generator(target)
-                    this.last = EpochStart(snapshot([], python=True, numpy=True),
-                                           None if own is None else own.get_state())
-            return inner() if inner is not None else type(target)._get_iterator(target)
+            make = inner if inner is not None else functools.partial(
+                type(target)._get_iterator, target)
+            return make() if this is None else this._make(target, make)
 
         loader._get_iterator = recording
+
+    def _make(self, loader: Any, make: Callable[[], Any]) -> Any:
+        armed, self._armed = self._armed, None
+        keep, self._keep = self._keep, None
+        kept = None
+        if keep is not None:  # the generators as they are now, put back once it is made
+            kept = Undo.of_plan("the resumed loader", [], python=True, numpy=True)
+            for g in keep:
+                kept.push("a generator", g.set_state, g.get_state())
+        if armed is not None:
+            armed[0].put(loader, armed[1])
+            self.last = armed[0]
+        elif self._replays and _FIX_REPLAYED_SAMPLERS:
+            self.last = EpochStart.now(loader)  # (by the sampler, once it draws: _Making.first)
+        making = self._making = _Making(self, loader, armed)
+        place = self._drawing if _FIX_SAMPLER_DRAWS and _FIX_REPLAYED_SAMPLERS else None
+        real = None if place is None else vars(place[0])[place[1]]
+        if place is not None:  # (vars: a DataLoader refuses to set its samplers after __init__)
+            vars(place[0])[place[1]] = _Drawn(real, making)
+        try:
+            it = make()
+            if armed is not None and place is not None:
+                _skip_now(it)
+        finally:
+            making.open = False
+            if place is not None:
+                vars(place[0])[place[1]] = real
+            if kept is not None:
+                kept.run()
+        return it
 
     def arm(self, start: EpochStart, undo: Undo) -> None:
         """Put ``start`` back just before the loader makes its next iterator (the resumed one,
         which replays the sampler), each generator's state pushed on ``undo`` first; the
         caller sets them to the checkpoint's afterwards."""
         self._armed = (start, undo)
+
+    def resume(self, loader: Any, place: Any, start: EpochStart | None,
+               keep: Iterable[torch.Generator], undo: Undo) -> None:
+        """Have ``loader``, just given its ``place`` in an epoch, make the resumed iterator it
+        yields from when the loop asks for it -- after the loop's ``set_epoch`` on its
+        sampler -- replaying the sampler from ``start`` (if any) and leaving Python's,
+        NumPy's and torch's CPU generator and ``keep`` as they were. It makes one now too,
+        so that a place the loader cannot take fails here (inside ``undo``), and drops it."""
+        if not hasattr(loader, "next_iter_state"):  # torchdata's StatefulDataLoader only
+            return
+        if not _FIX_LATE_RESUME:  # made now, from the generators as they are now (0.4)
+            if start is not None:
+                self.arm(start, undo)
+            _materialise(loader)
+            return
+        undo.push("the resumed loader's plan", self._forget)
+        for now in (True, False):
+            if start is not None:
+                self.arm(start, Undo("the resumed loader"))
+            self._keep = list(keep)
+            if now:
+                _materialise(loader)
+                loader.load_state_dict(place)
+
+    def _forget(self) -> None:
+        self._armed = self._keep = None
 
     @classmethod
     def of(cls, loader: Any) -> EpochStarts | None:
@@ -692,6 +812,108 @@ class EpochStarts:
         if found is None:
             found = loader._devrng_epoch_starts = cls(loader)
         return found
+
+
+class _Making:
+    """One iterator a watched loader makes: its replayed sampler's ``iter()`` calls
+    (``called``) and the first index each iteration yields (``first``). Made afresh, the
+    iteration whose first index is taken records the ``EpochStart``; made from an armed
+    start, every ``iter()`` and every first index while it is made start from the record."""
+
+    def __init__(self, watch: EpochStarts, loader: Any,
+                 armed: tuple[EpochStart, Undo] | None) -> None:
+        # Weakly held: the iterator holds this (through _Drawn), and the loader the iterator.
+        self._watch, self._loader = weakref.ref(watch), weakref.ref(loader)
+        self.armed = armed
+        self.open = True  # while the loader makes the iterator
+
+    def called(self, sampler: Any) -> Any:
+        loader = self._loader()
+        if not self.open or loader is None:
+            return iter(sampler)
+        if self.armed is not None:
+            start, undo = self.armed
+            if start.by_sampler:
+                start.put(loader, undo)
+            return _FirstIndex(iter(sampler), self, None)
+        before = EpochStart.now(loader)
+        it = iter(sampler)
+        return _FirstIndex(it, self, (before, EpochStart.now(loader)))
+
+    def first(self, taken: tuple[EpochStart, EpochStart] | None) -> None:
+        loader, watch = self._loader(), self._watch()
+        if loader is None or watch is None:
+            return
+        if self.armed is not None:
+            start, undo = self.armed
+            if self.open and start.first is not None:
+                start.first.put(loader, undo)
+        elif taken is not None and watch._making is self:  # (not an older epoch's iteration)
+            now = EpochStart.now(loader)
+            before, after = taken
+            watch.last = before._replace(by_sampler=True,
+                                         first=None if now.same(after) else now)
+
+
+class _Drawn:
+    """Stands for a loader's replayed sampler while the loader makes an iterator: its
+    ``iter()`` goes through ``_Making.called``; everything else is the real one's."""
+
+    def __init__(self, real: Any, making: _Making) -> None:
+        self._real = real
+        self._making = making
+
+    def __iter__(self) -> Any:
+        return self._making.called(self._real)
+
+    def __len__(self) -> int:
+        return len(self._real)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
+class _FirstIndex:
+    """An iteration of a replayed sampler, which tells its ``_Making`` of its first index."""
+
+    def __init__(self, it: Iterator[Any], making: _Making, taken: Any) -> None:
+        self._it = it
+        self._making: _Making | None = making
+        self._taken = taken
+
+    def __iter__(self) -> _FirstIndex:
+        return self
+
+    def __next__(self) -> Any:
+        if self._making is not None:
+            making, self._making = self._making, None
+            making.first(self._taken)
+        return next(self._it)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._it, name)
+
+
+def _skip_now(it: Any) -> None:
+    """Fast-forward a resumed iterator's index sampler now, while its generators are put
+    back. torchdata 0.11 fast-forwards an index sampler without a state of its own (a
+    ``batch_sampler`` of the user's) by an ``islice``, which without workers skips only when
+    the loop takes the first batch: from the generators as they are then."""
+    source = getattr(it, "_sampler_iter", None)
+    skip = getattr(it, "_sampler_iter_yielded", None)
+    if isinstance(source, itertools.islice) and isinstance(skip, int) \
+            and not getattr(it, "_num_workers", 0):  # (with workers it prefetched already)
+        fresh = iter(it._index_sampler)
+        for _ in range(skip):
+            next(fresh)
+        it._sampler_iter = fresh
+
+
+def _materialise(obj: Any) -> None:
+    """Make a loaded StatefulDataLoader build its resumed iterator now (its own
+    ``state_dict()`` does that)."""
+    if isinstance(obj, torch.utils.data.DataLoader) and hasattr(obj, "next_iter_state"):
+        obj.state_dict()  # type: ignore[attr-defined]
 
 
 def unreplayable_problem(name: str) -> str | None:

@@ -338,8 +338,10 @@ class TrainingRNG:
             self._tracked[name] = obj
         if loader:
             self._loaders[name] = obj
-            if stateful and replays_sampler(obj):
-                self._epoch_starts[name] = EpochStarts.watch(obj)
+            if stateful:  # (watched by each epoch's iterator: resumes make theirs late)
+                watch = EpochStarts.watch(obj)
+                if replays_sampler(obj):
+                    self._epoch_starts[name] = watch
             if self._flight is not None:
                 self._flight.watch(name, obj)
         return given
@@ -554,6 +556,7 @@ class _Loading:
                  lenient: str) -> None:
         self.rng = rng
         self.strict = strict
+        self.lenient = lenient
         self.skipped: list[str] = []
         self.hint = "" if not strict else (
             f" Pass {lenient} to resume anyway with a warning listing what was not restored.")
@@ -621,6 +624,15 @@ class _Loading:
         problem = (f"the state was saved by rank {saved_rank} of {saved_world}, and this is rank "
                    f"{rank} of {world}")
         if self.strict:
+            if saved_world == world and saved_rank != rank:  # one rank's state, loaded by all
+                raise DevRNGError(
+                    f"TrainingRNG.load_state_dict: {problem}: every rank loads rank "
+                    f"{saved_rank}'s state, as when only one rank saves (if rank == 0: "
+                    "torch.save({..., 'rng': rng.state_dict()})). Each rank draws its own "
+                    "streams, so each needs its own state: save every rank's state_dict() (a "
+                    f"file per rank, or dcp.save), or pass {self.lenient}: rank {rank} then "
+                    "seeds its generators from the seed and its rank, which resumes the run "
+                    "but not the interrupted run's streams.")
             raise self.fail(problem)
         if saved_rank != rank:
             self.skipped.append(f"the global generators of rank {saved_rank} ({problem}; this "
@@ -704,12 +716,14 @@ class _Loading:
                           copy.deepcopy(nested_state(obj)))
                 state = self.states.get(name, self.tracked[name])
                 obj.load_state_dict(state)
-                if state != {}:  # ({}: no place to continue; the next iterator starts anew)
-                    if name in self.starts:
-                        # The resumed iterator replays the sampler: from the generators the
-                        # epoch's iterator was made from (set to the checkpoint's below).
-                        rng._epoch_starts[name].arm(self.starts[name], undo)
-                    _materialise(obj)
+                watch = EpochStarts.of(obj)
+                if state != {} and watch is not None:  # ({}: no place; the next iterator is new)
+                    # The resumed iterator is made when the loop asks for it (after its
+                    # set_epoch), replaying the sampler from the generators the epoch's
+                    # iterator was made from, and leaves the generators as they are then
+                    # (the checkpoint's: set below); made once now too, to fail here.
+                    watch.resume(obj, state, self.starts.get(name), rng._generators.values(),
+                                 undo)
         # Generators after the tracked loaders: a resumed StatefulDataLoader sets its
         # generator back to the start of the epoch when it makes its iterator.
         for name, g in rng._generators.items():
@@ -797,19 +811,12 @@ def _length(loader: Any) -> float:
         return float("inf")
 
 
-def _materialise(obj: Any) -> None:
-    """Make a loaded StatefulDataLoader build its resumed iterator now (its own
-    ``state_dict()`` does that), so that it resets its generator before we set it."""
-    if isinstance(obj, torch.utils.data.DataLoader) and hasattr(obj, "next_iter_state"):
-        obj.state_dict()  # type: ignore[attr-defined]
-
-
 # Tracked objects whose state_dict() is a few ints: their fingerprints are cheap each step.
 _CHEAP_STATES = frozenset({"SeededFunction", "PortableRNG"})
 
 
 def _tracked_fingerprint(obj: Any) -> Any:
-    return state_fingerprint(nested_state(obj))  # (no save identity: no collective)
+    return state_fingerprint(nested_state(obj))  # (no save identity: no save counted)
 
 
 def _read_key(key: Any) -> str | None:

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from devrng._backends import host
+from devrng._base.errors import short_repr
 from devrng._base.rank import check_rank, env_rank, process_rank
 from devrng._base.seeds import MASK64, kept_epoch_seed, sample_seed, worker_seeds
 from devrng._generators.fork import fork_rng
@@ -56,7 +57,7 @@ def seed_worker(worker_id: int, *, rank: int | None = None) -> int:
     if isinstance(worker_id, bool) or not isinstance(worker_id, int) or worker_id < 0:
         raise TypeError(
             f"seed_worker takes the worker id the DataLoader passes (an int of 0 or more), not "
-            f"{worker_id!r} (a {type(worker_id).__name__})."
+            f"{short_repr(worker_id)} (a {type(worker_id).__name__})."
         )
     if rank is not None:
         rank = check_rank(rank)
@@ -289,13 +290,14 @@ def sample_rng(index: int) -> Iterator[None]:
     """
     if isinstance(index, bool) or not isinstance(index, numbers.Integral):
         raise TypeError(
-            f"sample_rng takes the sample's index (an int from 0 to 2**64 - 1), not {index!r} "
+            f"sample_rng takes the sample's index (an int from 0 to 2**64 - 1), not "
+            f"{short_repr(index)} "
             f"(a {type(index).__name__})."
         )
     index = int(index)  # NumPy ints too: Subset and samplers hand them out
     if not 0 <= index <= MASK64:
         raise ValueError(
-            f"sample_rng got the index {index}; a sample's index must be from 0 to 2**64 - 1 "
+            f"sample_rng got the index {short_repr(index)}; a sample's index must be from 0 to 2**64 - 1 "
             "(larger ones would share the streams of smaller ones)."
         )
     info = torch.utils.data.get_worker_info()

@@ -32,11 +32,13 @@ from typing import Any
 import accelerate
 import torch
 
+from devrng._base.errors import short_repr
 from devrng._base.rank import process_rank
+from devrng._generators.saved import SavedForm
 from devrng._training.flight import FLIGHT_VARIABLE, FlightRecord
 from devrng._training.loaders import describe, position_problem, warn_on_resume
 from devrng._training.training_rng import TrainingRNG, start_flight_record, tracked_loaders
-from devrng.integrations._per_rank import PerRankState
+from devrng.integrations._per_rank import PerRankState, check_entry, seal_entry
 
 __all__ = ["register"]
 
@@ -78,7 +80,7 @@ def register(accelerator: accelerate.Accelerator, rng: TrainingRNG | None = None
     """
     if not isinstance(flight_record, (bool, str, os.PathLike)):
         raise TypeError(f"register(..., flight_record=...) takes a directory, True (the "
-                        f"project_dir) or False, not {flight_record!r}.")
+                        f"project_dir) or False, not {short_repr(flight_record)}.")
     if rng is None:
         rng = TrainingRNG(seed)
     if flight_record is not False or os.environ.get(FLIGHT_VARIABLE):
@@ -115,6 +117,14 @@ def _watch_models(accelerator: accelerate.Accelerator, flight: FlightRecord) -> 
     accelerator.prepare = prepare_and_watch  # type: ignore[method-assign]
 
 
+# What register_for_checkpointing saves (custom_checkpoint_<i>.pkl), sealed whole: every
+# rank's state, the loader whose loop a save is inside, the accumulation window, the
+# loaders' epoch counts (devrng 0.4.0 wrote these keys alone, unsealed).
+_FORM = SavedForm("devrng.accelerate", (1,), 1, "devrng.integrations.accelerate",
+                  "register(accelerator)'s checkpointed object", own=("ranks",))
+_KEYS = frozenset({"ranks", "inside_epoch", "accumulating", "epochs"})
+
+
 class _Registered(PerRankState):
     """What ``register_for_checkpointing`` stores (it needs only the two methods)."""
 
@@ -137,9 +147,10 @@ class _Registered(PerRankState):
         state["epochs"] = {name: loader.iteration
                            for name, loader in tracked_loaders(self.rng).items()
                            if _counts_epochs(loader)}
-        return state
+        return seal_entry(_FORM, state)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        check_entry(state_dict, _FORM, _KEYS)  # all of it, before any of it is used
         super().load_state_dict(state_dict)
         epochs = state_dict.get("epochs")
         loaders = tracked_loaders(self.rng)

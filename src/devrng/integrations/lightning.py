@@ -18,6 +18,7 @@ exist, restored, before Lightning builds the loader: that is why the loaders tak
 from __future__ import annotations
 
 import logging
+import math
 import os
 import weakref
 from collections.abc import Iterable, Mapping
@@ -26,9 +27,10 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
-from devrng._base.errors import DevRNGError, check_flags
+from devrng._base.errors import DevRNGError, check_flags, short_repr
 from devrng._base.rank import process_rank
 from devrng._base.seeds import seed32
+from devrng._generators.saved import SavedForm
 from devrng._generators.seeding import manual_seed
 from devrng._generators.snapshot import get_rng_state, set_rng_state
 from devrng._generators.undo import Undo
@@ -56,9 +58,17 @@ from devrng._training.training_rng import (
 )
 from devrng._training.workers import WorkerSeeding
 from devrng.distributed import rank_seed
-from devrng.integrations._per_rank import PerRankState, gather
+from devrng.integrations._per_rank import PerRankState, check_entry, gather, seal_entry
 
 __all__ = ["DevRNGCallback"]
+
+# The callback's entry in a checkpoint, sealed whole (every rank's state, the loaders'
+# descriptions, the place in the epoch, the epoch starts): its digest is checked before any
+# of it is used (devrng 0.4.0 wrote these keys alone, unsealed).
+_FORM = SavedForm("devrng.DevRNGCallback", (1,), 1, "DevRNGCallback",
+                  "DevRNGCallback.state_dict()", own=("ranks",))
+_KEYS = frozenset({"ranks", "loaders", "position"})
+_OPTIONAL = frozenset({"epoch_starts"})
 
 #: Say in a sentence why a resume inside an epoch failed when a training loader has another
 #: number of workers (torchdata's empty assertion, then Lightning's teardown error, hide it).
@@ -108,7 +118,7 @@ class DevRNGCallback(pl.Callback):
         check_flags(deterministic=deterministic, per_rank=per_rank, strict=strict)
         if not isinstance(flight_record, (bool, str, os.PathLike)):
             raise TypeError(f"DevRNGCallback(flight_record=...) takes a directory, True (the "
-                            f"Trainer's default_root_dir) or False, not {flight_record!r}.")
+                            f"Trainer's default_root_dir) or False, not {short_repr(flight_record)}.")
         self.flight_record = flight_record
         self.seed = seed
         self.deterministic = deterministic
@@ -160,7 +170,7 @@ class DevRNGCallback(pl.Callback):
         training = self._loaders().get("training", [])
         if any(map(replays_sampler, training)):
             state["epoch_starts"] = gather([_last_start(loader) for loader in training])
-        return state
+        return seal_entry(_FORM, state)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._ended = self.state_dict()
@@ -169,8 +179,10 @@ class DevRNGCallback(pl.Callback):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if not state_dict:
-            self._no_state(f"its DevRNGCallback entry is {state_dict!r}")
+            self._no_state(f"its DevRNGCallback entry is {short_repr(state_dict)}")
             return
+        check_entry(state_dict, _FORM, _KEYS, _OPTIONAL)  # all of it, before any is used
+        starts = _read_starts(state_dict.get("epoch_starts"))
         self._per_rank().load_state_dict(state_dict)
         self._ended = None
         loaders = state_dict.get("loaders")
@@ -182,7 +194,7 @@ class DevRNGCallback(pl.Callback):
                          "generators": generator_states(self.rng),
                          "loaders": loaders if isinstance(loaders, Mapping) else {},
                          "position": position if isinstance(position, Mapping) else {},
-                         "starts": _read_starts(state_dict.get("epoch_starts"))}
+                         "starts": starts}
 
     def _per_rank(self) -> PerRankState:
         return PerRankState(self.rng, strict=self.strict, owner="DevRNGCallback",
@@ -444,13 +456,20 @@ def _position(trainer: pl.Trainer | None) -> dict[str, Any] | None:
         return None
     progress = trainer.fit_loop.epoch_loop.batch_progress
     ready, processed = progress.current.ready, progress.current.processed
-    batches = trainer.num_training_batches
+    batches = _epoch_batches(trainer)
     accumulate = trainer.accumulate_grad_batches
     in_step = ready > processed
-    ended = progress.is_last_batch or ready >= batches  # Lightning steps on the last batch
-    return {"batch": ready, "batches": int(batches) if batches != float("inf") else None,
-            "in_step": in_step, "accumulate": accumulate,
+    # (Lightning steps on the last batch)
+    ended = progress.is_last_batch or (batches is not None and ready >= batches)
+    return {"batch": ready, "batches": batches, "in_step": in_step, "accumulate": accumulate,
             "accumulated": 0 if in_step or ended else ready % accumulate}
+
+
+def _epoch_batches(trainer: pl.Trainer) -> int | None:
+    """The batches of an epoch; None for a training loader without a length (an
+    IterableDataset's: Lightning counts ``inf``)."""
+    batches = trainer.num_training_batches
+    return int(batches) if math.isfinite(batches) else None
 
 
 def _position_problems(position: Mapping[str, Any]) -> list[str]:
@@ -524,7 +543,7 @@ def _problems(trainer: pl.Trainer, loaders: Mapping[str, list[Any]],
 def _training_problems(name: str, now: Mapping[str, Any], loader: Any, mid_epoch: bool,
                        last_batch: bool, record: Mapping[str, Any], trainer: pl.Trainer
                        ) -> Iterable[str]:
-    batches = int(trainer.num_training_batches)
+    batches = _epoch_batches(trainer)  # (the last batch of an epoch: only with a length)
     avoid = ("save at the ends of epochs (ModelCheckpoint's default) or every_n_train_steps "
              f"that does not divide the {batches} batches of an epoch")
     if last_batch and now["stateful"]:
@@ -539,7 +558,8 @@ def _training_problems(name: str, now: Mapping[str, Any], loader: Any, mid_epoch
                f"(Lightning's behaviour, with or without devrng); {avoid}")
     elif mid_epoch and not last_batch and not now["stateful"]:
         done = trainer.fit_loop.epoch_loop.batch_progress.current.processed
-        yield position_problem(name, now["kind"], f"after batch {done} of {batches}",
+        of = "" if batches is None else f" of {batches}"
+        yield position_problem(name, now["kind"], f"after batch {done}{of}",
                                "Lightning starts the epoch's loader again")
     elif mid_epoch and not last_batch and now["num_workers"]:
         problem = inside_epoch_problem(name, record, "**callback.rng.dataloader_kwargs() (made "

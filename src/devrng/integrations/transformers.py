@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import base64
 import functools
+import json
 import os
 import weakref
 from collections.abc import Callable, Iterable, Mapping
@@ -33,11 +34,12 @@ import transformers
 from transformers.trainer_callback import ExportableState
 
 from devrng._backends.registry import available_backends
-from devrng._base.errors import check_flags
+from devrng._base.errors import DevRNGError, check_flags, short_repr
 from devrng._base.lazy import imported
 from devrng._base.rank import process_rank, world_size
 from devrng._generators.fork import fork_rng
 from devrng._generators.patch import patch_torch
+from devrng._generators.saved import SavedForm
 from devrng._generators.seeding import manual_seed
 from devrng._training.digest import generator_fingerprint
 from devrng._training.flight import (
@@ -53,8 +55,17 @@ from devrng._training.loaders import (
     warn_on_resume,
     world_size_problem,
 )
+from devrng.integrations._per_rank import check_entry, seal_entry
 
 __all__ = ["DevRNGTrainerCallback"]
+
+# The callback's state in trainer_state.json: one attribute, sealed (its digest is checked
+# before any of it is used). devrng 0.4.0 wrote the _FIELDS as the attributes, unsealed.
+_FORM = SavedForm("devrng.DevRNGTrainerCallback", (1,), 1, "DevRNGTrainerCallback",
+                  "DevRNGTrainerCallback.state()")
+_STATE = "devrng_state"
+_FIELDS = frozenset({"epoch_start", "loader", "world_size", "flight", "saved"})
+_SOURCE = "the checkpoint's trainer_state.json"
 
 #: Warn when ignore_data_skip=True resumes a checkpoint written inside an epoch (the Trainer
 #: then trains that epoch again from its first batch).
@@ -81,11 +92,16 @@ class DevRNGTrainerCallback(transformers.TrainerCallback, ExportableState):
     ``flight_record=False``: none): a resumed run compares each step with what the
     interrupted run recorded past the checkpoint and warns at the first that differs.
 
+    The callback's state in ``trainer_state.json`` is sealed like every state devrng
+    saves (a SHA-256 digest of it, checked when the run resumes): a state changed since
+    it was written raises ``DevRNGError`` before any of it is used.
+
     Examples:
         >>> from devrng.integrations.transformers import DevRNGTrainerCallback
         >>> callback = DevRNGTrainerCallback()   # Trainer(..., callbacks=[callback])
-        >>> sorted(callback.state()["attributes"])
-        ['epoch_start', 'flight', 'loader', 'saved', 'world_size']
+        >>> attributes = callback.state()["attributes"]   # sealed in one attribute
+        >>> sorted(attributes["devrng_state"])[:4]
+        ['devrng_version', 'digest', 'epoch_start', 'flight']
     """
 
     def __init__(self, sample_rng: bool = False, *,
@@ -93,7 +109,7 @@ class DevRNGTrainerCallback(transformers.TrainerCallback, ExportableState):
         check_flags(sample_rng=sample_rng)
         if not isinstance(flight_record, (bool, str, os.PathLike)):
             raise TypeError(f"DevRNGTrainerCallback(flight_record=...) takes a directory, True "
-                            f"(the Trainer's output_dir) or False, not {flight_record!r}.")
+                            f"(the Trainer's output_dir) or False, not {short_repr(flight_record)}.")
         self.sample_rng = sample_rng
         self.flight_record = flight_record
         self.flight: FlightRecord | None = None
@@ -108,18 +124,30 @@ class DevRNGTrainerCallback(transformers.TrainerCallback, ExportableState):
         if self.flight is not None:  # where this checkpoint is in the flight record
             checkpoint = f"{self.flight.attempt}:{self.flight.step}"
             self.flight.checkpoint(checkpoint)
-        return {"args": {"sample_rng": self.sample_rng},
-                "attributes": {"epoch_start": self.epoch_start, "loader": self.loader,
-                               "world_size": self.world_size, "flight": checkpoint,
-                               # torch's state when the Trainer saves (after its rng_state.pth):
-                               # the start of the next epoch, for a checkpoint at an epoch's end
-                               "saved": _encode(torch.get_rng_state())}}
+        fields = {"epoch_start": self.epoch_start, "loader": self.loader,
+                  "world_size": self.world_size, "flight": checkpoint,
+                  # torch's state when the Trainer saves (after its rng_state.pth): the
+                  # start of the next epoch, for a checkpoint at an epoch's end
+                  "saved": _encode(torch.get_rng_state())}
+        # Sealed as JSON gives it back (tuples become lists), so that the digest holds.
+        flight_record = self.flight_record if isinstance(self.flight_record, bool) \
+            else os.fspath(self.flight_record)
+        # (args: what the Trainer makes a new callback with under
+        # restore_callback_states_from_checkpoint=True, before it sets the attributes)
+        return {"args": {"sample_rng": self.sample_rng, "flight_record": flight_record},
+                "attributes": {_STATE: seal_entry(_FORM, json.loads(json.dumps(fields)))}}
 
     # -- hooks --------------------------------------------------------------------------------
     def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         patch_torch()
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        # What the checkpoint holds for this callback, checked whole before anything changes.
+        saved = _saved(state) if state.global_step > 0 else None
+        if not isinstance(self.flight, FlightRecord):
+            # (what devrng 0.4.0 saved as the attribute "flight", its text, which the Trainer
+            # sets on the callback under restore_callback_states_from_checkpoint=True)
+            self.flight = None
         patch_torch()  # idempotent: picks up a device package imported since
         devices = [name for name in available_backends() if name != "cpu"]
         if devices and state.global_step == 0:  # a resumed run keeps the Trainer's restored state
@@ -127,7 +155,6 @@ class DevRNGTrainerCallback(transformers.TrainerCallback, ExportableState):
                 manual_seed(int(args.seed), device_type=devices, python=False, numpy=False)
         loader: Any = kwargs.get("train_dataloader")
         now = None if loader is None else describe(loader)
-        saved = _saved(state)
         self._start_flight(args, state, loader, kwargs.get("model"), saved)
         if self.flight is not None and isinstance(kwargs.get("optimizer"), torch.optim.Optimizer):
             self.flight.watch_optimizer(kwargs["optimizer"])
@@ -135,12 +162,15 @@ class DevRNGTrainerCallback(transformers.TrainerCallback, ExportableState):
         self._resumed_epoch_start = None
         if state.global_step == 0 or now is None:
             return
-        per_epoch = _updates_per_epoch(len(loader), args.gradient_accumulation_steps)
+        sized = _updates_per_epoch(loader, args.gradient_accumulation_steps)
+        # A loader without a length (an IterableDataset's) is one epoch of max_steps to the
+        # Trainer, which skips its first batches by loading them.
+        per_epoch = sized or max(int(args.max_steps), 1)
         within = state.global_step % per_epoch  # optimizer steps of its epoch the run trained
         inside = within != 0 and not args.ignore_data_skip
         if saved is not None:
             self._resumed_epoch_start = _valid(saved.get("epoch_start" if inside else "saved"))
-        problems = list(self._problems(args, saved, now, inside))
+        problems = list(self._problems(args, saved, now, inside, sized is not None))
         if within and args.ignore_data_skip and _FIX_IGNORE_DATA_SKIP:
             problems.append(
                 f"the checkpoint was written inside an epoch (after {within} of its {per_epoch} "
@@ -185,7 +215,7 @@ class DevRNGTrainerCallback(transformers.TrainerCallback, ExportableState):
         self.epoch_start = _encode(torch.get_rng_state())
 
     def _problems(self, args: Any, saved: Mapping[str, Any] | None, now: Mapping[str, Any],
-                  inside: bool) -> Iterable[str]:
+                  inside: bool, sized: bool) -> Iterable[str]:
         if saved is None or (inside and self._resumed_epoch_start is None):
             yield ("the checkpoint holds no readable state of DevRNGTrainerCallback (written "
                    "without it, or its trainer_state.json was changed), so devrng cannot put "
@@ -209,7 +239,7 @@ class DevRNGTrainerCallback(transformers.TrainerCallback, ExportableState):
                    "before it restores its generators, so with dataloader_num_workers=0 their "
                    "augmentation (drawn in the main process) differs; use "
                    "dataloader_num_workers > 0 with devrng.sample_rng, or save at epoch ends")
-        elif inside and not self.sample_rng:
+        elif inside and not self.sample_rng and sized:
             yield ("the checkpoint was written inside an epoch, and the Trainer skips the "
                    "epoch's first batches without loading them, so the workers draw each "
                    "later sample's augmentation from another point of their streams; draw "
@@ -255,16 +285,34 @@ def _sources(loader: Any) -> list[tuple[str, Callable[[], Any]]]:
 
 
 def _saved(state: Any) -> Mapping[str, Any] | None:
-    """The attributes this callback saved in the checkpoint the Trainer resumed from."""
+    """The state this callback saved in the checkpoint the Trainer resumed from, checked whole
+    (``DevRNGError`` if it was changed after it was written); None if it holds none."""
     data = (getattr(state, "stateful_callbacks", None) or {}).get(DevRNGTrainerCallback.__name__)
     if isinstance(data, list):  # one entry per callback of this type: the first is ours
         data = data[0] if data else None
     attributes = data.get("attributes") if isinstance(data, Mapping) else None
-    return attributes if isinstance(attributes, Mapping) else None
+    if not isinstance(attributes, Mapping):
+        return None
+    if set(attributes) <= _FIELDS:
+        return attributes  # devrng 0.4.0's, unsealed
+    if set(attributes) != {_STATE}:
+        raise DevRNGError(
+            f"{_FORM.what}: {_SOURCE} holds the attributes "
+            f"{short_repr(sorted(map(str, attributes)))} for it, not the one {_STATE!r} "
+            "devrng writes: it was altered or damaged after it was written, so none of it is "
+            "loaded. Resume from an intact checkpoint.")
+    sealed: Mapping[str, Any] = attributes[_STATE]
+    check_entry(sealed, _FORM, _FIELDS, unsealed=False, source=_SOURCE)
+    return sealed
 
 
-def _updates_per_epoch(batches: int, accumulation: int) -> int:
-    """Optimizer steps per epoch, as ``Trainer.set_initial_training_values`` counts them."""
+def _updates_per_epoch(loader: Any, accumulation: int) -> int | None:
+    """Optimizer steps per epoch, as ``Trainer.set_initial_training_values`` counts them;
+    None for a loader without a length (an ``IterableDataset``'s: ``len`` raises)."""
+    try:
+        batches = len(loader)
+    except (TypeError, ValueError, AttributeError, NotImplementedError):
+        return None
     return max(batches // accumulation + int(batches % accumulation > 0), 1)
 
 

@@ -3,17 +3,20 @@
 None of them talks to anyone without a process group of more than one rank
 (``group_size``): a single process runs the same code, and each collective returns
 what it was given. Every rank calls each of them in the same order (``load_ranked``
-and ``stamp`` make sure of it), so they never wait for a rank that went another way.
+makes sure of it), so they never wait for a rank that went another way. ``first_of``
+is no collective: a rank asks the job's store and never waits for another rank.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 
 from devrng._base.errors import DevRNGError
 from devrng._base.rank import collective_device, group_size, process_rank
 
-__all__ = ["fail_everywhere", "reduce_min", "send_entries"]
+__all__ = ["fail_everywhere", "first_of", "reduce_min", "send_entries"]
 
 _TEXT = 4096  # bytes of an error message sent from one rank to the others
 
@@ -26,6 +29,26 @@ def reduce_min(values: list[int]) -> list[int]:
     t = torch.tensor(values, dtype=torch.int64, device=collective_device())
     dist.all_reduce(t, op=dist.ReduceOp.MIN)
     return [int(v) for v in t.cpu().tolist()]
+
+
+def first_of(key: str, value: int) -> int | None:
+    """The first value any rank offered for ``key`` in the job's store (``value`` if this rank
+    is the first): ranks that offer values for the same key get the same one, and none waits
+    for the others. None without a process group, or with a store that cannot do this."""
+    if group_size() == 1:
+        return None
+    dist = torch.distributed
+    get_store = getattr(dist.distributed_c10d, "_get_default_store", None)
+    try:
+        store = get_store() if get_store is not None else None
+        if store is None:
+            return None
+        # (A restarted torchrun job may keep its store: its round is part of the key.)
+        round_ = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        won = store.compare_set(f"devrng/{round_}/{key}", "", str(value))
+        return int(won)
+    except Exception:  # a store without compare_set, or one that failed: no agreement here
+        return None
 
 
 def _broadcast_bytes(data: bytes, src: int, size: int) -> bytes:

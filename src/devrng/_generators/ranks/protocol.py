@@ -14,8 +14,9 @@ against the loading process's template), or a dict of ints (``PortableRNG``).
 metadata last: a save that did not finish on every rank (a rank killed while writing
 over an older checkpoint) leaves files of two saves, which load without an error. So
 every entry carries the identity of its save (``stamp``): 62 random bits that the ranks
-agree on when ``state_dict()`` is called (one ``all_reduce`` of one integer; not for the
-state of a tracked object, whose holder's entry carries one), and ``load_ranked``
+agree on through the job's store when ``state_dict()`` is called, without waiting for
+one another (not for the state of a tracked object, whose holder's entry carries one),
+and ``load_ranked``
 refuses entries of different saves on every rank, naming both. An entry that is still
 the template ``dcp.load`` read the checkpoint into (the identity this object's
 ``state_dict()`` made last: a planner that skips keys the checkpoint
@@ -53,15 +54,19 @@ from devrng._base.errors import DevRNGError, short_repr, warn_and_log
 from devrng._base.plain import hash_into
 from devrng._base.rank import group_size, process_rank, world_size
 from devrng._generators.ranks import dcp_load
-from devrng._generators.ranks.collectives import fail_everywhere, reduce_min, send_entries
-from devrng._generators.saved import decode, encode, recorded_counts, refusing
+from devrng._generators.ranks.collectives import (
+    fail_everywhere,
+    first_of,
+    reduce_min,
+    send_entries,
+)
+from devrng._generators.saved import PREFIX, decode, encode, recorded_counts, refusing
 from devrng._generators.undo import Undo
 
 __all__ = ["PREFIX", "SAVE", "Apply", "Loader", "Summary", "entry_key", "entry_rank",
            "identity_of", "is_ranked", "load_ranked", "nested_state",
            "own_entry", "ranked", "ranks_text", "save_of", "stamp"]
 
-PREFIX = "devrng_rank_"
 _KEY = re.compile(re.escape(PREFIX) + r"(\d+)")
 
 
@@ -116,10 +121,15 @@ _made: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
 
 def stamp(plain: dict[str, Any], owner: Any) -> dict[str, Any]:
     """``plain`` (an entry's plain state, made by ``owner.state_dict()``) with the identity of
-    this save: 62 random bits, agreed by every rank of the default group (one ``all_reduce``
-    of one integer: every rank calls ``state_dict()``, as ``dcp.save`` does). Drawn from the
-    OS, never from a generator the run uses. A state taken for another's entry
-    (``nested_state``) is returned as it is.
+    this save: 62 random bits, drawn from the OS (never from a generator the run uses). The
+    ranks of a job agree on it without a collective: the k-th save of an object takes the
+    first identity any rank offered for that object's k-th save in the job's store
+    (``first_of``), so a rank that saves alone (``if rank == 0: torch.save(...)``) never waits
+    for the others. Without a store that can do this, one ``all_reduce`` agrees on it (every
+    rank must then call ``state_dict()``, as ``dcp.save`` does). Saves are counted by kind of
+    object and seed: a rank that saved an object more often than the others (a copy of its
+    own) agrees with them no more. A state taken for another's entry (``nested_state``) is
+    returned as it is.
 
     Examples:
         >>> sorted(stamp({"seed": 1}, owner=None))
@@ -127,10 +137,25 @@ def stamp(plain: dict[str, Any], owner: Any) -> dict[str, Any]:
     """
     if _inside(nested_state.__code__):
         return plain
-    save = reduce_min([_LOW | secrets.randbits(61)])[0]
+    offered = _LOW | secrets.randbits(61)
+    save = first_of(_save_key(owner, plain), offered)
+    if save is None or not _LOW <= save < 2 * _LOW:
+        save = reduce_min([offered])[0]
     with contextlib.suppress(TypeError):  # an owner without weak references goes unrecorded
         _made[owner] = save
     return {**plain, SAVE: save}
+
+
+#: How many saves this process made of objects of each kind and seed (their store keys).
+_counts: dict[tuple[str, str], int] = {}
+
+
+def _save_key(owner: Any, plain: Mapping[str, Any]) -> str:
+    """``"save/TrainingRNG/1234/3"``: the store key of this process's 3rd save of a
+    ``TrainingRNG`` of seed 1234 -- the same on every rank that saves it as often."""
+    kind = (type(owner).__name__, short_repr(plain.get("seed", plain.get("base_seed"))))
+    _counts[kind] = _counts.get(kind, 0) + 1
+    return f"save/{kind[0]}/{kind[1]}/{_counts[kind]}"
 
 
 def _latest_save(owner: Any) -> int | None:
@@ -143,7 +168,7 @@ def _latest_save(owner: Any) -> int | None:
 
 def nested_state(obj: Any) -> Any:
     """The plain state of ``obj`` (``own_entry(obj.state_dict())``) for another object's entry,
-    which carries the save identity: made without one, so without a collective (a
+    which carries the save identity: made without one, so without counting a save (a
     ``TrainingRNG`` tracking ``RNGStreams``, a state gathered by a trainer integration)."""
     return own_entry(obj.state_dict())
 
