@@ -21,7 +21,9 @@ without ``rng.dataloader_kwargs()``; ``sampler`` -- "subset" (``SubsetRandomSamp
 "weighted" (``WeightedRandomSampler``), both drawing from torch's generator, or
 "replacement" (``RandomSampler(replacement=True, num_samples=40)`` with the loader's
 generator): samplers without a state of their own, which torchdata replays; ``collate`` --
-a ``collate_fn`` drawing NumPy noise; ``workers``; ``fix_off`` -- devrng's fixes turned
+a ``collate_fn`` drawing NumPy noise; ``workers``; ``pin`` -- ``pin_memory=True``;
+``iterable`` -- ``tests/_datasets.py``'s ``ShardedShuffled`` (its workers shuffle their
+shard with ``torch.randperm`` and augment outside ``sample_rng``); ``fix_off`` -- devrng's fixes turned
 off in the run (``tests/_internals.py``'s ``FIXES``). A resume refused with a
 ``DevRNGError`` records its message (the result's ``error``).
 
