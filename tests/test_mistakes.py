@@ -32,7 +32,7 @@ def test_a_whole_checkpoint_given_to_load_state_dict_names_the_key_that_holds_th
     assert devrng.get_rng_state() == before
     rng.load_state_dict(checkpoint["rng"])  # what the sentence says works
     with pytest.raises(devrng.DevRNGError, match=r"a dict with the keys 'model', 'step', none of "
-                                                 r"which holds a devrng state"):
+                                                 r"which holds a devrng state\.$"):
         rng.load_state_dict({"model": {}, "step": 3})
     snapshot = {"rng": devrng.get_rng_state().to_dict()}
     with pytest.raises(devrng.DevRNGError, match=r"checkpoint\['rng'\]"):

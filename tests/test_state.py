@@ -164,7 +164,8 @@ def test_a_directory_or_a_missing_path_is_a_sentence(tmp_path: Any,
 def test_other_file_is_a_clear_error(tmp_path: Any) -> None:
     torch.save({"weights": torch.zeros(2)}, tmp_path / "model.pt")
     with pytest.raises(DevRNGError, match=r"model.pt' is not a valid devrng state for RNGState: "
-                                          r"its format tag is None, not 'devrng.RNGState'\. Write "
+                                          r"it is a dict with the keys 'weights', none of which "
+                                          r"holds a devrng state\. Write "
                                           r"it with RNGState.save or RNGState.to_dict\(\)\."):
         RNGState.load(tmp_path / "model.pt")
     torch.save([1, 2], tmp_path / "list.pt")

@@ -387,8 +387,8 @@ def test_every_part_of_the_callbacks_entry_is_sealed(tmp_path: Path) -> None:
         before = devrng.get_rng_state()
         with pytest.raises(devrng_error(), match=r"DevRNGCallback(: the state was altered or "
                                                  r"damaged after devrng| takes the dict that "
-                                                 r"DevRNGCallback.state_dict\(\) returns; its "
-                                                 r"format tag is None)"):
+                                                 r"DevRNGCallback.state_dict\(\) returns; it is "
+                                                 r"a dict with the keys )"):
             callback.load_state_dict(changed)
         assert devrng.get_rng_state() == before, name
         changed_path = tmp_path / f"{len(name)}-{name[:8]}.ckpt"

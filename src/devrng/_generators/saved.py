@@ -339,8 +339,7 @@ def _not_a_state(data: Any, tag: str, made_by: str) -> str:
                     f"{short_repr(holders[0])} (a whole checkpoint?): pass that entry, "
                     f"checkpoint[{short_repr(holders[0])}]")
         keys = ", ".join(map(short_repr, list(data)[:8])) + (", ..." if len(data) > 8 else "")
-        return (f"it is a dict with the keys {keys or '(none)'}, none of which holds a devrng "
-                f"state: pass what {made_by} returned")
+        return f"it is a dict with the keys {keys or '(none)'}, none of which holds a devrng state"
     if isinstance(data, Mapping):
         return f"its format tag is {short_repr(data.get('format'))}, not {tag!r}"
     if isinstance(data, str) or hasattr(data, "__fspath__"):
