@@ -11,6 +11,7 @@ runs at once. scripts/test.sh runs a fake pytest there: its progress line, its e
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import shutil
@@ -343,20 +344,27 @@ def test_test_sh_stopped_by_ctrl_c_stops_its_checks_and_removes_its_logs(
     proc = subprocess.Popen(["bash", str(fake.root / "scripts" / "test.sh")], text=True,
                             env={**fake.env, "DEVRNG_ENVS": "fake", "TMPDIR": str(temp),
                                  "DEVRNG_FAKE_PYTEST_SLEEP": "120"},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)  # (a failed test kills the whole group)
     try:
         assert proc.stdout is not None
         for line in proc.stdout:  # until the check started
             if line.startswith("== started fake: pytest"):
                 break
-        [log] = temp.glob("devrng-test.*/0.log")
-        checks = _pids_writing(log)
+        # The check opens its log itself, in the background: it may not be there yet.
+        deadline = time.monotonic() + 60
+        while not (logs := list(temp.glob("devrng-test.*/0.log"))):
+            assert time.monotonic() < deadline, "the check never opened its log"
+            time.sleep(0.1)
+        checks = _pids_writing(logs[0])
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 130
     finally:
         if proc.poll() is None:
             proc.kill()
-        proc.communicate()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # anything left of its group holds the pipes
+        proc.communicate(timeout=60)
     assert list(temp.iterdir()) == []
     deadline = time.monotonic() + 10
     while any(Path(f"/proc/{pid}").exists() for pid in checks):  # the check was stopped too

@@ -9,6 +9,9 @@ from __future__ import annotations
 import json
 import os
 import random
+import signal
+import subprocess
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -95,9 +98,20 @@ def test_any_seed_seeds_every_ddp_process_as_devrng_does(tmp_path: Path, devices
     import devrng
 
     # cwd: its Trainers keep their runs (and flight records) in the current directory.
-    proc = run_python("tests.integrations._lightning_seeds", module=True,
-                      args=(str(tmp_path), str(devices)), cwd=tmp_path,
-                      env={"PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"})
+    def launch() -> subprocess.CompletedProcess[str]:
+        return run_python("tests.integrations._lightning_seeds", module=True,
+                          args=(str(tmp_path), str(devices)), cwd=tmp_path,
+                          env={"PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"})
+
+    proc = launch()
+    written = all((tmp_path / f"{devices}-{rank}.json").exists() for rank in range(devices))
+    if (proc.returncode == -signal.SIGABRT and written and "Traceback" not in proc.stderr
+            and "terminate called without an active exception" in proc.stderr):
+        # Aborted at exit by gloo after every process wrote its results (pytorch/pytorch#190489,
+        # known-issues.md; CI saw it once here): launched once more, a second failure fails.
+        warnings.warn(f"retrying once after gloo's abort at exit: {proc.stderr[-500:]}",
+                      stacklevel=1)
+        proc = launch()
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
 
     def fingerprint(seed: int | None) -> str:
