@@ -177,6 +177,10 @@ def _compare(straight: dict[int, dict[str, Any]], resumed: dict[int, dict[str, A
             exact = False
             continue
         last = max(reference["steps"], default=checkpoint)
+        if last <= checkpoint:  # nothing to compare: never "exact" on no step
+            raise _Failed(f"{label}the uninterrupted run recorded no step after the checkpoint "
+                          f"of step {checkpoint}, so the resume has nothing to be compared "
+                          "with; give a larger --steps, or a --stop before its last checkpoint.")
         resumed_steps = after[-1]["steps"]
         problem = _first_difference(reference, after[-1], checkpoint + 1, last)
         if problem is not None:
