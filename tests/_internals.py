@@ -81,6 +81,10 @@ _PRIVATE: dict[str, tuple[str, str | None]] = {
     "explain": ("devrng._training.compare", "explain"),
     "flight_module": ("devrng._training.flight", None),
     "compare_module": ("devrng._training.compare", None),
+    # check-resume's comparison of three runs' records and its could-not-check error, fed
+    # synthetic records (a case no real script reaches cheaply: nothing after the checkpoint).
+    "compare_runs": ("devrng._training.check_resume", "_compare"),
+    "CouldNotCheck": ("devrng._training.check_resume", "_Failed"),
     # Threefry internals: known-answer vectors (Random123, JAX) and the stream's pieces.
     "threefry": ("devrng._portable.threefry", None),
     "distributions": ("devrng._portable.distributions", None),

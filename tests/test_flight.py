@@ -815,7 +815,7 @@ def test_check_resume_without_a_checkpoint_after_the_stop_exits_2(tmp_path: Path
 
 
 def test_check_resume_never_calls_a_resume_exact_on_no_compared_step() -> None:
-    from devrng._training import check_resume as module
+    from tests._internals import CouldNotCheck, compare_runs
 
     line = {"s": 1, "a": "x", "g": ["0a"], "w": "c1"}
     record = {"attempts": {"x": {"id": None, "steps": {1: (line, ["cpu"])}, "checkpoints": [1],
@@ -823,8 +823,8 @@ def test_check_resume_never_calls_a_resume_exact_on_no_compared_step() -> None:
     resumed = {"attempts": {**record["attempts"],
                             "y": {"id": None, "steps": {}, "checkpoints": [], "from": ("x", 1),
                                   "end": None}}, "damaged": 0}
-    with pytest.raises(module._Failed, match="recorded no step after the checkpoint of step 1"):
-        module._compare({0: record}, {0: resumed}, {0: ("x", 1)})
+    with pytest.raises(CouldNotCheck, match="recorded no step after the checkpoint of step 1"):
+        compare_runs({0: record}, {0: resumed}, {0: ("x", 1)})
 
 
 def test_check_resume_refuses_bad_arguments(tmp_path: Path) -> None:
