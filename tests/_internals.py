@@ -71,20 +71,20 @@ _PRIVATE: dict[str, tuple[str, str | None]] = {
     # The flight record's digests and fingerprints, checked on their own (exact, ordered,
     # sampled as the docs say); its file read back; the words for a difference; its module
     # for the file size that prunes and a line's checksum (a record edited as another run's).
-    "batch_digest": ("devrng._training.digest", "batch_digest"),
-    "indices_digest": ("devrng._training.digest", "indices_digest"),
-    "generator_fingerprint": ("devrng._training.digest", "generator_fingerprint"),
-    "numpy_fingerprint": ("devrng._training.digest", "numpy_fingerprint"),
-    "python_fingerprint": ("devrng._training.digest", "python_fingerprint"),
-    "digest_module": ("devrng._training.digest", None),
-    "read_record": ("devrng._training.compare", "read_record"),
-    "explain": ("devrng._training.compare", "explain"),
-    "flight_module": ("devrng._training.flight", None),
-    "compare_module": ("devrng._training.compare", None),
+    "batch_digest": ("devrng._checks.digest", "batch_digest"),
+    "indices_digest": ("devrng._checks.digest", "indices_digest"),
+    "generator_fingerprint": ("devrng._checks.digest", "generator_fingerprint"),
+    "numpy_fingerprint": ("devrng._checks.digest", "numpy_fingerprint"),
+    "python_fingerprint": ("devrng._checks.digest", "python_fingerprint"),
+    "digest_module": ("devrng._checks.digest", None),
+    "read_record": ("devrng._checks.compare", "read_record"),
+    "explain": ("devrng._checks.verdict", "explain"),
+    "flight_module": ("devrng._checks.record", None),
+    "compare_module": ("devrng._checks.compare", None),
     # check-resume's comparison of three runs' records and its could-not-check error, fed
     # synthetic records (a case no real script reaches cheaply: nothing after the checkpoint).
-    "compare_runs": ("devrng._training.check_resume", "_compare"),
-    "CouldNotCheck": ("devrng._training.check_resume", "_Failed"),
+    "compare_runs": ("devrng._checks.check_resume", "_compare"),
+    "CouldNotCheck": ("devrng._checks.runs", "CheckFailed"),
     # Threefry internals: known-answer vectors (Random123, JAX) and the stream's pieces.
     "threefry": ("devrng._portable.threefry", None),
     "distributions": ("devrng._portable.distributions", None),

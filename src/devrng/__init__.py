@@ -42,6 +42,7 @@ if TYPE_CHECKING:  # the public names, for type checkers (``X as X``: re-exporte
     )
     from devrng._base.errors import DevRNGError as DevRNGError
     from devrng._base.errors import DevRNGWarning as DevRNGWarning
+    from devrng._checks.record import FlightRecord as FlightRecord
     from devrng._generators.fork import fork_rng as fork_rng
     from devrng._generators.infer import infer_device_types as infer_device_types
     from devrng._generators.patch import patch_torch as patch_torch
@@ -61,7 +62,6 @@ if TYPE_CHECKING:  # the public names, for type checkers (``X as X``: re-exporte
     from devrng._training.determinism import (
         deterministic as deterministic,
     )
-    from devrng._training.flight import FlightRecord as FlightRecord
     from devrng._training.training_rng import TrainingRNG as TrainingRNG
     from devrng._training.workers import sample_rng as sample_rng
     from devrng._training.workers import seed_worker as seed_worker
@@ -72,7 +72,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "DeterministicHandle": ("devrng._training.determinism", "DeterministicHandle"),
     "DevRNGError": ("devrng._base.errors", "DevRNGError"),
     "DevRNGWarning": ("devrng._base.errors", "DevRNGWarning"),
-    "FlightRecord": ("devrng._training.flight", "FlightRecord"),
+    "FlightRecord": ("devrng._checks.record", "FlightRecord"),
     "PortableRNG": ("devrng._portable.rng", "PortableRNG"),
     "RNGState": ("devrng._generators.snapshot", "RNGState"),
     "RNGStreams": ("devrng._generators.streams", "RNGStreams"),

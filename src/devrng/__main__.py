@@ -71,7 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0
     if args.command == "check-resume":
-        from devrng._training.check_resume import check_resume
+        from devrng._checks.check_resume import check_resume
 
         command = args.command_[1:] if args.command_[:1] == ["--"] else args.command_
         return check_resume(command, steps=args.steps, stop=args.stop, keep=args.keep)

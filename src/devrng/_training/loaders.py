@@ -25,8 +25,8 @@ import torch
 
 from devrng._backends import host
 from devrng._base.errors import DevRNGError, say, short_repr, warn_and_log
-from devrng._base.lazy import imported
 from devrng._base.rank import world_size
+from devrng._checks.watch import feeding_loader
 from devrng._generators.saved import check_cpu_state
 from devrng._generators.snapshot import Restore, RNGState, snapshot
 from devrng._generators.undo import Undo
@@ -67,20 +67,6 @@ _FIX_LATE_RESUME = True
 #: Have every iter() torchdata calls on a replayed sampler, and the first index it takes,
 #: while it makes a resumed iterator, draw from the generators the uninterrupted run's did.
 _FIX_SAMPLER_DRAWS = True
-
-
-def feeding_loader(obj: Any) -> Any:
-    """The DataLoader a device loader feeds from (``obj`` itself for anything else).
-
-    torch_xla's ``MpDeviceLoader`` -- and accelerate's wrapper of it, which
-    ``Accelerator.prepare`` returns on XLA -- moves the batches of a DataLoader it
-    keeps to the device; the samples, workers and position are that DataLoader's.
-    """
-    module = imported("torch_xla.distributed.parallel_loader")
-    device_loader = getattr(module, "MpDeviceLoader", None)
-    if device_loader is not None and isinstance(obj, device_loader):
-        return obj._loader
-    return obj
 
 
 def is_stateful(obj: Any) -> bool:

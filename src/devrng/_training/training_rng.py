@@ -36,6 +36,9 @@ from devrng._base.seeds import (
     seed_from_environment,
 )
 from devrng._base.sigint import deliver, guard
+from devrng._checks.compare import LOADER_PREFIX
+from devrng._checks.digest import generator_fingerprint, state_fingerprint
+from devrng._checks.record import FLIGHT_VARIABLE, FlightRecord, global_sources, new_key
 from devrng._generators.ranks.protocol import (
     SAVE,
     Apply,
@@ -64,14 +67,6 @@ from devrng._generators.snapshot import Restore, get_rng_state, prepare_restore,
 from devrng._generators.undo import Undo
 from devrng._training.determinism import DeterministicHandle
 from devrng._training.determinism import deterministic as turn_on_determinism
-from devrng._training.digest import generator_fingerprint, state_fingerprint
-from devrng._training.flight import (
-    FLIGHT_VARIABLE,
-    LOADER_PREFIX,
-    FlightRecord,
-    global_sources,
-    new_key,
-)
 from devrng._training.loaders import (
     EpochStart,
     EpochStarts,

@@ -34,8 +34,8 @@ import torch
 
 from devrng._base.errors import short_repr
 from devrng._base.rank import process_rank
+from devrng._checks.record import FLIGHT_VARIABLE, FlightRecord
 from devrng._generators.saved import SavedForm
-from devrng._training.flight import FLIGHT_VARIABLE, FlightRecord
 from devrng._training.loaders import describe, position_problem, warn_on_resume
 from devrng._training.training_rng import TrainingRNG, start_flight_record, tracked_loaders
 from devrng.integrations._per_rank import PerRankState, check_entry, seal_entry

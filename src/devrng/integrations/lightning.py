@@ -30,11 +30,11 @@ import torch
 from devrng._base.errors import DevRNGError, check_flags, short_repr
 from devrng._base.rank import process_rank
 from devrng._base.seeds import seed32
+from devrng._checks.record import FLIGHT_VARIABLE
 from devrng._generators.saved import SavedForm
 from devrng._generators.seeding import manual_seed
 from devrng._generators.snapshot import get_rng_state, set_rng_state
 from devrng._generators.undo import Undo
-from devrng._training.flight import FLIGHT_VARIABLE
 from devrng._training.loaders import (
     EpochStart,
     EpochStarts,

@@ -37,17 +37,13 @@ from devrng._backends.registry import available_backends
 from devrng._base.errors import DevRNGError, check_flags, short_repr
 from devrng._base.lazy import imported
 from devrng._base.rank import process_rank, world_size
+from devrng._checks.compare import LOADER_PREFIX
+from devrng._checks.digest import generator_fingerprint
+from devrng._checks.record import FLIGHT_VARIABLE, FlightRecord, global_sources
 from devrng._generators.fork import fork_rng
 from devrng._generators.patch import patch_torch
 from devrng._generators.saved import SavedForm
 from devrng._generators.seeding import manual_seed
-from devrng._training.digest import generator_fingerprint
-from devrng._training.flight import (
-    FLIGHT_VARIABLE,
-    LOADER_PREFIX,
-    FlightRecord,
-    global_sources,
-)
 from devrng._training.loaders import (
     describe,
     differences,

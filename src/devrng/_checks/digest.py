@@ -166,7 +166,7 @@ def batch_digest(batch: Any) -> str | Pending:
         16 hexadecimal digits, or a ``Pending`` digest while device values are not read.
 
     Examples:
-        >>> from devrng._training.digest import batch_digest
+        >>> from devrng._checks.digest import batch_digest
         >>> x = torch.arange(6.0).reshape(2, 3)
         >>> batch_digest((x, [1, 2])) == batch_digest((x.clone(), [1, 2]))
         True

@@ -6,14 +6,14 @@ fast-forwards by iterating it again, a trainer flag. So the run checks itself. F
 every optimizer step, the record keeps a line of what the step started from, what it
 consumed and what it computed: the fingerprint of every generator devrng tracks when the
 step began, the sample indices of each batch it took from a tracked loader and an exact
-digest of the batch's content (``devrng._training.digest``), a sampled exact digest of
+digest of the batch's content (``devrng._checks.digest``), a sampled exact digest of
 the parameters after the step, and optionally the loss. The lines go to a small
 append-only file per rank beside the checkpoints, each before the next step begins.
 
 Every save draws a key of its own, kept in the saved state and noted in the record. When
 a run resumes, the record finds the line of that key -- written by the very attempt that
 saved the checkpoint, never another run's -- and compares the resumed run's steps with the
-steps that attempt recorded after it (``devrng._training.compare``). All equal: the
+steps that attempt recorded after it (``devrng._checks.compare``). All equal: the
 resume is verified. The first step that differs is named, with what differed and the
 known causes, in one ``DevRNGWarning``. What the record says besides a difference (a
 resume verified, or not verifiable and why) goes to the ``"devrng"`` logger when logging
@@ -27,15 +27,13 @@ nothing, and a run with it draws bitwise what the run without it draws.
 from __future__ import annotations
 
 import atexit
-import collections
 import contextlib
 import functools
 import hashlib
 import logging
 import os
-import threading
 import weakref
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -45,20 +43,16 @@ from devrng._backends.registry import device_count, get_backend, started_types
 from devrng._base.errors import DevRNGError, say, short_repr, warn_and_log
 from devrng._base.files import atomic_write
 from devrng._base.locks import ForkSafeLock
-from devrng._training.compare import (
-    LOADER_PREFIX,
+from devrng._checks.compare import (
     compared_parts,
-    compared_text,
     encode_line,
-    explain,
     find_checkpoint,
     header_of,
     identity_problem,
     read_lines,
-    read_record,
     steps_after,
 )
-from devrng._training.digest import (
+from devrng._checks.digest import (
     batch_parts,
     generator_fingerprint,
     indices_digest,
@@ -67,10 +61,11 @@ from devrng._training.digest import (
     resolve,
     state_fingerprint,
 )
-from devrng._training.loaders import feeding_loader
+from devrng._checks.verdict import compared_text, damaged, explain, not_found, nothing_after
+from devrng._checks.watch import Watched, feeding_loader
 
-__all__ = ["FLIGHT_VARIABLE", "LOADER_PREFIX", "MAX_STEPS_VARIABLE", "STOP_VARIABLE",
-           "FlightRecord", "explain", "global_sources", "new_key", "read_record", "record_path"]
+__all__ = ["FLIGHT_VARIABLE", "MAX_STEPS_VARIABLE", "OPS_VARIABLE", "STOP_VARIABLE", "FlightRecord",
+           "global_sources", "new_key", "record_path"]
 
 _logger = logging.getLogger("devrng")
 
@@ -80,6 +75,9 @@ FLIGHT_VARIABLE = "DEVRNG_FLIGHT_RECORD"
 STOP_VARIABLE = "DEVRNG_STOP_AFTER"
 #: Ends the process after step N.
 MAX_STEPS_VARIABLE = "DEVRNG_MAX_STEPS"
+#: Records every op of step S (and the modules they ran in) beside the record, then ends the
+#: process (``devrng check-determinism`` locating a difference in the computation).
+OPS_VARIABLE = "DEVRNG_RECORD_OPS"
 
 _FORMAT = 1
 _SOURCES_EVERY = 64  # steps between two looks at what generators there are
@@ -212,7 +210,7 @@ class FlightRecord:
         self._last_checkpoint: int | None = None
         self._stop_after = _int_variable(STOP_VARIABLE)
         self._max_steps = _int_variable(MAX_STEPS_VARIABLE)
-        self._watched: dict[str, _Watched] = {}
+        self._watched: dict[str, Watched] = {}
         self._model_hooks: list[Any] = []
         self._grad_hooked: set[int] = set()  # ids of the optimizers whose backward is seen
         self._done: int | None = None  # the step a "done" line was written at
@@ -237,7 +235,7 @@ class FlightRecord:
             # Another loader of the same name (a trainer's for a resumed epoch, or a reloaded
             # one) is watched beside the first, under that name.
             key = name if name not in self._watched else f"{name}#{len(self._watched)}"
-            self._watched[key] = _Watched(self, name, loader)
+            self._watched[key] = Watched(self, name, loader)
 
     def begin_step(self) -> None:
         """The step under way starts now (its generators' fingerprints are taken now)."""
@@ -439,7 +437,7 @@ class FlightRecord:
             self._write_held()  # a step taken before the load is this attempt's own
             where = os.path.dirname(self.path)
             try:
-                lines, damaged = read_lines(self.path)
+                lines, torn = read_lines(self.path)
             except OSError as err:
                 self.step = step if step is not None else self.step
                 self._say(f"this resume cannot be verified: {self.path} cannot be read "
@@ -448,7 +446,7 @@ class FlightRecord:
             found = find_checkpoint(lines, key) if key else None
             if found is None:
                 self.step = step if step is not None else self.step
-                self._say("this resume cannot be verified: " + _not_found(lines, key, where))
+                self._say("this resume cannot be verified: " + not_found(lines, key, where))
                 return
             index, attempt, saved_step = found
             self.step = saved_step
@@ -463,8 +461,8 @@ class FlightRecord:
             expected = steps_after(lines, index, attempt)
             if not expected:
                 self._say(f"this resume cannot be verified: "
-                          f"{_nothing_after(lines, index, attempt, saved_step)}"
-                          + _damaged(damaged))
+                          f"{nothing_after(lines, index, attempt, saved_step, _KEEP_CHECKPOINTS)}"
+                          + damaged(torn))
                 return
             self._expected = expected
             self._compared = {}
@@ -672,35 +670,6 @@ class FlightRecord:
         os._exit(0)
 
 
-def _not_found(lines: list[dict[str, Any]], key: str | None, where: str) -> str:
-    """Why the record in ``where`` holds no line of the checkpoint ``key``, in words."""
-    if not key:
-        return ("the checkpoint was saved with the flight record off (or by a devrng before "
-                "0.5), so the record cannot know it")
-    if not any(line.get("k") == "ckpt" for line in lines):
-        return (f"the flight record in {where} holds no checkpoint at all: the checkpoint was "
-                "saved with the record kept elsewhere, or the record was removed")
-    return (f"the flight record in {where} belongs to another run: it holds no entry for this "
-            "checkpoint (another run saved its checkpoints there, with its own keys)")
-
-
-def _nothing_after(lines: list[dict[str, Any]], index: int, attempt: str, step: int) -> str:
-    """Why the attempt that wrote the checkpoint at line ``index`` has no step after it."""
-    mine = [line for line in lines[index + 1:] if line.get("a") == attempt]
-    later = [line.get("s") for line in mine if line.get("k") == "ckpt"]
-    if any(line.get("k") in ("done", "end") for line in mine) and not later:
-        return (f"the run that saved this checkpoint ended there (step {step:,}), so no step of "
-                "it follows the checkpoint to compare with")
-    if later:
-        return (f"the record no longer holds the steps after the checkpoint of step {step:,} "
-                f"(it keeps those after the last {_KEEP_CHECKPOINTS} checkpoints; the "
-                f"interrupted run saved again at step {later[-1]:,})")
-    return (f"the interrupted run's record ends at its checkpoint (step {step:,}): it stopped "
-            "before it finished another step")
-
-
-def _damaged(count: int) -> str:
-    return f"; {count} damaged line(s) of the record were skipped" if count else ""
 
 
 def _call(ref: weakref.ref[FlightRecord], method: Callable[[FlightRecord], None]) -> None:
@@ -760,167 +729,3 @@ def _int_variable(name: str) -> int | None:
 def _combine(digests: list[str]) -> str:
     return digests[0] if len(digests) == 1 else \
         hashlib.blake2b("".join(digests).encode(), digest_size=8).hexdigest()
-
-
-# -- seeing the batches of a DataLoader ---------------------------------------------------------
-
-class _Watched:
-    """One DataLoader whose batches the record sees: each batch as it is delivered (its
-    content digest, and the sample indices its batch sampler yielded for it)."""
-
-    def __init__(self, record: FlightRecord, name: str, loader: Any) -> None:
-        self.record = weakref.ref(record)
-        self.name = name
-        self.loader = weakref.ref(loader)
-        self.delivered: collections.deque[tuple[Any, Any, int | None, str]] = \
-            collections.deque(maxlen=256)
-        self.indices: dict[int, Any] = {}  # yield number -> what the index source yielded
-        self.yielded = 0
-        self.offset = 0  # send id - yield number, for loaders with workers
-        self.unordered = False  # its last iterator hands over batches out of order
-        # Batches of the epoch it does not yield (accelerate's SkipBatchSampler, with which a
-        # resumed HF Trainer continues an epoch): counted in a batch's place in its epoch.
-        skipped = getattr(loader.__dict__.get("batch_sampler"), "skip_batches", 0)
-        self.skipped = skipped if isinstance(skipped, int) else 0
-        # Weak references both ways: the loader must not be kept in a cycle (see _iterator).
-        watched, loader_ref = weakref.ref(self), weakref.ref(loader)
-        # Another wrapper devrng put there (TrainingRNG's record of each epoch's generators)
-        # runs inside this one.
-        self._inner: Callable[[], Any] | None = loader.__dict__.get("_get_iterator")
-
-        def get_iterator() -> Any:
-            this, target = watched(), loader_ref()
-            if target is None:  # (the loader calls this: it exists)
-                raise ReferenceError("the DataLoader is gone")
-            if this is None:  # the record is gone: the loader's own way
-                return type(target)._get_iterator(target)
-            return this._iterator(target)
-
-        loader._get_iterator = get_iterator
-        loader._devrng_flight = True
-
-    def unwatch(self) -> None:
-        loader = self.loader()
-        if loader is not None:
-            loader.__dict__.pop("_devrng_flight", None)
-            if self._inner is None:
-                loader.__dict__.pop("_get_iterator", None)
-            else:
-                loader._get_iterator = self._inner
-
-    def _iterator(self, loader: Any) -> Any:
-        key = "batch_sampler" if loader.__dict__.get("batch_sampler") is not None else "sampler"
-        real = loader.__dict__.get(key)
-        tap = real is not None and not isinstance(
-            real, torch.utils.data.dataloader._InfiniteConstantSampler)
-        if tap:
-            loader.__dict__[key] = _IndexSource(real, self)
-        try:
-            it = self._inner() if self._inner is not None else type(loader)._get_iterator(loader)
-        finally:
-            if tap:
-                loader.__dict__[key] = real
-        if tap:
-            # What construction drew past (a fast-forward) is not a batch; what it sent to
-            # workers ahead (prefetch) is, numbered from the next batch to arrive.
-            outstanding = getattr(it, "_send_idx", 0) - getattr(it, "_rcvd_idx", 0)
-            first = self.yielded - outstanding
-            self.indices = {k: v for k, v in self.indices.items() if k >= first}
-            self.offset = getattr(it, "_rcvd_idx", 0) - first
-        # The wrapper holds the iterator weakly: a cycle through it would leave the iterator
-        # to the garbage collector, which may run in a forked worker (whose clean-up then
-        # fails: "can only test a child process").
-        ref = weakref.ref(it)
-        next_data = type(it)._next_data
-        self.unordered = getattr(it, "_in_order", True) is False
-        in_order = not self.unordered and tap
-        watched = self
-
-        def _next_data() -> Any:
-            iterator = ref()
-            record = watched.record()
-            main = threading.current_thread() is threading.main_thread()
-            plain = record is not None and not record.hooked and main
-            if plain:
-                had = record._start  # type: ignore[union-attr]
-                record.begin_step()  # type: ignore[union-attr]
-            try:
-                data = next_data(iterator)
-            except StopIteration:
-                if plain and had is None:  # the epoch ended: the step starts with the next one
-                    record._start = None  # type: ignore[union-attr]
-                raise
-            if record is not None:
-                watched._deliver(record, iterator, data, in_order, plain)
-            return data
-
-        it._next_data = _next_data
-        return it
-
-    def _deliver(self, record: FlightRecord, it: Any, data: Any, in_order: bool,
-                 plain: bool) -> None:
-        indices = None
-        if in_order:
-            if hasattr(it, "_send_idx"):
-                number = getattr(it, "_rcvd_idx", 0) - 1 - self.offset
-            else:
-                number = self.yielded - 1
-            indices = self.indices.pop(number, None)
-            for k in [k for k in self.indices if k < number]:
-                del self.indices[k]
-        position = getattr(it, "_num_yielded", None)
-        if isinstance(position, int):
-            position += self.skipped
-        # A step a trainer's hook feeds is digested as the step sees it (consume).
-        entry = (indices, batch_parts(data) if plain else None, position, self.name)
-        with record._lock:
-            if plain:
-                record._batches.append(entry)
-            else:
-                self.delivered.append(entry)
-
-    def new_pass(self) -> None:
-        self.indices.clear()
-        self.delivered.clear()  # a new iterator: what the last one delivered ahead is dropped
-        self.yielded = 0
-        self.offset = 0
-
-    def saw(self, item: Any) -> None:
-        self.indices[self.yielded] = item
-        self.yielded += 1
-
-
-class _IndexSource:
-    """Stands for a loader's sampler or batch sampler while the loader builds an iterator:
-    yields what it yields and tells the record each item; everything else is the real one's."""
-
-    def __init__(self, real: Any, watched: _Watched) -> None:
-        self._real = real
-        self._watched = watched
-
-    def __iter__(self) -> Iterator[Any]:
-        self._watched.new_pass()
-        return _IndexIterator(iter(self._real), self._watched)
-
-    def __len__(self) -> int:
-        return len(self._real)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._real, name)
-
-
-class _IndexIterator:
-    def __init__(self, it: Iterator[Any], watched: _Watched) -> None:
-        self._it = it
-        self._watched = watched
-
-    def __iter__(self) -> _IndexIterator:
-        return self
-
-    def __next__(self) -> Any:
-        item = next(self._it)
-        self._watched.saw(item)
-        return item
-
-    def __getattr__(self, name: str) -> Any:  # a stateful sampler iterator's state_dict
-        return getattr(self._it, name)
