@@ -1,4 +1,5 @@
-"""The ``devrng`` command (also ``python -m devrng``): ``doctor``, ``selftest`` and ``check-resume``.
+"""The ``devrng`` command (also ``python -m devrng``): ``doctor``, ``selftest``, ``check-resume``
+and ``check-determinism``.
 
 Arguments are parsed before anything heavy is imported, so ``devrng``,
 ``devrng --help`` and ``devrng --version`` answer at once; torch is imported
@@ -57,6 +58,30 @@ def _parser() -> argparse.ArgumentParser:
                             "anyway when the check fails)")
     check.add_argument("command_", nargs=argparse.REMAINDER, metavar="COMMAND",
                        help="after '--': the command that trains, e.g. python train.py")
+    same = sub.add_parser(
+        "check-determinism", help="do two runs of your training script from one seed match? "
+                                  "where do they part?",
+        usage="devrng check-determinism [--steps N] [--runs R] [--keep DIR] [--no-locate] "
+              "-- COMMAND ...",
+        description="Run COMMAND (a training script that uses devrng.TrainingRNG or a devrng "
+                    "trainer integration) R times from scratch with one seed, each in a fresh "
+                    "working directory, and compare their flight records step by step. Exit 0 "
+                    "when every step matches; 1 when they differ: the first differing step is "
+                    "named with what differed first (generators, data order, batch content, or "
+                    "the computation), and a difference in the computation is located to its "
+                    "module and op by two more runs of that step; 2 when it could not check.")
+    same.add_argument("--steps", type=int, metavar="N",
+                      help="end each run after step N (default: let the script finish)")
+    same.add_argument("--runs", type=int, default=2, metavar="R",
+                      help="how many runs to compare (default 2)")
+    same.add_argument("--keep", metavar="DIR",
+                      help="keep the runs' directories, records and output in DIR (kept "
+                           "anyway when the runs differ)")
+    same.add_argument("--no-locate", action="store_true",
+                      help="do not run the script again to name the module and op of a "
+                           "difference in the computation")
+    same.add_argument("command_", nargs=argparse.REMAINDER, metavar="COMMAND",
+                      help="after '--': the command that trains, e.g. python train.py")
     return parser
 
 
@@ -75,6 +100,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         command = args.command_[1:] if args.command_[:1] == ["--"] else args.command_
         return check_resume(command, steps=args.steps, stop=args.stop, keep=args.keep)
+    if args.command == "check-determinism":
+        from devrng._checks.check_determinism import check_determinism
+
+        command = args.command_[1:] if args.command_[:1] == ["--"] else args.command_
+        return check_determinism(command, steps=args.steps, runs=args.runs, keep=args.keep,
+                                 locate=not args.no_locate)
     from devrng import _cli  # the commands import torch: only now
 
     try:

@@ -64,8 +64,8 @@ from devrng._checks.digest import (
 from devrng._checks.verdict import compared_text, damaged, explain, not_found, nothing_after
 from devrng._checks.watch import Watched, feeding_loader
 
-__all__ = ["FLIGHT_VARIABLE", "MAX_STEPS_VARIABLE", "OPS_VARIABLE", "STOP_VARIABLE", "FlightRecord",
-           "global_sources", "new_key", "record_path"]
+__all__ = ["FLIGHT_VARIABLE", "MAX_STEPS_VARIABLE", "OPS_VARIABLE", "STOP_VARIABLE",
+           "FlightRecord", "global_sources", "new_key", "record_path"]
 
 _logger = logging.getLogger("devrng")
 
@@ -182,6 +182,7 @@ class FlightRecord:
                                      f"{directory!r} ({err.strerror or err}); give a directory "
                                      "this process can write") from None
         self._broken = False
+        self.rank = rank
         self.attempt = os.urandom(4).hex()
         self.step = 0  # optimizer steps completed (after a resume: counted from the checkpoint's)
         self.identity = dict(identity)
@@ -210,6 +211,8 @@ class FlightRecord:
         self._last_checkpoint: int | None = None
         self._stop_after = _int_variable(STOP_VARIABLE)
         self._max_steps = _int_variable(MAX_STEPS_VARIABLE)
+        self._ops_at = _int_variable(OPS_VARIABLE)  # the step whose ops to record, if any
+        self._ops: Any = None  # the op recorder while it records
         self._watched: dict[str, Watched] = {}
         self._model_hooks: list[Any] = []
         self._grad_hooked: set[int] = set()  # ids of the optimizers whose backward is seen
@@ -221,6 +224,7 @@ class FlightRecord:
         self._hook = register_optimizer_step_post_hook(
             lambda optimizer, *_: _step_ended(ref, optimizer))
         _open.add(self)
+        self._record_ops()
 
     # -- what a step started from and consumed ----------------------------------------------
     def watch(self, name: str, loader: Any) -> None:
@@ -380,6 +384,7 @@ class FlightRecord:
             if self._last_compared(line) and (
                     "l" in line or self._expected[self.step][0].get("l") is None):
                 self._write_held()  # the verdict now (a loss to come would join it: it did)
+            self._record_ops()
             if self._max_steps is not None and self.step >= self._max_steps:
                 self._stop("end", f"{MAX_STEPS_VARIABLE}={self._max_steps}")
 
@@ -653,6 +658,24 @@ class FlightRecord:
             except Exception as err:  # a generator that cannot be read now: say which
                 found[name] = f"unreadable: {type(err).__name__}"
         return found
+
+    # -- the ops of one step (devrng check-determinism) -------------------------------------------
+    def _record_ops(self) -> None:
+        """Record every op of step ``DEVRNG_RECORD_OPS`` from the end of the step before it
+        (from the start of the run for step 1), and keep them beside the record."""
+        if self._ops_at is None:
+            return
+        if self._ops is None and self.step == self._ops_at - 1:
+            from devrng._checks.ops import Ops
+
+            self._ops = Ops().__enter__()
+        elif self._ops is not None and self.step >= self._ops_at:
+            from devrng._checks.ops import ops_path, write_ops
+
+            ops, self._ops = self._ops, None
+            ops.__exit__(None, None, None)
+            self._file_op(lambda: write_ops(ops_path(os.path.dirname(self.path), self.rank),
+                                            ops.ops))
 
     # -- stopping (devrng check-resume) -------------------------------------------------------------
     def _stopping(self) -> bool:

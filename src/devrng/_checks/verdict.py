@@ -68,7 +68,8 @@ class Difference:
     ``"batch order"`` (a loader with ``in_order=False``), ``"batch indices"``, ``"batch
     content"``, ``"loss"`` or ``"parameters"``; ``where`` names the step (and the batch's
     place in its epoch), ``what`` says what differed and ``hint`` its known causes. A
-    check that goes further down names the ``module``, ``op`` and ``phase``.
+    check that goes further down names the ``module``, ``op`` and ``phase`` and says so in
+    ``detail``.
     """
 
     step: int | None
@@ -79,6 +80,7 @@ class Difference:
     module: str | None = None
     op: str | None = None
     phase: str | None = None
+    detail: str = ""
 
     @property
     def computed(self) -> bool:
@@ -87,7 +89,8 @@ class Difference:
         return self.part in ("loss", "parameters")
 
     def __str__(self) -> str:
-        return f"{self.where}: {self.what}: {self.hint}"
+        detail = f". {self.detail}" if self.detail else ""
+        return f"{self.where}: {self.what}: {self.hint}{detail}"
 
 
 @dataclass(frozen=True)
