@@ -96,6 +96,7 @@ def _verdict(found: list[dict[int, dict[str, Any]]], rank: int, label: int | Non
                 "value that differs below what the record compares); give --steps"))
         if verdict.ok is None:
             return replace(verdict, rank=label)
+        verdict = replace(verdict, span="..")
         if verdict.difference is not None and (
                 worst is None or (verdict.difference.step or 0)
                 < (worst.difference.step or 0)):  # type: ignore[union-attr]

@@ -113,6 +113,7 @@ class Verdict:
     reason: str = ""
     rank: int | None = None
     context: str = ""  # said before what was compared: "checkpoint at step 10"
+    span: str = " to "  # between the first and last step: "steps 1 to 5", "steps 1..5"
 
     def __str__(self) -> str:
         label = f"rank {self.rank}: " if self.rank is not None else ""
@@ -122,7 +123,7 @@ class Verdict:
             return f"{label}{self.what} at {self.difference}"
         first, last = self.steps or (0, 0)
         context = f"{self.context}; " if self.context else ""
-        return (f"{label}{self.what} for steps {first} to {last} ({context}compared: "
+        return (f"{label}{self.what} for steps {first}{self.span}{last} ({context}compared: "
                 f"{self.compared})")
 
     def with_rank(self, rank: int | None) -> Verdict:
