@@ -10,6 +10,7 @@ random order). Their deterministic twins must pass, every time.
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from pathlib import Path
@@ -37,22 +38,36 @@ def _verdict(proc: Any) -> str:
                      if not line.startswith(("run ", "(the runs'", "locating")))
 
 
-def test_a_deterministic_script_passes_and_says_what_was_compared(tmp_path: Path) -> None:
-    proc = _check(tmp_path)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert _verdict(proc) == ("deterministic for steps 1..6 (compared: generators, batch "
-                              "indices, batch content, parameters at every step; not loss)")
+PAGE = ROOT / "docs" / "why-runs-differ.md"
+_SHOWN = re.compile(r"```text\n\$ (devrng check-determinism [^\n]*)\n(.*?)```", flags=re.S)
 
 
-def test_a_nondeterministic_custom_op_is_located_to_its_module_and_op(tmp_path: Path) -> None:
-    proc = _check(tmp_path, "--unordered-sum")
-    assert proc.returncode == 1, proc.stdout + proc.stderr
-    verdict = _verdict(proc)
-    assert re.match(r"the runs differ at step \d+ .*: the batch and every generator matched "
-                    r"and the parameters after the step did not", verdict), verdict
-    assert ("located: forward of module encoder.2, op why_runs_differ::unordered_sum" in verdict
-            and "its inputs were equal in both runs and its outputs were not: it is a custom "
-            "op (why_runs_differ" in verdict), verdict
+def _masked(text: str) -> list[str]:
+    """Output lines as compared with the page: times and the temporary directory masked."""
+    return [re.sub(r"done in [\d.]+ s", "done in N s", line) for line in text.splitlines()
+            if not line.startswith("(the runs' directories")]
+
+
+SHOWN = _SHOWN.findall(PAGE.read_text(encoding="utf-8"))
+
+
+def test_the_page_shows_two_runs_of_the_command() -> None:
+    assert [command for command, _ in SHOWN] == [
+        "devrng check-determinism --steps 6 -- python train.py --unordered-sum",
+        "devrng check-determinism --steps 6 -- python train.py"]
+
+
+@pytest.mark.parametrize(("command", "shown"), SHOWN, ids=["unordered-sum", "deterministic"])
+def test_the_page_shows_what_the_command_prints(tmp_path: Path, command: str,
+                                                 shown: str) -> None:
+    """The page's commands, run as written on the example it names (python is this one)."""
+    (tmp_path / "train.py").write_text(Path(EXAMPLE).read_text())
+    args = command.split()[1:]
+    proc = run_python("devrng", module=True, cwd=tmp_path, timeout=900, inherit_env=True,
+                      args=args, env={"DEVRNG_SEED": None, "PATH": os.pathsep.join(
+                          [str(Path(sys.executable).parent), os.environ["PATH"]])})
+    assert proc.returncode == (1 if "--unordered-sum" in command else 0), proc.stdout
+    assert _masked(proc.stdout) == _masked(shown)
 
 
 def test_a_loader_shuffled_from_the_os_is_named_as_the_data_order(tmp_path: Path) -> None:
@@ -84,7 +99,7 @@ def test_a_random_op_on_an_unseeded_generator_is_named_with_its_generator(
         tmp_path: Path) -> None:
     proc = _check(tmp_path, "--noise", "urandom")
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert ("located: forward of module encoder.3, op aten::randn (" in proc.stdout
+    assert ("Located: forward of module encoder.3, op aten::randn (" in proc.stdout
             and "a random op whose inputs were equal in both runs and whose generator was in "
             "another state" in proc.stdout), proc.stdout
 
@@ -94,7 +109,7 @@ def test_simulated_cuda_index_add_is_located_and_deterministic_is_its_fix(
     command = [sys.executable, "-m", "tests._simulated_cuda_run"]
     proc = _check(tmp_path, command=command, options=("--steps", "4", "--runs", "3"))
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert ("located: forward of module 2, op aten::index_add_" in proc.stdout
+    assert ("Located: forward of module 2, op aten::index_add_" in proc.stdout
             and "torch knows index_add_ as nondeterministic on CUDA (atomic adds): turn on "
             "devrng.deterministic()" in proc.stdout), proc.stdout
     fixed = _check(tmp_path, command=[*command, "--deterministic"],

@@ -89,8 +89,9 @@ class Difference:
         return self.part in ("loss", "parameters")
 
     def __str__(self) -> str:
+        hint = f": {self.hint}" if self.hint else ""
         detail = f". {self.detail}" if self.detail else ""
-        return f"{self.where}: {self.what}: {self.hint}{detail}"
+        return f"{self.where}: {self.what}{hint}{detail}"
 
 
 @dataclass(frozen=True)
