@@ -114,12 +114,12 @@ def _leaves(roots: list[torch.Tensor]) -> list[torch.Tensor]:
     """The tensors requiring grad that ``roots`` were computed from (parameters, inputs)."""
     found = {id(t): t for t in roots if t.grad_fn is None}
     stack: list[Any] = [t.grad_fn for t in roots if t.grad_fn is not None]
-    seen: set[int] = set()
+    seen: dict[int, Any] = {}  # (the nodes kept: a freed node's id may be another's)
     while stack:
         node = stack.pop()
         if node is None or id(node) in seen:
             continue
-        seen.add(id(node))
+        seen[id(node)] = node
         variable = getattr(node, "variable", None)  # an AccumulateGrad node's leaf
         if isinstance(variable, torch.Tensor):
             found.setdefault(id(variable), variable)
