@@ -81,8 +81,9 @@ class Ops(TorchDispatchMode):  # type: ignore[no-untyped-call]
     Examples:
         >>> from devrng._checks.ops import Ops
         >>> model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
+        >>> x = torch.ones(1, 2)
         >>> with Ops() as ops:
-        ...     _ = model(torch.ones(1, 2))
+        ...     _ = model(x)
         >>> sorted({(op.module, op.phase) for op in ops.ops})
         [('0', 'forward'), ('1', 'forward')]
     """
