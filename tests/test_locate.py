@@ -41,11 +41,13 @@ def test_a_generator_seeded_from_urandom_is_named_as_the_generator() -> None:
 
 
 def test_a_deterministic_model_with_dropout_passes_twenty_runs() -> None:
-    net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Dropout(0.5),
-                              torch.nn.Linear(16, 2)).train()
+    net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU(),
+                              torch.nn.Dropout(0.5), torch.nn.Linear(16, 2)).train()
     x = batch().requires_grad_()
     before = torch.get_rng_state()
+    statistics = net[1].running_mean.clone()
     found = locate_divergence(net, x, runs=20)
+    assert torch.equal(net[1].running_mean, statistics)  # each run started from them
     assert found.ok and found.module is None and found.op is None and found.report is None
     assert str(found).startswith("no divergence: 20 runs of Sequential on cpu, forward (")
     assert ") and backward (" in str(found)
@@ -70,10 +72,10 @@ def test_other_control_flow_is_a_path_difference() -> None:
     assert "other ops from here on" in str(found)
 
 
-def test_two_devices_that_are_the_same_agree_module_by_module() -> None:
-    net = torch.nn.Sequential(OrderedDict(a=torch.nn.Linear(8, 8), b=torch.nn.ReLU())).eval()
-    found = locate_divergence(net, batch(), devices=("cpu", "cpu"))
-    assert found.ok
+def test_two_devices_of_one_type_agree_module_by_module_dropout_included() -> None:
+    net = torch.nn.Sequential(OrderedDict(a=torch.nn.Linear(8, 8), b=torch.nn.Dropout(0.5)))
+    found = locate_divergence(net.train(), batch(), devices=("cpu", "cpu"))
+    assert found.ok, str(found)  # each call drew from the state the reference's call did
     assert "module by module (3 calls" in str(found)
 
 

@@ -709,7 +709,8 @@ def locate_divergence(fn: Callable[..., Any], *inputs: Any,
     """Name the first module and op where runs of ``fn(*inputs)`` part.
 
     With ``devices=None`` it runs ``fn`` (a module or a function) ``runs`` times on the
-    same inputs, each from the same RNG state (the caller's is restored afterwards),
+    same inputs, each from the same RNG state and buffers (the caller's RNG state and
+    the module's buffers are restored afterwards),
     forward and -- when an output requires grad -- backward from a gradient of ones,
     with every op recorded; the first op whose inputs are equal and whose outputs are not
     is named, with its module and the fix where one is known. Runs must agree bit for
@@ -720,7 +721,9 @@ def locate_divergence(fn: Callable[..., Any], *inputs: Any,
     the other device from the reference's inputs, so that error does not pile up
     through the layers: the first module whose output leaves tolerance (``compare``'s
     defaults unless given) is named, and within it the first op. Forward only; a
-    function that is no module is one call. Each device runs a deep copy of a module.
+    function that is no module is one call. Each device runs a deep copy of a module,
+    each module call from the RNG state the reference's call started from (devices of
+    one type draw the same; a CPU and an XLA device do not: use ``eval()``).
 
     Args:
         fn: A module or a function.
@@ -759,16 +762,25 @@ def locate_divergence(fn: Callable[..., Any], *inputs: Any,
     compare(0.0, 0.0, rtol=rtol, atol=atol)  # (raises for half a tolerance)
     if devices is None:
         exact = (0.0, 0.0) if rtol is None or atol is None else (rtol, atol)
+        buffers = _buffers(fn)  # (BatchNorm's statistics: each run starts from them)
         with _forked(_types_of(fn, inputs)) as state:
-            found, compared = between_runs(
-                fn, inputs, runs, lambda: set_rng_state(state),
-                lambda a, b: not compare(a, b, rtol=0.0, atol=0.0).bitwise_equal)
+            def reset() -> None:
+                set_rng_state(state)
+                _restore_buffers(buffers)
+
+            try:
+                found, compared = between_runs(
+                    fn, inputs, runs, reset,
+                    lambda a, b: not compare(a, b, rtol=0.0, atol=0.0).bitwise_equal)
+            finally:
+                _restore_buffers(buffers)
         return _divergence(found, compared, "they matched bit for bit", exact, "run 1")
     pair, labels = _two_devices(devices)
     accel = list(dict.fromkeys(d.type for d in pair if d.type != "cpu"))
     with _forked(accel):
         found, compared = between_devices(
-            fn, inputs, pair, labels, lambda a, b: not compare(a, b, rtol=rtol, atol=atol).ok)
+            fn, inputs, pair, labels, lambda a, b: not compare(a, b, rtol=rtol, atol=atol).ok,
+            (lambda: get_rng_state(device_type=accel), set_rng_state))
     return _divergence(found, compared, "every module's output stayed within tolerance",
                        (rtol, atol), labels[0])
 

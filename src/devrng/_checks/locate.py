@@ -30,6 +30,8 @@ __all__ = ["Found", "between_devices", "between_runs"]
 
 #: ``differs(value, reference)``: whether a value is too far from its reference.
 Differs = Callable[[Any, Any], bool]
+#: How to take the RNG state and put it back.
+Rng = tuple[Callable[[], Any], Callable[[Any], None]]
 
 
 @dataclass(frozen=True)
@@ -150,25 +152,27 @@ class _Call:
     args: Any  # on the reference device, as the call received them
     kwargs: Any
     output: Any  # on the CPU
+    rng: Any  # the RNG state the call started from
 
 
 def between_devices(fn: Callable[..., Any], inputs: Sequence[Any],
                     devices: tuple[torch.device, torch.device], labels: tuple[str, str],
-                    differs: Differs) -> tuple[Found | None, str]:
+                    differs: Differs, rng: Rng) -> tuple[Found | None, str]:
     """Run ``fn`` on the reference device (``devices[0]``) and then each module call on the
-    other from the reference's inputs; the first module and op out of tolerance, or None,
-    and what was compared. A function that is no module is one call."""
+    other from the reference's inputs and RNG state; the first module and op out of
+    tolerance, or None, and what was compared. A function that is no module is one call."""
     ours = _copy(fn, devices[0])
     theirs = _copy(fn, devices[1])
     with torch.no_grad():
-        calls = _calls(ours, _to(tuple(inputs), devices[0]))
+        calls = _calls(ours, _to(tuple(inputs), devices[0]), rng[0])
         mine, other = _modules(ours), _modules(theirs)
         for call in calls:
+            rng[1](call.rng)
             out = on_cpu(other[call.name](*_to(call.args, devices[1]),
                                           **_to(call.kwargs, devices[1])))
             if differs(out, call.output):
                 return _in_module(call, out, (mine[call.name], other[call.name]), devices,
-                                  labels, differs), _checked(calls, labels)
+                                  labels, differs, rng[1]), _checked(calls, labels)
     return None, _checked(calls, labels)
 
 
@@ -196,20 +200,23 @@ def _name(fn: Callable[..., Any]) -> str:
     return getattr(fn, "__qualname__", None) or type(fn).__name__
 
 
-def _calls(fn: Callable[..., Any], inputs: tuple[Any, ...]) -> list[_Call]:
+def _calls(fn: Callable[..., Any], inputs: tuple[Any, ...],
+           state: Callable[[], Any]) -> list[_Call]:
     """Run ``fn`` once, keeping every module call in the order the calls ended."""
     if not isinstance(fn, torch.nn.Module):
-        return [_Call(_name(fn), inputs, {}, on_cpu(fn(*inputs)))]
+        rng = state()
+        return [_Call(_name(fn), inputs, {}, on_cpu(fn(*inputs)), rng)]
     names = {id(module): name for name, module in _modules(fn).items()}
-    entered: list[tuple[Any, Any]] = []
+    entered: list[tuple[Any, Any, Any]] = []
     calls: list[_Call] = []
 
     def enter(module: torch.nn.Module, args: Any, kwargs: Any) -> None:
-        entered.append(tree_map(_kept, (args, kwargs)))  # (before an in-place op writes)
+        # (copies taken before an in-place op writes to them)
+        entered.append((*tree_map(_kept, (args, kwargs)), state()))
 
     def leave(module: torch.nn.Module, args: Any, kwargs: Any, output: Any) -> None:
-        args, kwargs = entered.pop()
-        calls.append(_Call(names[id(module)], args, kwargs, on_cpu(output)))
+        args, kwargs, rng = entered.pop()
+        calls.append(_Call(names[id(module)], args, kwargs, on_cpu(output), rng))
 
     handles = []
     for module in fn.modules():
@@ -229,12 +236,13 @@ def _kept(value: Any) -> Any:
 
 def _in_module(call: _Call, out: Any, modules: tuple[Callable[..., Any], Callable[..., Any]],
                devices: tuple[torch.device, torch.device], labels: tuple[str, str],
-               differs: Differs) -> Found:
+               differs: Differs, restore: Callable[[Any], None]) -> Found:
     """The first op of ``call`` whose output leaves tolerance, each device running the
-    module from the same inputs with every op recorded."""
+    module from the same inputs and RNG state with every op recorded."""
     recorded = []
     for module, device in zip(modules, devices, strict=True):
         args, kwargs = _to(call.args, device), _to(call.kwargs, device)
+        restore(call.rng)
         with Ops(keep=True) as ops:
             module(*args, **kwargs)
         recorded.append(ops)
