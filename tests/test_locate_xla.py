@@ -64,3 +64,17 @@ def test_runs_on_xla_are_located_as_on_the_cpu() -> None:
         False, "pool", "devrng_test::unordered_sum", "forward")
     assert "on xla" in str(found)
     assert locate_divergence(torch.nn.Linear(8, 2).to(XLA), torch.randn(4, 8).to(XLA)).ok
+
+
+class ThroughNumPy(torch.nn.Module):
+    """A layer computed in NumPy: it runs on the CPU only."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(x.numpy() * 2)
+
+
+def test_a_module_that_fails_on_the_other_device_is_named() -> None:
+    net = torch.nn.Sequential(OrderedDict(embed=torch.nn.Linear(8, 8), numpy=ThroughNumPy()))
+    with pytest.raises(TypeError) as raised:
+        locate_divergence(net.eval(), torch.randn(4, 8), devices=("cpu", "xla:0"))
+    assert "numpy failed on xla:0, fed cpu's inputs" in "\n".join(raised.value.__notes__)

@@ -168,8 +168,15 @@ def between_devices(fn: Callable[..., Any], inputs: Sequence[Any],
         mine, other = _modules(ours), _modules(theirs)
         for call in calls:
             rng[1](call.rng)
-            out = on_cpu(other[call.name](*_to(call.args, devices[1]),
-                                          **_to(call.kwargs, devices[1])))
+            try:
+                out = on_cpu(other[call.name](*_to(call.args, devices[1]),
+                                              **_to(call.kwargs, devices[1])))
+            except Exception as err:
+                err.add_note(
+                    f"devrng.testing.locate_divergence: {call.name} failed on {labels[1]}, fed "
+                    f"{labels[0]}'s inputs moved there. Each device runs its own copy of the "
+                    "module; a function's closures are not moved: pass the module as fn.")
+                raise
             if differs(out, call.output):
                 return _in_module(call, out, (mine[call.name], other[call.name]), devices,
                                   labels, differs, rng[1]), _checked(calls, labels)
