@@ -96,6 +96,7 @@ def _verdict(found: list[dict[int, dict[str, Any]]], rank: int, label: int | Non
                 "value that differs below what the record compares); give --steps"))
         if verdict.ok is None:
             return replace(verdict, rank=label)
+        verdict = replace(verdict, span="..")
         if verdict.difference is not None and (
                 worst is None or (verdict.difference.step or 0)
                 < (worst.difference.step or 0)):  # type: ignore[union-attr]
@@ -141,8 +142,9 @@ def _with_split(verdict: Verdict, split: Split | str | None, step: int) -> Verdi
         return verdict
     if isinstance(split, str):
         return replace(verdict, difference=replace(difference, detail=split))
+    # (The op's own words replace the causes a difference in the computation can have.)
     return replace(verdict, difference=replace(
-        difference, module=split.op.module if split.op else None,
+        difference, hint="", module=split.op.module if split.op else None,
         op=split.op.op if split.op else None, phase=split.op.phase if split.op else None,
         detail=located(split)))
 
@@ -155,27 +157,27 @@ def located(split: Split) -> str:
         >>> from devrng._checks.ops import Op, Split
         >>> op = Op(4, "mylib::fused_sum", "encoder.2", "forward", "i", "o")
         >>> located(Split("op", op, op))[:70]
-        'located: forward of module encoder.2, op mylib::fused_sum (the 5th op '
+        'Located: forward of module encoder.2, op mylib::fused_sum (the 5th op '
     """
     if split.kind == "path" or split.op is None:
         ours, theirs = split.op, split.other
-        return ("located: the two runs ran other ops from here on: "
+        return ("Located: the two runs ran other ops from here on: "
                 f"{_where(ours) if ours else 'run 1 ran no more ops'}; "
                 f"{_where(theirs) if theirs else 'run 2 ran no more ops'}: the step's "
                 "control flow depends on something that changes between runs (a branch on a "
                 "value that differs, a set's or dict's order, the clock)")
     where = _where(split.op)
     if split.kind == "generator":
-        return (f"located: {where}: a random op whose inputs were equal in both runs and whose "
+        return (f"Located: {where}: a random op whose inputs were equal in both runs and whose "
                 "generator was in another state: it draws from a generator devrng does not "
                 "seed (a generator= argument made or seeded from the clock or os.urandom); "
                 "seed it from the run's seed (torch.Generator().manual_seed(rng.seed + k)) "
                 "and rng.track(name, generator) so that checkpoints keep it")
     if split.kind == "input":
-        return (f"located: {where} is the first op whose inputs differ, and every op before "
+        return (f"Located: {where} is the first op whose inputs differ, and every op before "
                 "it in the step matched: the difference comes from outside torch's ops (a "
                 "tensor made from NumPy or Python values, or data a hook or callback changed)")
-    return f"located: {where}: its inputs were equal in both runs and its outputs were not: " \
+    return f"Located: {where}: its inputs were equal in both runs and its outputs were not: " \
            + op_hint(split.op)
 
 

@@ -89,8 +89,9 @@ class Difference:
         return self.part in ("loss", "parameters")
 
     def __str__(self) -> str:
+        hint = f": {self.hint}" if self.hint else ""
         detail = f". {self.detail}" if self.detail else ""
-        return f"{self.where}: {self.what}: {self.hint}{detail}"
+        return f"{self.where}: {self.what}{hint}{detail}"
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,7 @@ class Verdict:
     reason: str = ""
     rank: int | None = None
     context: str = ""  # said before what was compared: "checkpoint at step 10"
+    span: str = " to "  # between the first and last step: "steps 1 to 5", "steps 1..5"
 
     def __str__(self) -> str:
         label = f"rank {self.rank}: " if self.rank is not None else ""
@@ -122,7 +124,7 @@ class Verdict:
             return f"{label}{self.what} at {self.difference}"
         first, last = self.steps or (0, 0)
         context = f"{self.context}; " if self.context else ""
-        return (f"{label}{self.what} for steps {first} to {last} ({context}compared: "
+        return (f"{label}{self.what} for steps {first}{self.span}{last} ({context}compared: "
                 f"{self.compared})")
 
     def with_rank(self, rank: int | None) -> Verdict:
