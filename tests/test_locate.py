@@ -49,7 +49,7 @@ def test_a_deterministic_model_with_dropout_passes_twenty_runs() -> None:
     found = locate_divergence(net, x, runs=20)
     assert torch.equal(net[1].running_mean, statistics)  # each run started from them
     assert found.ok and found.module is None and found.op is None and found.report is None
-    assert str(found).startswith("no divergence: 20 runs of Sequential on cpu, forward (")
+    assert str(found).startswith("No divergence: 20 runs of Sequential on cpu, forward (")
     assert ") and backward (" in str(found)
     assert torch.equal(torch.get_rng_state(), before)  # the caller's RNG state is back
     assert net[0].weight.grad is None and x.grad is None  # nothing accumulated

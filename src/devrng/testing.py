@@ -697,10 +697,10 @@ class Divergence:
 
     def __str__(self) -> str:
         if self.ok:
-            return f"no divergence: {self.compared}: {self.detail}."
+            return f"No divergence: {self.compared}: {self.detail}."
         figures = f" The outputs there: {str(self.report).splitlines()[0]}." \
             if self.report is not None else ""
-        return f"diverge: {self.compared}; {self.detail}.{figures}"
+        return f"Divergence: {self.compared}. {self.detail}.{figures}"
 
 
 def locate_divergence(fn: Callable[..., Any], *inputs: Any,
@@ -744,7 +744,7 @@ def locate_divergence(fn: Callable[..., Any], *inputs: Any,
     Examples:
         >>> net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Dropout(0.5))
         >>> print(devrng.testing.locate_divergence(net, torch.ones(2, 4)))
-        no divergence: 2 runs of Sequential on cpu, forward (6 ops) and backward (8 ops): they matched bit for bit.
+        No divergence: 2 runs of Sequential on cpu, forward (6 ops) and backward (8 ops): they matched bit for bit.
         >>> import time
         >>> def noisy(x):   # a generator seeded from the clock, which devrng does not seed
         ...     clock = torch.Generator().manual_seed(time.perf_counter_ns())

@@ -77,7 +77,7 @@ def between_runs(fn: Callable[..., Any], inputs: Sequence[Any], runs: int,
             return _found(split, first, run, k), _ran(fn, first, runs)
         if differs(run.result, first.result):
             return Found("output", None, None, None, first.result, run.result, (
-                f"every op matched in run {k} and run 1 and their outputs did not: the "
+                f"Every op matched in run {k} and run 1 and their outputs did not: the "
                 "difference comes from outside torch's ops (Python or NumPy values)"),
                 f"run {k}"), _ran(fn, first, runs)
     assert first is not None
@@ -254,7 +254,7 @@ def _in_module(call: _Call, out: Any, modules: tuple[Callable[..., Any], Callabl
             module(*args, **kwargs)
         recorded.append(ops)
     a, b = recorded
-    fed = f"module {call.name}'s output on {labels[1]} leaves tolerance, and every module " \
+    fed = f"Located: module {call.name}'s output on {labels[1]} leaves tolerance, and every module " \
           "call that ended before it stayed within"
     # The devices may run other ops for the same call (a backend's own decomposition):
     # compare the ops both ran, in order.
