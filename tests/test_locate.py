@@ -55,6 +55,12 @@ def test_a_deterministic_model_with_dropout_passes_twenty_runs() -> None:
     assert net[0].weight.grad is None and x.grad is None  # nothing accumulated
 
 
+def test_a_function_that_writes_to_its_input_is_given_a_fresh_copy_each_run() -> None:
+    x = torch.ones(4)
+    assert locate_divergence(lambda t: t.mul_(2), x).ok
+    assert torch.equal(x, torch.ones(4))
+
+
 def test_a_value_from_outside_torch_is_an_input_difference() -> None:
     def fn(x: torch.Tensor) -> torch.Tensor:
         noise = torch.from_numpy(np.frombuffer(os.urandom(32), dtype=np.float32).copy())

@@ -709,7 +709,7 @@ def locate_divergence(fn: Callable[..., Any], *inputs: Any,
     """Name the first module and op where runs of ``fn(*inputs)`` part.
 
     With ``devices=None`` it runs ``fn`` (a module or a function) ``runs`` times on the
-    same inputs, each from the same RNG state and buffers (the caller's RNG state and
+    same inputs (a fresh copy of each tensor per run), each from the same RNG state and buffers (the caller's RNG state and
     the module's buffers are restored afterwards),
     forward and -- when an output requires grad -- backward from a gradient of ones,
     with every op recorded; the first op whose inputs are equal and whose outputs are not

@@ -68,7 +68,7 @@ def between_runs(fn: Callable[..., Any], inputs: Sequence[Any], runs: int,
     first: _Run | None = None
     for k in range(1, runs + 1):
         reset()
-        run = _record(fn, inputs)
+        run = _record(fn, tree_map(_fresh, tuple(inputs)))  # (fn may write to its inputs)
         if first is None:
             first = run
             continue
@@ -82,6 +82,13 @@ def between_runs(fn: Callable[..., Any], inputs: Sequence[Any], runs: int,
                 f"run {k}"), _ran(fn, first, runs)
     assert first is not None
     return None, _ran(fn, first, runs)
+
+
+def _fresh(value: Any) -> Any:
+    """A copy of a tensor input that requires grad as it does (other values as they are)."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    return value.detach().clone().requires_grad_(value.requires_grad)
 
 
 def _ran(fn: Callable[..., Any], run: _Run, runs: int) -> str:
