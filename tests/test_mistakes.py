@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -47,3 +50,78 @@ def test_a_path_given_to_load_state_dict_says_to_load_the_file_first(path: objec
                                                  r"weights_only=True\)\)|'ckpt\.pt', not a "
                                                  r"state: to resume from a file, load it first"):
         rng.load_state_dict(path)  # type: ignore[arg-type]
+
+
+# -- a fork never entered ----------------------------------------------------------------
+def _never_entered(caught: list[warnings.WarningMessage]) -> list[warnings.WarningMessage]:
+    return [w for w in caught if "never entered" in str(w.message)]
+
+
+def _said_after(make: Callable[[], None]) -> list[warnings.WarningMessage]:
+    """The never-entered warnings said by the fork_rng call that follows ``make()``."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        make()
+        with devrng.fork_rng(devices=[]):  # the next call says what was freed before it
+            pass
+    return _never_entered(caught)
+
+
+def test_a_fork_never_entered_warns_at_the_line_that_made_it() -> None:
+    lines: list[int] = []
+
+    def make() -> None:
+        lines.append(sys._getframe().f_lineno + 1)
+        devrng.fork_rng(devices=[])  # the common call (the CPU's own fork)
+        lines.append(sys._getframe().f_lineno + 1)
+        devrng.fork_rng(devices=None, python=True)
+        lines.append(sys._getframe().f_lineno + 1)
+        kept = devrng.fork_rng(devices=[])  # kept, then dropped unentered
+        del kept
+
+    found = _said_after(make)
+    assert sorted(w.lineno for w in found) == lines
+    assert {Path(w.filename).name for w in found} == {Path(__file__).name}
+    assert all(w.category is devrng.DevRNGWarning for w in found)
+    assert "forked nothing: write `with devrng.fork_rng(...):`" in str(found[0].message)
+
+
+def test_a_fork_entered_or_made_a_decorator_does_not_warn() -> None:
+    def make() -> None:
+        with devrng.fork_rng(devices=[]):
+            torch.rand(1)
+        with devrng.fork_rng(devices=None, numpy=True):
+            torch.rand(1)
+        fork = devrng.fork_rng(devices=[])
+        with fork:  # entered later
+            torch.rand(1)
+        del fork
+
+        @devrng.fork_rng(devices=[])
+        def draw() -> torch.Tensor:
+            return torch.rand(1)
+
+        draw()  # (the fork of each call is made by devrng, and entered)
+        del draw
+        with pytest.raises(ValueError, match="'cuda:99' does not exist"), \
+                devrng.fork_rng(devices=["cuda:99"]):  # entered, and failed there
+            pass
+
+    assert _said_after(make) == []
+
+
+def test_a_fork_freed_unentered_runs_no_python_code_of_devrng() -> None:
+    """What makes the warning safe: freeing the fork runs no Python code of devrng's (a C
+    function notes it), so no Ctrl-C can land in a finalizer, where Python would swallow it.
+    The warning comes from the next fork_rng call, which changes nothing before it."""
+    fork = devrng.fork_rng(devices=[])
+    ran: list[str] = []
+    sys.setprofile(lambda frame, event, arg: ran.append(frame.f_code.co_filename)
+                   if event == "call" else None)
+    try:
+        del fork
+    finally:
+        sys.setprofile(None)
+    assert not [f for f in ran if "devrng" in f], ran
+    with pytest.warns(devrng.DevRNGWarning, match="never entered"), devrng.fork_rng(devices=[]):
+        pass

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import atexit
 import functools
 import inspect
+import sys
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any, NamedTuple, TypeVar
 
@@ -49,6 +52,23 @@ class _Args(NamedTuple):
     device_type: Any
     python: bool
     numpy: bool
+
+
+class _Unentered(weakref.ref):  # type: ignore[type-arg]
+    """A weak reference that a fork holds until it is entered or made a decorator. If the fork
+    is freed first, the reference is appended to ``_FREED`` by ``list.append`` (a C function:
+    no Python code runs while the fork is freed, so a Ctrl-C cannot land there and be swallowed,
+    as one raised inside a finalizer is). The next fork_rng call, or the interpreter's exit,
+    says so. ``where`` (the code and instruction that called fork_rng) is set last: a fork
+    whose making was interrupted has none, and is not reported."""
+
+    __slots__ = ("where",)
+    where: tuple[Any, int]
+
+
+_FREED: list[_Unentered] = []
+_note_freed = _FREED.append
+_frame = sys._getframe
 
 
 def fork_rng(devices: Any = None, enabled: bool = True, _caller: str = "fork_rng",
@@ -100,6 +120,8 @@ def fork_rng(devices: Any = None, enabled: bool = True, _caller: str = "fork_rng
         >>> torch.equal(a, torch.rand(2))   # the block's draws were undone
         True
     """
+    if _FREED:
+        _say_freed()
     if devices.__class__ is list and enabled is True and device_type is None \
             and python is False and numpy is False:
         return CpuFork(devices, _caller, _devices_kw)  # the common call, made cheap
@@ -141,21 +163,26 @@ class Fork:
     ``if PENDING[0]: deliver()`` is that check, inline on this hot path.
     """
 
-    __slots__ = ("_args", "_open")
+    __slots__ = ("__weakref__", "_args", "_open", "_unentered")
 
-    def __init__(self, args: _Args) -> None:
+    def __init__(self, args: _Args, *, made_by_user: bool = True) -> None:
         self._args = args
         self._open: list[Any] = []  # per open entry: a CPU state, an Undo, or None
+        self._unentered: _Unentered | None = None
+        if made_by_user:  # (where is set last: nothing can stop __init__ after it)
+            self._unentered = ref = _Unentered(self, _note_freed)
+            ref.where = _where(_frame(1))
 
     def _entry(self) -> Any:
         return _saved_for(self._args)
 
     def _fresh(self) -> Fork:
         """A new fork of the same arguments (one per call of a decorated function)."""
-        return Fork(self._args)
+        return Fork(self._args, made_by_user=False)
 
     @guard
     def __enter__(self) -> None:
+        self._unentered = None
         try:
             saved = self._entry()
             opened = _threads.forks
@@ -208,6 +235,7 @@ class Fork:
                     deliver()
 
     def __call__(self, fn: F) -> F:
+        self._unentered = None
         if inspect.isasyncgenfunction(fn) or inspect.isgeneratorfunction(fn):
             kind = "async generator" if inspect.isasyncgenfunction(fn) else "generator"
             raise TypeError(
@@ -266,11 +294,16 @@ class CpuFork(Fork):
 
     __slots__ = ("_caller", "_devices", "_devices_kw")
 
-    def __init__(self, devices: list[Any], caller: str, devices_kw: str) -> None:
+    def __init__(self, devices: list[Any], caller: str, devices_kw: str, *,
+                 made_by_user: bool = True) -> None:
         self._devices = devices
         self._caller = caller
         self._devices_kw = devices_kw
         self._open = []
+        self._unentered = None
+        if made_by_user:
+            self._unentered = ref = _Unentered(self, _note_freed)
+            ref.where = _where(_frame(1))
 
     def _entry(self) -> Any:
         return _saved_for(_Args(self._devices, True, self._caller, self._devices_kw, None,
@@ -278,6 +311,7 @@ class CpuFork(Fork):
 
     @guard
     def __enter__(self) -> None:  # Fork.__enter__ with the CPU's state read in line
+        self._unentered = None
         try:
             saved = get_cpu_state() if not self._devices else self._entry()
             opened = _threads.forks
@@ -290,7 +324,34 @@ class CpuFork(Fork):
         opened += [self]
 
     def _fresh(self) -> Fork:
-        return CpuFork(self._devices, self._caller, self._devices_kw)
+        return CpuFork(self._devices, self._caller, self._devices_kw, made_by_user=False)
+
+
+def _where(made_in: Any) -> tuple[Any, int]:
+    """The code and instruction of the call of fork_rng that ``made_in`` (fork_rng's frame) is."""
+    caller = made_in.f_back
+    return caller.f_code, caller.f_lasti
+
+
+def _say_freed() -> None:
+    """Warn of every fork freed without being entered, at the line that made it, as Python
+    says of a coroutine never awaited (once per line, under Python's default filter)."""
+    while _FREED:
+        try:
+            where = getattr(_FREED.pop(), "where", None)
+        except IndexError:  # (another thread took the last one)
+            return
+        if where is None:
+            continue
+        code, lasti = where
+        line = next((ln for start, end, ln in code.co_lines() if start <= lasti < end), None)
+        warn_and_log("devrng.fork_rng(...) was called but never entered, so it forked "
+                     "nothing: write `with devrng.fork_rng(...):` around the draws to fork, or "
+                     "use it as a decorator (@devrng.fork_rng(...)).",
+                     at=(code.co_filename, line or code.co_firstlineno))
+
+
+atexit.register(_say_freed)  # forks freed after the last fork_rng call
 
 
 def _exited_out_of_order(fork: Fork, opened: list[Fork]) -> None:
