@@ -125,3 +125,47 @@ def test_a_fork_freed_unentered_runs_no_python_code_of_devrng() -> None:
     assert not [f for f in ran if "devrng" in f], ran
     with pytest.warns(devrng.DevRNGWarning, match="never entered"), devrng.fork_rng(devices=[]):
         pass
+
+
+# -- torch.manual_seed inside devrng.portable --------------------------------------------
+_RESEEDED = "torch's generator was seeded inside this devrng.portable block"
+
+
+@pytest.mark.parametrize(("before", "inside"), [
+    (lambda: (torch.manual_seed(0), torch.rand(1)), lambda: torch.manual_seed(0)),  # same seed
+    (lambda: torch.manual_seed(0), lambda: torch.manual_seed(7)),  # another seed
+    (lambda: torch.rand(1), lambda: devrng.manual_seed(3)),
+], ids=["the seed it had, after draws", "another seed", "devrng.manual_seed"])
+def test_torch_manual_seed_inside_portable_warns_that_the_draws_went_on(
+        before: Callable[[], object], inside: Callable[[], object]) -> None:
+    with devrng.portable(seed=5):
+        expected = (torch.rand(3), torch.rand(3))
+    before()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with devrng.portable(seed=5):
+            first = torch.rand(3)
+            inside()
+            second = torch.rand(3)  # op 1 of seed 5's stream, as the warning says
+    caught = [w for w in caught if _RESEEDED in str(w.message)]
+    assert len(caught) == 1 and caught[0].category is devrng.DevRNGWarning
+    assert torch.equal(first, expected[0]) and torch.equal(second, expected[1])
+    assert "enter devrng.portable(seed) there instead" in str(caught[0].message)
+    assert Path(caught[0].filename).name == Path(__file__).name
+
+
+def test_a_portable_block_without_a_seeding_inside_does_not_warn() -> None:
+    torch.manual_seed(0)  # seeded before the block, nothing drawn since: as it enters
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        stream = devrng.portable(seed=5)
+        with stream:
+            torch.rand(3)
+            with devrng.fork_rng(devices=[]):  # put back as it was at the fork's entry
+                torch.manual_seed(1)
+        with stream, stream:  # entered again, nested
+            torch.nn.functional.dropout(torch.ones(4), 0.5)
+        torch.rand(1, generator=torch.Generator().manual_seed(2))
+        with devrng.portable(seed=6):
+            torch.randn(2, generator=torch.Generator().manual_seed(3))  # its own generator
+    assert [str(w.message) for w in caught if _RESEEDED in str(w.message)] == []
