@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tests._helpers import run_python
 
 import devrng
 
@@ -169,3 +170,16 @@ def test_a_portable_block_without_a_seeding_inside_does_not_warn() -> None:
         with devrng.portable(seed=6):
             torch.randn(2, generator=torch.Generator().manual_seed(3))  # its own generator
     assert [str(w.message) for w in caught if _RESEEDED in str(w.message)] == []
+
+
+def test_a_fork_freed_after_the_last_fork_rng_call_is_said_at_exit() -> None:
+    out = run_python("import devrng\n"
+                     "def step():\n"
+                     "    devrng.fork_rng(devices=[])\n"
+                     "step()\n")
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.count("never entered") == 1, out.stderr
+    assert '<string>:3: DevRNGWarning: devrng.fork_rng(...) was called but never entered' \
+        in out.stderr
+    quiet = run_python("import devrng\nwith devrng.fork_rng(devices=[]):\n    pass\n")
+    assert quiet.returncode == 0 and "never entered" not in quiet.stderr, quiet.stderr
