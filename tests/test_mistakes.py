@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -68,7 +68,20 @@ def _said_after(make: Callable[[], None]) -> list[warnings.WarningMessage]:
     return _never_entered(caught)
 
 
-def test_a_fork_never_entered_warns_at_the_line_that_made_it() -> None:
+@pytest.fixture
+def locating() -> Iterator[list[bool]]:
+    """Whether forks record the line that makes them (on once one was found never entered):
+    on for the test, then as it was."""
+    from tests._internals import fork_module
+
+    switch: list[bool] = fork_module._LOCATING
+    was = switch[0]
+    switch[0] = True
+    yield switch
+    switch[0] = was
+
+
+def test_a_fork_never_entered_warns_at_the_line_that_made_it(locating: list[bool]) -> None:
     lines: list[int] = []
 
     def make() -> None:
@@ -85,6 +98,30 @@ def test_a_fork_never_entered_warns_at_the_line_that_made_it() -> None:
     assert {Path(w.filename).name for w in found} == {Path(__file__).name}
     assert all(w.category is devrng.DevRNGWarning for w in found)
     assert "forked nothing: write `with devrng.fork_rng(...):`" in str(found[0].message)
+
+
+def test_the_first_fork_never_entered_is_said_where_it_was_found_then_each_where_it_was_made(
+        locating: list[bool]) -> None:
+    """Reading the line that makes a fork costs more than the rest of its making: forks
+    record it once one was found never entered (as Python names where a coroutine never
+    awaited was made only under tracemalloc)."""
+    locating[0] = False
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            found_at = sys._getframe().f_lineno + 1
+            devrng.fork_rng(devices=[])  # made at this line, and found by the next round's
+        flush_at = sys._getframe().f_lineno + 1
+        with devrng.fork_rng(devices=[]):  # finds the last round's
+            pass
+    first, *later = _never_entered(caught)
+    assert (Path(first.filename).name, first.lineno) == (Path(__file__).name, found_at)
+    assert str(first.message).endswith("(Found by the fork_rng call here, which came after "
+                                       "it; from now on the warning names the line that made "
+                                       "such a fork.)")
+    assert [w.lineno for w in later] == [found_at, found_at] != [flush_at] * 2
+    assert all(str(w.message).endswith("(@devrng.fork_rng(...)).") for w in later)
+    assert locating[0]
 
 
 def test_a_fork_entered_or_made_a_decorator_does_not_warn() -> None:
@@ -173,13 +210,21 @@ def test_a_portable_block_without_a_seeding_inside_does_not_warn() -> None:
 
 
 def test_a_fork_freed_after_the_last_fork_rng_call_is_said_at_exit() -> None:
-    out = run_python("import devrng\n"
-                     "def step():\n"
-                     "    devrng.fork_rng(devices=[])\n"
-                     "step()\n")
-    assert out.returncode == 0, out.stderr
-    assert out.stderr.count("never entered") == 1, out.stderr
-    assert '<string>:3: DevRNGWarning: devrng.fork_rng(...) was called but never entered' \
-        in out.stderr
+    once = run_python("import devrng\ndevrng.fork_rng(devices=[])\n")
+    assert once.returncode == 0, once.stderr
+    assert once.stderr.count("never entered") == 1, once.stderr
+    assert "(Found at the program's exit: the line that made it is named for forks made " \
+           "after a first one was found.)" in once.stderr
+    twice = run_python("import devrng\n"
+                       "def step():\n"
+                       "    devrng.fork_rng(devices=[])\n"
+                       "step()\n"
+                       "step()\n")
+    assert twice.returncode == 0, twice.stderr
+    said = [line for line in twice.stderr.splitlines() if "never entered" in line]
+    assert len(said) == 2, twice.stderr  # found by the second call, then at exit: its line
+    assert all(line.startswith("<string>:3: DevRNGWarning: devrng.fork_rng(...) was called "
+                               "but never entered") for line in said)
+    assert said[1].endswith("(@devrng.fork_rng(...)).")
     quiet = run_python("import devrng\nwith devrng.fork_rng(devices=[]):\n    pass\n")
     assert quiet.returncode == 0 and "never entered" not in quiet.stderr, quiet.stderr

@@ -59,16 +59,29 @@ class _Unentered(weakref.ref):  # type: ignore[type-arg]
     is freed first, the reference is appended to ``_FREED`` by ``list.append`` (a C function:
     no Python code runs while the fork is freed, so a Ctrl-C cannot land there and be swallowed,
     as one raised inside a finalizer is). The next fork_rng call, or the interpreter's exit,
-    says so. ``where`` (the code and instruction that called fork_rng) is set last: a fork
-    whose making was interrupted has none, and is not reported."""
+    says so.
+
+    ``where`` is set last: the code and instruction that called fork_rng, or None. Reading
+    them costs more than the rest of a fork's making (a frame object), so forks record it
+    only once one was found never entered (``_LOCATING``), as Python names where a coroutine
+    never awaited was made only under tracemalloc. A fork whose making was interrupted has no
+    ``where`` and is not reported."""
 
     __slots__ = ("where",)
-    where: tuple[Any, int]
+    where: tuple[Any, int] | None
 
 
 _FREED: list[_Unentered] = []
 _note_freed = _FREED.append
-_frame = sys._getframe
+_LOCATING = [False]
+
+
+def _maker() -> tuple[Any, int] | None:
+    """Where the fork being made was asked for (the caller of fork_rng), when forks record it."""
+    if not _LOCATING[0]:
+        return None
+    caller = sys._getframe(3)  # (0: here, 1: the fork's __init__, 2: fork_rng)
+    return caller.f_code, caller.f_lasti
 
 
 def fork_rng(devices: Any = None, enabled: bool = True, _caller: str = "fork_rng",
@@ -171,7 +184,7 @@ class Fork:
         self._unentered: _Unentered | None = None
         if made_by_user:  # (where is set last: nothing can stop __init__ after it)
             self._unentered = ref = _Unentered(self, _note_freed)
-            ref.where = _where(_frame(1))
+            ref.where = _maker()
 
     def _entry(self) -> Any:
         return _saved_for(self._args)
@@ -303,7 +316,7 @@ class CpuFork(Fork):
         self._unentered = None
         if made_by_user:
             self._unentered = ref = _Unentered(self, _note_freed)
-            ref.where = _where(_frame(1))
+            ref.where = _maker()
 
     def _entry(self) -> Any:
         return _saved_for(_Args(self._devices, True, self._caller, self._devices_kw, None,
@@ -327,31 +340,34 @@ class CpuFork(Fork):
         return CpuFork(self._devices, self._caller, self._devices_kw, made_by_user=False)
 
 
-def _where(made_in: Any) -> tuple[Any, int]:
-    """The code and instruction of the call of fork_rng that ``made_in`` (fork_rng's frame) is."""
-    caller = made_in.f_back
-    return caller.f_code, caller.f_lasti
-
-
-def _say_freed() -> None:
-    """Warn of every fork freed without being entered, at the line that made it, as Python
-    says of a coroutine never awaited (once per line, under Python's default filter)."""
+def _say_freed(at_exit: bool = False) -> None:
+    """Warn of every fork freed without being entered: at the line that made it where that was
+    recorded, else at the line of the fork_rng call that found it (from then on, forks record
+    their line). Python's default filter says each line once."""
     while _FREED:
         try:
-            where = getattr(_FREED.pop(), "where", None)
+            ref = _FREED.pop()
         except IndexError:  # (another thread took the last one)
             return
-        if where is None:
+        if not hasattr(ref, "where"):  # its making was interrupted: it was never the user's
             continue
-        code, lasti = where
+        _LOCATING[0] = True
+        said = ("devrng.fork_rng(...) was called but never entered, so it forked nothing: write "
+                "`with devrng.fork_rng(...):` around the draws to fork, or use it as a "
+                "decorator (@devrng.fork_rng(...)).")
+        if ref.where is None:
+            warn_and_log(said + (" (Found at the program's exit: the line that made it is "
+                                 "named for forks made after a first one was found.)"
+                                 if at_exit else " (Found by the fork_rng call here, which "
+                                 "came after it; from now on the warning names the line that "
+                                 "made such a fork.)"), stacklevel=3)
+            continue
+        code, lasti = ref.where
         line = next((ln for start, end, ln in code.co_lines() if start <= lasti < end), None)
-        warn_and_log("devrng.fork_rng(...) was called but never entered, so it forked "
-                     "nothing: write `with devrng.fork_rng(...):` around the draws to fork, or "
-                     "use it as a decorator (@devrng.fork_rng(...)).",
-                     at=(code.co_filename, line or code.co_firstlineno))
+        warn_and_log(said, at=(code.co_filename, line or code.co_firstlineno))
 
 
-atexit.register(_say_freed)  # forks freed after the last fork_rng call
+atexit.register(_say_freed, at_exit=True)  # forks freed after the last fork_rng call
 
 
 def _exited_out_of_order(fork: Fork, opened: list[Fork]) -> None:
