@@ -449,9 +449,11 @@ def portable(seed: int | None = None, *, strict: bool = True) -> PortableRNG:
 def _cpu_seeding() -> tuple[int, bool]:
     """How torch's CPU generator stands: its seed, and whether it was seeded and has not
     drawn since (its Mersenne Twister's position is the one seeding sets)."""
+    if not _FRESH:
+        _FRESH.append(_fresh_position())
     generator = torch.default_generator
-    return generator.initial_seed(), _FRESH is not None and \
-        generator.get_state().numpy()[_AT].tobytes() == _FRESH
+    return generator.initial_seed(), _FRESH[0] is not None and \
+        generator.get_state().numpy()[_AT].tobytes() == _FRESH[0]
 
 
 def _fresh_position() -> bytes | None:
@@ -467,7 +469,7 @@ def _fresh_position() -> bytes | None:
 
 
 _AT = slice(8, 24)
-_FRESH = _fresh_position()
+_FRESH: list[bytes | None] = []  # _fresh_position(), read at the first block's entry
 
 
 def _reseeded(before: tuple[int, bool], after: tuple[int, bool]) -> bool:
