@@ -160,3 +160,21 @@ def test_it_refuses_bad_arguments(tmp_path: Path) -> None:
     assert main(["check-determinism", "--runs", "1", "--", "python", "x.py"]) == 2
     assert main(["check-determinism", "--steps", "0", "--", "python", "x.py"]) == 2
     assert main(["check-determinism"]) == 2
+
+
+@pytest.mark.parametrize("check", ["check-determinism", "check-resume"])
+def test_a_python_that_cannot_import_devrng_is_named_before_any_run(tmp_path: Path,
+                                                                     check: str) -> None:
+    """devrng started by its full path with another Python first on PATH: both checks say
+    so before the first run, naming the Python devrng is in."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    python = bin_dir / "python"  # a Python that sees neither PYTHONPATH nor site-packages
+    python.write_text(f"#!/bin/sh\nexec {sys.executable} -I -S \"$@\"\n")
+    python.chmod(0o755)
+    proc = run_python("devrng", module=True, cwd=tmp_path, timeout=300, inherit_env=True,
+                      args=(check, "--", "python", EXAMPLE),
+                      env={"PATH": os.pathsep.join([str(bin_dir), os.environ["PATH"]])})
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "run 1/" not in proc.stdout  # said before the first run
+    assert f"devrng is installed in the Python at {sys.executable}" in proc.stdout, proc.stdout
