@@ -23,8 +23,8 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
-from devrng._checks.check_determinism import located
 from devrng._checks.ops import UNINITIALISED, Op, Ops, Split, first_split, on_cpu
+from devrng._checks.verdict import located
 
 __all__ = ["Found", "between_devices", "between_runs"]
 
@@ -147,8 +147,7 @@ def _found(split: Split, first: _Run, run: _Run, k: int) -> Found:
     named = dataclasses.replace(split, op=split.op and dataclasses.replace(split.op, phase=phase),
                                 other=split.other and dataclasses.replace(split.other,
                                                                           phase=phase))
-    detail = located(named).replace(" of the step", " of the call").replace(
-        "run 2 ", f"run {k} ")
+    detail = located(named, within="call", runs=("run 1", f"run {k}"))
     return Found(split.kind, op.module or None, op.op, phase, ours, theirs, detail, f"run {k}")
 
 
