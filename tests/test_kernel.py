@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import math
 import os
 import re
 import shutil
@@ -34,6 +35,10 @@ from tests._internals import (
     KERNEL_MODULE,
     NORMAL,
     NORMAL_AT,
+    NORMAL_BF16,
+    NORMAL_BF16_AT,
+    NORMAL_F16,
+    NORMAL_F16_AT,
     PROOF_DIGEST,
     PROOF_FILLS,
     PROOF_KEY,
@@ -42,7 +47,12 @@ from tests._internals import (
     PROOF_SPLIT,
     UNIFORM,
     UNIFORM64,
+    UNIFORM64_AT,
     UNIFORM_AT,
+    UNIFORM_BF16_AT,
+    UNIFORM_F16_AT,
+    UNIT_BF16,
+    UNIT_F16,
     WORDS,
     distributions,
     jax_multiplier,
@@ -151,9 +161,59 @@ def test_the_kernels_float_and_integer_draws_are_the_tensor_ops_bit_for_bit() ->
                 assert torch.equal(got.to(torch.int64), want), (low, high, dtype)
 
 
+# Bounds for the float64 and half draws: spans with and without an exact product, a power of
+# two, negative and positive ranges; (mean, std) pairs whose scaled half draws land on
+# float32 numbers halfway between two half ones (std 1 + 2**-11 + 2**-40: torch rounds the
+# float64 result to float32 first, then to the half type, and so does the kernel).
+_BOUNDS = ((-0.1, 0.1), (0.0, 0.5), (-3.7, 1.3), (1e-3, 1e-3 + 2**-10), (-1e3, -1e3 + 0.375),
+           (1.0 / 3, 7.25), (-2**-20, 2**-20), (-1.0, 1.0))
+_SCALES = ((0.5, 0.02), (-3.0, 3.0), (0.0, 1.0 + 2**-11 + 2**-40), (1e4, 1e-3), (0.1, 100.0))
+
+
+def test_the_kernels_float64_and_half_draws_are_the_tensor_ops_for_many_bounds(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    cpu = kernel()
+    assert cpu is not None
+    modes: list[int] = []
+    run = type(cpu).run
+
+    def counted(self: object, key: object, mode: int, *args: object, **kwargs: object) -> None:
+        modes.append(mode)
+        run(self, key, mode, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(type(cpu), "run", counted)
+    n = 1 << 13
+    for i, dtype in enumerate((torch.float64, torch.float16, torch.bfloat16)):
+        key, start = (0x9E3779B9 + i, 0x7F4A7C15), (1 << 32) - n // 2
+        counters = torch.arange(start, start + n)
+        ops = _tensor_ops(key, counters)
+        fused = distributions.Source(key, torch.device("cpu"), counters)
+        draws: list[Callable[[distributions.Source], torch.Tensor]] = [
+            lambda s, d=dtype: distributions.unit(s, (n,), d),
+            lambda s, d=dtype: distributions.normal(s, (n,), d)]
+        draws += [lambda s, b=b, d=dtype: distributions.uniform(s, (n,), d, *b) for b in _BOUNDS]
+        draws += [lambda s, m=m, d=dtype: distributions.normal(s, (n,), d, *m) for m in _SCALES]
+        for j, draw in enumerate(draws):
+            want = draw(ops)
+            before = len(modes)
+            got = draw(fused)
+            assert len(modes) == before + 1, (dtype, j)  # one call of the kernel
+            assert got.dtype == dtype
+            assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), (dtype, j)
+    # Among them the kernel's float64 and half modes.
+    assert {UNIFORM64_AT, *_HALF_DRAWS[torch.float16], *_HALF_DRAWS[torch.bfloat16]} <= set(modes)
+
+
 def _signed(counters: list[int]) -> torch.Tensor:
     """The proof's uint64 counters as the int64 tensor the tensor ops read."""
     return torch.tensor([c - (1 << 64) if c >> 63 else c for c in counters], dtype=torch.int64)
+
+
+# The modes that draw normals (the proof must reach erfinv's tails in each).
+_NORMAL_MODES = (NORMAL, NORMAL_AT, NORMAL_F16, NORMAL_BF16, NORMAL_F16_AT, NORMAL_BF16_AT)
+# The half types' modes: unit, uniform between bounds, standard normal, normal(mean, std).
+_HALF_DRAWS = {torch.float16: (UNIT_F16, UNIFORM_F16_AT, NORMAL_F16, NORMAL_F16_AT),
+               torch.bfloat16: (UNIT_BF16, UNIFORM_BF16_AT, NORMAL_BF16, NORMAL_BF16_AT)}
 
 
 def _tensor_ops_draws() -> tuple[Callable[..., list[bytes]], Callable[..., bytes]]:
@@ -168,7 +228,17 @@ def _tensor_ops_draws() -> tuple[Callable[..., list[bytes]], Callable[..., bytes
                  EXPONENTIAL: lambda: [distributions.exponential(ops, shape, torch.float32)],
                  UNIFORM_AT: lambda: [distributions.uniform(ops, shape, torch.float32, shift,
                                                        shift + scale)],
-                 NORMAL_AT: lambda: [distributions.normal(ops, shape, torch.float32, shift, scale)]}
+                 NORMAL_AT: lambda: [distributions.normal(ops, shape, torch.float32, shift, scale)],
+                 UNIFORM64_AT: lambda: [distributions.uniform(ops, shape, torch.float64, shift,
+                                                         shift + scale)]}
+        for dtype, modes in _HALF_DRAWS.items():
+            unit, uniform, standard, normal = modes
+            draws[unit] = lambda dtype=dtype: [distributions.unit(ops, shape, dtype)]
+            draws[uniform] = lambda dtype=dtype: [distributions.uniform(ops, shape, dtype, shift,
+                                                                        shift + scale)]
+            draws[standard] = lambda dtype=dtype: [distributions.normal(ops, shape, dtype)]
+            draws[normal] = lambda dtype=dtype: [distributions.normal(ops, shape, dtype, shift,
+                                                                      scale)]
         return [t.contiguous().view(torch.uint8).numpy().tobytes() for t in draws[mode]()]
 
     def randint(span: int, low: int, wide: bool, counters: list[int], _: bool) -> bytes:
@@ -222,14 +292,17 @@ def test_the_proof_runs_every_mode_block_shape_and_branch_of_the_kernel() -> Non
     assert len({c >> 32 for c in counters}) == PROOF_LENGTH
     assert {c >> 63 for c in counters} == {0, 1}
     # Every mode and output dtype; randint's range reductions in both widths.
-    assert sorted(mode for mode, _, _ in PROOF_FILLS) == sorted(DTYPES)
+    assert {mode for mode, _, _ in PROOF_FILLS} == set(DTYPES)
+    # The float64 uniform's exact product, and its power-of-two span (a plain product).
+    assert {math.frexp(span)[0] == 0.5 for mode, span, _ in PROOF_FILLS
+            if mode == UNIFORM64_AT} == {True, False}
     assert {jax_multiplier(span) == 0 for span, _, _ in PROOF_RANDINTS} == {True, False}
     assert 1 in {span for span, _, _ in PROOF_RANDINTS}
     assert {wide for _, _, wide in PROOF_RANDINTS} == {True, False}  # int64 and int32
     # The normal draws reach erfinv's tails (w >= 5) from a start and from counters.
     lo = -1.0 + 2.0 ** -24
     for i, (mode, _, _) in enumerate(PROOF_FILLS):
-        for from_start in (True, False) if mode in (NORMAL, NORMAL_AT) else ():
+        for from_start in (True, False) if mode in _NORMAL_MODES else ():
             ops = _tensor_ops(PROOF_KEY, _signed(proof_draw_counters(i, PROOF_LENGTH,
                                                                      from_start)))
             u = distributions.uniform(ops, (PROOF_LENGTH,), torch.float32, lo, 1.0)

@@ -241,6 +241,86 @@ INLINE void normal_block(const uint32_t *bits, int at, double scale, double shif
     }
 }
 
+/* The float16 and bfloat16 bit patterns of a float32, rounded to nearest even (as torch's
+   conversions round), and float16's value back as a float32 (exact). */
+INLINE uint16_t bf16_of(float x) {
+    f32bits v;
+    v.f = x;
+    if ((v.u & 0x7FFFFFFFu) > 0x7F800000u) {
+        return 0x7FC0u; /* NaN, as torch makes it */
+    }
+    return (uint16_t)((v.u + 0x7FFFu + ((v.u >> 16) & 1u)) >> 16);
+}
+
+INLINE uint16_t f16_of(float x) {
+    f32bits v;
+    v.f = x;
+    uint32_t sign = (v.u >> 16) & 0x8000u, a = v.u & 0x7FFFFFFFu;
+    if (a > 0x7F800000u) {
+        return (uint16_t)(sign | 0x7E00u); /* NaN */
+    }
+    if (a >= 0x38800000u) { /* 2**-14 and above: float16's normal numbers (or infinity) */
+        uint32_t r = (a + 0xFFFu + ((a >> 13) & 1u) - 0x38000000u) >> 13;
+        return (uint16_t)(sign | (r > 0x7C00u ? 0x7C00u : r));
+    }
+    /* Below: a multiple of 2**-24, rounded to nearest even by adding and removing 2**23. */
+    v.u = a;
+    float units = v.f * 16777216.0f; /* |x| * 2**24, exact */
+    return (uint16_t)(sign | (uint32_t)((units + 8388608.0f) - 8388608.0f));
+}
+
+INLINE float f16_value(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1Fu, m = h & 0x3FFu;
+    f32bits v;
+    if (e == 0) {
+        v.f = (float)m * 5.9604644775390625e-08f; /* m * 2**-24, exact */
+        v.u |= sign;
+    } else {
+        v.u = sign | (e == 31 ? 0x7F800000u | (m << 13) : ((e + 112u) << 23) | (m << 13));
+    }
+    return v.f;
+}
+
+INLINE uint16_t half_of(float x, int bf16) { return bf16 ? bf16_of(x) : f16_of(x); }
+
+INLINE float half_value(uint16_t h, int bf16) {
+    f32bits v;
+    v.u = (uint32_t)h << 16;
+    return bf16 ? v.f : f16_value(h);
+}
+
+/* 2**e as a double (0 below the smallest subnormal), from its bits. */
+INLINE double pow2(int e) {
+    union { uint64_t u; double d; } v;
+    v.u = e >= -1022 ? (uint64_t)(e + 1023) << 52 : e >= -1074 ? 1ull << (e + 1074) : 0;
+    return v.d;
+}
+
+/* devrng._portable.distributions' float64 uniform on [lo, lo + span), u * span + lo rounded
+   once (_formula's exact product, _two_sum and _sum_rounded_once, step for step): u is
+   k * 2**-52, span is s * 2**a (s an integer of 53 bits), k * s = top * 2**52 + bottom
+   exactly. For span 0 or a power of two (s = 2**52) the product is exact: u * span + lo. */
+INLINE double uniform64_at(uint64_t k, double span, double lo, uint64_t s, double pow_a,
+                           double pow_am) {
+    if (s == 0 || s == 1ull << 52) {
+        return (double)k * 2.220446049250313e-16 * span + lo; /* k * 2**-52 is u, exactly */
+    }
+    unsigned __int128 product = (unsigned __int128)k * s;
+    double first = (double)(uint64_t)(product >> 52) * pow_a; /* exact: below 2**53 */
+    double second = (double)(uint64_t)(product & ((1ull << 52) - 1)) * pow_am;
+    double high = first + second, low = second - (high - first);
+    double total = lo + high, part = total - lo;
+    double error = (lo - (total - part)) + (high - part);
+    double small = error + low, small_part = small - error;
+    double small_error = (error - (small - small_part)) + (low - small_part);
+    double sum = total + small, sum_part = sum - total;
+    double sum_error = (total - (sum - sum_part)) + (small - sum_part);
+    double other = sum + 2.0 * sum_error;
+    int halfway = sum_error != 0.0 && other - sum == 2.0 * sum_error;
+    int beyond = small_error != 0.0 && ((small_error > 0.0) == (sum_error > 0.0));
+    return halfway && beyond ? other : sum;
+}
+
 /* Modes of fill (out0/out1 element types in brackets):
    0 BITS        out0 = x0 ^ x1 (32 random bits) [uint32]
    1 WORDS       out0 = x0, out1 = x1 (64) [uint32, uint32]
@@ -250,15 +330,35 @@ INLINE void normal_block(const uint32_t *bits, int at, double scale, double shif
    5 EXPONENTIAL out0 = -log(1 - u), u the float32 uniform [float]
    6 UNIFORM_AT  out0 = max(shift, affine32(u, scale, shift)): uniform on [shift,
                  shift + scale) [float]
-   7 NORMAL_AT   out0 = affine32(z, scale, shift), z the float32 normal [float] */
-#define MODES 8
-enum { BITS, WORDS, UNIFORM, UNIFORM64, NORMAL, EXPONENTIAL, UNIFORM_AT, NORMAL_AT };
+   7 NORMAL_AT   out0 = affine32(z, scale, shift), z the float32 normal [float]
+   8 UNIFORM64_AT  out0 = uniform64_at: the float64 uniform on [shift, shift + scale)
+                 [double]
+   9, 10 UNIT16  out0 = jax.random.uniform's float16 (9) or bfloat16 (10): the low 16 (8)
+                 bits of x0 ^ x1 shifted right by 6 (1), times 2**-10 (2**-7) [uint16]
+   11, 12 UNIFORM16_AT  out0 = that u, times scale plus shift in float32 (both exact
+                 there: the caller checks), rounded to float16 (11) or bfloat16 (12) [uint16]
+   13, 14 NORMAL16  out0 = the float32 normal rounded to float16 (13) or bfloat16 (14) [uint16]
+   15, 16 NORMAL16_AT  out0 = that half z, times scale plus shift in double (two roundings),
+                 rounded to float32 and then to float16 (15) or bfloat16 (16), as torch's
+                 conversions from double round [uint16] */
+#define MODES 17
+enum { BITS, WORDS, UNIFORM, UNIFORM64, NORMAL, EXPONENTIAL, UNIFORM_AT, NORMAL_AT,
+       UNIFORM64_AT, UNIT_F16, UNIT_BF16, UNIFORM_F16_AT, UNIFORM_BF16_AT, NORMAL_F16,
+       NORMAL_BF16, NORMAL_F16_AT, NORMAL_BF16_AT };
+
+/* The size in bytes of one output element of mode. */
+static size_t element_size(int mode) {
+    return mode == UNIFORM64 || mode == UNIFORM64_AT ? sizeof(double)
+           : mode >= UNIT_F16 ? sizeof(uint16_t) : sizeof(uint32_t);
+}
 
 /* One block of mode's draws into out0 (and out1): NB elements of the mode's type. */
 INLINE void fill_block(uint32_t k0, uint32_t k1, const uint32_t *hi, const uint32_t *lo,
                        int mode, double scale, double shift, void *out0, void *out1) {
     uint32_t x0[NB], x1[NB];
-    float *f = out0;
+    float *f = out0, z[NB];
+    uint16_t *h = out0;
+    const int bf16 = mode >= UNIT_F16 && (mode - UNIT_F16) % 2;
     switch (mode) {
     case BITS:
         generate(k0, k1, hi, lo, out0, NULL);
@@ -267,9 +367,24 @@ INLINE void fill_block(uint32_t k0, uint32_t k1, const uint32_t *hi, const uint3
         generate(k0, k1, hi, lo, out0, out1);
         break;
     case UNIFORM64:
+    case UNIFORM64_AT:
         generate(k0, k1, hi, lo, x0, x1);
-        EACH(j) {
-            ((double *)out0)[j] = unit64(x0[j], x1[j]);
+        if (mode == UNIFORM64) {
+            EACH(j) {
+                ((double *)out0)[j] = unit64(x0[j], x1[j]);
+            }
+        } else {
+            union { uint64_t u; double d; } v;
+            v.d = scale;
+            /* span's significand as an integer (0: a power of two or 0, exact) and 2**a */
+            uint64_t s = scale > 0.0 && (v.u & ((1ull << 52) - 1)) ? (v.u & ((1ull << 52) - 1))
+                         | 1ull << 52 : 0;
+            int a = (int)(v.u >> 52) - 1075;
+            double pow_a = pow2(a), pow_am = pow2(a - 52);
+            EACH(j) {
+                uint64_t k = (((uint64_t)x0[j] << 32) | x1[j]) >> 12;
+                ((double *)out0)[j] = uniform64_at(k, scale, shift, s, pow_a, pow_am);
+            }
         }
         break;
     default:
@@ -290,8 +405,30 @@ INLINE void fill_block(uint32_t k0, uint32_t k1, const uint32_t *hi, const uint3
             }
         } else if (mode == NORMAL) {
             normal_block(x0, 0, scale, shift, f);
-        } else {
+        } else if (mode == NORMAL_AT) {
             normal_block(x0, 1, scale, shift, f);
+        } else if (mode == UNIT_F16 || mode == UNIT_BF16
+                   || mode == UNIFORM_F16_AT || mode == UNIFORM_BF16_AT) {
+            /* u = k * 2**-m, exact in float32; span and shift are float32 values */
+            const uint32_t keep = bf16 ? 0xFFu : 0xFFFFu, by = bf16 ? 1 : 6;
+            const float unit = bf16 ? 0.0078125f : 0.0009765625f;
+            const float span = mode <= UNIT_BF16 ? 1.0f : (float)scale;
+            const float low = mode <= UNIT_BF16 ? 0.0f : (float)shift;
+            EACH(j) {
+                h[j] = half_of((float)((x0[j] & keep) >> by) * unit * span + low, bf16);
+            }
+        } else {
+            normal_block(x0, 0, scale, shift, z);
+            if (mode <= NORMAL_BF16) {
+                EACH(j) {
+                    h[j] = half_of(z[j], bf16);
+                }
+            } else {
+                EACH(j) {
+                    double d = (double)half_value(half_of(z[j], bf16), bf16) * scale + shift;
+                    h[j] = half_of((float)d, bf16);
+                }
+            }
         }
     }
 }
@@ -300,7 +437,7 @@ INLINE void fill_block(uint32_t k0, uint32_t k1, const uint32_t *hi, const uint3
 static CLONES void threefry(uint32_t k0, uint32_t k1, uint64_t start, const uint64_t *counters,
                             int64_t n, int mode, void *out0, void *out1, double scale,
                             double shift) {
-    const size_t size = mode == UNIFORM64 ? sizeof(double) : sizeof(uint32_t);
+    const size_t size = element_size(mode);
     uint32_t hi[NB], lo[NB];
     union { uint32_t u[NB]; double d[NB]; } last0, last1; /* a last, partial block */
     for (int64_t i = 0; i < n; i += NB) {
@@ -431,7 +568,7 @@ static PyObject *fill(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (n < 0 || mode < 0 || mode >= MODES
             || (n > 0 && (out0 == NULL || (mode == 1 && out1 == NULL)))) {
         PyErr_SetString(PyExc_ValueError, "fill() got a negative length, a mode other than "
-                        "0 to 7, or a missing output buffer");
+                        "0 to 16, or a missing output buffer");
         return NULL;
     }
     Py_BEGIN_ALLOW_THREADS

@@ -25,9 +25,11 @@ from collections.abc import Callable
 from importlib.machinery import ModuleSpec
 from typing import Any, NamedTuple
 
-__all__ = ["BITS", "EXPONENTIAL", "NORMAL", "NORMAL_AT", "PROOF_DIGEST", "PROOF_FILLS",
-           "PROOF_KEY", "PROOF_LENGTH", "PROOF_LENGTHS", "PROOF_RANDINTS", "PROOF_SPLIT",
-           "PROOF_START", "PROOF_STEP", "UNIFORM", "UNIFORM64", "UNIFORM_AT", "WORDS", "Found",
+__all__ = ["BITS", "EXPONENTIAL", "NORMAL", "NORMAL_AT", "NORMAL_BF16", "NORMAL_BF16_AT",
+           "NORMAL_F16", "NORMAL_F16_AT", "PROOF_DIGEST", "PROOF_FILLS", "PROOF_KEY",
+           "PROOF_LENGTH", "PROOF_LENGTHS", "PROOF_RANDINTS", "PROOF_SPLIT", "PROOF_START",
+           "PROOF_STEP", "UNIFORM", "UNIFORM64", "UNIFORM64_AT", "UNIFORM_AT", "UNIFORM_BF16_AT",
+           "UNIFORM_F16_AT", "UNIT_BF16", "UNIT_F16", "WORDS", "Found",
            "find", "jax_multiplier", "proof_counters", "proof_digest", "proof_draw_counters",
            "proves_itself"]
 
@@ -35,12 +37,20 @@ __all__ = ["BITS", "EXPONENTIAL", "NORMAL", "NORMAL_AT", "PROOF_DIGEST", "PROOF_
 # float32 uniform; the float64 uniform (from both words); the float32 normal; the float32
 # exponential (devrng._portable.distributions.unit, normal and exponential); the float32 uniform
 # on [shift, shift + scale) and the float32 normal times scale plus shift (distributions'
-# uniform with bounds and normal with mean and std: affine's rounding).
-BITS, WORDS, UNIFORM, UNIFORM64, NORMAL, EXPONENTIAL, UNIFORM_AT, NORMAL_AT = range(8)
+# uniform with bounds and normal with mean and std: affine's rounding); the float64 uniform
+# on [shift, shift + scale); and for float16 and bfloat16 (each its own mode, in that order)
+# the unit uniform, the uniform on [shift, shift + scale), the normal (the float32 one
+# rounded) and the normal times scale plus shift.
+(BITS, WORDS, UNIFORM, UNIFORM64, NORMAL, EXPONENTIAL, UNIFORM_AT, NORMAL_AT, UNIFORM64_AT,
+ UNIT_F16, UNIT_BF16, UNIFORM_F16_AT, UNIFORM_BF16_AT, NORMAL_F16, NORMAL_BF16, NORMAL_F16_AT,
+ NORMAL_BF16_AT) = range(17)
+_HALF_MODES = (UNIT_F16, UNIT_BF16, UNIFORM_F16_AT, UNIFORM_BF16_AT, NORMAL_F16, NORMAL_BF16,
+               NORMAL_F16_AT, NORMAL_BF16_AT)
 _CTYPES: dict[int, Any] = {BITS: ctypes.c_int32, WORDS: ctypes.c_int32, UNIFORM: ctypes.c_float,
                            UNIFORM64: ctypes.c_double, NORMAL: ctypes.c_float,
                            EXPONENTIAL: ctypes.c_float, UNIFORM_AT: ctypes.c_float,
-                           NORMAL_AT: ctypes.c_float}
+                           NORMAL_AT: ctypes.c_float, UNIFORM64_AT: ctypes.c_double,
+                           **dict.fromkeys(_HALF_MODES, ctypes.c_uint16)}
 
 # Random123's known answers for Threefry-2x32 with 20 rounds: key, counter -> (x0, x1).
 _KNOWN = (((0x00000000, 0x00000000), (0x00000000, 0x00000000), (0x6B200159, 0x99BA4EFE)),
@@ -64,10 +74,13 @@ PROOF_START, PROOF_LENGTH, PROOF_STEP = (0x9E3779BA << 32) - 300, 4 * 256 - 1, 7
 PROOF_LENGTHS = (PROOF_LENGTH, 1, 17 * 256 - 1)
 PROOF_FILLS = ((BITS, 1.0, 0.0), (WORDS, 1.0, 0.0), (UNIFORM, 1.0, 0.0), (UNIFORM64, 1.0, 0.0),
                (NORMAL, 1.0, 0.0), (EXPONENTIAL, 1.0, 0.0), (UNIFORM_AT, 1.25, -0.75),
-               (NORMAL_AT, 0.02, 0.5))
+               (NORMAL_AT, 0.02, 0.5), (NORMAL_F16, 1.0, 0.0), (NORMAL_BF16, 1.0, 0.0),
+               (NORMAL_F16_AT, 0.02, 0.5), (NORMAL_BF16_AT, 3.0, -0.1), (UNIFORM64_AT, 0.2, -0.1),
+               (UNIFORM64_AT, 0.5, -0.25), (UNIT_F16, 1.0, 0.0), (UNIT_BF16, 1.0, 0.0),
+               (UNIFORM_F16_AT, 0.375, -0.25), (UNIFORM_BF16_AT, 1.25, -0.75))
 PROOF_RANDINTS = ((1000, -3, True), (7, 0, False), (1 << 16, 5, True), ((1 << 16) + 1, 0, False),
                   (1, 5, True), ((1 << 32) - 1, -(1 << 31), False))  # (span, low, wide)
-PROOF_DIGEST = "ebbc2f5725815baa24af28b35e4f12f0c45465638f0143b5a4cc1091075ef7cb"
+PROOF_DIGEST = "79b525deb283d197bb3437784d0b1722737fb27afcb6dc1964bd7963032388a5"
 _MASK64 = (1 << 64) - 1
 
 Fill = Callable[..., None]

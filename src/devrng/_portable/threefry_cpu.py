@@ -5,9 +5,11 @@ elementwise kernels, one per integer op of its rounds, each reading and writing 
 whole array (docs/benchmarks.md: the rows "without the C kernel"). One C loop
 that keeps both words in registers does the same integer arithmetic faster than
 ``torch.rand`` (``benchmarks/`` has the figures). It also turns the words into
-what the common draws need in the same pass (float32 and float64 uniforms,
-float32 normal and exponential draws, ``jax.random.randint``'s integers), each
-the same bits as ``devrng._portable.threefry``'s tensor ops.
+what the common draws need in the same pass (uniforms in float32, float64,
+float16 and bfloat16, with or without bounds; normal draws in float32, float16 and
+bfloat16, with or without a mean and std; float32 exponential draws;
+``jax.random.randint``'s integers), each the same bits as
+``devrng._portable.threefry``'s and ``distributions``' tensor ops.
 
 The loop is ``devrng._portable._threefry_kernel``, an optional extension that
 ``pip install`` compiles (``setup.py``): it lives in site-packages beside the
@@ -41,20 +43,40 @@ from devrng._portable.kernel_proof import (
     EXPONENTIAL,
     NORMAL,
     NORMAL_AT,
+    NORMAL_BF16,
+    NORMAL_BF16_AT,
+    NORMAL_F16,
+    NORMAL_F16_AT,
     UNIFORM,
     UNIFORM64,
+    UNIFORM64_AT,
     UNIFORM_AT,
+    UNIFORM_BF16_AT,
+    UNIFORM_F16_AT,
+    UNIT_BF16,
+    UNIT_F16,
     WORDS,
     find,
 )
 
-__all__ = ["BITS", "DTYPES", "EXPONENTIAL", "NORMAL", "NORMAL_AT", "UNIFORM", "UNIFORM64",
-           "UNIFORM_AT", "WORDS", "CpuKernel", "kernel", "load_checked", "status", "switched_off"]
+__all__ = ["BITS", "DTYPES", "EXPONENTIAL", "HALF_MODES", "NORMAL", "NORMAL_AT", "UNIFORM",
+           "UNIFORM64", "UNIFORM64_AT", "UNIFORM_AT", "WORDS", "CpuKernel", "kernel",
+           "load_checked", "status", "switched_off"]
 
 # The modes of fill() (``kernel_proof``) and the dtype of what each fills.
 DTYPES = {BITS: torch.int32, WORDS: torch.int32, UNIFORM: torch.float32,
           UNIFORM64: torch.float64, NORMAL: torch.float32, EXPONENTIAL: torch.float32,
-          UNIFORM_AT: torch.float32, NORMAL_AT: torch.float32}
+          UNIFORM_AT: torch.float32, NORMAL_AT: torch.float32, UNIFORM64_AT: torch.float64,
+          UNIT_F16: torch.float16, UNIT_BF16: torch.bfloat16, UNIFORM_F16_AT: torch.float16,
+          UNIFORM_BF16_AT: torch.bfloat16, NORMAL_F16: torch.float16,
+          NORMAL_BF16: torch.bfloat16, NORMAL_F16_AT: torch.float16,
+          NORMAL_BF16_AT: torch.bfloat16}
+
+# The float16 and bfloat16 modes, by what they draw: dtype -> mode.
+HALF_MODES = {"unit": {torch.float16: UNIT_F16, torch.bfloat16: UNIT_BF16},
+              "uniform": {torch.float16: UNIFORM_F16_AT, torch.bfloat16: UNIFORM_BF16_AT},
+              "normal": {torch.float16: NORMAL_F16, torch.bfloat16: NORMAL_BF16},
+              "normal_at": {torch.float16: NORMAL_F16_AT, torch.bfloat16: NORMAL_BF16_AT}}
 
 
 class CpuKernel:
