@@ -242,7 +242,7 @@ INLINE void normal_block(const uint32_t *bits, int at, double scale, double shif
 }
 
 /* The float16 and bfloat16 bit patterns of a float32, rounded to nearest even (as torch's
-   conversions round), and float16's value back as a float32 (exact). */
+   conversions round). */
 INLINE uint16_t bf16_of(float x) {
     f32bits v;
     v.f = x;
@@ -253,40 +253,39 @@ INLINE uint16_t bf16_of(float x) {
 }
 
 INLINE uint16_t f16_of(float x) {
-    f32bits v;
+    /* Both roundings are computed and one is selected, so that the loops vectorise. */
+    f32bits v, small;
     v.f = x;
     uint32_t sign = (v.u >> 16) & 0x8000u, a = v.u & 0x7FFFFFFFu;
-    if (a > 0x7F800000u) {
-        return (uint16_t)(sign | 0x7E00u); /* NaN */
-    }
-    if (a >= 0x38800000u) { /* 2**-14 and above: float16's normal numbers (or infinity) */
-        uint32_t r = (a + 0xFFFu + ((a >> 13) & 1u) - 0x38000000u) >> 13;
-        return (uint16_t)(sign | (r > 0x7C00u ? 0x7C00u : r));
-    }
-    /* Below: a multiple of 2**-24, rounded to nearest even by adding and removing 2**23. */
-    v.u = a;
-    float units = v.f * 16777216.0f; /* |x| * 2**24, exact */
-    return (uint16_t)(sign | (uint32_t)((units + 8388608.0f) - 8388608.0f));
-}
-
-INLINE float f16_value(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1Fu, m = h & 0x3FFu;
-    f32bits v;
-    if (e == 0) {
-        v.f = (float)m * 5.9604644775390625e-08f; /* m * 2**-24, exact */
-        v.u |= sign;
-    } else {
-        v.u = sign | (e == 31 ? 0x7F800000u | (m << 13) : ((e + 112u) << 23) | (m << 13));
-    }
-    return v.f;
+    /* 2**-14 and above: float16's normal numbers, rounded on the 13 bits dropped */
+    uint32_t normal = (a + 0xFFFu + ((a >> 13) & 1u) - 0x38000000u) >> 13;
+    normal = normal > 0x7C00u ? 0x7C00u : normal; /* beyond the largest: infinity */
+    /* below: a multiple of 2**-24, rounded to nearest even by adding and removing 2**23 */
+    small.u = a < 0x38800000u ? a : 0u;
+    uint32_t sub = (uint32_t)((small.f * 16777216.0f + 8388608.0f) - 8388608.0f);
+    uint32_t r = a < 0x38800000u ? sub : normal;
+    return (uint16_t)(sign | (a > 0x7F800000u ? 0x7E00u : r)); /* NaN */
 }
 
 INLINE uint16_t half_of(float x, int bf16) { return bf16 ? bf16_of(x) : f16_of(x); }
 
-INLINE float half_value(uint16_t h, int bf16) {
-    f32bits v;
-    v.u = (uint32_t)h << 16;
-    return bf16 ? v.f : f16_value(h);
+/* x rounded to float16 (bfloat16), as a float32: f16_value(f16_of(x)), computed on the
+   float32's own bits (the mantissa rounded to 10 (7) bits; below 2**-14, to a multiple of
+   2**-24), for x not NaN. */
+INLINE float half_rounded(float x, int bf16) {
+    f32bits v, small, r;
+    v.f = x;
+    uint32_t sign = v.u & 0x80000000u, a = v.u & 0x7FFFFFFFu;
+    if (bf16) {
+        r.u = (v.u + 0x7FFFu + ((v.u >> 16) & 1u)) & 0xFFFF0000u;
+        return r.f;
+    }
+    uint32_t normal = (a + 0xFFFu + ((a >> 13) & 1u)) & ~0x1FFFu;
+    normal = normal > 0x477FE000u ? 0x7F800000u : normal; /* beyond 65504: infinity */
+    small.u = a < 0x38800000u ? a : 0u;
+    small.f = ((small.f * 16777216.0f + 8388608.0f) - 8388608.0f) * 5.9604644775390625e-08f;
+    r.u = sign | (a < 0x38800000u ? small.u : normal);
+    return r.f;
 }
 
 /* 2**e as a double (0 below the smallest subnormal), from its bits. */
@@ -299,15 +298,8 @@ INLINE double pow2(int e) {
 /* devrng._portable.distributions' float64 uniform on [lo, lo + span), u * span + lo rounded
    once (_formula's exact product, _two_sum and _sum_rounded_once, step for step): u is
    k * 2**-52, span is s * 2**a (s an integer of 53 bits), k * s = top * 2**52 + bottom
-   exactly. For span 0 or a power of two (s = 2**52) the product is exact: u * span + lo. */
-INLINE double uniform64_at(uint64_t k, double span, double lo, uint64_t s, double pow_a,
-                           double pow_am) {
-    if (s == 0 || s == 1ull << 52) {
-        return (double)k * 2.220446049250313e-16 * span + lo; /* k * 2**-52 is u, exactly */
-    }
-    unsigned __int128 product = (unsigned __int128)k * s;
-    double first = (double)(uint64_t)(product >> 52) * pow_a; /* exact: below 2**53 */
-    double second = (double)(uint64_t)(product & ((1ull << 52) - 1)) * pow_am;
+   exactly; first = top * 2**a and second = bottom * 2**(a - 52) are exact. */
+INLINE double uniform64_at(double first, double second, double lo) {
     double high = first + second, low = second - (high - first);
     double total = lo + high, part = total - lo;
     double error = (lo - (total - part)) + (high - part);
@@ -376,14 +368,26 @@ INLINE void fill_block(uint32_t k0, uint32_t k1, const uint32_t *hi, const uint3
         } else {
             union { uint64_t u; double d; } v;
             v.d = scale;
-            /* span's significand as an integer (0: a power of two or 0, exact) and 2**a */
-            uint64_t s = scale > 0.0 && (v.u & ((1ull << 52) - 1)) ? (v.u & ((1ull << 52) - 1))
-                         | 1ull << 52 : 0;
-            int a = (int)(v.u >> 52) - 1075;
-            double pow_a = pow2(a), pow_am = pow2(a - 52);
+            const uint64_t mantissa = v.u & ((1ull << 52) - 1);
+            double *d = out0, first[NB], second[NB];
+            if (!(scale > 0.0) || !mantissa) { /* 0 or a power of two: u * span is exact */
+                EACH(j) {
+                    uint64_t k = (((uint64_t)x0[j] << 32) | x1[j]) >> 12;
+                    d[j] = (double)k * 2.220446049250313e-16 * scale + shift; /* k * 2**-52 */
+                }
+                break;
+            }
+            const uint64_t s = mantissa | 1ull << 52; /* span = s * 2**a */
+            const int a = (int)(v.u >> 52) - 1075;
+            const double pow_a = pow2(a), pow_am = pow2(a - 52);
             EACH(j) {
                 uint64_t k = (((uint64_t)x0[j] << 32) | x1[j]) >> 12;
-                ((double *)out0)[j] = uniform64_at(k, scale, shift, s, pow_a, pow_am);
+                unsigned __int128 product = (unsigned __int128)k * s;
+                first[j] = (double)(uint64_t)(product >> 52) * pow_a; /* below 2**53: exact */
+                second[j] = (double)(uint64_t)(product & ((1ull << 52) - 1)) * pow_am;
+            }
+            EACH(j) {
+                d[j] = uniform64_at(first[j], second[j], shift);
             }
         }
         break;
@@ -425,8 +429,10 @@ INLINE void fill_block(uint32_t k0, uint32_t k1, const uint32_t *hi, const uint3
                 }
             } else {
                 EACH(j) {
-                    double d = (double)half_value(half_of(z[j], bf16), bf16) * scale + shift;
-                    h[j] = half_of((float)d, bf16);
+                    z[j] = (float)((double)half_rounded(z[j], bf16) * scale + shift);
+                }
+                EACH(j) {
+                    h[j] = half_of(z[j], bf16);
                 }
             }
         }
