@@ -470,7 +470,7 @@ def _has_fma() -> bool:
     ("wrong rotation", "gave wrong answers for the known test vectors"),
     pytest.param("fused multiply-adds", "gave wrong answers for the known test vectors",
                  marks=pytest.mark.skipif(not _has_fma(), reason="this CPU has no FMA")),
-    ("no entry point", "has no fill() or randint()"),
+    ("no entry point", "has no fill(), randint() or block()"),
     ("truncated", "does not match the SHA-256 recorded when it was built"),
     ("one bit flipped", "does not match the SHA-256 recorded when it was built"),
     ("no digest", "cannot be checked"),
@@ -587,3 +587,19 @@ def test_hundreds_of_bit_flips_in_the_kernels_code_are_refused_or_give_the_same_
         tmp_path: Path) -> None:
     verdicts = _flip_verdicts(tmp_path, 400, seed=1)
     assert verdicts["refused"] > 100  # the flips reach the known-answer check
+
+
+def test_the_kernels_block_gives_the_keys_of_draws_as_python_does() -> None:
+    # Once loaded, the kernel derives the keys (fold_in) of every draw: the same words as
+    # the 20 rounds in Python, for keys and counters of every size.
+    cpu = kernel()
+    assert cpu is not None
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        key = (int(rng.integers(0, 2**32)), int(rng.integers(0, 2**32)))
+        n = int(rng.integers(0, 2**63)) >> int(rng.integers(0, 63))
+        want = threefry.threefry_host(key, (n >> 32, n & 0xFFFFFFFF))
+        assert cpu.block(*key, n >> 32, n & 0xFFFFFFFF) == want
+        assert threefry.fold_in(key, n) == want
+    with pytest.raises(ValueError, match="beyond 32 bits"):
+        cpu.block(1 << 32, 0, 0, 0)

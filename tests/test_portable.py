@@ -1378,3 +1378,29 @@ def test_a_stream_entry_of_an_earlier_devrng_in_a_dcp_checkpoint_loads_with_load
     resumed = devrng.portable(3)
     dcp.load({"rng": resumed}, checkpoint_id=path + "2", no_dist=True)
     assert (resumed.seed, resumed.counter) == (3, 6)
+
+
+def test_factories_follow_the_default_device_inside_portable() -> None:
+    # A factory without device= draws on torch's default device, however it was set: a
+    # device context inside or outside the stream, or set_default_device.
+    with devrng.portable(0):
+        assert torch.rand(3).device.type == "cpu"
+        with torch.device("meta"):
+            assert torch.rand(3).device.type == "meta"
+    with torch.device("meta"), devrng.portable(0):
+        assert torch.randn(3).device.type == "meta"
+    with devrng.portable(0):
+        want = [torch.rand(3), torch.randint(0, 9, (3,)), torch.randn(3, dtype=torch.bfloat16)]
+    torch.set_default_device("meta")
+    try:
+        with devrng.portable(0):
+            assert torch.rand(3, dtype=torch.float64).device.type == "meta"
+        with devrng.portable(0):  # the CPU's draws under a meta default: the same numbers
+            got = [torch.rand(3, device="cpu"), torch.randint(0, 9, (3,), device="cpu"),
+                   torch.randn(3, dtype=torch.bfloat16, device="cpu")]
+    finally:
+        torch.set_default_device(None)
+    with devrng.portable(0):
+        assert torch.rand(3).device.type == "cpu"
+    for a, b in zip(got, want, strict=True):
+        assert b.device.type == "cpu" and torch.equal(a, b)

@@ -620,6 +620,26 @@ static PyObject *randint_py(PyObject *self, PyObject *const *args, Py_ssize_t na
     Py_RETURN_NONE;
 }
 
+/* block(k0, k1, c0, c1): one Threefry-2x32 block, the words (x0, x1) of counter c0:c1 under
+   the key (k0, k1) (devrng._portable.threefry.threefry_host: the keys of the draws). */
+static PyObject *block(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 4) {
+        PyErr_Format(PyExc_TypeError, "block() takes 4 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    uint32_t k0, k1, x0, x1;
+    if (key_word(args[0], &k0) || key_word(args[1], &k1) || key_word(args[2], &x0)
+            || key_word(args[3], &x1)) {
+        return NULL;
+    }
+    const uint32_t k2 = k0 ^ k1 ^ 0x1BD11BDAu;
+    x0 += k0;
+    x1 += k1;
+    ROUNDS(k0, k1, k2)
+    return Py_BuildValue("(kk)", (unsigned long)x0, (unsigned long)x1);
+}
+
 static PyMethodDef methods[] = {
     {"fill", (PyCFunction)(void (*)(void))fill, METH_FASTCALL,
      "fill(k0, k1, start, counters, n, mode, out0, out1, scale, shift): Threefry-2x32 into "
@@ -627,6 +647,8 @@ static PyMethodDef methods[] = {
     {"randint", (PyCFunction)(void (*)(void))randint_py, METH_FASTCALL,
      "randint(a0, a1, b0, b1, start, counters, n, span, multiplier, low, wide, out): "
      "jax.random.randint for int32 bounds into a CPU buffer."},
+    {"block", (PyCFunction)(void (*)(void))block, METH_FASTCALL,
+     "block(k0, k1, c0, c1): one Threefry-2x32 block, (x0, x1)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -130,10 +130,15 @@ def proof_digest(fill: ProofFill, randint: ProofRandint) -> str:
     return digest.hexdigest()
 
 
-def proves_itself(fill: Fill, randint: Fill) -> bool:
-    """Whether the kernel's ``fill`` and ``randint`` give Random123's words from a start and
-    from counters, and the proof's draws (``PROOF_DIGEST``)."""
+def proves_itself(fill: Fill, randint: Fill, block: Callable[..., tuple[int, int]]) -> bool:
+    """Whether the kernel's ``fill``, ``randint`` and ``block`` give Random123's words (from a
+    start and from counters), ``block`` the keys of PROOF_SPLIT, and the proof's draws
+    (``PROOF_DIGEST``)."""
+    if any(block(*PROOF_KEY, 0, i) != split for i, split in enumerate(PROOF_SPLIT)):
+        return False
     for key, (c_hi, c_lo), want in _KNOWN:
+        if block(key[0], key[1], c_hi, c_lo) != want:
+            return False
         counter = (c_hi << 32) | c_lo
         for listed in (False, True):
             words = [ctypes.c_int32(), ctypes.c_int32()]
@@ -169,10 +174,10 @@ def proves_itself(fill: Fill, randint: Fill) -> bool:
 
 
 class Found(NamedTuple):
-    """The installed kernel: its ``fill`` and ``randint`` when it may be used, the library's
-    path (None: not installed), and why it may not be used (None: it may)."""
+    """The installed kernel: its ``fill``, ``randint`` and ``block`` when it may be used, the
+    library's path (None: not installed), and why it may not be used (None: it may)."""
 
-    functions: tuple[Fill, Fill] | None
+    functions: tuple[Fill, Fill, Callable[..., tuple[int, int]]] | None
     where: str | None
     problem: str | None
 
@@ -194,16 +199,17 @@ def find(spec: ModuleSpec | None = None) -> Found:
     except ImportError as err:
         return Found(None, where, f"could not be imported ({type(err).__name__}: {str(err)[:200]})")
     fill, randint = getattr(module, "fill", None), getattr(module, "randint", None)
-    if not callable(fill) or not callable(randint):
-        return Found(None, where, "has no fill() or randint()")
+    block = getattr(module, "block", None)
+    if not callable(fill) or not callable(randint) or not callable(block):
+        return Found(None, where, "has no fill(), randint() or block()")
     try:
-        proved = proves_itself(fill, randint)
+        proved = proves_itself(fill, randint, block)
     except Exception as err:  # a damaged kernel may refuse its own arguments
         return Found(None, where, f"failed its known-answer check ({type(err).__name__}: "
                                   f"{str(err)[:200]})")
     if not proved:
         return Found(None, where, "gave wrong answers for the known test vectors")
-    return Found((fill, randint), where, None)
+    return Found((fill, randint, block), where, None)
 
 
 def _digest_problem(path: str) -> str | None:

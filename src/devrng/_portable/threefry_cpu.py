@@ -61,7 +61,7 @@ from devrng._portable.kernel_proof import (
 
 __all__ = ["BITS", "DTYPES", "EXPONENTIAL", "HALF_MODES", "NORMAL", "NORMAL_AT", "UNIFORM",
            "UNIFORM64", "UNIFORM64_AT", "UNIFORM_AT", "WORDS", "CpuKernel", "kernel",
-           "load_checked", "status", "switched_off"]
+           "load_checked", "loaded", "status", "switched_off"]
 
 # The modes of fill() (``kernel_proof``) and the dtype of what each fills.
 DTYPES = {BITS: torch.int32, WORDS: torch.int32, UNIFORM: torch.float32,
@@ -80,13 +80,16 @@ HALF_MODES = {"unit": {torch.float16: UNIT_F16, torch.bfloat16: UNIT_BF16},
 
 
 class CpuKernel:
-    """The extension's loops: ``run`` and ``randint`` fill preallocated CPU tensors."""
+    """The extension's loops: ``run`` and ``randint`` fill preallocated CPU tensors; ``block``
+    is one Threefry-2x32 block (``block(k0, k1, c0, c1) -> (x0, x1)``, the keys of draws)."""
 
-    __slots__ = ("_fill", "_randint")
+    __slots__ = ("_fill", "_randint", "block")
 
-    def __init__(self, fill: Callable[..., None], randint: Callable[..., None]) -> None:
+    def __init__(self, fill: Callable[..., None], randint: Callable[..., None],
+                 block: Callable[[int, int, int, int], tuple[int, int]]) -> None:
         self._fill = fill
         self._randint = randint
+        self.block = block
 
     def run(self, key: tuple[int, int], mode: int, out0: torch.Tensor,
             out1: torch.Tensor | None = None, *, start: int = 0,
@@ -132,6 +135,12 @@ def kernel() -> CpuKernel | None:
     if refused is not None:  # once per process (after the lock: a filter may make it raise)
         warn_and_log(f"devrng.portable: {refused}")
     return _loaded["kernel"]  # type: ignore[no-any-return]
+
+
+def loaded() -> CpuKernel | None:
+    """The kernel if ``kernel()`` has loaded it already, else None (without loading it: for
+    the keys, which the first draw's call of ``kernel()`` speeds up from then on)."""
+    return _loaded.get("kernel")
 
 
 def status() -> tuple[bool, str]:
