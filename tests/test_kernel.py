@@ -19,7 +19,7 @@ import sys
 import sysconfig
 import zipfile
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -204,7 +204,7 @@ def test_the_kernels_float64_and_half_draws_are_the_tensor_ops_for_many_bounds(
     assert {UNIFORM64_AT, *_HALF_DRAWS[torch.float16], *_HALF_DRAWS[torch.bfloat16]} <= set(modes)
 
 
-def _signed(counters: list[int]) -> torch.Tensor:
+def _signed(counters: Sequence[int]) -> torch.Tensor:
     """The proof's uint64 counters as the int64 tensor the tensor ops read."""
     return torch.tensor([c - (1 << 64) if c >> 63 else c for c in counters], dtype=torch.int64)
 
@@ -218,7 +218,7 @@ _HALF_DRAWS = {torch.float16: (UNIT_F16, UNIFORM_F16_AT, NORMAL_F16, NORMAL_F16_
 
 def _tensor_ops_draws() -> tuple[Callable[..., list[bytes]], Callable[..., bytes]]:
     """The proof's fill and randint (kernel_proof.proof_digest) made by the tensor ops."""
-    def fill(mode: int, scale: float, shift: float, counters: list[int], _: bool
+    def fill(mode: int, scale: float, shift: float, counters: Sequence[int], _: bool
              ) -> list[bytes]:
         ops, shape = _tensor_ops(PROOF_KEY, _signed(counters)), (len(counters),)
         draws = {BITS: lambda: [ops.bits(shape)], WORDS: lambda: list(ops.words(shape)),
@@ -241,7 +241,7 @@ def _tensor_ops_draws() -> tuple[Callable[..., list[bytes]], Callable[..., bytes
                                                                       scale)]
         return [t.contiguous().view(torch.uint8).numpy().tobytes() for t in draws[mode]()]
 
-    def randint(span: int, low: int, wide: bool, counters: list[int], _: bool) -> bytes:
+    def randint(span: int, low: int, wide: bool, counters: Sequence[int], _: bool) -> bytes:
         ops = _tensor_ops(PROOF_KEY, _signed(counters))
         out = distributions.randint(ops, (len(counters),), low, low + span,
                                torch.int64 if wide else torch.int32)

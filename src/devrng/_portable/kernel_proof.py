@@ -18,10 +18,11 @@ supported Python (tests/test_pythons.py). It exits 0 only when the kernel may be
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import importlib.util
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from importlib.machinery import ModuleSpec
 from typing import Any, NamedTuple
 
@@ -86,8 +87,8 @@ _MASK64 = (1 << 64) - 1
 Fill = Callable[..., None]
 #: ``fill(mode, scale, shift, counters, from_start)``: the mode's outputs as bytes (two for
 #: WORDS); ``randint(span, low, wide, counters, from_start)``: the integers' bytes.
-ProofFill = Callable[[int, float, float, list[int], bool], list[bytes]]
-ProofRandint = Callable[[int, int, bool, list[int], bool], bytes]
+ProofFill = Callable[[int, float, float, Sequence[int], bool], list[bytes]]
+ProofRandint = Callable[[int, int, bool, Sequence[int], bool], bytes]
 
 
 def jax_multiplier(span: int) -> int:
@@ -96,20 +97,26 @@ def jax_multiplier(span: int) -> int:
     return ((((1 << 16) % span) ** 2) & 0xFFFFFFFF) % span
 
 
+@functools.lru_cache(maxsize=len(PROOF_LENGTHS))
+def _scattered(length: int) -> tuple[int, ...]:
+    return tuple((((i * 2654435761 + 0x9E37) & 0xFFFFFFFF) << 32)
+                 | ((i * 40503 + 0x7F4A7C15) & 0xFFFFFFFF) for i in range(length))
+
+
 def proof_counters(length: int = PROOF_LENGTH) -> list[int]:
     """The proof's counters: 64-bit counters (as uint64) with scattered high and low words."""
-    return [(((i * 2654435761 + 0x9E37) & 0xFFFFFFFF) << 32) | ((i * 40503 + 0x7F4A7C15)
-                                                                 & 0xFFFFFFFF)
-            for i in range(length)]
+    return list(_scattered(length))
 
 
-def proof_draw_counters(i: int, length: int, from_start: bool) -> list[int]:
+def proof_draw_counters(i: int, length: int, from_start: bool) -> Sequence[int]:
     """The counters (uint64) of the proof's draw number ``i`` (PROOF_FILLS, then
-    PROOF_RANDINTS) of ``length`` elements: a run from a start, or from proof_counters()."""
+    PROOF_RANDINTS) of ``length`` elements: a run from a start (a range: the kernel reads only
+    its first; none of them wraps past 2**64), or from proof_counters()."""
     if from_start:
         first = PROOF_START + PROOF_STEP * i
-        return [(first + k) & _MASK64 for k in range(length)]
-    return [(c + PROOF_STEP * i) & _MASK64 for c in proof_counters(length)]
+        return range(first, first + length)
+    step = PROOF_STEP * i
+    return [(c + step) & _MASK64 for c in _scattered(length)]
 
 
 def proof_digest(fill: ProofFill, randint: ProofRandint) -> str:
@@ -148,7 +155,7 @@ def proves_itself(fill: Fill, randint: Fill, block: Callable[..., tuple[int, int
             if tuple(w.value & 0xFFFFFFFF for w in words) != want:
                 return False
 
-    def kernel_fill(mode: int, scale: float, shift: float, counters: list[int],
+    def kernel_fill(mode: int, scale: float, shift: float, counters: Sequence[int],
                     from_start: bool) -> list[bytes]:
         n = len(counters)
         outs = [(_CTYPES[mode] * n)() for _ in range(2 if mode == WORDS else 1)]
@@ -159,7 +166,7 @@ def proves_itself(fill: Fill, randint: Fill, block: Callable[..., tuple[int, int
              float(scale), float(shift))
         return [bytes(out) for out in outs]
 
-    def kernel_randint(span: int, low: int, wide: bool, counters: list[int],
+    def kernel_randint(span: int, low: int, wide: bool, counters: Sequence[int],
                        from_start: bool) -> bytes:
         n = len(counters)
         out = ((ctypes.c_int64 if wide else ctypes.c_int32) * n)()
