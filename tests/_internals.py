@@ -105,6 +105,7 @@ _PRIVATE: dict[str, tuple[str, str | None]] = {
     "portable_package": ("devrng._portable", None),
     # The C kernel's known-answer tables, its loader and doctor's sentence about it.
     **{name: ("devrng._portable.kernel_proof", name) for name in _KERNEL_TABLES},
+    "PARALLEL_FROM": ("devrng._portable.threefry_cpu", "PARALLEL_FROM"),
     "DTYPES": ("devrng._portable.threefry_cpu", "DTYPES"),
     "CpuKernel": ("devrng._portable.threefry_cpu", "CpuKernel"),
     "kernel": ("devrng._portable.threefry_cpu", "kernel"),

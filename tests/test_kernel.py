@@ -39,6 +39,7 @@ from tests._internals import (
     NORMAL_BF16_AT,
     NORMAL_F16,
     NORMAL_F16_AT,
+    PARALLEL_FROM,
     PROOF_DIGEST,
     PROOF_FILLS,
     PROOF_KEY,
@@ -603,3 +604,44 @@ def test_the_kernels_block_gives_the_keys_of_draws_as_python_does() -> None:
         assert threefry.fold_in(key, n) == want
     with pytest.raises(ValueError, match="beyond 32 bits"):
         cpu.block(1 << 32, 0, 0, 0)
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+def test_long_draws_are_shared_among_threads_and_give_the_same_bits(
+        monkeypatch: pytest.MonkeyPatch, threads: int) -> None:
+    # A draw of PARALLEL_FROM elements or more is cut into parts of whole blocks, one per
+    # intra-op thread of torch: every mode and randint give the bits of one call.
+    cpu = kernel()
+    assert cpu is not None
+    n, start = 3 * PARALLEL_FROM + 37, (1 << 64) - PARALLEL_FROM  # wraps past 2**64
+    counters = torch.arange(n, dtype=torch.int64) * 7919 - 5
+    spans: list[int] = []
+    fill, randint = cpu._fill, cpu._randint  # what one call of the extension gives
+
+    def draws() -> list[torch.Tensor]:
+        got = []
+        for mode, dtype in DTYPES.items():
+            out = [torch.empty(n, dtype=dtype) for _ in range(2 if mode == WORDS else 1)]
+            cpu.run((5, 6), mode, *out, start=start, scale=0.375, shift=-0.25)
+            got += out
+            out = [torch.empty(n, dtype=dtype) for _ in range(2 if mode == WORDS else 1)]
+            cpu.run((5, 6), mode, *out, counters=counters, scale=0.375, shift=-0.25)
+            got += out
+        wide = torch.empty(n, dtype=torch.int64)
+        cpu.randint(((1, 2), (3, 4)), 1000, jax_multiplier(1000), -3, wide, start=start)
+        return [*got, wide]
+
+    torch.set_num_threads(1)
+    try:
+        one = draws()
+        monkeypatch.setattr(cpu, "_fill", lambda *a: (spans.append(a[4]), fill(*a)))
+        monkeypatch.setattr(cpu, "_randint", lambda *a: (spans.append(a[6]), randint(*a)))
+        torch.set_num_threads(threads)
+        parts = draws()
+    finally:
+        torch.set_num_threads(1)
+    for a, b in zip(one, parts, strict=True):
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+    calls = len(DTYPES) * 2 + 1
+    assert len(spans) == calls * threads and sum(spans) == calls * n
+    assert sum(s % 256 != 0 for s in spans) <= calls  # whole blocks but each draw's last part

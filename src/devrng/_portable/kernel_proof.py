@@ -42,9 +42,9 @@ __all__ = ["BITS", "EXPONENTIAL", "NORMAL", "NORMAL_AT", "NORMAL_BF16", "NORMAL_
 # on [shift, shift + scale); and for float16 and bfloat16 (each its own mode, in that order)
 # the unit uniform, the uniform on [shift, shift + scale), the normal (the float32 one
 # rounded) and the normal times scale plus shift.
-(BITS, WORDS, UNIFORM, UNIFORM64, NORMAL, EXPONENTIAL, UNIFORM_AT, NORMAL_AT, UNIFORM64_AT,
- UNIT_F16, UNIT_BF16, UNIFORM_F16_AT, UNIFORM_BF16_AT, NORMAL_F16, NORMAL_BF16, NORMAL_F16_AT,
- NORMAL_BF16_AT) = range(17)
+BITS, WORDS, UNIFORM, UNIFORM64, NORMAL, EXPONENTIAL, UNIFORM_AT, NORMAL_AT = range(8)
+UNIFORM64_AT, UNIT_F16, UNIT_BF16, UNIFORM_F16_AT, UNIFORM_BF16_AT = range(8, 13)
+NORMAL_F16, NORMAL_BF16, NORMAL_F16_AT, NORMAL_BF16_AT = range(13, 17)
 _HALF_MODES = (UNIT_F16, UNIT_BF16, UNIFORM_F16_AT, UNIFORM_BF16_AT, NORMAL_F16, NORMAL_BF16,
                NORMAL_F16_AT, NORMAL_BF16_AT)
 _CTYPES: dict[int, Any] = {BITS: ctypes.c_int32, WORDS: ctypes.c_int32, UNIFORM: ctypes.c_float,

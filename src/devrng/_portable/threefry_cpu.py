@@ -31,6 +31,7 @@ from __future__ import annotations
 import importlib.util
 import os
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from importlib.machinery import ModuleSpec
 from typing import Any
 
@@ -59,9 +60,27 @@ from devrng._portable.kernel_proof import (
     find,
 )
 
-__all__ = ["BITS", "DTYPES", "EXPONENTIAL", "HALF_MODES", "NORMAL", "NORMAL_AT", "UNIFORM",
-           "UNIFORM64", "UNIFORM64_AT", "UNIFORM_AT", "WORDS", "CpuKernel", "kernel",
-           "load_checked", "loaded", "status", "switched_off"]
+__all__ = [
+    "BITS",
+    "DTYPES",
+    "EXPONENTIAL",
+    "HALF_MODES",
+    "NORMAL",
+    "NORMAL_AT",
+    "PARALLEL_FROM",
+    "UNIFORM",
+    "UNIFORM64",
+    "UNIFORM64_AT",
+    "UNIFORM_AT",
+    "WORDS",
+    "CpuKernel",
+    "in_parts",
+    "kernel",
+    "load_checked",
+    "loaded",
+    "status",
+    "switched_off",
+]
 
 # The modes of fill() (``kernel_proof``) and the dtype of what each fills.
 DTYPES = {BITS: torch.int32, WORDS: torch.int32, UNIFORM: torch.float32,
@@ -99,11 +118,20 @@ class CpuKernel:
         dtype (``DTYPES``); ``scale`` and ``shift`` are UNIFORM_AT's and NORMAL_AT's.
 
         Element i comes from counter ``start + i``, or ``counters[i]`` (a
-        contiguous int64 CPU tensor of the same length) when given.
+        contiguous int64 CPU tensor of the same length) when given. A long draw is shared
+        among torch's intra-op threads (``in_parts``): the same bits.
         """
-        self._fill(key[0], key[1], start, 0 if counters is None else counters.data_ptr(),
-                   out0.numel(), mode, out0.data_ptr(), 0 if out1 is None else out1.data_ptr(),
-                   float(scale), float(shift))
+        k0, k1 = key
+        width, first0 = out0.element_size(), out0.data_ptr()
+        first1 = 0 if out1 is None else out1.data_ptr()
+        listed = 0 if counters is None else counters.data_ptr()
+        scale, shift = float(scale), float(shift)
+
+        def part(i: int, n: int) -> None:
+            self._fill(k0, k1, (start + i) & _MASK64, listed and listed + 8 * i, n, mode,
+                       first0 + width * i, first1 and first1 + width * i, scale, shift)
+
+        in_parts(out0.numel(), part)
 
     def randint(self, keys: tuple[tuple[int, int], tuple[int, int]], span: int, multiplier: int,
                 low: int, out: torch.Tensor, *, start: int = 0,
@@ -112,9 +140,44 @@ class CpuKernel:
         ``[low, low + span)``: ``keys`` are ``split(key)[0]`` and ``[1]``, ``multiplier``
         is ``(2**16 % span)**2 % span`` as JAX computes it (``devrng._portable.threefry.randint``)."""
         (a0, a1), (b0, b1) = keys
-        self._randint(a0, a1, b0, b1, start, 0 if counters is None else counters.data_ptr(),
-                      out.numel(), span, multiplier, low, out.dtype == torch.int64,
-                      out.data_ptr())
+        width, first, wide = out.element_size(), out.data_ptr(), out.dtype == torch.int64
+        listed = 0 if counters is None else counters.data_ptr()
+
+        def part(i: int, n: int) -> None:
+            self._randint(a0, a1, b0, b1, (start + i) & _MASK64, listed and listed + 8 * i, n,
+                          span, multiplier, low, wide, first + width * i)
+
+        in_parts(out.numel(), part)
+
+
+_MASK64 = (1 << 64) - 1
+# Draws of at least this many elements are shared among torch's intra-op threads, in parts
+# of whole blocks of the kernel (256 elements); shorter ones cost less than a thread's
+# wake-up. Every element depends only on its counter: the bits do not depend on the parts.
+PARALLEL_FROM = 1 << 18
+_BLOCK = 256
+_pool: dict[int, ThreadPoolExecutor] = {}  # by process id: a forked child makes its own
+
+
+def in_parts(n: int, part: Callable[[int, int], None]) -> None:
+    """``part(i, count)`` over ``[0, n)``: one call, or for long draws one part per intra-op
+    thread of torch (``torch.get_num_threads()``), the first on this thread."""
+    threads = torch.get_num_threads() if n >= PARALLEL_FROM else 1
+    if threads <= 1:
+        part(0, n)
+        return
+    size = -(-n // threads // _BLOCK) * _BLOCK  # whole blocks, rounded up
+    pool = _pool.get(os.getpid())
+    if pool is None:
+        with _lock:
+            pool = _pool.setdefault(os.getpid(), ThreadPoolExecutor(
+                thread_name_prefix="devrng-kernel"))
+    rest = [pool.submit(part, i, min(size, n - i)) for i in range(size, n, size)]
+    try:
+        part(0, min(size, n))
+    finally:
+        for future in rest:
+            future.result()
 
 
 _lock = ForkSafeLock()  # DataLoader workers fork: never inherit it held
