@@ -1404,3 +1404,17 @@ def test_factories_follow_the_default_device_inside_portable() -> None:
         assert torch.rand(3).device.type == "cpu"
     for a, b in zip(got, want, strict=True):
         assert b.device.type == "cpu" and torch.equal(a, b)
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 4097, 100_000])
+def test_randperm_is_jaxs_stable_sorts_by_unsigned_keys(n: int) -> None:
+    # jax.random.permutation: rounds of stable sorts by 32-bit keys compared as unsigned
+    # numbers (devrng sorts their bits with the top one flipped, as int32: the same order).
+    source = distributions.Source((0xFFFFFFFF, 7), torch.device("cpu"))
+    want = torch.arange(n)
+    for _ in range(math.ceil(3 * math.log(max(1, n)) / math.log(2**32 - 1))):
+        source, sub = source.split(0), source.split(1)
+        keys = sub.bits((n,)).to(torch.int64) & 0xFFFFFFFF
+        want = want[torch.sort(keys, stable=True).indices]
+    got = distributions.Source((0xFFFFFFFF, 7), torch.device("cpu")).randperm(n, torch.int64)
+    assert torch.equal(got, want)
