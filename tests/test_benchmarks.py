@@ -57,6 +57,35 @@ def test_portable_benchmark_times_every_op_family_with_and_without_the_kernel() 
                for line in table_rows) == len(without)
 
 
+def test_the_portable_grid_times_every_op_family_and_dtype_at_each_size_and_thread_count(
+        ) -> None:
+    grid = bench_portable.bench_grid((10, 12), (1, 2), rounds=1)
+    cases = {(family, dtype) for family, dtype, _, _ in bench_portable.grid_ops()}
+    assert {(r["family"], r["dtype"]) for r in grid} == cases
+    assert {d for _, d in cases} == {"float16", "bfloat16", "float32", "float64", "int64"}
+    assert len(grid) == len(cases) * 2 * 2  # two sizes, one and two threads
+    for r in grid:
+        assert math.isfinite(r["ratio"]) and r["ratio"] > 0
+        assert math.isclose(r["ratio"], r["devrng_us"] / r["peer_us"])
+        assert r["target"] == 4.0  # below 2**16 elements
+    table = report.format_grid(grid).splitlines()
+    assert table[0] == "| op | dtype | 2**10 | 2**12 |"
+    assert len([line for line in table if line.startswith("| ") and "|---" not in line]) == \
+        len(cases) + 1
+    missed = sum(r["ratio"] > r["target"] for r in grid)
+    assert sum(line.count("**") for line in table[2:-2]) == 2 * missed  # those in bold
+    assert table[-1] == f"{len(grid)} cells, {missed} above their target."
+
+
+def test_the_first_portable_draw_is_timed_in_fresh_processes() -> None:
+    rows = bench_portable.bench_first_draw(1)
+    assert [r["target_ms"] for r in rows] == [bench_portable.FIRST_DRAW_TARGET_MS] * 2
+    assert all(0 < r["ms"] < 60_000 for r in rows)
+    assert "torch's first `torch.rand(1)`" in rows[0]["case"]
+    table = format_table(rows)
+    assert table.count("≤ 50 ms") == 2
+
+
 # -- the report: tables and charts from saved results -----------------------------------
 SAVED = sorted(report.SAVED.glob("results-*.json"))
 PORTABLE = sorted(report.SAVED.glob("portable-*.json"))

@@ -643,5 +643,5 @@ def test_long_draws_are_shared_among_threads_and_give_the_same_bits(
     for a, b in zip(one, parts, strict=True):
         assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
     calls = len(DTYPES) * 2 + 1
-    assert len(spans) == calls * threads and sum(spans) == calls * n
+    assert len(spans) >= calls * threads and sum(spans) == calls * n  # in parts
     assert sum(s % 256 != 0 for s in spans) <= calls  # whole blocks but each draw's last part

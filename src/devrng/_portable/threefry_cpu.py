@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from importlib.machinery import ModuleSpec
@@ -156,28 +157,43 @@ _MASK64 = (1 << 64) - 1
 # wake-up. Every element depends only on its counter: the bits do not depend on the parts.
 PARALLEL_FROM = 1 << 18
 _BLOCK = 256
+_PARTS_PER_THREAD = 4  # small parts: a helper that starts late leaves little to wait for
 _pool: dict[int, ThreadPoolExecutor] = {}  # by process id: a forked child makes its own
 
 
 def in_parts(n: int, part: Callable[[int, int], None]) -> None:
-    """``part(i, count)`` over ``[0, n)``: one call, or for long draws one part per intra-op
-    thread of torch (``torch.get_num_threads()``), the first on this thread."""
+    """``part(i, count)`` over ``[0, n)``: one call, or for long draws parts of whole blocks
+    taken in turn by this thread and ``torch.get_num_threads() - 1`` helpers. This thread
+    takes parts until none is left; a helper that has not started by then is cancelled, so
+    a busy machine (helpers scheduled late) costs no more than one thread."""
     threads = torch.get_num_threads() if n >= PARALLEL_FROM else 1
     if threads <= 1:
         part(0, n)
         return
-    size = -(-n // threads // _BLOCK) * _BLOCK  # whole blocks, rounded up
+    size = -(-n // (threads * _PARTS_PER_THREAD) // _BLOCK) * _BLOCK  # whole blocks
+    starts = iter(range(0, n, size))
+    take = threading.Lock()
+
+    def work() -> None:
+        while True:
+            with take:
+                i = next(starts, None)
+            if i is None:
+                return
+            part(i, min(size, n - i))
+
     pool = _pool.get(os.getpid())
     if pool is None:
         with _lock:
             pool = _pool.setdefault(os.getpid(), ThreadPoolExecutor(
                 thread_name_prefix="devrng-kernel"))
-    rest = [pool.submit(part, i, min(size, n - i)) for i in range(size, n, size)]
+    helpers = [pool.submit(work) for _ in range(threads - 1)]
     try:
-        part(0, min(size, n))
+        work()
     finally:
-        for future in rest:
-            future.result()
+        for helper in helpers:
+            if not helper.cancel():  # started: it finishes the part it holds
+                helper.result()
 
 
 _lock = ForkSafeLock()  # DataLoader workers fork: never inherit it held
