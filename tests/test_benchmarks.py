@@ -47,8 +47,11 @@ def test_portable_benchmark_times_every_op_family_with_and_without_the_kernel() 
     assert [c.removeprefix("portable ").split(",")[0] for c in without] == [
         f.split(",")[0] for f in families if f.startswith(bench_portable.NO_KERNEL)]
     assert len(without) == 7  # rand and randn in two dtypes, randn in bfloat16, randint, dropout
+    assert sum(r.get("ms") is not None for r in rows) == 2  # the first draw, the kernel's checks
     for r in rows:
-        if r["ratio"] is None:
+        if r.get("ms") is not None:
+            assert r["ms"] > 0 and r["target_ms"] == bench_portable.FIRST_DRAW_TARGET_MS
+        elif r["ratio"] is None:
             assert r["note"].startswith("skipped: ")
         else:
             assert math.isfinite(r["ratio"]) and r["ratio"] > 0
