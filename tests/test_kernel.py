@@ -471,7 +471,7 @@ def _has_fma() -> bool:
     ("wrong rotation", "gave wrong answers for the known test vectors"),
     pytest.param("fused multiply-adds", "gave wrong answers for the known test vectors",
                  marks=pytest.mark.skipif(not _has_fma(), reason="this CPU has no FMA")),
-    ("no entry point", "has no fill(), randint() or block()"),
+    ("no entry point", "has no fill(), randint(), block() or sort()"),
     ("truncated", "does not match the SHA-256 recorded when it was built"),
     ("one bit flipped", "does not match the SHA-256 recorded when it was built"),
     ("no digest", "cannot be checked"),
@@ -645,3 +645,19 @@ def test_long_draws_are_shared_among_threads_and_give_the_same_bits(
     calls = len(DTYPES) * 2 + 1
     assert len(spans) >= calls * threads and sum(spans) == calls * n  # in parts
     assert sum(s % 256 != 0 for s in spans) <= calls  # whole blocks but each draw's last part
+
+
+def test_the_kernels_sort_is_stable_in_the_unsigned_order_of_the_keys() -> None:
+    # randperm's rounds sort by random 32-bit keys: equal keys keep their order, keys with the
+    # top bit set come after the others (unsigned), and short and empty arrays work.
+    cpu = kernel()
+    assert cpu is not None
+    rng = np.random.default_rng(7)
+    for n in (0, 1, 2, 255, 256, 257, 5000):
+        keys = rng.integers(-2**31, 2**31, size=n, dtype=np.int64)
+        keys[: n // 2] &= 0x8000000F  # many equal keys, with and without the top bit
+        keys32 = torch.from_numpy(keys.astype(np.int32))
+        values = torch.arange(n) * 3 - 7
+        want = values[torch.sort(keys32.to(torch.int64) & 0xFFFFFFFF, stable=True).indices]
+        cpu.sort(keys32, values)
+        assert torch.equal(values, want), n

@@ -640,6 +640,64 @@ static PyObject *block(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
     return Py_BuildValue("(kk)", (unsigned long)x0, (unsigned long)x1);
 }
 
+/* keys[0..n) in their unsigned order, values (int64) moved with them, stable (equal keys
+   keep their order): a least-significant-digit radix sort, four passes of 8 bits through
+   keys_tmp and values_tmp (n each), which end back in keys and values. */
+static void sort_pairs(uint32_t *keys, int64_t *values, int64_t n, uint32_t *keys_tmp,
+                       int64_t *values_tmp) {
+    for (int shift = 0; shift < 32; shift += 8) {
+        int64_t at[256];
+        for (int b = 0; b < 256; b++) {
+            at[b] = 0;
+        }
+        for (int64_t i = 0; i < n; i++) {
+            at[(keys[i] >> shift) & 255u]++;
+        }
+        int64_t sum = 0;
+        for (int b = 0; b < 256; b++) {
+            int64_t c = at[b];
+            at[b] = sum;
+            sum += c;
+        }
+        for (int64_t i = 0; i < n; i++) {
+            int64_t to = at[(keys[i] >> shift) & 255u]++;
+            keys_tmp[to] = keys[i];
+            values_tmp[to] = values[i];
+        }
+        uint32_t *k = keys;
+        int64_t *v = values;
+        keys = keys_tmp;
+        values = values_tmp;
+        keys_tmp = k;
+        values_tmp = v;
+    }
+}
+
+/* sort(keys, values, n, keys_tmp, values_tmp): addresses of n uint32 keys, n int64 values
+   and scratch of the same sizes; sort_pairs, without the GIL (the permutation's stable
+   sorts by random keys, devrng._portable.distributions.randperm). */
+static PyObject *sort_py(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 5) {
+        PyErr_Format(PyExc_TypeError, "sort() takes 5 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    void *keys = PyLong_AsVoidPtr(args[0]), *values = PyLong_AsVoidPtr(args[1]);
+    long long n = PyLong_AsLongLong(args[2]);
+    void *keys_tmp = PyLong_AsVoidPtr(args[3]), *values_tmp = PyLong_AsVoidPtr(args[4]);
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
+    if (n < 0 || (n > 0 && (!keys || !values || !keys_tmp || !values_tmp))) {
+        PyErr_SetString(PyExc_ValueError, "sort() got a negative length or a missing buffer");
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    sort_pairs(keys, values, (int64_t)n, keys_tmp, values_tmp);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"fill", (PyCFunction)(void (*)(void))fill, METH_FASTCALL,
      "fill(k0, k1, start, counters, n, mode, out0, out1, scale, shift): Threefry-2x32 into "
@@ -649,6 +707,8 @@ static PyMethodDef methods[] = {
      "jax.random.randint for int32 bounds into a CPU buffer."},
     {"block", (PyCFunction)(void (*)(void))block, METH_FASTCALL,
      "block(k0, k1, c0, c1): one Threefry-2x32 block, (x0, x1)."},
+    {"sort", (PyCFunction)(void (*)(void))sort_py, METH_FASTCALL,
+     "sort(keys, values, n, keys_tmp, values_tmp): a stable sort by uint32 keys."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -54,6 +54,7 @@ from devrng._portable.threefry_cpu import (
     UNIFORM64_AT,
     UNIFORM_AT,
     WORDS,
+    kernel,
 )
 
 __all__ = ["TORCH_OPS", "UNIT_BITS", "Ops", "Source", "affine", "bernoulli_mask", "bounds",
@@ -770,6 +771,16 @@ def randperm(source: Source, n: int, dtype: torch.dtype) -> torch.Tensor:
     rounds (``ceil(3 ln n / ln(2**32 - 1))``) that ties do not bias the result."""
     x = None  # arange(n), until the first round permutes it
     rounds = math.ceil(3 * math.log(max(1, n)) / math.log(M32))
+    cpu = kernel() if rounds and isinstance(source.key, tuple) and devices.row(
+        source.device).host_memory else None
+    if cpu is not None:  # the kernel's stable radix sort of the keys, moving x with them
+        x = torch.arange(n, dtype=torch.int64, device="cpu")
+        if type(x) is torch.Tensor:  # (a FakeTensor has no memory to sort)
+            for _ in range(rounds):
+                source, sub = source.split(0), source.split(1)
+                cpu.sort(sub.bits((n,)).contiguous(), x)
+            return x.to(dtype)
+        x = None
     for _ in range(rounds):
         source, sub = source.split(0), source.split(1)
         # The unsigned order of the keys is the signed order of their bits with the top one

@@ -33,7 +33,7 @@ __all__ = ["BITS", "EXPONENTIAL", "NORMAL", "NORMAL_AT", "NORMAL_BF16", "NORMAL_
            "PROOF_STEP", "UNIFORM", "UNIFORM64", "UNIFORM64_AT", "UNIFORM_AT", "UNIFORM_BF16_AT",
            "UNIFORM_F16_AT", "UNIT_BF16", "UNIT_F16", "WORDS", "Found",
            "find", "jax_multiplier", "proof_counters", "proof_digest", "proof_draw_counters",
-           "proves_itself"]
+           "proves_itself", "sorts_stably"]
 
 # The modes of fill(): out0 = x0 ^ x1 (int32); out0, out1 = x0, x1 (int32); out0 = the
 # float32 uniform; the float64 uniform (from both words); the float32 normal; the float32
@@ -138,11 +138,29 @@ def proof_digest(fill: ProofFill, randint: ProofRandint) -> str:
     return digest.hexdigest()
 
 
-def proves_itself(fill: Fill, randint: Fill, block: Callable[..., tuple[int, int]]) -> bool:
+def sorts_stably(sort: Fill) -> bool:
+    """Whether the kernel's ``sort`` orders the scattered counters' low words, cut to 12 bits
+    (many equal keys), as unsigned numbers, stably: the values follow Python's ``sorted``."""
+    n = PROOF_LENGTH
+    keys = array.array("I", [c & 0xFFF | (c >> 20 & 0x3) << 30 for c in _scattered(n)])
+    values = array.array("q", range(n))
+    want = sorted(range(n), key=keys.__getitem__)
+    scratch_keys, scratch_values = array.array("I", keys), array.array("q", values)
+    sort(keys.buffer_info()[0], values.buffer_info()[0], n, scratch_keys.buffer_info()[0],
+         scratch_values.buffer_info()[0])
+    return values.tolist() == want and keys.tolist() == sorted(keys)
+
+
+def proves_itself(fill: Fill, randint: Fill, block: Callable[..., tuple[int, int]],
+                  sort: Fill) -> bool:
     """Whether the kernel's ``fill``, ``randint`` and ``block`` give Random123's words (from a
-    start and from counters), ``block`` the keys of PROOF_SPLIT, and the proof's draws
-    (``PROOF_DIGEST``)."""
+    start and from counters), ``block`` the keys of PROOF_SPLIT, the proof's draws
+    (``PROOF_DIGEST``), and ``sort`` sorts stably (``sorts_stably``)."""
+    if array.array("I").itemsize != 4 or array.array("q").itemsize != 8:
+        return False
     if any(block(*PROOF_KEY, 0, i) != split for i, split in enumerate(PROOF_SPLIT)):
+        return False
+    if not sorts_stably(sort):
         return False
     for key, (c_hi, c_lo), want in _KNOWN:
         if block(key[0], key[1], c_hi, c_lo) != want:
@@ -185,7 +203,7 @@ class Found(NamedTuple):
     """The installed kernel: its ``fill``, ``randint`` and ``block`` when it may be used, the
     library's path (None: not installed), and why it may not be used (None: it may)."""
 
-    functions: tuple[Fill, Fill, Callable[..., tuple[int, int]]] | None
+    functions: tuple[Fill, Fill, Callable[..., tuple[int, int]], Fill] | None
     where: str | None
     problem: str | None
 
@@ -207,17 +225,17 @@ def find(spec: ModuleSpec | None = None) -> Found:
     except ImportError as err:
         return Found(None, where, f"could not be imported ({type(err).__name__}: {str(err)[:200]})")
     fill, randint = getattr(module, "fill", None), getattr(module, "randint", None)
-    block = getattr(module, "block", None)
-    if not callable(fill) or not callable(randint) or not callable(block):
-        return Found(None, where, "has no fill(), randint() or block()")
+    block, sort = getattr(module, "block", None), getattr(module, "sort", None)
+    if not callable(fill) or not callable(randint) or not callable(block) or not callable(sort):
+        return Found(None, where, "has no fill(), randint(), block() or sort()")
     try:
-        proved = proves_itself(fill, randint, block)
+        proved = proves_itself(fill, randint, block, sort)
     except Exception as err:  # a damaged kernel may refuse its own arguments
         return Found(None, where, f"failed its known-answer check ({type(err).__name__}: "
                                   f"{str(err)[:200]})")
     if not proved:
         return Found(None, where, "gave wrong answers for the known test vectors")
-    return Found((fill, randint, block), where, None)
+    return Found((fill, randint, block, sort), where, None)
 
 
 def _digest_problem(path: str) -> str | None:

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from importlib.machinery import ModuleSpec
@@ -103,13 +102,23 @@ class CpuKernel:
     """The extension's loops: ``run`` and ``randint`` fill preallocated CPU tensors; ``block``
     is one Threefry-2x32 block (``block(k0, k1, c0, c1) -> (x0, x1)``, the keys of draws)."""
 
-    __slots__ = ("_fill", "_randint", "block")
+    __slots__ = ("_fill", "_randint", "_sort", "block")
 
     def __init__(self, fill: Callable[..., None], randint: Callable[..., None],
-                 block: Callable[[int, int, int, int], tuple[int, int]]) -> None:
+                 block: Callable[[int, int, int, int], tuple[int, int]],
+                 sort: Callable[..., None]) -> None:
         self._fill = fill
         self._randint = randint
         self.block = block
+        self._sort = sort
+
+    def sort(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Sort ``values`` (contiguous int64) in place by ``keys`` (contiguous int32 bit
+        patterns, compared as unsigned numbers; sorted in place too), stably."""
+        n = keys.numel()
+        scratch_keys, scratch_values = torch.empty_like(keys), torch.empty_like(values)
+        self._sort(keys.data_ptr(), values.data_ptr(), n, scratch_keys.data_ptr(),
+                   scratch_values.data_ptr())
 
     def run(self, key: tuple[int, int], mode: int, out0: torch.Tensor,
             out1: torch.Tensor | None = None, *, start: int = 0,
@@ -172,7 +181,7 @@ def in_parts(n: int, part: Callable[[int, int], None]) -> None:
         return
     size = -(-n // (threads * _PARTS_PER_THREAD) // _BLOCK) * _BLOCK  # whole blocks
     starts = iter(range(0, n, size))
-    take = threading.Lock()
+    take = ForkSafeLock()
 
     def work() -> None:
         while True:
