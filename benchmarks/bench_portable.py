@@ -30,6 +30,7 @@ import argparse
 import importlib.util
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -150,6 +151,128 @@ def no_kernel_rows(n: int, number: int, rounds: int) -> list[Row]:
     if status()[0]:
         raise RuntimeError("the C kernel is in use; run with DEVRNG_CPU_KERNEL=0")
     return _eager_rows(n, number, rounds, kernel=False)
+
+
+# -- every op family and dtype, at every size, on 1 and 2 threads (issue 46) -----------------
+GRID_SIZES = (10, 12, 16, 20, 24)  # log2 of the number of elements
+GRID_THREADS = (1, 2)
+SMALL, SMALL_TARGET = 16, 4.0  # below 2**16 elements a draw's fixed cost counts: 4x
+FLOATS = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
+          "float64": torch.float64}
+# randperm and multinomial sort or scan (not a fused loop): measured up to 2**20.
+SORTS_UP_TO = 20
+
+Make = Callable[[int], Callable[[], object]]
+
+
+def _in_place(dtype: torch.dtype, fill: Callable[[torch.Tensor], object]) -> Make:
+    def make(n: int) -> Callable[[], object]:
+        t = torch.empty(n, dtype=dtype)
+        return lambda: fill(t)
+
+    return make
+
+
+def grid_ops() -> list[tuple[str, str, Make, int]]:
+    """(op family, dtype, make(n) -> the call on n elements, largest log2 size): each family
+    in every dtype torch draws it in. In-place draws fill one tensor made beforehand."""
+    cases: list[tuple[str, str, Make, int]] = []
+    for name, dt in FLOATS.items():
+        cases += [
+            ("torch.rand(n)", name, lambda n, dt=dt: lambda: torch.rand(n, dtype=dt), 24),
+            ("torch.randn(n)", name, lambda n, dt=dt: lambda: torch.randn(n, dtype=dt), 24),
+            ("uniform_(-0.1, 0.1)", name, _in_place(dt, lambda t: t.uniform_(-0.1, 0.1)), 24),
+            ("normal_(0, 0.02)", name, _in_place(dt, lambda t: t.normal_(0.0, 0.02)), 24),
+            ("exponential_()", name, _in_place(dt, lambda t: t.exponential_()), 24),
+            ("bernoulli_(0.3)", name, _in_place(dt, lambda t: t.bernoulli_(0.3)), 24),
+            ("F.dropout(x, 0.5)", name,
+             lambda n, dt=dt: (lambda x: lambda: F.dropout(x, 0.5))(torch.ones(n, dtype=dt)), 24),
+        ]
+    w = torch.rand(1000)
+    cases += [
+        ("torch.randint(0, 1000, (n,))", "int64", lambda n: lambda: torch.randint(0, 1000, (n,)),
+         24),
+        ("torch.randperm(n)", "int64", lambda n: lambda: torch.randperm(n), SORTS_UP_TO),
+        ("torch.multinomial(1000 weights, n, True)", "int64",
+         lambda n: lambda: torch.multinomial(w, n, True), SORTS_UP_TO),
+    ]
+    return cases
+
+
+def bench_grid(sizes: tuple[int, ...] = GRID_SIZES, threads: tuple[int, ...] = GRID_THREADS,
+               rounds: int = 5) -> list[Row]:
+    """Portable against torch's own draw for every op family and dtype of ``grid_ops``, at
+    2**k elements for k in ``sizes``, on each count of intra-op ``threads``: medians of
+    ``rounds`` interleaved rounds, each of as many calls as make about 2**20 elements."""
+    rng = devrng.portable(0)
+    before = torch.get_num_threads()
+    rows = []
+    try:
+        for count in threads:
+            torch.set_num_threads(count)
+            for family, dtype, make, largest in grid_ops():
+                for k in sizes:
+                    if k > largest:
+                        continue
+                    call = make(1 << k)
+
+                    def ours(call: Callable[[], object] = call) -> object:
+                        with rng:
+                            return call()
+
+                    number = max(1, min(200, (1 << 20) >> k))
+                    m = interleaved({"ours": ours, "peer": call}, number=number, rounds=rounds)
+                    rows.append({"family": family, "dtype": dtype, "log2": k, "threads": count,
+                                 "devrng_us": m["ours"], "peer_us": m["peer"],
+                                 "ratio": m["ours"] / m["peer"],
+                                 "target": SMALL_TARGET if k < SMALL else TARGET})
+    finally:
+        torch.set_num_threads(before)
+    return rows
+
+
+_FIRST_DRAW = """
+import sys, time
+import torch, devrng
+torch.set_num_threads(1)
+start = time.perf_counter()
+if sys.argv[1] == "portable":
+    with devrng.portable(0):
+        torch.rand(1)
+elif sys.argv[1] == "kernel check":
+    from devrng._portable.threefry_cpu import kernel
+    kernel()
+else:
+    torch.rand(1)
+print(time.perf_counter() - start)
+"""
+FIRST_DRAW_TARGET_MS = 50.0
+
+
+def bench_first_draw(processes: int = 7) -> list[Row]:
+    """The first portable draw after ``import torch, devrng`` in a fresh process (the lazy
+    imports, the kernel's checks and the draw), against torch's first ``torch.rand(1)``, and
+    the kernel's checks alone: medians over ``processes`` processes of each, interleaved."""
+    root = Path(__file__).resolve().parent.parent
+    kinds = ("portable", "kernel check", "native")
+    times: dict[str, list[float]] = {kind: [] for kind in kinds}
+    for _ in range(processes):
+        for kind in kinds:
+            out = subprocess.run([sys.executable, "-c", _FIRST_DRAW, kind], cwd=root,
+                                 capture_output=True, text=True, check=True)
+            times[kind].append(float(out.stdout.strip().splitlines()[-1]) * 1e3)
+    median = {kind: statistics.median(values) for kind, values in times.items()}
+    return [
+        {"case": f"first portable draw in a fresh process: `with devrng.portable(0): "
+                 f"torch.rand(1)` after `import torch, devrng` (median of {processes} "
+                 f"processes; torch's first `torch.rand(1)`: {median['native']:.2f} ms)",
+         "ms": median["portable"], "target_ms": FIRST_DRAW_TARGET_MS, "ratio": None,
+         "target": None, "note": ""},
+        {"case": f"of which the C kernel's checks alone (SHA-256 and known answers; median "
+                 f"of {processes} processes)",
+         "ms": median["kernel check"], "target_ms": FIRST_DRAW_TARGET_MS, "ratio": None,
+         "target": None, "note": ""},
+    ]
 
 
 def bench_eager_step(number: int, rounds: int) -> list[Row]:
@@ -386,6 +509,7 @@ def run(quick: bool = False) -> list[Row]:
         rows += bench_inductor(number * 10, rounds)
         rows += bench_first_compile()
     rows += bench_xla(number, rounds)
+    rows += bench_first_draw(2 if quick else 7)
     return rows
 
 
@@ -394,14 +518,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="tiny iteration counts, no inductor")
     parser.add_argument("--json", help="also write the results here (portable-<env>.json)")
     args = parser.parse_args(argv)
-    from benchmarks.report import format_table
+    from benchmarks.report import format_grid, format_table
     from benchmarks.run import machine
 
+    load = [os.getloadavg()[0]]
     rows = run(quick=args.quick)
+    grid = bench_grid((10,), (1,), rounds=1) if args.quick else bench_grid()
+    load.append(os.getloadavg()[0])
     print(format_table(rows))
+    print(format_grid(grid))
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"machine": machine(), "rows": rows}, fh, indent=1)
+            json.dump({"machine": machine(), "rows": rows, "grid": grid, "load": load}, fh,
+                      indent=1)
     return 0
 
 

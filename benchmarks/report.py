@@ -68,6 +68,30 @@ def format_table(rows: list[Row], footnote_prefix: str = "") -> str:
     return "\n".join(lines)
 
 
+def format_grid(grid: list[Row]) -> str:
+    """The portable grid (``bench_portable.bench_grid``) as one table: a row per op family and
+    dtype, a column per size, each cell the ratio to torch on 1 thread / on 2 threads, in
+    bold where it misses its target (4x below 2**16 elements, 1.5x from there)."""
+    sizes = sorted({r["log2"] for r in grid})
+    threads = sorted({r["threads"] for r in grid})
+    cells: dict[tuple[str, str], dict[int, dict[int, Row]]] = {}
+    for r in grid:
+        cells.setdefault((r["family"], r["dtype"]), {}).setdefault(r["log2"], {})[r["threads"]] = r
+    lines = ["| op | dtype | " + " | ".join(f"2**{k}" for k in sizes) + " |",
+             "|---|---|" + "---|" * len(sizes)]
+    for (family, dtype), by_size in cells.items():
+        row = []
+        for k in sizes:
+            runs = by_size.get(k, {})
+            shown = [(f"{runs[t]['ratio']:.2f}" if runs[t]["ratio"] <= runs[t]["target"]
+                      else f"**{runs[t]['ratio']:.2f}**") if t in runs else "-" for t in threads]
+            row.append(" / ".join(shown) if runs else "-")
+        lines.append(f"| {family} | {dtype} | " + " | ".join(row) + " |")
+    missed = sum(r["ratio"] > r["target"] for r in grid)
+    lines += ["", f"{len(grid)} cells, {missed} above their target."]
+    return "\n".join(lines)
+
+
 def _met(ok: bool, target: str) -> str:
     return f"{target}: met" if ok else f"{target}: **missed**"
 
@@ -222,11 +246,26 @@ def render(results: list[tuple[str, dict[str, Any]]]) -> str:
 
 
 def render_portable(results: list[tuple[str, dict[str, Any]]]) -> str:
-    """devrng.portable's table per environment (docs/benchmarks.md)."""
+    """devrng.portable's table per environment (docs/benchmarks.md), and its grid of every op
+    family, dtype, size and thread count where the run made one."""
     return "\n".join(f"#### {env} environment\n\n{_machine_line(result['machine'])}\n\n"
                      f"<div class=\"bench-results\" markdown>\n\n"
                      f"{format_table(result['rows'], f'p{env}-')}\n\n</div>\n"
+                     + (_grid_section(env, result) if result.get("grid") else "")
                      for env, result in results)
+
+
+def _grid_section(env: str, result: dict[str, Any]) -> str:
+    load = result.get("load")
+    during = "" if not load else (f" The machine's load average (1 minute) was "
+                                  f"{load[0]:.1f} when the run started and {load[-1]:.1f} "
+                                  f"when it ended.")
+    return (f"\n##### Every op family and dtype, {env} environment\n\n"
+            f"Portable's time over torch's own draw, medians of interleaved rounds, on 1 "
+            f"thread / on 2 threads (`torch.set_num_threads`); in bold where it misses "
+            f"its target (≤ 4× below 2**16 elements, ≤ 1.5× from 2**16).{during}\n\n"
+            f"<div class=\"bench-results\" markdown>\n\n{format_grid(result['grid'])}"
+            f"\n\n</div>\n")
 
 
 def render_costs(results: list[tuple[str, dict[str, Any]]]) -> str:

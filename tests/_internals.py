@@ -33,7 +33,9 @@ SIGINT_MODULE = "devrng._base.sigint"
 _KERNEL_TABLES = ("BITS", "EXPONENTIAL", "NORMAL", "NORMAL_AT", "PROOF_DIGEST", "PROOF_FILLS",
                   "PROOF_KEY", "PROOF_LENGTH", "PROOF_RANDINTS", "PROOF_SPLIT", "UNIFORM",
                   "UNIFORM64", "UNIFORM_AT", "WORDS", "jax_multiplier", "proof_counters",
-                  "proof_digest", "proof_draw_counters")
+                  "proof_digest", "proof_draw_counters", "UNIFORM64_AT", "UNIT_F16", "UNIT_BF16",
+                  "UNIFORM_F16_AT", "UNIFORM_BF16_AT", "NORMAL_F16", "NORMAL_BF16",
+                  "NORMAL_F16_AT", "NORMAL_BF16_AT")
 
 # name -> (module, attribute; None for the module itself)
 _PRIVATE: dict[str, tuple[str, str | None]] = {
@@ -103,6 +105,7 @@ _PRIVATE: dict[str, tuple[str, str | None]] = {
     "portable_package": ("devrng._portable", None),
     # The C kernel's known-answer tables, its loader and doctor's sentence about it.
     **{name: ("devrng._portable.kernel_proof", name) for name in _KERNEL_TABLES},
+    "PARALLEL_FROM": ("devrng._portable.threefry_cpu", "PARALLEL_FROM"),
     "DTYPES": ("devrng._portable.threefry_cpu", "DTYPES"),
     "CpuKernel": ("devrng._portable.threefry_cpu", "CpuKernel"),
     "kernel": ("devrng._portable.threefry_cpu", "kernel"),

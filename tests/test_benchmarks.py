@@ -47,8 +47,11 @@ def test_portable_benchmark_times_every_op_family_with_and_without_the_kernel() 
     assert [c.removeprefix("portable ").split(",")[0] for c in without] == [
         f.split(",")[0] for f in families if f.startswith(bench_portable.NO_KERNEL)]
     assert len(without) == 7  # rand and randn in two dtypes, randn in bfloat16, randint, dropout
+    assert sum(r.get("ms") is not None for r in rows) == 2  # the first draw, the kernel's checks
     for r in rows:
-        if r["ratio"] is None:
+        if r.get("ms") is not None:
+            assert r["ms"] > 0 and r["target_ms"] == bench_portable.FIRST_DRAW_TARGET_MS
+        elif r["ratio"] is None:
             assert r["note"].startswith("skipped: ")
         else:
             assert math.isfinite(r["ratio"]) and r["ratio"] > 0
@@ -64,6 +67,35 @@ def test_check_benchmark_times_a_step_with_every_op_recorded() -> None:
     assert row["case"].startswith("check-determinism: one CNN step with every op recorded")
     assert math.isfinite(row["ratio"]) and row["ratio"] > 0
     assert math.isclose(row["ratio"], row["devrng_us"] / row["peer_us"])
+
+
+def test_the_portable_grid_times_every_op_family_and_dtype_at_each_size_and_thread_count(
+        ) -> None:
+    grid = bench_portable.bench_grid((10, 12), (1, 2), rounds=1)
+    cases = {(family, dtype) for family, dtype, _, _ in bench_portable.grid_ops()}
+    assert {(r["family"], r["dtype"]) for r in grid} == cases
+    assert {d for _, d in cases} == {"float16", "bfloat16", "float32", "float64", "int64"}
+    assert len(grid) == len(cases) * 2 * 2  # two sizes, one and two threads
+    for r in grid:
+        assert math.isfinite(r["ratio"]) and r["ratio"] > 0
+        assert math.isclose(r["ratio"], r["devrng_us"] / r["peer_us"])
+        assert r["target"] == 4.0  # below 2**16 elements
+    table = report.format_grid(grid).splitlines()
+    assert table[0] == "| op | dtype | 2**10 | 2**12 |"
+    assert len([line for line in table if line.startswith("| ") and "|---" not in line]) == \
+        len(cases) + 1
+    missed = sum(r["ratio"] > r["target"] for r in grid)
+    assert sum(line.count("**") for line in table[2:-2]) == 2 * missed  # those in bold
+    assert table[-1] == f"{len(grid)} cells, {missed} above their target."
+
+
+def test_the_first_portable_draw_is_timed_in_fresh_processes() -> None:
+    rows = bench_portable.bench_first_draw(1)
+    assert [r["target_ms"] for r in rows] == [bench_portable.FIRST_DRAW_TARGET_MS] * 2
+    assert all(0 < r["ms"] < 60_000 for r in rows)
+    assert "torch's first `torch.rand(1)`" in rows[0]["case"]
+    table = format_table(rows)
+    assert table.count("≤ 50 ms") == 2
 
 
 # -- the report: tables and charts from saved results -----------------------------------

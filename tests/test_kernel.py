@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import math
 import os
 import re
 import shutil
@@ -18,7 +19,7 @@ import sys
 import sysconfig
 import zipfile
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +35,11 @@ from tests._internals import (
     KERNEL_MODULE,
     NORMAL,
     NORMAL_AT,
+    NORMAL_BF16,
+    NORMAL_BF16_AT,
+    NORMAL_F16,
+    NORMAL_F16_AT,
+    PARALLEL_FROM,
     PROOF_DIGEST,
     PROOF_FILLS,
     PROOF_KEY,
@@ -42,7 +48,12 @@ from tests._internals import (
     PROOF_SPLIT,
     UNIFORM,
     UNIFORM64,
+    UNIFORM64_AT,
     UNIFORM_AT,
+    UNIFORM_BF16_AT,
+    UNIFORM_F16_AT,
+    UNIT_BF16,
+    UNIT_F16,
     WORDS,
     distributions,
     jax_multiplier,
@@ -151,14 +162,64 @@ def test_the_kernels_float_and_integer_draws_are_the_tensor_ops_bit_for_bit() ->
                 assert torch.equal(got.to(torch.int64), want), (low, high, dtype)
 
 
-def _signed(counters: list[int]) -> torch.Tensor:
+# Bounds for the float64 and half draws: spans with and without an exact product, a power of
+# two, negative and positive ranges; (mean, std) pairs whose scaled half draws land on
+# float32 numbers halfway between two half ones (std 1 + 2**-11 + 2**-40: torch rounds the
+# float64 result to float32 first, then to the half type, and so does the kernel).
+_BOUNDS = ((-0.1, 0.1), (0.0, 0.5), (-3.7, 1.3), (1e-3, 1e-3 + 2**-10), (-1e3, -1e3 + 0.375),
+           (1.0 / 3, 7.25), (-2**-20, 2**-20), (-1.0, 1.0))
+_SCALES = ((0.5, 0.02), (-3.0, 3.0), (0.0, 1.0 + 2**-11 + 2**-40), (1e4, 1e-3), (0.1, 100.0))
+
+
+def test_the_kernels_float64_and_half_draws_are_the_tensor_ops_for_many_bounds(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    cpu = kernel()
+    assert cpu is not None
+    modes: list[int] = []
+    run = type(cpu).run
+
+    def counted(self: object, key: object, mode: int, *args: object, **kwargs: object) -> None:
+        modes.append(mode)
+        run(self, key, mode, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(type(cpu), "run", counted)
+    n = 1 << 13
+    for i, dtype in enumerate((torch.float64, torch.float16, torch.bfloat16)):
+        key, start = (0x9E3779B9 + i, 0x7F4A7C15), (1 << 32) - n // 2
+        counters = torch.arange(start, start + n)
+        ops = _tensor_ops(key, counters)
+        fused = distributions.Source(key, torch.device("cpu"), counters)
+        draws: list[Callable[[distributions.Source], torch.Tensor]] = [
+            lambda s, d=dtype: distributions.unit(s, (n,), d),
+            lambda s, d=dtype: distributions.normal(s, (n,), d)]
+        draws += [lambda s, b=b, d=dtype: distributions.uniform(s, (n,), d, *b) for b in _BOUNDS]
+        draws += [lambda s, m=m, d=dtype: distributions.normal(s, (n,), d, *m) for m in _SCALES]
+        for j, draw in enumerate(draws):
+            want = draw(ops)
+            before = len(modes)
+            got = draw(fused)
+            assert len(modes) == before + 1, (dtype, j)  # one call of the kernel
+            assert got.dtype == dtype
+            assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), (dtype, j)
+    # Among them the kernel's float64 and half modes.
+    assert {UNIFORM64_AT, *_HALF_DRAWS[torch.float16], *_HALF_DRAWS[torch.bfloat16]} <= set(modes)
+
+
+def _signed(counters: Sequence[int]) -> torch.Tensor:
     """The proof's uint64 counters as the int64 tensor the tensor ops read."""
     return torch.tensor([c - (1 << 64) if c >> 63 else c for c in counters], dtype=torch.int64)
 
 
+# The modes that draw normals (the proof must reach erfinv's tails in each).
+_NORMAL_MODES = (NORMAL, NORMAL_AT, NORMAL_F16, NORMAL_BF16, NORMAL_F16_AT, NORMAL_BF16_AT)
+# The half types' modes: unit, uniform between bounds, standard normal, normal(mean, std).
+_HALF_DRAWS = {torch.float16: (UNIT_F16, UNIFORM_F16_AT, NORMAL_F16, NORMAL_F16_AT),
+               torch.bfloat16: (UNIT_BF16, UNIFORM_BF16_AT, NORMAL_BF16, NORMAL_BF16_AT)}
+
+
 def _tensor_ops_draws() -> tuple[Callable[..., list[bytes]], Callable[..., bytes]]:
     """The proof's fill and randint (kernel_proof.proof_digest) made by the tensor ops."""
-    def fill(mode: int, scale: float, shift: float, counters: list[int], _: bool
+    def fill(mode: int, scale: float, shift: float, counters: Sequence[int], _: bool
              ) -> list[bytes]:
         ops, shape = _tensor_ops(PROOF_KEY, _signed(counters)), (len(counters),)
         draws = {BITS: lambda: [ops.bits(shape)], WORDS: lambda: list(ops.words(shape)),
@@ -168,10 +229,20 @@ def _tensor_ops_draws() -> tuple[Callable[..., list[bytes]], Callable[..., bytes
                  EXPONENTIAL: lambda: [distributions.exponential(ops, shape, torch.float32)],
                  UNIFORM_AT: lambda: [distributions.uniform(ops, shape, torch.float32, shift,
                                                        shift + scale)],
-                 NORMAL_AT: lambda: [distributions.normal(ops, shape, torch.float32, shift, scale)]}
+                 NORMAL_AT: lambda: [distributions.normal(ops, shape, torch.float32, shift, scale)],
+                 UNIFORM64_AT: lambda: [distributions.uniform(ops, shape, torch.float64, shift,
+                                                         shift + scale)]}
+        for dtype, modes in _HALF_DRAWS.items():
+            unit, uniform, standard, normal = modes
+            draws[unit] = lambda dtype=dtype: [distributions.unit(ops, shape, dtype)]
+            draws[uniform] = lambda dtype=dtype: [distributions.uniform(ops, shape, dtype, shift,
+                                                                        shift + scale)]
+            draws[standard] = lambda dtype=dtype: [distributions.normal(ops, shape, dtype)]
+            draws[normal] = lambda dtype=dtype: [distributions.normal(ops, shape, dtype, shift,
+                                                                      scale)]
         return [t.contiguous().view(torch.uint8).numpy().tobytes() for t in draws[mode]()]
 
-    def randint(span: int, low: int, wide: bool, counters: list[int], _: bool) -> bytes:
+    def randint(span: int, low: int, wide: bool, counters: Sequence[int], _: bool) -> bytes:
         ops = _tensor_ops(PROOF_KEY, _signed(counters))
         out = distributions.randint(ops, (len(counters),), low, low + span,
                                torch.int64 if wide else torch.int32)
@@ -222,14 +293,17 @@ def test_the_proof_runs_every_mode_block_shape_and_branch_of_the_kernel() -> Non
     assert len({c >> 32 for c in counters}) == PROOF_LENGTH
     assert {c >> 63 for c in counters} == {0, 1}
     # Every mode and output dtype; randint's range reductions in both widths.
-    assert sorted(mode for mode, _, _ in PROOF_FILLS) == sorted(DTYPES)
+    assert {mode for mode, _, _ in PROOF_FILLS} == set(DTYPES)
+    # The float64 uniform's exact product, and its power-of-two span (a plain product).
+    assert {math.frexp(span)[0] == 0.5 for mode, span, _ in PROOF_FILLS
+            if mode == UNIFORM64_AT} == {True, False}
     assert {jax_multiplier(span) == 0 for span, _, _ in PROOF_RANDINTS} == {True, False}
     assert 1 in {span for span, _, _ in PROOF_RANDINTS}
     assert {wide for _, _, wide in PROOF_RANDINTS} == {True, False}  # int64 and int32
     # The normal draws reach erfinv's tails (w >= 5) from a start and from counters.
     lo = -1.0 + 2.0 ** -24
     for i, (mode, _, _) in enumerate(PROOF_FILLS):
-        for from_start in (True, False) if mode in (NORMAL, NORMAL_AT) else ():
+        for from_start in (True, False) if mode in _NORMAL_MODES else ():
             ops = _tensor_ops(PROOF_KEY, _signed(proof_draw_counters(i, PROOF_LENGTH,
                                                                      from_start)))
             u = distributions.uniform(ops, (PROOF_LENGTH,), torch.float32, lo, 1.0)
@@ -397,7 +471,7 @@ def _has_fma() -> bool:
     ("wrong rotation", "gave wrong answers for the known test vectors"),
     pytest.param("fused multiply-adds", "gave wrong answers for the known test vectors",
                  marks=pytest.mark.skipif(not _has_fma(), reason="this CPU has no FMA")),
-    ("no entry point", "has no fill() or randint()"),
+    ("no entry point", "has no fill(), randint(), block() or sort()"),
     ("truncated", "does not match the SHA-256 recorded when it was built"),
     ("one bit flipped", "does not match the SHA-256 recorded when it was built"),
     ("no digest", "cannot be checked"),
@@ -514,3 +588,76 @@ def test_hundreds_of_bit_flips_in_the_kernels_code_are_refused_or_give_the_same_
         tmp_path: Path) -> None:
     verdicts = _flip_verdicts(tmp_path, 400, seed=1)
     assert verdicts["refused"] > 100  # the flips reach the known-answer check
+
+
+def test_the_kernels_block_gives_the_keys_of_draws_as_python_does() -> None:
+    # Once loaded, the kernel derives the keys (fold_in) of every draw: the same words as
+    # the 20 rounds in Python, for keys and counters of every size.
+    cpu = kernel()
+    assert cpu is not None
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        key = (int(rng.integers(0, 2**32)), int(rng.integers(0, 2**32)))
+        n = int(rng.integers(0, 2**63)) >> int(rng.integers(0, 63))
+        want = threefry.threefry_host(key, (n >> 32, n & 0xFFFFFFFF))
+        assert cpu.block(*key, n >> 32, n & 0xFFFFFFFF) == want
+        assert threefry.fold_in(key, n) == want
+    with pytest.raises(ValueError, match="beyond 32 bits"):
+        cpu.block(1 << 32, 0, 0, 0)
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+def test_long_draws_are_shared_among_threads_and_give_the_same_bits(
+        monkeypatch: pytest.MonkeyPatch, threads: int) -> None:
+    # A draw of PARALLEL_FROM elements or more is cut into parts of whole blocks, one per
+    # intra-op thread of torch: every mode and randint give the bits of one call.
+    cpu = kernel()
+    assert cpu is not None
+    n, start = 3 * PARALLEL_FROM + 37, (1 << 64) - PARALLEL_FROM  # wraps past 2**64
+    counters = torch.arange(n, dtype=torch.int64) * 7919 - 5
+    spans: list[int] = []
+    fill, randint = cpu._fill, cpu._randint  # what one call of the extension gives
+
+    def draws() -> list[torch.Tensor]:
+        got = []
+        for mode, dtype in DTYPES.items():
+            out = [torch.empty(n, dtype=dtype) for _ in range(2 if mode == WORDS else 1)]
+            cpu.run((5, 6), mode, *out, start=start, scale=0.375, shift=-0.25)
+            got += out
+            out = [torch.empty(n, dtype=dtype) for _ in range(2 if mode == WORDS else 1)]
+            cpu.run((5, 6), mode, *out, counters=counters, scale=0.375, shift=-0.25)
+            got += out
+        wide = torch.empty(n, dtype=torch.int64)
+        cpu.randint(((1, 2), (3, 4)), 1000, jax_multiplier(1000), -3, wide, start=start)
+        return [*got, wide]
+
+    torch.set_num_threads(1)
+    try:
+        one = draws()
+        monkeypatch.setattr(cpu, "_fill", lambda *a: (spans.append(a[4]), fill(*a)))
+        monkeypatch.setattr(cpu, "_randint", lambda *a: (spans.append(a[6]), randint(*a)))
+        torch.set_num_threads(threads)
+        parts = draws()
+    finally:
+        torch.set_num_threads(1)
+    for a, b in zip(one, parts, strict=True):
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+    calls = len(DTYPES) * 2 + 1
+    assert len(spans) >= calls * threads and sum(spans) == calls * n  # in parts
+    assert sum(s % 256 != 0 for s in spans) <= calls  # whole blocks but each draw's last part
+
+
+def test_the_kernels_sort_is_stable_in_the_unsigned_order_of_the_keys() -> None:
+    # randperm's rounds sort by random 32-bit keys: equal keys keep their order, keys with the
+    # top bit set come after the others (unsigned), and short and empty arrays work.
+    cpu = kernel()
+    assert cpu is not None
+    rng = np.random.default_rng(7)
+    for n in (0, 1, 2, 255, 256, 257, 5000):
+        keys = rng.integers(-2**31, 2**31, size=n, dtype=np.int64)
+        keys[: n // 2] &= 0x8000000F  # many equal keys, with and without the top bit
+        keys32 = torch.from_numpy(keys.astype(np.int32))
+        values = torch.arange(n) * 3 - 7
+        want = values[torch.sort(keys32.to(torch.int64) & 0xFFFFFFFF, stable=True).indices]
+        cpu.sort(keys32, values)
+        assert torch.equal(values, want), n

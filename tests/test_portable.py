@@ -1379,3 +1379,43 @@ def test_a_stream_entry_of_an_earlier_devrng_in_a_dcp_checkpoint_loads_with_load
     resumed = devrng.portable(3)
     dcp.load({"rng": resumed}, checkpoint_id=path + "2", no_dist=True)
     assert (resumed.seed, resumed.counter) == (3, 6)
+
+
+def test_factories_follow_the_default_device_inside_portable() -> None:
+    # A factory without device= draws on torch's default device, however it was set: a
+    # device context inside or outside the stream, or set_default_device.
+    with devrng.portable(0):
+        assert torch.rand(3).device.type == "cpu"
+        with torch.device("meta"):
+            assert torch.rand(3).device.type == "meta"
+    with torch.device("meta"), devrng.portable(0):
+        assert torch.randn(3).device.type == "meta"
+    with devrng.portable(0):
+        want = [torch.rand(3), torch.randint(0, 9, (3,)), torch.randn(3, dtype=torch.bfloat16)]
+    torch.set_default_device("meta")
+    try:
+        with devrng.portable(0):
+            assert torch.rand(3, dtype=torch.float64).device.type == "meta"
+        with devrng.portable(0):  # the CPU's draws under a meta default: the same numbers
+            got = [torch.rand(3, device="cpu"), torch.randint(0, 9, (3,), device="cpu"),
+                   torch.randn(3, dtype=torch.bfloat16, device="cpu")]
+    finally:
+        torch.set_default_device(None)
+    with devrng.portable(0):
+        assert torch.rand(3).device.type == "cpu"
+    for a, b in zip(got, want, strict=True):
+        assert b.device.type == "cpu" and torch.equal(a, b)
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 4097, 100_000])
+def test_randperm_is_jaxs_stable_sorts_by_unsigned_keys(n: int) -> None:
+    # jax.random.permutation: rounds of stable sorts by 32-bit keys compared as unsigned
+    # numbers (devrng sorts their bits with the top one flipped, as int32: the same order).
+    source = distributions.Source((0xFFFFFFFF, 7), torch.device("cpu"))
+    want = torch.arange(n)
+    for _ in range(math.ceil(3 * math.log(max(1, n)) / math.log(2**32 - 1))):
+        source, sub = source.split(0), source.split(1)
+        keys = sub.bits((n,)).to(torch.int64) & 0xFFFFFFFF
+        want = want[torch.sort(keys, stable=True).indices]
+    got = distributions.Source((0xFFFFFFFF, 7), torch.device("cpu")).randperm(n, torch.int64)
+    assert torch.equal(got, want)

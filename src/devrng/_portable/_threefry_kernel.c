@@ -241,6 +241,78 @@ INLINE void normal_block(const uint32_t *bits, int at, double scale, double shif
     }
 }
 
+/* The float16 and bfloat16 bit patterns of a float32, rounded to nearest even (as torch's
+   conversions round). */
+INLINE uint16_t bf16_of(float x) {
+    f32bits v;
+    v.f = x;
+    if ((v.u & 0x7FFFFFFFu) > 0x7F800000u) {
+        return 0x7FC0u; /* NaN, as torch makes it */
+    }
+    return (uint16_t)((v.u + 0x7FFFu + ((v.u >> 16) & 1u)) >> 16);
+}
+
+INLINE uint16_t f16_of(float x) {
+    /* Both roundings are computed and one is selected, so that the loops vectorise. */
+    f32bits v, small;
+    v.f = x;
+    uint32_t sign = (v.u >> 16) & 0x8000u, a = v.u & 0x7FFFFFFFu;
+    /* 2**-14 and above: float16's normal numbers, rounded on the 13 bits dropped */
+    uint32_t normal = (a + 0xFFFu + ((a >> 13) & 1u) - 0x38000000u) >> 13;
+    normal = normal > 0x7C00u ? 0x7C00u : normal; /* beyond the largest: infinity */
+    /* below: a multiple of 2**-24, rounded to nearest even by adding and removing 2**23 */
+    small.u = a < 0x38800000u ? a : 0u;
+    uint32_t sub = (uint32_t)((small.f * 16777216.0f + 8388608.0f) - 8388608.0f);
+    uint32_t r = a < 0x38800000u ? sub : normal;
+    return (uint16_t)(sign | (a > 0x7F800000u ? 0x7E00u : r)); /* NaN */
+}
+
+INLINE uint16_t half_of(float x, int bf16) { return bf16 ? bf16_of(x) : f16_of(x); }
+
+/* x rounded to float16 (bfloat16), as a float32: f16_value(f16_of(x)), computed on the
+   float32's own bits (the mantissa rounded to 10 (7) bits; below 2**-14, to a multiple of
+   2**-24), for x not NaN. */
+INLINE float half_rounded(float x, int bf16) {
+    f32bits v, small, r;
+    v.f = x;
+    uint32_t sign = v.u & 0x80000000u, a = v.u & 0x7FFFFFFFu;
+    if (bf16) {
+        r.u = (v.u + 0x7FFFu + ((v.u >> 16) & 1u)) & 0xFFFF0000u;
+        return r.f;
+    }
+    uint32_t normal = (a + 0xFFFu + ((a >> 13) & 1u)) & ~0x1FFFu;
+    normal = normal > 0x477FE000u ? 0x7F800000u : normal; /* beyond 65504: infinity */
+    small.u = a < 0x38800000u ? a : 0u;
+    small.f = ((small.f * 16777216.0f + 8388608.0f) - 8388608.0f) * 5.9604644775390625e-08f;
+    r.u = sign | (a < 0x38800000u ? small.u : normal);
+    return r.f;
+}
+
+/* 2**e as a double (0 below the smallest subnormal), from its bits. */
+INLINE double pow2(int e) {
+    union { uint64_t u; double d; } v;
+    v.u = e >= -1022 ? (uint64_t)(e + 1023) << 52 : e >= -1074 ? 1ull << (e + 1074) : 0;
+    return v.d;
+}
+
+/* devrng._portable.distributions' float64 uniform on [lo, lo + span), u * span + lo rounded
+   once (_formula's exact product, _two_sum and _sum_rounded_once, step for step): u is
+   k * 2**-52, span is s * 2**a (s an integer of 53 bits), k * s = top * 2**52 + bottom
+   exactly; first = top * 2**a and second = bottom * 2**(a - 52) are exact. */
+INLINE double uniform64_at(double first, double second, double lo) {
+    double high = first + second, low = second - (high - first);
+    double total = lo + high, part = total - lo;
+    double error = (lo - (total - part)) + (high - part);
+    double small = error + low, small_part = small - error;
+    double small_error = (error - (small - small_part)) + (low - small_part);
+    double sum = total + small, sum_part = sum - total;
+    double sum_error = (total - (sum - sum_part)) + (small - sum_part);
+    double other = sum + 2.0 * sum_error;
+    int halfway = sum_error != 0.0 && other - sum == 2.0 * sum_error;
+    int beyond = small_error != 0.0 && ((small_error > 0.0) == (sum_error > 0.0));
+    return halfway && beyond ? other : sum;
+}
+
 /* Modes of fill (out0/out1 element types in brackets):
    0 BITS        out0 = x0 ^ x1 (32 random bits) [uint32]
    1 WORDS       out0 = x0, out1 = x1 (64) [uint32, uint32]
@@ -250,15 +322,35 @@ INLINE void normal_block(const uint32_t *bits, int at, double scale, double shif
    5 EXPONENTIAL out0 = -log(1 - u), u the float32 uniform [float]
    6 UNIFORM_AT  out0 = max(shift, affine32(u, scale, shift)): uniform on [shift,
                  shift + scale) [float]
-   7 NORMAL_AT   out0 = affine32(z, scale, shift), z the float32 normal [float] */
-#define MODES 8
-enum { BITS, WORDS, UNIFORM, UNIFORM64, NORMAL, EXPONENTIAL, UNIFORM_AT, NORMAL_AT };
+   7 NORMAL_AT   out0 = affine32(z, scale, shift), z the float32 normal [float]
+   8 UNIFORM64_AT  out0 = uniform64_at: the float64 uniform on [shift, shift + scale)
+                 [double]
+   9, 10 UNIT16  out0 = jax.random.uniform's float16 (9) or bfloat16 (10): the low 16 (8)
+                 bits of x0 ^ x1 shifted right by 6 (1), times 2**-10 (2**-7) [uint16]
+   11, 12 UNIFORM16_AT  out0 = that u, times scale plus shift in float32 (both exact
+                 there: the caller checks), rounded to float16 (11) or bfloat16 (12) [uint16]
+   13, 14 NORMAL16  out0 = the float32 normal rounded to float16 (13) or bfloat16 (14) [uint16]
+   15, 16 NORMAL16_AT  out0 = that half z, times scale plus shift in double (two roundings),
+                 rounded to float32 and then to float16 (15) or bfloat16 (16), as torch's
+                 conversions from double round [uint16] */
+#define MODES 17
+enum { BITS, WORDS, UNIFORM, UNIFORM64, NORMAL, EXPONENTIAL, UNIFORM_AT, NORMAL_AT,
+       UNIFORM64_AT, UNIT_F16, UNIT_BF16, UNIFORM_F16_AT, UNIFORM_BF16_AT, NORMAL_F16,
+       NORMAL_BF16, NORMAL_F16_AT, NORMAL_BF16_AT };
+
+/* The size in bytes of one output element of mode. */
+static size_t element_size(int mode) {
+    return mode == UNIFORM64 || mode == UNIFORM64_AT ? sizeof(double)
+           : mode >= UNIT_F16 ? sizeof(uint16_t) : sizeof(uint32_t);
+}
 
 /* One block of mode's draws into out0 (and out1): NB elements of the mode's type. */
 INLINE void fill_block(uint32_t k0, uint32_t k1, const uint32_t *hi, const uint32_t *lo,
                        int mode, double scale, double shift, void *out0, void *out1) {
     uint32_t x0[NB], x1[NB];
-    float *f = out0;
+    float *f = out0, z[NB];
+    uint16_t *h = out0;
+    const int bf16 = mode >= UNIT_F16 && (mode - UNIT_F16) % 2;
     switch (mode) {
     case BITS:
         generate(k0, k1, hi, lo, out0, NULL);
@@ -267,9 +359,36 @@ INLINE void fill_block(uint32_t k0, uint32_t k1, const uint32_t *hi, const uint3
         generate(k0, k1, hi, lo, out0, out1);
         break;
     case UNIFORM64:
+    case UNIFORM64_AT:
         generate(k0, k1, hi, lo, x0, x1);
-        EACH(j) {
-            ((double *)out0)[j] = unit64(x0[j], x1[j]);
+        if (mode == UNIFORM64) {
+            EACH(j) {
+                ((double *)out0)[j] = unit64(x0[j], x1[j]);
+            }
+        } else {
+            union { uint64_t u; double d; } v;
+            v.d = scale;
+            const uint64_t mantissa = v.u & ((1ull << 52) - 1);
+            double *d = out0, first[NB], second[NB];
+            if (!(scale > 0.0) || !mantissa) { /* 0 or a power of two: u * span is exact */
+                EACH(j) {
+                    uint64_t k = (((uint64_t)x0[j] << 32) | x1[j]) >> 12;
+                    d[j] = (double)k * 2.220446049250313e-16 * scale + shift; /* k * 2**-52 */
+                }
+                break;
+            }
+            const uint64_t s = mantissa | 1ull << 52; /* span = s * 2**a */
+            const int a = (int)(v.u >> 52) - 1075;
+            const double pow_a = pow2(a), pow_am = pow2(a - 52);
+            EACH(j) {
+                uint64_t k = (((uint64_t)x0[j] << 32) | x1[j]) >> 12;
+                unsigned __int128 product = (unsigned __int128)k * s;
+                first[j] = (double)(uint64_t)(product >> 52) * pow_a; /* below 2**53: exact */
+                second[j] = (double)(uint64_t)(product & ((1ull << 52) - 1)) * pow_am;
+            }
+            EACH(j) {
+                d[j] = uniform64_at(first[j], second[j], shift);
+            }
         }
         break;
     default:
@@ -290,8 +409,32 @@ INLINE void fill_block(uint32_t k0, uint32_t k1, const uint32_t *hi, const uint3
             }
         } else if (mode == NORMAL) {
             normal_block(x0, 0, scale, shift, f);
-        } else {
+        } else if (mode == NORMAL_AT) {
             normal_block(x0, 1, scale, shift, f);
+        } else if (mode == UNIT_F16 || mode == UNIT_BF16
+                   || mode == UNIFORM_F16_AT || mode == UNIFORM_BF16_AT) {
+            /* u = k * 2**-m, exact in float32; span and shift are float32 values */
+            const uint32_t keep = bf16 ? 0xFFu : 0xFFFFu, by = bf16 ? 1 : 6;
+            const float unit = bf16 ? 0.0078125f : 0.0009765625f;
+            const float span = mode <= UNIT_BF16 ? 1.0f : (float)scale;
+            const float low = mode <= UNIT_BF16 ? 0.0f : (float)shift;
+            EACH(j) {
+                h[j] = half_of((float)((x0[j] & keep) >> by) * unit * span + low, bf16);
+            }
+        } else {
+            normal_block(x0, 0, scale, shift, z);
+            if (mode <= NORMAL_BF16) {
+                EACH(j) {
+                    h[j] = half_of(z[j], bf16);
+                }
+            } else {
+                EACH(j) {
+                    z[j] = (float)((double)half_rounded(z[j], bf16) * scale + shift);
+                }
+                EACH(j) {
+                    h[j] = half_of(z[j], bf16);
+                }
+            }
         }
     }
 }
@@ -300,7 +443,7 @@ INLINE void fill_block(uint32_t k0, uint32_t k1, const uint32_t *hi, const uint3
 static CLONES void threefry(uint32_t k0, uint32_t k1, uint64_t start, const uint64_t *counters,
                             int64_t n, int mode, void *out0, void *out1, double scale,
                             double shift) {
-    const size_t size = mode == UNIFORM64 ? sizeof(double) : sizeof(uint32_t);
+    const size_t size = element_size(mode);
     uint32_t hi[NB], lo[NB];
     union { uint32_t u[NB]; double d[NB]; } last0, last1; /* a last, partial block */
     for (int64_t i = 0; i < n; i += NB) {
@@ -431,7 +574,7 @@ static PyObject *fill(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (n < 0 || mode < 0 || mode >= MODES
             || (n > 0 && (out0 == NULL || (mode == 1 && out1 == NULL)))) {
         PyErr_SetString(PyExc_ValueError, "fill() got a negative length, a mode other than "
-                        "0 to 7, or a missing output buffer");
+                        "0 to 16, or a missing output buffer");
         return NULL;
     }
     Py_BEGIN_ALLOW_THREADS
@@ -477,6 +620,84 @@ static PyObject *randint_py(PyObject *self, PyObject *const *args, Py_ssize_t na
     Py_RETURN_NONE;
 }
 
+/* block(k0, k1, c0, c1): one Threefry-2x32 block, the words (x0, x1) of counter c0:c1 under
+   the key (k0, k1) (devrng._portable.threefry.threefry_host: the keys of the draws). */
+static PyObject *block(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 4) {
+        PyErr_Format(PyExc_TypeError, "block() takes 4 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    uint32_t k0, k1, x0, x1;
+    if (key_word(args[0], &k0) || key_word(args[1], &k1) || key_word(args[2], &x0)
+            || key_word(args[3], &x1)) {
+        return NULL;
+    }
+    const uint32_t k2 = k0 ^ k1 ^ 0x1BD11BDAu;
+    x0 += k0;
+    x1 += k1;
+    ROUNDS(k0, k1, k2)
+    return Py_BuildValue("(kk)", (unsigned long)x0, (unsigned long)x1);
+}
+
+/* keys[0..n) in their unsigned order, values (int64) moved with them, stable (equal keys
+   keep their order): a least-significant-digit radix sort, four passes of 8 bits through
+   keys_tmp and values_tmp (n each), which end back in keys and values. */
+static void sort_pairs(uint32_t *keys, int64_t *values, int64_t n, uint32_t *keys_tmp,
+                       int64_t *values_tmp) {
+    for (int shift = 0; shift < 32; shift += 8) {
+        int64_t at[256];
+        for (int b = 0; b < 256; b++) {
+            at[b] = 0;
+        }
+        for (int64_t i = 0; i < n; i++) {
+            at[(keys[i] >> shift) & 255u]++;
+        }
+        int64_t sum = 0;
+        for (int b = 0; b < 256; b++) {
+            int64_t c = at[b];
+            at[b] = sum;
+            sum += c;
+        }
+        for (int64_t i = 0; i < n; i++) {
+            int64_t to = at[(keys[i] >> shift) & 255u]++;
+            keys_tmp[to] = keys[i];
+            values_tmp[to] = values[i];
+        }
+        uint32_t *k = keys;
+        int64_t *v = values;
+        keys = keys_tmp;
+        values = values_tmp;
+        keys_tmp = k;
+        values_tmp = v;
+    }
+}
+
+/* sort(keys, values, n, keys_tmp, values_tmp): addresses of n uint32 keys, n int64 values
+   and scratch of the same sizes; sort_pairs, without the GIL (the permutation's stable
+   sorts by random keys, devrng._portable.distributions.randperm). */
+static PyObject *sort_py(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 5) {
+        PyErr_Format(PyExc_TypeError, "sort() takes 5 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    void *keys = PyLong_AsVoidPtr(args[0]), *values = PyLong_AsVoidPtr(args[1]);
+    long long n = PyLong_AsLongLong(args[2]);
+    void *keys_tmp = PyLong_AsVoidPtr(args[3]), *values_tmp = PyLong_AsVoidPtr(args[4]);
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
+    if (n < 0 || (n > 0 && (!keys || !values || !keys_tmp || !values_tmp))) {
+        PyErr_SetString(PyExc_ValueError, "sort() got a negative length or a missing buffer");
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    sort_pairs(keys, values, (int64_t)n, keys_tmp, values_tmp);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"fill", (PyCFunction)(void (*)(void))fill, METH_FASTCALL,
      "fill(k0, k1, start, counters, n, mode, out0, out1, scale, shift): Threefry-2x32 into "
@@ -484,6 +705,10 @@ static PyMethodDef methods[] = {
     {"randint", (PyCFunction)(void (*)(void))randint_py, METH_FASTCALL,
      "randint(a0, a1, b0, b1, start, counters, n, span, multiplier, low, wide, out): "
      "jax.random.randint for int32 bounds into a CPU buffer."},
+    {"block", (PyCFunction)(void (*)(void))block, METH_FASTCALL,
+     "block(k0, k1, c0, c1): one Threefry-2x32 block, (x0, x1)."},
+    {"sort", (PyCFunction)(void (*)(void))sort_py, METH_FASTCALL,
+     "sort(keys, values, n, keys_tmp, values_tmp): a stable sort by uint32 keys."},
     {NULL, NULL, 0, NULL},
 };
 

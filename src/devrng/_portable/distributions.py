@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import math
 import struct
+import sys
 from collections.abc import Callable, Sequence
 from fractions import Fraction
 from typing import Any, NamedTuple
@@ -45,12 +46,15 @@ from devrng._portable.threefry import (
 from devrng._portable.threefry_cpu import (
     BITS,
     EXPONENTIAL,
+    HALF_MODES,
     NORMAL,
     NORMAL_AT,
     UNIFORM,
     UNIFORM64,
+    UNIFORM64_AT,
     UNIFORM_AT,
     WORDS,
+    kernel,
 )
 
 __all__ = ["TORCH_OPS", "UNIT_BITS", "Ops", "Source", "affine", "bernoulli_mask", "bounds",
@@ -192,6 +196,9 @@ def unit(source: Source, shape: Sequence[int], dtype: torch.dtype) -> torch.Tens
         wide = (hi.to(torch.int64) << 32) | unsigned(lo)
         return _scaled(shr(wide, 12), 52, dtype)
     if dtype in _UNIT16:
+        fused = source.fused(HALF_MODES["unit"][dtype], shape)
+        if fused is not None:
+            return fused
         keep, shift, mantissa_bits = _UNIT16[dtype]
         low = source.bits(shape) & keep  # JAX keeps the low bits of x0 ^ x1
         return _scaled(low >> shift, mantissa_bits, dtype)
@@ -355,13 +362,35 @@ def uniform(source: Source, shape: Sequence[int], dtype: torch.dtype, low: float
         return source.unit(shape, dtype)  # u * 1 + 0, exactly
     row = devices.row(source.device)
     lo, span = bounds(low, high, dtype, row)
-    if dtype == torch.float32 and sum_is_exact(lo, span, dtype, torch.float64):
-        # The kernel rounds u * span + lo to float64 (exactly, here), then to float32.
-        fused = source.fused(UNIFORM_AT, shape, span, lo)
+    mode = _fused_uniform(lo, span, dtype, row.flushes_subnormals)
+    if mode is not None:
+        fused = source.fused(mode, shape, span, lo)
         if fused is not None:
             return fused
     return scale_shift(source.unit(shape, dtype), lo, span, dtype, row.float64,  # type: ignore[no-any-return]
                        flushes=row.flushes_subnormals)
+
+
+def _fused_uniform(lo: float, span: float, dtype: torch.dtype, flushes: bool) -> int | None:
+    """The kernel's mode for ``u * span + lo`` in ``dtype`` (the same bits as ``scale_shift``),
+    or None where only the tensor ops make it: float32 and the half types where every sum is
+    exact in the wider type (the kernel rounds it once from there), float64 where no step
+    needs rescaling (the kernel repeats ``_formula``'s steps)."""
+    if dtype == torch.float32:
+        return UNIFORM_AT if sum_is_exact(lo, span, dtype, torch.float64) else None
+    if dtype == torch.float64:
+        return UNIFORM64_AT if _plain64(lo, span, flushes) else None
+    if dtype in _UNIT16 and span and sum_is_exact(lo, span, dtype, torch.float32):
+        return HALF_MODES["uniform"][dtype]
+    return None
+
+
+@functools.lru_cache(maxsize=256)
+def _plain64(lo: float, span: float, flushes: bool) -> bool:
+    """Whether the float64 ``_formula`` runs on ``lo`` and ``span`` as they are: a span of 0 or
+    a positive normal number, and no rescaling."""
+    return (span == 0.0 or span >= sys.float_info.min) and not _rescaling(
+        lo, span, torch.float64, True, flushes)
 
 
 # -- u * span + lo, rounded once on every device ------------------------------------------------
@@ -623,8 +652,9 @@ def normal(source: Source, shape: Sequence[int], dtype: torch.dtype, mean: float
     part ``mean + std * z_part``, as torch's ``normal_`` (its parts have std / sqrt(2))."""
     if mean == 0.0 and std == 1.0:
         return _standard_normal(source, shape, dtype)
-    if dtype == torch.float32:
-        fused = source.fused(NORMAL_AT, shape, std, mean)
+    mode = NORMAL_AT if dtype == torch.float32 else HALF_MODES["normal_at"].get(dtype)
+    if mode is not None:
+        fused = source.fused(mode, shape, std, mean)
         if fused is not None:
             return fused
     return affine(_standard_normal(source, shape, dtype), std, mean, dtype)
@@ -642,9 +672,9 @@ def _standard_normal(source: Source, shape: Sequence[int], dtype: torch.dtype) -
                              _divided(_standard_normal(source.split(1), shape, real), root2))
     work = torch.float64 if dtype == torch.float64 else torch.float32
     if work == torch.float32:
-        fused = source.fused(NORMAL, shape)
+        fused = source.fused(HALF_MODES["normal"].get(dtype, NORMAL), shape)
         if fused is not None:
-            return fused.to(dtype)
+            return fused if fused.dtype == dtype else fused.to(dtype)
     lo = -1.0 + torch.finfo(work).eps / 2  # nextafter(-1, 0): the next float towards 0
     u = source.uniform(shape, work, lo, 1.0)
     if work == torch.float64:  # in place on the draw's own tensor: 8 bytes a number
@@ -739,12 +769,26 @@ def randint(source: Source, shape: Sequence[int], low: int, high: int,
 def randperm(source: Source, n: int, dtype: torch.dtype) -> torch.Tensor:
     """``jax.random.permutation(key, n)``: stable sorts by random 32-bit keys, in enough
     rounds (``ceil(3 ln n / ln(2**32 - 1))``) that ties do not bias the result."""
-    x = torch.arange(n, dtype=torch.int64, device=source.device)
+    x = None  # arange(n), until the first round permutes it
     rounds = math.ceil(3 * math.log(max(1, n)) / math.log(M32))
+    cpu = kernel() if rounds and isinstance(source.key, tuple) and devices.row(
+        source.device).host_memory else None
+    if cpu is not None:  # the kernel's stable radix sort of the keys, moving x with them
+        x = torch.arange(n, dtype=torch.int64, device="cpu")
+        if type(x) is torch.Tensor:  # (a FakeTensor has no memory to sort)
+            for _ in range(rounds):
+                source, sub = source.split(0), source.split(1)
+                cpu.sort(sub.bits((n,)).contiguous(), x)
+            return x.to(dtype)
+        x = None
     for _ in range(rounds):
         source, sub = source.split(0), source.split(1)
-        order = torch.sort(unsigned(sub.bits((n,))), stable=True).indices
-        x = x[order]
+        # The unsigned order of the keys is the signed order of their bits with the top one
+        # flipped: an int32 sort (half the memory of int64), the same stable order.
+        order = torch.sort(sub.bits((n,)) ^ -(1 << 31), stable=True).indices
+        x = order if x is None else x[order]
+    if x is None:
+        x = torch.arange(n, dtype=torch.int64, device=source.device)
     return x.to(dtype)
 
 

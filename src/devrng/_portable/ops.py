@@ -78,10 +78,19 @@ def _size(args: Args, kwargs: Kwargs, start: int = 0) -> tuple[int, ...]:
     return tuple(size)
 
 
+_CPU = torch.device("cpu")
+
+
 def _device(value: Any) -> torch.device:
     if value is None:
         if torch.compiler.is_compiling():  # dynamo cannot call get_default_device
             return torch.empty(()).device
+        # torch.get_default_device walks the torch function modes (a few microseconds a
+        # draw): with none below the stream's own (popped while it handles a call) and no
+        # set_default_device (which pushes one too), it is the CPU.
+        if not torch._C._len_torch_function_stack() and getattr(
+                torch._GLOBAL_DEVICE_CONTEXT, "device_context", None) is None:
+            return _CPU
         return torch.get_default_device()
     return value if isinstance(value, torch.device) else torch.device(value)
 

@@ -75,10 +75,12 @@ class _HostStream:
     """
 
     def __init__(self, seed: int, counter: int = 0) -> None:
-        # A real CPU tensor even inside FakeTensorMode or another dispatch mode: its memory
-        # is read below. It is only ever changed in place, so that memory stays put.
+        # A real CPU tensor even inside FakeTensorMode or another dispatch mode, or under
+        # another default device (a meta tensor has no memory: reading it crashed): its
+        # memory is read below. It is only ever changed in place, so that memory stays put.
         with torch._C._DisableTorchDispatch():
-            self.state = torch.tensor([seed >> 32, seed & threefry.M32, counter], dtype=torch.int64)
+            self.state = torch.tensor([seed >> 32, seed & threefry.M32, counter],
+                                      dtype=torch.int64, device="cpu")
         self._words = (ctypes.c_int64 * 3).from_address(self.state.data_ptr())
 
     def get(self) -> tuple[int, int]:

@@ -35,6 +35,7 @@ from devrng._portable.threefry_cpu import (
     DTYPES,
     WORDS,
     kernel,
+    loaded,
 )
 
 __all__ = ["M32", "HostKey", "chain", "fold_in", "fold_in_tensor", "host_key", "kernel_fill",
@@ -77,6 +78,9 @@ def fold_in(key: HostKey, n: int) -> HostKey:
         >>> fold_in((0, 42), 0) != fold_in((0, 42), 1)
         True
     """
+    cpu = loaded()
+    if cpu is not None:  # the kernel's block: the same words, without 20 rounds in Python
+        return cpu.block(key[0], key[1], (n >> 32) & M32, n & M32)
     return threefry_host(key, ((n >> 32) & M32, n & M32))
 
 
@@ -185,7 +189,9 @@ def kernel_fill(key: HostKey, shape: tuple[int, ...], mode: int,
             and into.is_contiguous()):
         out = into
     else:
-        out = torch.empty((2, *shape) if mode == WORDS else shape, dtype=DTYPES[mode])
+        # on the CPU whatever torch's default device (whose memory the kernel cannot fill)
+        out = torch.empty((2, *shape) if mode == WORDS else shape, dtype=DTYPES[mode],
+                          device="cpu")
     if type(out) is not torch.Tensor:
         return None
     if mode == WORDS:
@@ -201,7 +207,7 @@ def kernel_randint(key: HostKey, shape: tuple[int, ...], span: int, multiplier: 
     cpu = kernel()
     if cpu is None:
         return None
-    out = torch.empty(shape, dtype=dtype if dtype == torch.int32 else torch.int64)
+    out = torch.empty(shape, dtype=dtype if dtype == torch.int32 else torch.int64, device="cpu")
     if type(out) is not torch.Tensor:
         return None
     cpu.randint((fold_in(key, 0), fold_in(key, 1)), span, multiplier, low, out,

@@ -5,9 +5,11 @@ elementwise kernels, one per integer op of its rounds, each reading and writing 
 whole array (docs/benchmarks.md: the rows "without the C kernel"). One C loop
 that keeps both words in registers does the same integer arithmetic faster than
 ``torch.rand`` (``benchmarks/`` has the figures). It also turns the words into
-what the common draws need in the same pass (float32 and float64 uniforms,
-float32 normal and exponential draws, ``jax.random.randint``'s integers), each
-the same bits as ``devrng._portable.threefry``'s tensor ops.
+what the common draws need in the same pass (uniforms in float32, float64,
+float16 and bfloat16, with or without bounds; normal draws in float32, float16 and
+bfloat16, with or without a mean and std; float32 exponential draws;
+``jax.random.randint``'s integers), each the same bits as
+``devrng._portable.threefry``'s and ``distributions``' tensor ops.
 
 The loop is ``devrng._portable._threefry_kernel``, an optional extension that
 ``pip install`` compiles (``setup.py``): it lives in site-packages beside the
@@ -29,6 +31,7 @@ from __future__ import annotations
 import importlib.util
 import os
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from importlib.machinery import ModuleSpec
 from typing import Any
 
@@ -41,30 +44,81 @@ from devrng._portable.kernel_proof import (
     EXPONENTIAL,
     NORMAL,
     NORMAL_AT,
+    NORMAL_BF16,
+    NORMAL_BF16_AT,
+    NORMAL_F16,
+    NORMAL_F16_AT,
     UNIFORM,
     UNIFORM64,
+    UNIFORM64_AT,
     UNIFORM_AT,
+    UNIFORM_BF16_AT,
+    UNIFORM_F16_AT,
+    UNIT_BF16,
+    UNIT_F16,
     WORDS,
     find,
 )
 
-__all__ = ["BITS", "DTYPES", "EXPONENTIAL", "NORMAL", "NORMAL_AT", "UNIFORM", "UNIFORM64",
-           "UNIFORM_AT", "WORDS", "CpuKernel", "kernel", "load_checked", "status", "switched_off"]
+__all__ = [
+    "BITS",
+    "DTYPES",
+    "EXPONENTIAL",
+    "HALF_MODES",
+    "NORMAL",
+    "NORMAL_AT",
+    "PARALLEL_FROM",
+    "UNIFORM",
+    "UNIFORM64",
+    "UNIFORM64_AT",
+    "UNIFORM_AT",
+    "WORDS",
+    "CpuKernel",
+    "in_parts",
+    "kernel",
+    "load_checked",
+    "loaded",
+    "status",
+    "switched_off",
+]
 
 # The modes of fill() (``kernel_proof``) and the dtype of what each fills.
 DTYPES = {BITS: torch.int32, WORDS: torch.int32, UNIFORM: torch.float32,
           UNIFORM64: torch.float64, NORMAL: torch.float32, EXPONENTIAL: torch.float32,
-          UNIFORM_AT: torch.float32, NORMAL_AT: torch.float32}
+          UNIFORM_AT: torch.float32, NORMAL_AT: torch.float32, UNIFORM64_AT: torch.float64,
+          UNIT_F16: torch.float16, UNIT_BF16: torch.bfloat16, UNIFORM_F16_AT: torch.float16,
+          UNIFORM_BF16_AT: torch.bfloat16, NORMAL_F16: torch.float16,
+          NORMAL_BF16: torch.bfloat16, NORMAL_F16_AT: torch.float16,
+          NORMAL_BF16_AT: torch.bfloat16}
+
+# The float16 and bfloat16 modes, by what they draw: dtype -> mode.
+HALF_MODES = {"unit": {torch.float16: UNIT_F16, torch.bfloat16: UNIT_BF16},
+              "uniform": {torch.float16: UNIFORM_F16_AT, torch.bfloat16: UNIFORM_BF16_AT},
+              "normal": {torch.float16: NORMAL_F16, torch.bfloat16: NORMAL_BF16},
+              "normal_at": {torch.float16: NORMAL_F16_AT, torch.bfloat16: NORMAL_BF16_AT}}
 
 
 class CpuKernel:
-    """The extension's loops: ``run`` and ``randint`` fill preallocated CPU tensors."""
+    """The extension's loops: ``run`` and ``randint`` fill preallocated CPU tensors; ``block``
+    is one Threefry-2x32 block (``block(k0, k1, c0, c1) -> (x0, x1)``, the keys of draws)."""
 
-    __slots__ = ("_fill", "_randint")
+    __slots__ = ("_fill", "_randint", "_sort", "block")
 
-    def __init__(self, fill: Callable[..., None], randint: Callable[..., None]) -> None:
+    def __init__(self, fill: Callable[..., None], randint: Callable[..., None],
+                 block: Callable[[int, int, int, int], tuple[int, int]],
+                 sort: Callable[..., None]) -> None:
         self._fill = fill
         self._randint = randint
+        self.block = block
+        self._sort = sort
+
+    def sort(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Sort ``values`` (contiguous int64) in place by ``keys`` (contiguous int32 bit
+        patterns, compared as unsigned numbers; sorted in place too), stably."""
+        n = keys.numel()
+        scratch_keys, scratch_values = torch.empty_like(keys), torch.empty_like(values)
+        self._sort(keys.data_ptr(), values.data_ptr(), n, scratch_keys.data_ptr(),
+                   scratch_values.data_ptr())
 
     def run(self, key: tuple[int, int], mode: int, out0: torch.Tensor,
             out1: torch.Tensor | None = None, *, start: int = 0,
@@ -74,11 +128,20 @@ class CpuKernel:
         dtype (``DTYPES``); ``scale`` and ``shift`` are UNIFORM_AT's and NORMAL_AT's.
 
         Element i comes from counter ``start + i``, or ``counters[i]`` (a
-        contiguous int64 CPU tensor of the same length) when given.
+        contiguous int64 CPU tensor of the same length) when given. A long draw is shared
+        among torch's intra-op threads (``in_parts``): the same bits.
         """
-        self._fill(key[0], key[1], start, 0 if counters is None else counters.data_ptr(),
-                   out0.numel(), mode, out0.data_ptr(), 0 if out1 is None else out1.data_ptr(),
-                   float(scale), float(shift))
+        k0, k1 = key
+        width, first0 = out0.element_size(), out0.data_ptr()
+        first1 = 0 if out1 is None else out1.data_ptr()
+        listed = 0 if counters is None else counters.data_ptr()
+        scale, shift = float(scale), float(shift)
+
+        def part(i: int, n: int) -> None:
+            self._fill(k0, k1, (start + i) & _MASK64, listed and listed + 8 * i, n, mode,
+                       first0 + width * i, first1 and first1 + width * i, scale, shift)
+
+        in_parts(out0.numel(), part)
 
     def randint(self, keys: tuple[tuple[int, int], tuple[int, int]], span: int, multiplier: int,
                 low: int, out: torch.Tensor, *, start: int = 0,
@@ -87,9 +150,59 @@ class CpuKernel:
         ``[low, low + span)``: ``keys`` are ``split(key)[0]`` and ``[1]``, ``multiplier``
         is ``(2**16 % span)**2 % span`` as JAX computes it (``devrng._portable.threefry.randint``)."""
         (a0, a1), (b0, b1) = keys
-        self._randint(a0, a1, b0, b1, start, 0 if counters is None else counters.data_ptr(),
-                      out.numel(), span, multiplier, low, out.dtype == torch.int64,
-                      out.data_ptr())
+        width, first, wide = out.element_size(), out.data_ptr(), out.dtype == torch.int64
+        listed = 0 if counters is None else counters.data_ptr()
+
+        def part(i: int, n: int) -> None:
+            self._randint(a0, a1, b0, b1, (start + i) & _MASK64, listed and listed + 8 * i, n,
+                          span, multiplier, low, wide, first + width * i)
+
+        in_parts(out.numel(), part)
+
+
+_MASK64 = (1 << 64) - 1
+# Draws of at least this many elements are shared among torch's intra-op threads, in parts
+# of whole blocks of the kernel (256 elements); shorter ones cost less than a thread's
+# wake-up. Every element depends only on its counter: the bits do not depend on the parts.
+PARALLEL_FROM = 1 << 18
+_BLOCK = 256
+_PARTS_PER_THREAD = 4  # small parts: a helper that starts late leaves little to wait for
+_pool: dict[int, ThreadPoolExecutor] = {}  # by process id: a forked child makes its own
+
+
+def in_parts(n: int, part: Callable[[int, int], None]) -> None:
+    """``part(i, count)`` over ``[0, n)``: one call, or for long draws parts of whole blocks
+    taken in turn by this thread and ``torch.get_num_threads() - 1`` helpers. This thread
+    takes parts until none is left; a helper that has not started by then is cancelled, so
+    a busy machine (helpers scheduled late) costs no more than one thread."""
+    threads = torch.get_num_threads() if n >= PARALLEL_FROM else 1
+    if threads <= 1:
+        part(0, n)
+        return
+    size = -(-n // (threads * _PARTS_PER_THREAD) // _BLOCK) * _BLOCK  # whole blocks
+    starts = iter(range(0, n, size))
+    take = ForkSafeLock()
+
+    def work() -> None:
+        while True:
+            with take:
+                i = next(starts, None)
+            if i is None:
+                return
+            part(i, min(size, n - i))
+
+    pool = _pool.get(os.getpid())
+    if pool is None:
+        with _lock:
+            pool = _pool.setdefault(os.getpid(), ThreadPoolExecutor(
+                thread_name_prefix="devrng-kernel"))
+    helpers = [pool.submit(work) for _ in range(threads - 1)]
+    try:
+        work()
+    finally:
+        for helper in helpers:
+            if not helper.cancel():  # started: it finishes the part it holds
+                helper.result()
 
 
 _lock = ForkSafeLock()  # DataLoader workers fork: never inherit it held
@@ -110,6 +223,12 @@ def kernel() -> CpuKernel | None:
     if refused is not None:  # once per process (after the lock: a filter may make it raise)
         warn_and_log(f"devrng.portable: {refused}")
     return _loaded["kernel"]  # type: ignore[no-any-return]
+
+
+def loaded() -> CpuKernel | None:
+    """The kernel if ``kernel()`` has loaded it already, else None (without loading it: for
+    the keys, which the first draw's call of ``kernel()`` speeds up from then on)."""
+    return _loaded.get("kernel")
 
 
 def status() -> tuple[bool, str]:
