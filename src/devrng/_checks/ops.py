@@ -84,7 +84,9 @@ class Ops(TorchDispatchMode):  # type: ignore[no-untyped-call]
         [('0', 'forward'), ('1', 'forward')]
     """
 
-    def __init__(self) -> None:
+    def __init__(self, models: Sequence[torch.nn.Module] = ()) -> None:
+        """``models``: name their modules from them (a module otherwise takes its name from
+        the first module whose forward runs around it: a trainer may call a submodule's)."""
         super().__init__()  # type: ignore[no-untyped-call]
         self.ops: list[Op] = []
         self._stack: list[str] = []
@@ -96,6 +98,8 @@ class Ops(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self._optimizer = 0
         self._fresh: set[int] = set()  # storages handed out and not written yet
         self._handles: list[Any] = []
+        for model in models:
+            self.name_modules(model)
 
     def __enter__(self) -> Ops:
         hooks = torch.nn.modules.module
@@ -126,11 +130,17 @@ class Ops(TorchDispatchMode):  # type: ignore[no-untyped-call]
     def _enter_module(self, module: torch.nn.Module, args: Any) -> None:
         name = self._names.get(id(module))
         if name is None:  # a model seen for the first time: name its modules from it
-            self._roots.append(module)
-            for sub_name, sub in module.named_modules():
-                self._names.setdefault(id(sub), sub_name or type(module).__name__)
+            self.name_modules(module, keep=True)
             name = self._names[id(module)]
         self._stack.append(name)
+
+    def name_modules(self, model: torch.nn.Module, keep: bool = False) -> None:
+        """Name ``model``'s modules by their qualified names in it (``keep``: not those
+        named already)."""
+        self._roots.append(model)
+        for sub_name, sub in model.named_modules():
+            if not (keep and id(sub) in self._names):
+                self._names[id(sub)] = sub_name or type(model).__name__
 
     def _leave_module(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         if self._stack:
