@@ -20,7 +20,7 @@ from tests._helpers import ROOT, run_python
 pytestmark = pytest.mark.slow
 
 SCRIPT = ROOT / "tests" / "_determinism_ddp.py"
-LOCATED = ("located: forward of module module.pool, op determinism_ddp::unordered_sum "
+LOCATED = ("located: forward of module module.pool, op determinism_test::unordered_sum "
            "(the {}")
 
 
@@ -60,4 +60,4 @@ def test_the_op_is_located_on_each_rank_that_runs_it(tmp_path: Path, ranks: str)
     for rank in map(int, ranks.split(",")):
         assert LOCATED.format("") in found[rank], output
     if ranks == "1":  # rank 0 ran no nondeterministic op: it is not blamed for one
-        assert "determinism_ddp::unordered_sum" not in found[0], output
+        assert "determinism_test::unordered_sum" not in found[0], output

@@ -5,8 +5,8 @@
         [--shuffle urandom]
 
 - ``--unordered-sum``: the model's ``pool`` layer is a ``torch.library`` op
-  (``determinism_test::unordered_sum``) that sums in an order drawn from ``os.urandom``, as a
-  GPU kernel's atomic adds do;
+  (``determinism_test::unordered_sum``, tests/_unordered_sum.py) that sums in an order
+  drawn from ``os.urandom``, as a GPU kernel's atomic adds do;
 - ``--shuffle urandom``: the training data is shuffled by a generator seeded from
   ``os.urandom`` (the loader's for Lightning and accelerate; the Trainer's sampler for HF).
 
@@ -16,63 +16,12 @@ Without a flag each is deterministic.
 from __future__ import annotations
 
 import argparse
-import os
 from typing import Any
 
 import torch
+from tests._unordered_sum import network, urandom_generator
 
 import devrng
-
-lib = torch.library.Library("determinism_test", "DEF")
-lib.define("unordered_sum(Tensor x) -> Tensor")
-
-
-def _unordered_sum(x: torch.Tensor) -> torch.Tensor:
-    out = torch.zeros_like(x[0])
-    for i in torch.randperm(len(x), generator=_urandom_generator()).tolist():
-        out = out + x[i]
-    return out
-
-
-def _backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
-    return grad.expand(ctx.n, *grad.shape)
-
-
-def _save_n(ctx: Any, inputs: tuple[torch.Tensor], output: torch.Tensor) -> None:
-    ctx.n = len(inputs[0])
-
-
-lib.impl("unordered_sum", _unordered_sum, "CompositeExplicitAutograd")
-torch.library.register_autograd("determinism_test::unordered_sum", _backward,
-                                setup_context=_save_n)
-
-
-def _urandom_generator() -> torch.Generator:
-    return torch.Generator().manual_seed(int.from_bytes(os.urandom(8), "little"))
-
-
-class Pool(torch.nn.Module):
-    """Sums the hidden units in groups of eight (in a fixed order, or not: of 8! orders, two
-    runs rarely draw ones with equal sums)."""
-
-    def __init__(self, unordered: bool) -> None:
-        super().__init__()
-        self.unordered = unordered
-
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        groups = h.reshape(len(h), -1, 8).permute(2, 0, 1)
-        if self.unordered:
-            return torch.ops.determinism_test.unordered_sum(groups)
-        return groups.sum(0)
-
-
-def network(unordered: bool) -> torch.nn.Sequential:
-    """``encoder``, ``pool`` (the layer ``--unordered-sum`` makes nondeterministic), ``head``."""
-    model = torch.nn.Sequential()
-    model.add_module("encoder", torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh()))
-    model.add_module("pool", Pool(unordered))
-    model.add_module("head", torch.nn.Linear(4, 1))
-    return model
 
 
 class Points(torch.utils.data.Dataset[Any]):
@@ -96,13 +45,13 @@ class UrandomSampler(torch.utils.data.Sampler[int]):
         return self.n
 
     def __iter__(self) -> Any:
-        return iter(torch.randperm(self.n, generator=_urandom_generator()).tolist())
+        return iter(torch.randperm(self.n, generator=urandom_generator()).tolist())
 
 
 def loader_kwargs(rng: devrng.TrainingRNG, shuffle: str) -> dict[str, Any]:
     kwargs = dict(rng.dataloader_kwargs())
     if shuffle == "urandom":
-        kwargs["generator"] = _urandom_generator()
+        kwargs["generator"] = urandom_generator()
     return kwargs
 
 
