@@ -59,5 +59,10 @@ def test_the_op_is_located_on_each_rank_that_runs_it(tmp_path: Path, ranks: str)
                "did not" in found[rank], output
     for rank in map(int, ranks.split(",")):
         assert LOCATED.format("") in found[rank], output
-    if ranks == "1":  # rank 0 ran no nondeterministic op: it is not blamed for one
+    if ranks == "1":
+        # Rank 0 ran no nondeterministic op: the difference reached it through the gradients'
+        # all-reduce, whose inputs there (rank 0's own gradients) matched.
         assert "determinism_test::unordered_sum" not in found[0], output
+        assert re.search(r"located: backward of no module, op c10d::allreduce_ \(the \d+\w\w "
+                         r"op of the step, on cpu\): its inputs were equal in both runs and "
+                         r"its outputs were not", found[0]), output

@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from tests._helpers import ROOT, run_python
 
 pytest.importorskip("torch_xla")

@@ -155,7 +155,7 @@ class Ops(TorchDispatchMode):  # type: ignore[no-untyped-call]
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
                            kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        ins = self._digest((args, kwargs))
+        ins = self._digest((args, _read(func, kwargs)))
         rng = _generator_digest(func, args, kwargs)
         result = func(*args, **kwargs)
         name = func._schema.name if hasattr(func, "_schema") else str(func)
@@ -218,6 +218,13 @@ _UNINITIALISED = frozenset({"empty", "empty_like", "empty_strided", "new_empty",
 
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def _read(func: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The keyword arguments an op reads: not its ``out=`` ones, whose bytes it overwrites
+    (a buffer reused from run to run, as DDP's gradient buckets, holds other bytes)."""
+    outs = {a.name for a in func._schema.arguments if a.is_out}
+    return {k: v for k, v in kwargs.items() if k not in outs} if outs else kwargs
 
 
 def _generator_digest(func: Any, args: Any, kwargs: Any) -> str:
