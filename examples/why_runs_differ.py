@@ -9,6 +9,8 @@ runs that differ though every seed is set.
   to run, as a GPU kernel's atomic adds do (a ``torch.library`` op);
 - ``--shuffle urandom``: the loader shuffles with a generator seeded from ``os.urandom``;
 - ``--noise urandom``: the model adds noise from a generator seeded from ``os.urandom``;
+- ``--augment urandom``: the dataset jitters each sample with NumPy noise seeded from
+  ``os.urandom``;
 - ``--workers N`` with ``--out-of-order``: workers that take random time, and a loader
   that hands over batches as they are ready (``in_order=False``).
 
@@ -23,6 +25,7 @@ import argparse
 import os
 import time
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
@@ -81,17 +84,22 @@ class Noise(torch.nn.Module):
 
 
 class Points(Dataset[tuple[torch.Tensor, torch.Tensor]]):
-    def __init__(self, slow: bool) -> None:
+    def __init__(self, slow: bool, augment: bool) -> None:
         self.x = torch.linspace(-1, 1, 96 * 8).reshape(96, 8)
         self.slow = slow
+        self.noise = np.random.default_rng(int.from_bytes(os.urandom(8), "little")) \
+            if augment else None
 
     def __len__(self) -> int:
         return len(self.x)
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.slow:  # some samples take longer: the workers finish out of turn
-            time.sleep(os.urandom(1)[0] / 255 * 0.02)
-        return self.x[i], self.x[i].sum(0, keepdim=True)
+        if self.slow and os.urandom(1)[0] < 64:  # a quarter take longer: out of turn
+            time.sleep(0.03)
+        x = self.x[i]
+        if self.noise is not None:
+            x = x + torch.from_numpy(self.noise.normal(0, 0.01, 8).astype("float32"))
+        return x, self.x[i].sum(0, keepdim=True)
 
 
 def main() -> None:
@@ -99,6 +107,7 @@ def main() -> None:
     parser.add_argument("--unordered-sum", action="store_true")
     parser.add_argument("--shuffle", choices=("devrng", "urandom"), default="devrng")
     parser.add_argument("--noise", choices=("none", "urandom"), default="none")
+    parser.add_argument("--augment", choices=("none", "urandom"), default="none")
     parser.add_argument("--workers", type=int, default=0)
     parser.add_argument("--out-of-order", action="store_true")
     parser.add_argument("--epochs", type=int, default=2)
@@ -118,7 +127,7 @@ def main() -> None:
             int.from_bytes(os.urandom(8), "little"))
     if args.out_of_order:
         kwargs["in_order"] = False
-    loader = DataLoader(Points(slow=args.out_of_order), batch_size=8, shuffle=True,
+    loader = DataLoader(Points(slow=args.out_of_order, augment=args.augment == "urandom"), batch_size=8, shuffle=True,
                         num_workers=args.workers, **kwargs)
     rng.track("loader", loader)
 

@@ -124,6 +124,10 @@ _PRIVATE: dict[str, tuple[str, str | None]] = {
     # How devrng reads a module another thread may still be importing, tried on a module
     # held half imported.
     "imported": ("devrng._base.lazy", "imported"),
+    # Whether the command a check launches can import devrng, asked of made-up interpreters
+    # (check-resume asks it before its first run).
+    "devrng_missing": ("devrng._base.commands", "devrng_missing"),
+    "devrng_missing_in_output": ("devrng._base.commands", "devrng_missing_in_output"),
     # The version tables, checked against pyproject.toml and made-up versions.
     "MIN_TORCH": ("devrng._versions", "MIN_TORCH"),
     "TESTED_TORCH": ("devrng._versions", "TESTED_TORCH"),

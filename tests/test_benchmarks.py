@@ -57,6 +57,15 @@ def test_portable_benchmark_times_every_op_family_with_and_without_the_kernel() 
                for line in table_rows) == len(without)
 
 
+def test_check_benchmark_times_a_step_with_every_op_recorded() -> None:
+    from benchmarks import bench_checks
+
+    (row,) = bench_checks.run(quick=True)
+    assert row["case"].startswith("check-determinism: one CNN step with every op recorded")
+    assert math.isfinite(row["ratio"]) and row["ratio"] > 0
+    assert math.isclose(row["ratio"], row["devrng_us"] / row["peer_us"])
+
+
 # -- the report: tables and charts from saved results -----------------------------------
 SAVED = sorted(report.SAVED.glob("results-*.json"))
 PORTABLE = sorted(report.SAVED.glob("portable-*.json"))

@@ -241,6 +241,11 @@ def test_doctor_load_checks_xla_and_warns_about_pjrt_device() -> None:
     assert "PJRT_DEVICE is not set" in unset.stdout
     row = next(line for line in unset.stdout.splitlines() if line.split()[:1] == ["xla"])
     assert "not loaded" in row and "--load" in row
+    # torch_xla's import sets PJRT_DEVICE (and XLA_FLAGS) itself: listed as what loading did
+    loaded_unset = cli("doctor", "--load", env={"PJRT_DEVICE": None, "XLA_FLAGS": None})
+    assert "  PJRT_DEVICE               (unset)  (loading the backends set it to 'CPU')" \
+        in loaded_unset.stdout
+    assert "PJRT_DEVICE is not set" in loaded_unset.stdout
 
 
 @pytest.mark.xla
@@ -385,3 +390,40 @@ def test_doctor_load_prints_what_packages_print_after_its_table(tmp_path: Path) 
     heading = lines.index("Printed while loading the backends (by the packages themselves):")
     assert table_end < heading < min(noise)
     assert all(lines[i].startswith("  | ") for i in noise)
+
+
+def test_doctor_load_lists_the_environment_the_user_set_not_what_loading_set(
+        tmp_path: Path) -> None:
+    """torch_xla's import sets PJRT_DEVICE and XLA_FLAGS itself (measured: torch_xla 2.9);
+    doctor --load listed them as the user's and, PJRT_DEVICE set, dropped its warning that
+    it is not. Faked here: a backend package that sets them while it loads, beside the
+    metadata of a torch_xla."""
+    env = install_plugin(tmp_path, "envdev = env_mod:backend",
+                         "import os\n"
+                         "os.environ['PJRT_DEVICE'] = 'CPU'\n"
+                         "os.environ['XLA_FLAGS'] = ' --xla_cpu_enable_fast_math=false'\n"
+                         "os.environ.pop('DEVRNG_CPU_KERNEL', None)\n"
+                         "from tests._fakes import MinimalBackend\n"
+                         "backend = MinimalBackend()\nbackend.name = 'envdev'\n")
+    fake_distribution(tmp_path, "torch_xla", "2.9.0")
+    out = cli("doctor", "--load", env={**env, "PJRT_DEVICE": None, "XLA_FLAGS": None,
+                                       "DEVRNG_CPU_KERNEL": "auto"})
+    variables = out.stdout.split("\nEnvironment variables:\n")[1].split("\n\n")[0]
+    rows = {line.split()[0]: line.split(None, 1)[1] for line in variables.splitlines()}
+    assert rows["PJRT_DEVICE"] == "(unset)  (loading the backends set it to 'CPU')"
+    assert rows["XLA_FLAGS"] == ("(unset)  (loading the backends set it to "
+                                 "' --xla_cpu_enable_fast_math=false')")
+    assert rows["DEVRNG_CPU_KERNEL"] == "auto  (loading the backends unset it)"
+    assert rows["RANK"] == "(unset)"
+    assert "torch_xla is installed but PJRT_DEVICE is not set" in out.stdout
+    plain = cli("doctor", env={"PJRT_DEVICE": "TPU"})  # nothing changed it: nothing beside
+    assert "  PJRT_DEVICE               TPU\n" in plain.stdout
+    assert "loading the backends" not in plain.stdout
+
+
+def test_environment_problems_read_the_environment_they_are_given() -> None:
+    versions: dict[str, str | None] = {"torch_xla": "2.9.0"}
+    _, unset = environment_problems(versions, {})
+    assert any("PJRT_DEVICE is not set" in w for w in unset)
+    _, given = environment_problems(versions, {"PJRT_DEVICE": "CPU"})
+    assert not any("PJRT_DEVICE" in w for w in given)

@@ -1078,6 +1078,7 @@ def test_nested_streams_are_independent() -> None:
     assert torch.equal(a, want[0]) and torch.equal(b, want[1]) and outer.counter == 2
 
 
+@pytest.mark.filterwarnings("ignore:torch's generator was seeded inside")  # (on purpose here)
 def test_the_innermost_stream_answers_each_draw() -> None:
     def draw() -> torch.Tensor:  # the same numbers each time torch's own generator answers
         torch.manual_seed(5)

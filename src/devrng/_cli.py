@@ -13,7 +13,7 @@ import os
 import platform
 import sys
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -241,16 +241,19 @@ def _setting_text(value: Any, available: bool) -> str:
     return "(unset)" if value is None else str(value)
 
 
-def environment_problems(versions: dict[str, str | None]) -> tuple[list[str], list[str]]:
-    """Problems of this environment's settings (not of package versions), each with its fix.
+def environment_problems(versions: dict[str, str | None], environ: Mapping[str, str] | None = None
+                         ) -> tuple[list[str], list[str]]:
+    """Problems of this environment's settings (not of package versions), each with its fix;
+    ``environ`` is the user's environment (default ``os.environ``).
 
     Returns (errors, warnings): an error makes a devrng call fail (``TrainingRNG()`` on
     a seed variable that holds no seed); a warning makes results differ between runs
     or devices.
     """
+    environ = os.environ if environ is None else environ
     errors, warnings = [], []
     for variable in SEED_VARIABLES:
-        raw = os.environ.get(variable, "")
+        raw = environ.get(variable, "")
         if raw.strip():
             try:
                 seed_from_environment(variable, raw)
@@ -261,14 +264,14 @@ def environment_problems(versions: dict[str, str | None]) -> tuple[list[str], li
         kernel_switched_off()
     except DevRNGError as err:
         errors.append(f"{err} devrng.portable raises this at its first draw on the CPU.")
-    cublas = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
+    cublas = environ.get("CUBLAS_WORKSPACE_CONFIG")
     if cublas is not None and cublas not in CUBLAS_DETERMINISTIC:
         warnings.append(
             f"CUBLAS_WORKSPACE_CONFIG is {cublas!r}, with which cuBLAS may sum in another order "
             "on every run (and torch's deterministic mode refuses cuBLAS ops); unset it "
             "(devrng.deterministic() sets ':4096:8' when it runs before CUDA starts) or set "
             "CUBLAS_WORKSPACE_CONFIG=:4096:8.")
-    if versions.get("torch_xla") and not os.environ.get("PJRT_DEVICE"):
+    if versions.get("torch_xla") and not environ.get("PJRT_DEVICE"):
         warnings.append("torch_xla is installed but PJRT_DEVICE is not set: torch_xla then picks "
                         "a device itself (it may look for a TPU); set PJRT_DEVICE=CPU, TPU or "
                         "CUDA.")
@@ -295,6 +298,7 @@ def _stderr_held(held: list[str]) -> Iterator[None]:
 
 def doctor(*, load: bool = False, everything: bool = False) -> int:
     """Print the report; 0 unless a backend that was checked with ``load`` fails."""
+    users = dict(os.environ)  # before loading: torch_xla sets PJRT_DEVICE and XLA_FLAGS itself
     versions = {p: _version(p) for p in _PACKAGES}
     _out(f"devrng {devrng.__version__} on Python {platform.python_version()} "
          f"({platform.system()} {platform.machine()})")
@@ -328,9 +332,12 @@ def doctor(*, load: bool = False, everything: bool = False) -> int:
     _out("\nInterrupts (Ctrl-C) inside devrng calls:")
     _out(f"  {_interrupt_guard()}")
     _out("\nEnvironment variables:")
-    for var in _ENV_VARS:
-        _out(f"  {var:25} {os.environ.get(var, '(unset)')}")
-    errors, warnings = environment_problems(versions)
+    for var in _ENV_VARS:  # the user's values; what loading a package changed, beside them
+        now = os.environ.get(var)
+        loaded = "" if now == users.get(var) else (
+            f"  (loading the backends {'unset it' if now is None else f'set it to {now!r}'})")
+        _out(f"  {var:25} {users.get(var, '(unset)')}{loaded}")
+    errors, warnings = environment_problems(versions, users)
     mismatched = version_problems(versions)
     if errors or warnings or mismatched:
         _out("\nProblems in this environment:")

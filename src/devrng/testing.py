@@ -28,18 +28,21 @@ from devrng._backends.registry import current_accelerator, default_types, loaded
 from devrng._base.errors import check_flags, short_repr
 from devrng._base.lazy import load
 from devrng._base.seeds import check_seed
+from devrng._checks.locate import Found, between_devices, between_runs
 from devrng._generators.infer import arg_devices
 from devrng._generators.saved import describe
 from devrng._generators.seeding import manual_seed
 from devrng._generators.snapshot import RNGState, get_rng_state, set_rng_state
 
 __all__ = [
+    "Divergence",
     "LeafReport",
     "Report",
     "assert_reproducible",
     "compare",
     "compare_devices",
     "compare_grad_modes",
+    "locate_divergence",
 ]
 
 # Python numbers compare as the dtypes torch.testing gives them.
@@ -649,3 +652,165 @@ def _restore_buffers(saved: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
     with torch.no_grad():
         for buf, copy_ in saved:
             buf.copy_(copy_)
+
+
+# -- locating a divergence --------------------------------------------------------------
+@dataclass(frozen=True)
+class Divergence:
+    """Where two runs (or two devices) of a function first part, from ``locate_divergence``.
+
+    ``module`` is the qualified name of the module (None: none, or no difference),
+    ``op`` the op's name (``"aten::index_add_"``, ``"mylib::fused_attn"``), ``phase``
+    ``"forward"`` or ``"backward"``, ``kind`` how they part (``"op"``: equal inputs and
+    other outputs; ``"generator"``: a random op drew from a generator in another state;
+    ``"input"``, ``"path"``, ``"module"``, ``"output"``: see ``str()``), and ``report``
+    the figures of the first differing output against the reference's (a ``Report``;
+    None when there is nothing to measure). ``str()`` says it in one paragraph.
+    """
+
+    ok: bool
+    module: str | None
+    op: str | None
+    phase: str | None
+    kind: str | None
+    report: Report | None
+    compared: str
+    detail: str
+
+    @property
+    def mismatched(self) -> int:
+        """Elements of the first differing output outside tolerance (0 when ok)."""
+        return self.report.mismatched if self.report is not None else 0
+
+    @property
+    def max_abs(self) -> float:
+        """Largest absolute difference there (0.0 when ok)."""
+        return self.report.max_abs if self.report is not None else 0.0
+
+    @property
+    def max_rel(self) -> float:
+        """Largest relative difference there (0.0 when ok)."""
+        return self.report.max_rel if self.report is not None else 0.0
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+    def __str__(self) -> str:
+        if self.ok:
+            return f"No divergence: {self.compared}: {self.detail}."
+        figures = f" The outputs there: {str(self.report).splitlines()[0]}." \
+            if self.report is not None else ""
+        return f"Divergence: {self.compared}. {self.detail}.{figures}"
+
+
+def locate_divergence(fn: Callable[..., Any], *inputs: Any,
+                      devices: Sequence[str | torch.device] | None = None, runs: int = 2,
+                      rtol: float | None = None, atol: float | None = None) -> Divergence:
+    """Name the first module and op where runs of ``fn(*inputs)`` part.
+
+    With ``devices=None`` it runs ``fn`` (a module or a function) ``runs`` times on the
+    same inputs (a fresh copy of each tensor per run), each from the same RNG state and buffers (the caller's RNG state and
+    the module's buffers are restored afterwards),
+    forward and -- when an output requires grad -- backward from a gradient of ones,
+    with every op recorded; the first op whose inputs are equal and whose outputs are not
+    is named, with its module and the fix where one is known. Runs must agree bit for
+    bit; ``rtol`` / ``atol`` only set what the figures count as mismatched.
+
+    With ``devices=(reference, other)`` it runs ``fn`` on the reference device keeping
+    every module call's inputs and output, then each module (its children before it) on
+    the other device from the reference's inputs, so that error does not pile up
+    through the layers: the first module whose output leaves tolerance (``compare``'s
+    defaults unless given) is named, and within it the first op. Forward only; a
+    function that is no module is one call. Each device runs a deep copy of a module,
+    each module call from the RNG state the reference's call started from (devices of
+    one type draw the same; a CPU and an XLA device do not: use ``eval()``).
+
+    Args:
+        fn: A module or a function.
+        *inputs: Its positional arguments.
+        devices: None (runs on one device), or two devices, the reference first.
+        runs: How many runs to compare with ``devices=None``, at least 2.
+        rtol: Relative tolerance; give both or neither.
+        atol: Absolute tolerance.
+
+    Returns:
+        A ``Divergence``: ``.ok``, ``.module``, ``.op``, ``.phase``, the figures.
+
+    Raises:
+        TypeError: ``fn`` is not callable.
+        ValueError: ``runs`` is less than 2; ``devices`` is not two devices or names one
+            this process cannot use; only one of ``rtol`` / ``atol`` is given.
+
+    Examples:
+        >>> net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Dropout(0.5))
+        >>> print(devrng.testing.locate_divergence(net, torch.ones(2, 4)))
+        No divergence: 2 runs of Sequential on cpu, forward (6 ops) and backward (8 ops): they matched bit for bit.
+        >>> import time
+        >>> def noisy(x):   # a generator seeded from the clock, which devrng does not seed
+        ...     clock = torch.Generator().manual_seed(time.perf_counter_ns())
+        ...     return x + torch.rand(x.shape, generator=clock)
+        >>> found = devrng.testing.locate_divergence(noisy, torch.ones(2, 4))
+        >>> found.ok, found.module, found.op, found.phase, found.kind
+        (False, None, 'aten::rand', 'forward', 'generator')
+    """
+    if not callable(fn):
+        raise TypeError(f"fn={short_repr(fn)} is not callable: pass a module or a function "
+                        "to run.")
+    if isinstance(runs, bool) or not isinstance(runs, int) or runs < 2:
+        raise ValueError(f"runs={runs!r} must be an int of at least 2: the runs are compared "
+                         "with each other.")
+    compare(0.0, 0.0, rtol=rtol, atol=atol)  # (raises for half a tolerance)
+    if devices is None:
+        exact = (0.0, 0.0) if rtol is None or atol is None else (rtol, atol)
+        buffers = _buffers(fn)  # (BatchNorm's statistics: each run starts from them)
+        with _forked(_types_of(fn, inputs)) as state:
+            def reset() -> None:
+                set_rng_state(state)
+                _restore_buffers(buffers)
+
+            try:
+                found, compared = between_runs(
+                    fn, inputs, runs, reset,
+                    lambda a, b: not compare(a, b, rtol=0.0, atol=0.0).bitwise_equal)
+            finally:
+                _restore_buffers(buffers)
+        return _divergence(found, compared, "they matched bit for bit", exact, "run 1")
+    pair, labels = _two_devices(devices)
+    accel = list(dict.fromkeys(d.type for d in pair if d.type != "cpu"))
+    with _forked(accel):
+        found, compared = between_devices(
+            fn, inputs, pair, labels, lambda a, b: not compare(a, b, rtol=rtol, atol=atol).ok,
+            (lambda: get_rng_state(device_type=accel), set_rng_state))
+    return _divergence(found, compared, "every module's output stayed within tolerance",
+                       (rtol, atol), labels[0])
+
+
+def _divergence(found: Found | None, compared: str, fine: str,
+                tolerance: tuple[float | None, float | None], ours: str) -> Divergence:
+    if found is None:
+        return Divergence(True, None, None, None, None, None, compared, fine)
+    report = None if found.ours is None or found.theirs is None else compare(
+        found.theirs, found.ours, rtol=tolerance[0], atol=tolerance[1],
+        title=f"{found.other} vs {ours}")
+    return Divergence(False, found.module, found.op, found.phase, found.kind, report,
+                      compared, found.detail)
+
+
+def _two_devices(devices: Any) -> tuple[tuple[torch.device, torch.device], tuple[str, str]]:
+    """``devices`` as two usable devices and their labels, or a ValueError saying why not."""
+    if isinstance(devices, (str, torch.device)) or not isinstance(devices, Sequence) \
+            or len(devices) != 2:
+        raise ValueError(f"devices={devices!r} must name two devices, the reference first, as "
+                         "in devices=('cpu', 'xla:0'), or be None to compare runs on one "
+                         "device.")
+    parsed = []
+    for d in devices:
+        try:
+            device = torch.device(d)
+            torch.empty(0, device=device)
+        except (RuntimeError, ValueError, TypeError, AssertionError) as err:
+            raise ValueError(f"{d!r} in devices is not a device this process can use ({err}); "
+                             "use strings such as 'cpu', 'cuda:0' or 'xla:0' (after import "
+                             "torch_xla).") from err
+        parsed.append(device)
+    return (parsed[0], parsed[1]), (str(devices[0]), str(devices[1]))

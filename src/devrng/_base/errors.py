@@ -64,13 +64,22 @@ class DevRNGWarning(UserWarning):
     __module__ = "devrng"  # as DevRNGError: named where users import it from
 
 
-def warn_and_log(message: str, *, stacklevel: int = 1) -> None:
+def warn_and_log(message: str, *, stacklevel: int = 1, at: tuple[str, int] | None = None
+                 ) -> None:
     """Warn with a ``DevRNGWarning`` and log the same message on the ``"devrng"`` logger.
 
-    ``stacklevel`` is ``warnings.warn``'s, counted from the line that calls this function.
+    ``stacklevel`` is ``warnings.warn``'s, counted from the line that calls this function;
+    ``at`` (a file name and line) places the warning there instead.
     """
     logging.getLogger("devrng").warning(message)
-    warnings.warn(message, DevRNGWarning, stacklevel=stacklevel + 1)
+    if at is None:
+        warnings.warn(message, DevRNGWarning, stacklevel=stacklevel + 1)
+    else:  # (a registry per file, as Python keeps: its default filter says each line once)
+        warnings.warn_explicit(message, DevRNGWarning, at[0], at[1],
+                               registry=_AT_REGISTRY.setdefault(at[0], {}))
+
+
+_AT_REGISTRY: dict[str, dict[Any, Any]] = {}
 
 
 def say(message: str, log: Callable[[str], None] | None = None) -> None:

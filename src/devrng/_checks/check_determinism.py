@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from devrng._checks.ops import RANDOM_OPS, Op, Split, first_split, ops_path, read_ops
+from devrng._checks.ops import Split, first_split, ops_path, read_ops
 from devrng._checks.record import MAX_STEPS_VARIABLE, OPS_VARIABLE
 from devrng._checks.runs import (
     CANNOT,
@@ -31,9 +31,9 @@ from devrng._checks.runs import (
     out,
     records,
 )
-from devrng._checks.verdict import RERUN, Verdict, judge
+from devrng._checks.verdict import RERUN, Verdict, judge, located
 
-__all__ = ["check_determinism", "located"]
+__all__ = ["check_determinism"]
 
 
 def check_determinism(command: Sequence[str], *, steps: int | None = None, runs: int = 2,
@@ -96,6 +96,7 @@ def _verdict(found: list[dict[int, dict[str, Any]]], rank: int, label: int | Non
                 "value that differs below what the record compares); give --steps"))
         if verdict.ok is None:
             return replace(verdict, rank=label)
+        verdict = replace(verdict, span="..")
         if verdict.difference is not None and (
                 worst is None or (verdict.difference.step or 0)
                 < (worst.difference.step or 0)):  # type: ignore[union-attr]
@@ -141,111 +142,8 @@ def _with_split(verdict: Verdict, split: Split | str | None, step: int) -> Verdi
         return verdict
     if isinstance(split, str):
         return replace(verdict, difference=replace(difference, detail=split))
+    # (The op's own words replace the causes a difference in the computation can have.)
     return replace(verdict, difference=replace(
-        difference, module=split.op.module if split.op else None,
+        difference, hint="", module=split.op.module if split.op else None,
         op=split.op.op if split.op else None, phase=split.op.phase if split.op else None,
         detail=located(split)))
-
-
-def located(split: Split) -> str:
-    """Where two recordings of a step part, in words, with the known fix.
-
-    Examples:
-        >>> from devrng._checks.check_determinism import located
-        >>> from devrng._checks.ops import Op, Split
-        >>> op = Op(4, "mylib::fused_sum", "encoder.2", "forward", "i", "o")
-        >>> located(Split("op", op, op))[:70]
-        'located: forward of module encoder.2, op mylib::fused_sum (the 5th op '
-    """
-    if split.kind == "path" or split.op is None:
-        ours, theirs = split.op, split.other
-        return ("located: the two runs ran other ops from here on: "
-                f"{_where(ours) if ours else 'run 1 ran no more ops'}; "
-                f"{_where(theirs) if theirs else 'run 2 ran no more ops'}: the step's "
-                "control flow depends on something that changes between runs (a branch on a "
-                "value that differs, a set's or dict's order, the clock)")
-    where = _where(split.op)
-    if split.kind == "generator":
-        return (f"located: {where}: a random op whose inputs were equal in both runs and whose "
-                "generator was in another state: it draws from a generator devrng does not "
-                "seed (a generator= argument made or seeded from the clock or os.urandom); "
-                "seed it from the run's seed (torch.Generator().manual_seed(rng.seed + k)) "
-                "and rng.track(name, generator) so that checkpoints keep it")
-    if split.kind == "input":
-        return (f"located: {where} is the first op whose inputs differ, and every op before "
-                "it in the step matched: the difference comes from outside torch's ops (a "
-                "tensor made from NumPy or Python values, or data a hook or callback changed)")
-    return f"located: {where}: its inputs were equal in both runs and its outputs were not: " \
-           + op_hint(split.op)
-
-
-def _where(op: Op) -> str:
-    module = f"module {op.module}" if op.module else "no module"
-    phase = {"forward": "forward of ", "backward": "backward of "}.get(op.phase, "")
-    where = f"{phase}{module}" if phase else f"{op.phase} ({module})"
-    return f"{where}, op {op.op} (the {_ordinal(op.index + 1)} op of the step, on {op.device})"
-
-
-def _ordinal(n: int) -> str:
-    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
-    return f"{n}{suffix}"
-
-
-#: Ops torch lists as nondeterministic on CUDA (``torch.use_deterministic_algorithms``):
-#: ``devrng.deterministic()`` turns that switch on, so torch runs a deterministic kernel
-#: where it has one and raises where it has none.
-KNOWN = frozenset({
-    "index_add", "index_add_", "index_copy", "index_copy_", "index_put", "index_put_",
-    "_index_put_impl_", "put", "put_", "scatter", "scatter_", "scatter_add", "scatter_add_",
-    "scatter_reduce", "scatter_reduce_", "index_reduce", "index_reduce_", "histc", "bincount",
-    "kthvalue", "median", "nanmedian", "mode", "cumsum", "embedding_dense_backward",
-    "_embedding_bag_backward", "embedding_bag", "ctc_loss", "nll_loss2d_backward",
-    "_adaptive_avg_pool2d_backward", "_adaptive_avg_pool3d_backward",
-    "adaptive_max_pool2d_backward", "avg_pool3d_backward", "max_pool3d_with_indices_backward",
-    "fractional_max_pool2d_backward", "fractional_max_pool3d_backward", "max_unpool1d",
-    "max_unpool2d", "max_unpool3d", "upsample_linear1d_backward",
-    "upsample_bilinear2d_backward", "upsample_bicubic2d_backward",
-    "upsample_trilinear3d_backward", "reflection_pad1d_backward", "reflection_pad2d_backward",
-    "reflection_pad3d_backward", "replication_pad1d_backward", "replication_pad2d_backward",
-    "replication_pad3d_backward", "grid_sampler_2d_backward", "grid_sampler_3d_backward",
-    "segment_reduce", "_segment_reduce_backward", "resize_",
-})
-#: Ops whose CUDA kernels come from cuBLAS (its workspace reorders sums unless
-#: CUBLAS_WORKSPACE_CONFIG is set before CUDA starts: deterministic() sets it) or cuDNN.
-_CUBLAS = frozenset({"mm", "addmm", "bmm", "baddbmm", "addbmm", "matmul", "linear", "addmv",
-                     "mv", "dot", "_scaled_dot_product_efficient_attention",
-                     "_scaled_dot_product_flash_attention"})
-_CUDNN = frozenset({"convolution", "_convolution", "convolution_backward", "cudnn_convolution",
-                    "cudnn_batch_norm", "_cudnn_rnn", "_cudnn_rnn_backward",
-                    "cudnn_convolution_transpose"})
-
-
-def op_hint(op: Op) -> str:
-    """What is known of ``op`` being nondeterministic, and the fix."""
-    namespace, _, name = op.op.partition("::")
-    base = name.split(".")[0]
-    if base in RANDOM_OPS:
-        return ("it draws random numbers, from a generator the two runs left in other "
-                "states: one devrng does not seed; seed it from the run's seed and "
-                "rng.track(name, generator)")
-    if namespace not in ("aten", "prims", "_c10d_functional", "c10d"):
-        return (f"it is a custom op ({namespace}, registered with torch.library or a C++ "
-                "extension) whose kernel is nondeterministic: torch's determinism switches "
-                "do not reach it; make its kernel reduce in a fixed order (no atomics), or "
-                "give it a deterministic path")
-    if base in KNOWN:
-        return (f"torch knows {base} as nondeterministic on CUDA (atomic adds): "
-                "turn on devrng.deterministic() at the top of the script, which makes torch "
-                "use its deterministic kernel (or raise where it has none)")
-    if base in _CUBLAS:
-        return ("on CUDA its kernel comes from cuBLAS, which sums in another order from run "
-                "to run unless CUBLAS_WORKSPACE_CONFIG is set before CUDA starts: turn on "
-                "devrng.deterministic() at the top of the script, which sets it")
-    if base in _CUDNN:
-        return ("on CUDA its kernel comes from cuDNN, which picks algorithms by timing them "
-                "(benchmark mode) and has nondeterministic ones: turn on "
-                "devrng.deterministic(), which turns benchmark off and deterministic on")
-    return ("torch does not list it as nondeterministic: a kernel that sums in another order "
-            "from run to run (threads, atomics), or a backend's op; devrng.deterministic() may "
-            "not reach it: report it with the op's name and device")
-

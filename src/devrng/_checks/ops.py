@@ -32,9 +32,9 @@ from torch.optim.optimizer import (
     register_optimizer_step_pre_hook,
 )
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import tree_flatten, tree_map
 
-__all__ = ["Op", "Ops", "Split", "first_split", "read_ops", "write_ops"]
+__all__ = ["Op", "Ops", "Split", "first_split", "on_cpu", "read_ops", "write_ops"]
 
 
 @dataclass(frozen=True)
@@ -75,20 +75,26 @@ RANDOM_OPS = frozenset({
 class Ops(TorchDispatchMode):  # type: ignore[no-untyped-call]
     """Record the ops run while active (``with Ops() as ops: ...``; then ``ops.ops``).
 
+    With ``keep=True`` it also keeps a CPU copy of every op's outputs (``ops.outputs``,
+    one entry per op in ``ops.ops``), to measure how far two recordings' outputs part.
+
     Examples:
         >>> from devrng._checks.ops import Ops
         >>> model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
+        >>> x = torch.ones(1, 2)
         >>> with Ops() as ops:
-        ...     _ = model(torch.ones(1, 2))
+        ...     _ = model(x)
         >>> sorted({(op.module, op.phase) for op in ops.ops})
         [('0', 'forward'), ('1', 'forward')]
     """
 
-    def __init__(self, models: Sequence[torch.nn.Module] = ()) -> None:
+    def __init__(self, models: Sequence[torch.nn.Module] = (), *, keep: bool = False) -> None:
         """``models``: name their modules from them (a module otherwise takes its name from
         the first module whose forward runs around it: a trainer may call a submodule's)."""
         super().__init__()  # type: ignore[no-untyped-call]
         self.ops: list[Op] = []
+        self.outputs: list[Any] = []  # with keep: each op's outputs, on the CPU
+        self._keep = keep
         self._stack: list[str] = []
         self._names: dict[int, str] = {}  # id(module) -> qualified name in its model
         self._roots: list[torch.nn.Module] = []  # (kept: ids stay theirs)
@@ -177,6 +183,8 @@ class Ops(TorchDispatchMode):  # type: ignore[no-untyped-call]
             if not self._made or self._made[-1] != made:
                 self._made.append(made)
                 self._made_in.append(module)
+        if self._keep:
+            self.outputs.append(on_cpu(result))
         self.ops.append(Op(len(self.ops), name, module, phase, ins, outs, _device(args), rng))
         return result
 
@@ -184,7 +192,7 @@ class Ops(TorchDispatchMode):  # type: ignore[no-untyped-call]
     def _written(self, func: Any, args: Any, kwargs: Any, result: Any) -> None:
         """Keep track of memory whose bytes mean nothing yet (``torch.empty``'s): it is
         digested as uninitialised until an op writes to it."""
-        if func._schema.name.split("::")[-1] in _UNINITIALISED:
+        if func._schema.name.split("::")[-1] in UNINITIALISED:
             self._fresh.update(_storage(t) for t in tree_flatten(result)[0]
                                if isinstance(t, torch.Tensor))
             return
@@ -213,7 +221,7 @@ class Ops(TorchDispatchMode):  # type: ignore[no-untyped-call]
 
 
 #: Ops that hand out memory without writing it: their bytes differ from run to run.
-_UNINITIALISED = frozenset({"empty", "empty_like", "empty_strided", "new_empty",
+UNINITIALISED = frozenset({"empty", "empty_like", "empty_strided", "new_empty",
                             "new_empty_strided", "empty_permuted", "_empty_affine_quantized"})
 
 
@@ -243,6 +251,13 @@ def _generator_digest(func: Any, args: Any, kwargs: Any) -> str:
         return hashlib.blake2b(state.numpy().tobytes(), digest_size=8).hexdigest()
     except Exception:  # a generator whose state cannot be read here
         return ""
+
+
+def on_cpu(value: Any) -> Any:
+    """``value`` with every tensor detached and copied to the CPU (a copy: later ops may
+    write to the original)."""
+    return tree_map(lambda t: t.detach().to("cpu", copy=True) if isinstance(t, torch.Tensor)
+                    else t, value)
 
 
 def _storage(t: torch.Tensor) -> int:

@@ -61,6 +61,7 @@ from devrng._checks.digest import (
     resolve,
     state_fingerprint,
 )
+from devrng._checks.ops import Ops, ops_path, write_ops
 from devrng._checks.verdict import compared_text, damaged, explain, not_found, nothing_after
 from devrng._checks.watch import Watched, feeding_loader
 
@@ -676,13 +677,9 @@ class FlightRecord:
         if self._ops_at is None:
             return
         if self._ops is None and self.step == self._ops_at - 1:
-            from devrng._checks.ops import Ops
-
             models = [m for m in (ref() for ref in self._models) if m is not None]
             self._ops = Ops(models).__enter__()
         elif self._ops is not None and self.step >= self._ops_at:
-            from devrng._checks.ops import ops_path, write_ops
-
             ops, self._ops = self._ops, None
             ops.__exit__(None, None, None)
             self._file_op(lambda: write_ops(ops_path(os.path.dirname(self.path), self.rank),

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from devrng._base.commands import devrng_missing, devrng_missing_in_output
 from devrng._checks.compare import read_record
 from devrng._checks.record import FLIGHT_VARIABLE, MAX_STEPS_VARIABLE, OPS_VARIABLE, STOP_VARIABLE
 
@@ -47,7 +48,11 @@ def checked(name: str, command: Sequence[str], keep: str | None,
     root = keep or tempfile.mkdtemp(prefix=f"devrng-{name}-")
     os.makedirs(root, exist_ok=True)
     try:
-        code = check(Runs(list(command), root))
+        runs = Runs(list(command), root)
+        problem = devrng_missing(runs.command, runs.env)
+        if problem is not None:  # (before any run: not after the first one fails)
+            raise CheckFailed(problem)
+        code = check(runs)
     except CheckFailed as err:
         out(f"devrng {name}: {err}")
         code = CANNOT
@@ -88,8 +93,10 @@ class Runs:
         if code != 0:
             with open(log, "rb") as fh:
                 tail = fh.read()[-3000:].decode(errors="replace")
+            missing = devrng_missing_in_output(tail)
             raise CheckFailed(f"run {number} ({what}) exited with status {code} after "
-                              f"{took:.1f} s; the end of its output:\n{tail}")
+                              f"{took:.1f} s; the end of its output:\n{tail}"
+                              + (f"\n{missing}" if missing else ""))
         out(f"run {number}: done in {took:.1f} s")
         return directory
 

@@ -15,9 +15,11 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from devrng._checks.compare import LOADER_PREFIX, PARTS, count_parts
+from devrng._checks.ops import RANDOM_OPS, Op, Split
 
 __all__ = ["RERUN", "RESUME", "Difference", "Verdict", "compared_text",
-           "damaged", "difference", "explain", "judge", "not_found", "nothing_after"]
+           "damaged", "difference", "explain", "judge", "located", "not_found", "nothing_after",
+           "op_hint"]
 
 _UNTRACKED = ("a generator devrng does not track (one kept on the dataset or the model, or "
               "made in the loop: rng.track(name, generator) saves and restores it)")
@@ -89,8 +91,9 @@ class Difference:
         return self.part in ("loss", "parameters")
 
     def __str__(self) -> str:
+        hint = f": {self.hint}" if self.hint else ""
         detail = f". {self.detail}" if self.detail else ""
-        return f"{self.where}: {self.what}: {self.hint}{detail}"
+        return f"{self.where}: {self.what}{hint}{detail}"
 
 
 @dataclass(frozen=True)
@@ -113,6 +116,7 @@ class Verdict:
     reason: str = ""
     rank: int | None = None
     context: str = ""  # said before what was compared: "checkpoint at step 10"
+    span: str = " to "  # between the first and last step: "steps 1 to 5", "steps 1..5"
 
     def __str__(self) -> str:
         label = f"rank {self.rank}: " if self.rank is not None else ""
@@ -122,7 +126,7 @@ class Verdict:
             return f"{label}{self.what} at {self.difference}"
         first, last = self.steps or (0, 0)
         context = f"{self.context}; " if self.context else ""
-        return (f"{label}{self.what} for steps {first} to {last} ({context}compared: "
+        return (f"{label}{self.what} for steps {first}{self.span}{last} ({context}compared: "
                 f"{self.compared})")
 
     def with_rank(self, rank: int | None) -> Verdict:
@@ -310,3 +314,112 @@ def nothing_after(lines: list[dict[str, Any]], index: int, attempt: str, step: i
 
 def damaged(count: int) -> str:
     return f"; {count} damaged line(s) of the record were skipped" if count else ""
+
+
+# -- where two recordings of ops part, in words --------------------------------------------------
+
+def located(split: Split, *, within: str = "step",
+            runs: tuple[str, str] = ("run 1", "run 2")) -> str:
+    """Where two recordings of a ``within`` (a step, a call) part, in words, with the known
+    fix; ``runs`` names the two recordings.
+
+    Examples:
+        >>> from devrng._checks.verdict import located
+        >>> from devrng._checks.ops import Op, Split
+        >>> op = Op(4, "mylib::fused_sum", "encoder.2", "forward", "i", "o")
+        >>> located(Split("op", op, op))[:70]
+        'Located: forward of module encoder.2, op mylib::fused_sum (the 5th op '
+    """
+    if split.kind == "path" or split.op is None:
+        ours, theirs = split.op, split.other
+        mine = _where(ours, within) if ours else f"{runs[0]} ran no more ops"
+        other = _where(theirs, within) if theirs else f"{runs[1]} ran no more ops"
+        return (f"Located: the two runs ran other ops from here on: {mine}; {other}: the "
+                f"{within}'s control flow depends on something that changes between runs (a branch on a "
+                "value that differs, a set's or dict's order, the clock)")
+    where = _where(split.op, within)
+    if split.kind == "generator":
+        return (f"Located: {where}: a random op whose inputs were equal in both runs and whose "
+                "generator was in another state: it draws from a generator devrng does not "
+                "seed (a generator= argument made or seeded from the clock or os.urandom); "
+                "seed it from the run's seed (torch.Generator().manual_seed(rng.seed + k)) "
+                "and rng.track(name, generator) so that checkpoints keep it")
+    if split.kind == "input":
+        return (f"Located: {where} is the first op whose inputs differ, and every op before "
+                f"it in the {within} matched: the difference comes from outside torch's ops (a "
+                "tensor made from NumPy or Python values, or data a hook or callback changed)")
+    return f"Located: {where}: its inputs were equal in both runs and its outputs were not: " \
+           + op_hint(split.op)
+
+
+def _where(op: Op, within: str) -> str:
+    module = f"module {op.module}" if op.module else "no module"
+    phase = {"forward": "forward of ", "backward": "backward of "}.get(op.phase, "")
+    where = f"{phase}{module}" if phase else f"{op.phase} ({module})"
+    nth = _ordinal(op.index + 1)
+    return f"{where}, op {op.op} (the {nth} op of the {within}, on {op.device})"
+
+
+def _ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+#: Ops torch lists as nondeterministic on CUDA (``torch.use_deterministic_algorithms``):
+#: ``devrng.deterministic()`` turns that switch on, so torch runs a deterministic kernel
+#: where it has one and raises where it has none.
+KNOWN = frozenset({
+    "index_add", "index_add_", "index_copy", "index_copy_", "index_put", "index_put_",
+    "_index_put_impl_", "put", "put_", "scatter", "scatter_", "scatter_add", "scatter_add_",
+    "scatter_reduce", "scatter_reduce_", "index_reduce", "index_reduce_", "histc", "bincount",
+    "kthvalue", "median", "nanmedian", "mode", "cumsum", "embedding_dense_backward",
+    "_embedding_bag_backward", "embedding_bag", "ctc_loss", "nll_loss2d_backward",
+    "_adaptive_avg_pool2d_backward", "_adaptive_avg_pool3d_backward",
+    "adaptive_max_pool2d_backward", "avg_pool3d_backward", "max_pool3d_with_indices_backward",
+    "fractional_max_pool2d_backward", "fractional_max_pool3d_backward", "max_unpool1d",
+    "max_unpool2d", "max_unpool3d", "upsample_linear1d_backward",
+    "upsample_bilinear2d_backward", "upsample_bicubic2d_backward",
+    "upsample_trilinear3d_backward", "reflection_pad1d_backward", "reflection_pad2d_backward",
+    "reflection_pad3d_backward", "replication_pad1d_backward", "replication_pad2d_backward",
+    "replication_pad3d_backward", "grid_sampler_2d_backward", "grid_sampler_3d_backward",
+    "segment_reduce", "_segment_reduce_backward", "resize_",
+})
+#: Ops whose CUDA kernels come from cuBLAS (its workspace reorders sums unless
+#: CUBLAS_WORKSPACE_CONFIG is set before CUDA starts: deterministic() sets it) or cuDNN.
+_CUBLAS = frozenset({"mm", "addmm", "bmm", "baddbmm", "addbmm", "matmul", "linear", "addmv",
+                     "mv", "dot", "_scaled_dot_product_efficient_attention",
+                     "_scaled_dot_product_flash_attention"})
+_CUDNN = frozenset({"convolution", "_convolution", "convolution_backward", "cudnn_convolution",
+                    "cudnn_batch_norm", "_cudnn_rnn", "_cudnn_rnn_backward",
+                    "cudnn_convolution_transpose"})
+
+
+def op_hint(op: Op) -> str:
+    """What is known of ``op`` being nondeterministic, and the fix."""
+    namespace, _, name = op.op.partition("::")
+    base = name.split(".")[0]
+    if base in RANDOM_OPS:
+        return ("it draws random numbers, from a generator the two runs left in other "
+                "states: one devrng does not seed; seed it from the run's seed and "
+                "rng.track(name, generator)")
+    if namespace not in ("aten", "prims", "_c10d_functional", "c10d"):
+        return (f"it is a custom op ({namespace}, registered with torch.library or a C++ "
+                "extension) whose kernel is nondeterministic: torch's determinism switches "
+                "do not reach it; make its kernel reduce in a fixed order (no atomics), or "
+                "give it a deterministic path")
+    if base in KNOWN:
+        return (f"torch knows {base} as nondeterministic on CUDA (atomic adds): "
+                "turn on devrng.deterministic() at the top of the script, which makes torch "
+                "use its deterministic kernel (or raise where it has none)")
+    if base in _CUBLAS:
+        return ("on CUDA its kernel comes from cuBLAS, which sums in another order from run "
+                "to run unless CUBLAS_WORKSPACE_CONFIG is set before CUDA starts: turn on "
+                "devrng.deterministic() at the top of the script, which sets it")
+    if base in _CUDNN:
+        return ("on CUDA its kernel comes from cuDNN, which picks algorithms by timing them "
+                "(benchmark mode) and has nondeterministic ones: turn on "
+                "devrng.deterministic(), which turns benchmark off and deterministic on")
+    return ("torch does not list it as nondeterministic: a kernel that sums in another order "
+            "from run to run (threads, atomics), or a backend's op; devrng.deterministic() may "
+            "not reach it: report it with the op's name and device")
+

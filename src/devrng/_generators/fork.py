@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import atexit
 import functools
 import inspect
+import sys
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any, NamedTuple, TypeVar
 
@@ -49,6 +52,36 @@ class _Args(NamedTuple):
     device_type: Any
     python: bool
     numpy: bool
+
+
+class _Unentered(weakref.ref):  # type: ignore[type-arg]
+    """A weak reference that a fork holds until it is entered or made a decorator. If the fork
+    is freed first, the reference is appended to ``_FREED`` by ``list.append`` (a C function:
+    no Python code runs while the fork is freed, so a Ctrl-C cannot land there and be swallowed,
+    as one raised inside a finalizer is). The next fork_rng call, or the interpreter's exit,
+    says so.
+
+    ``where`` is set last: the code and instruction that called fork_rng, or None. Reading
+    them costs more than the rest of a fork's making (a frame object), so forks record it
+    only once one was found never entered (``_LOCATING``), as Python names where a coroutine
+    never awaited was made only under tracemalloc. A fork whose making was interrupted has no
+    ``where`` and is not reported."""
+
+    __slots__ = ("where",)
+    where: tuple[Any, int] | None
+
+
+_FREED: list[_Unentered] = []
+_note_freed = _FREED.append
+_LOCATING = [False]
+
+
+def _maker() -> tuple[Any, int] | None:
+    """Where the fork being made was asked for (the caller of fork_rng), when forks record it."""
+    if not _LOCATING[0]:
+        return None
+    caller = sys._getframe(3)  # (0: here, 1: the fork's __init__, 2: fork_rng)
+    return caller.f_code, caller.f_lasti
 
 
 def fork_rng(devices: Any = None, enabled: bool = True, _caller: str = "fork_rng",
@@ -100,6 +133,8 @@ def fork_rng(devices: Any = None, enabled: bool = True, _caller: str = "fork_rng
         >>> torch.equal(a, torch.rand(2))   # the block's draws were undone
         True
     """
+    if _FREED:
+        _say_freed()
     if devices.__class__ is list and enabled is True and device_type is None \
             and python is False and numpy is False:
         return CpuFork(devices, _caller, _devices_kw)  # the common call, made cheap
@@ -141,21 +176,26 @@ class Fork:
     ``if PENDING[0]: deliver()`` is that check, inline on this hot path.
     """
 
-    __slots__ = ("_args", "_open")
+    __slots__ = ("__weakref__", "_args", "_open", "_unentered")
 
-    def __init__(self, args: _Args) -> None:
+    def __init__(self, args: _Args, *, made_by_user: bool = True) -> None:
         self._args = args
         self._open: list[Any] = []  # per open entry: a CPU state, an Undo, or None
+        self._unentered: _Unentered | None = None
+        if made_by_user:  # (where is set last: nothing can stop __init__ after it)
+            self._unentered = ref = _Unentered(self, _note_freed)
+            ref.where = _maker()
 
     def _entry(self) -> Any:
         return _saved_for(self._args)
 
     def _fresh(self) -> Fork:
         """A new fork of the same arguments (one per call of a decorated function)."""
-        return Fork(self._args)
+        return Fork(self._args, made_by_user=False)
 
     @guard
     def __enter__(self) -> None:
+        self._unentered = None
         try:
             saved = self._entry()
             opened = _threads.forks
@@ -208,6 +248,7 @@ class Fork:
                     deliver()
 
     def __call__(self, fn: F) -> F:
+        self._unentered = None
         if inspect.isasyncgenfunction(fn) or inspect.isgeneratorfunction(fn):
             kind = "async generator" if inspect.isasyncgenfunction(fn) else "generator"
             raise TypeError(
@@ -266,11 +307,16 @@ class CpuFork(Fork):
 
     __slots__ = ("_caller", "_devices", "_devices_kw")
 
-    def __init__(self, devices: list[Any], caller: str, devices_kw: str) -> None:
+    def __init__(self, devices: list[Any], caller: str, devices_kw: str, *,
+                 made_by_user: bool = True) -> None:
         self._devices = devices
         self._caller = caller
         self._devices_kw = devices_kw
         self._open = []
+        self._unentered = None
+        if made_by_user:
+            self._unentered = ref = _Unentered(self, _note_freed)
+            ref.where = _maker()
 
     def _entry(self) -> Any:
         return _saved_for(_Args(self._devices, True, self._caller, self._devices_kw, None,
@@ -278,6 +324,7 @@ class CpuFork(Fork):
 
     @guard
     def __enter__(self) -> None:  # Fork.__enter__ with the CPU's state read in line
+        self._unentered = None
         try:
             saved = get_cpu_state() if not self._devices else self._entry()
             opened = _threads.forks
@@ -290,7 +337,37 @@ class CpuFork(Fork):
         opened += [self]
 
     def _fresh(self) -> Fork:
-        return CpuFork(self._devices, self._caller, self._devices_kw)
+        return CpuFork(self._devices, self._caller, self._devices_kw, made_by_user=False)
+
+
+def _say_freed(at_exit: bool = False) -> None:
+    """Warn of every fork freed without being entered: at the line that made it where that was
+    recorded, else at the line of the fork_rng call that found it (from then on, forks record
+    their line). Python's default filter says each line once."""
+    while _FREED:
+        try:
+            ref = _FREED.pop()
+        except IndexError:  # (another thread took the last one)
+            return
+        if not hasattr(ref, "where"):  # its making was interrupted: it was never the user's
+            continue
+        _LOCATING[0] = True
+        said = ("devrng.fork_rng(...) was called but never entered, so it forked nothing: write "
+                "`with devrng.fork_rng(...):` around the draws to fork, or use it as a "
+                "decorator (@devrng.fork_rng(...)).")
+        if ref.where is None:
+            warn_and_log(said + (" (Found at the program's exit: the line that made it is "
+                                 "named for forks made after a first one was found.)"
+                                 if at_exit else " (Found by the fork_rng call here, which "
+                                 "came after it; from now on the warning names the line that "
+                                 "made such a fork.)"), stacklevel=3)
+            continue
+        code, lasti = ref.where
+        line = next((ln for start, end, ln in code.co_lines() if start <= lasti < end), None)
+        warn_and_log(said, at=(code.co_filename, line or code.co_firstlineno))
+
+
+atexit.register(_say_freed, at_exit=True)  # forks freed after the last fork_rng call
 
 
 def _exited_out_of_order(fork: Fork, opened: list[Fork]) -> None:

@@ -31,7 +31,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from devrng._backends.host import draw_seed
-from devrng._base.errors import DevRNGError, check_flags, short_repr
+from devrng._base.errors import DevRNGError, check_flags, short_repr, warn_and_log
 from devrng._base.lazy import imported, load
 from devrng._base.rank import process_rank, world_size
 from devrng._base.seeds import MASK64, check_counter, check_seed
@@ -143,6 +143,9 @@ class PortableRNG(TorchFunctionMode):
         if stream is None:
             self._stream = _HostStream(check_seed(seed, "PortableRNG's seed"))
         self._warned: set[str] = set()
+        # Per open entry, how torch's CPU generator was seeded then (see _reseeded); None for
+        # the streams of seeded_jit's calls, whose bodies are compiled.
+        self._seedings: list[tuple[int, bool]] | None = None
 
     # -- state ---------------------------------------------------------------------------
     @property
@@ -252,7 +255,20 @@ class PortableRNG(TorchFunctionMode):
     def __enter__(self) -> PortableRNG:
         if not _dynamo_lists_our_ops and _DYNAMO_TABLE in sys.modules:
             _teach_dynamo()
+        if self._seedings is not None and not torch.compiler.is_compiling():
+            self._seedings.append(_cpu_seeding())
         return super().__enter__()  # type: ignore[no-any-return,no-untyped-call]
+
+    def __exit__(self, *exc: Any) -> None:
+        super().__exit__(*exc)  # type: ignore[no-untyped-call]
+        if self._seedings and not torch.compiler.is_compiling() \
+                and _reseeded(self._seedings.pop(), _cpu_seeding()) and exc[0] is None:
+            warn_and_log(
+                f"torch's generator was seeded inside this devrng.portable block (seed "
+                f"{self.seed}), by torch.manual_seed or devrng.manual_seed: that seeds "
+                "torch's own generators, which the block's random ops do not draw from, so "
+                "its draws went on from where they were. To restart the portable draws from "
+                "a seed, enter devrng.portable(seed) there instead.", stacklevel=2)
 
     # -- use as a decorator --------------------------------------------------------------
     def __call__(self, fn: C) -> C:
@@ -425,7 +441,42 @@ def portable(seed: int | None = None, *, strict: bool = True) -> PortableRNG:
     """
     check_flags(strict=strict)
     seed = draw_seed() if seed is None else check_seed(seed, "portable's seed")
-    return PortableRNG(seed & MASK64, strict)
+    stream = PortableRNG(seed & MASK64, strict)
+    stream._seedings = []  # a user's block: a seeding of torch's generator inside it is said
+    return stream
+
+
+def _cpu_seeding() -> tuple[int, bool]:
+    """How torch's CPU generator stands: its seed, and whether it was seeded and has not
+    drawn since (its Mersenne Twister's position is the one seeding sets)."""
+    if not _FRESH:
+        _FRESH.append(_fresh_position())
+    generator = torch.default_generator
+    return generator.initial_seed(), _FRESH[0] is not None and \
+        generator.get_state().numpy()[_AT].tobytes() == _FRESH[0]
+
+
+def _fresh_position() -> bytes | None:
+    """The bytes of a CPU generator's state that seeding sets alike for every seed (its
+    position: ``left``, ``seeded``, ``next`` of torch's legacy layout); None if this torch's
+    layout is another (the check then sees only seeds that differ)."""
+    a, b = torch.Generator().manual_seed(0), torch.Generator().manual_seed(12345)
+    fresh = a.get_state().numpy()[_AT].tobytes()
+    torch.rand(1, generator=b)
+    ok = fresh == torch.Generator().manual_seed(9).get_state().numpy()[_AT].tobytes() and \
+        fresh != b.get_state().numpy()[_AT].tobytes()
+    return fresh if ok else None
+
+
+_AT = slice(8, 24)
+_FRESH: list[bytes | None] = []  # _fresh_position(), read at the first block's entry
+
+
+def _reseeded(before: tuple[int, bool], after: tuple[int, bool]) -> bool:
+    """Whether torch's CPU generator was seeded between the two readings: another seed, or
+    freshly seeded now and not then. (Seeded again with the seed it had, nothing drawn
+    since, it is as it was: that cannot be seen, and changes nothing either.)"""
+    return after[0] != before[0] or (after[1] and not before[1])
 
 
 _dynamo_lists_our_ops = False  # set once _teach_dynamo has run

@@ -1,0 +1,180 @@
+"""``devrng check-determinism``: runs a script from scratch and names where two runs part.
+
+The causes are real, not mocked: a ``torch.library`` op that sums in an order drawn from
+``os.urandom`` (as GPU atomics reorder sums), a loader shuffled from ``os.urandom``,
+workers that take random time with ``in_order=False``, a dataset and a model drawing from
+generators seeded from ``os.urandom``. CUDA's nondeterministic ``index_add_`` is SIMULATED
+on the CPU (tests/_simulated_cuda_run.py replaces the CPU kernel with one that adds in a
+random order). Their deterministic twins must pass, every time.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests._helpers import ROOT, run_python
+
+EXAMPLE = str(ROOT / "examples" / "why_runs_differ.py")
+
+pytestmark = pytest.mark.slow
+
+
+def _check(tmp_path: Path, *args: str, command: list[str] | None = None,
+           options: tuple[str, ...] = ("--steps", "6")) -> Any:
+    command = command or [sys.executable, EXAMPLE, *args]
+    return run_python("devrng", module=True, cwd=tmp_path, timeout=900, inherit_env=True,
+                      args=("check-determinism", *options, "--", *command),
+                      env={"DEVRNG_SEED": None})
+
+
+def _verdict(proc: Any) -> str:
+    """The verdict's lines (not the runs' progress)."""
+    return "\n".join(line for line in proc.stdout.splitlines()
+                     if not line.startswith(("run ", "(the runs'", "locating")))
+
+
+PAGE = ROOT / "docs" / "why-runs-differ.md"
+_SHOWN = re.compile(r"```text\n\$ (devrng check-determinism [^\n]*)\n(.*?)```", flags=re.S)
+
+
+def _masked(text: str) -> list[str]:
+    """Output lines as compared with the page: times and the temporary directory masked."""
+    return [re.sub(r"done in [\d.]+ s", "done in N s", line) for line in text.splitlines()
+            if not line.startswith("(the runs' directories")]
+
+
+SHOWN = _SHOWN.findall(PAGE.read_text(encoding="utf-8"))
+
+
+def test_the_page_shows_two_runs_of_the_command() -> None:
+    assert [command for command, _ in SHOWN] == [
+        "devrng check-determinism --steps 6 -- python train.py --unordered-sum",
+        "devrng check-determinism --steps 6 -- python train.py"]
+
+
+@pytest.mark.parametrize(("command", "shown"), SHOWN, ids=["unordered-sum", "deterministic"])
+def test_the_page_shows_what_the_command_prints(tmp_path: Path, command: str,
+                                                 shown: str) -> None:
+    """The page's commands, run as written on the example it names (python is this one)."""
+    (tmp_path / "train.py").write_text(Path(EXAMPLE).read_text())
+    args = command.split()[1:]
+    proc = run_python("devrng", module=True, cwd=tmp_path, timeout=900, inherit_env=True,
+                      args=args, env={"DEVRNG_SEED": None, "PATH": os.pathsep.join(
+                          [str(Path(sys.executable).parent), os.environ["PATH"]])})
+    assert proc.returncode == (1 if "--unordered-sum" in command else 0), proc.stdout
+    assert _masked(proc.stdout) == _masked(shown)
+
+
+def test_a_loader_shuffled_from_the_os_is_named_as_the_data_order(tmp_path: Path) -> None:
+    proc = _check(tmp_path, "--shuffle", "urandom")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert _verdict(proc).startswith(
+        "the runs differ at step 1 (batch 1 of its epoch from loader 'loader'): the batch "
+        "holds other samples (its indices differ): the loader's order comes from a source "
+        "devrng does not seed"), proc.stdout
+    assert "locating" not in proc.stdout  # data, not computation: no op-level runs
+
+
+def test_out_of_order_workers_are_named(tmp_path: Path) -> None:
+    proc = _check(tmp_path, "--workers", "2", "--out-of-order",
+                  options=("--steps", "12", "--runs", "3"))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "the batch differs: the loader is built with in_order=False" in proc.stdout, \
+        proc.stdout
+
+
+def test_noise_in_the_dataset_is_named_as_the_batch_content(tmp_path: Path) -> None:
+    proc = _check(tmp_path, "--augment", "urandom")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "step 1 (batch 1 of its epoch from loader 'loader'): the batch's indices match " \
+           "and its content does not: randomness inside the dataset" in proc.stdout, proc.stdout
+
+
+def test_a_random_op_on_an_unseeded_generator_is_named_with_its_generator(
+        tmp_path: Path) -> None:
+    proc = _check(tmp_path, "--noise", "urandom")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert ("Located: forward of module encoder.3, op aten::randn (" in proc.stdout
+            and "a random op whose inputs were equal in both runs and whose generator was in "
+            "another state" in proc.stdout), proc.stdout
+
+
+def test_simulated_cuda_index_add_is_located_and_deterministic_is_its_fix(
+        tmp_path: Path) -> None:
+    command = [sys.executable, "-m", "tests._simulated_cuda_run"]
+    proc = _check(tmp_path, command=command, options=("--steps", "4", "--runs", "3"))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert ("Located: forward of module 2, op aten::index_add_" in proc.stdout
+            and "torch knows index_add_ as nondeterministic on CUDA (atomic adds): turn on "
+            "devrng.deterministic()" in proc.stdout), proc.stdout
+    fixed = _check(tmp_path, command=[*command, "--deterministic"],
+                   options=("--steps", "4", "--runs", "3"))
+    assert fixed.returncode == 0, fixed.stdout + fixed.stderr
+
+
+def test_no_false_alarm_in_20_runs_with_workers(tmp_path: Path) -> None:
+    proc = _check(tmp_path, "--workers", "2", options=("--steps", "3", "--runs", "20"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert _verdict(proc).startswith("deterministic for steps 1..3"), proc.stdout
+    assert proc.stdout.count("done in") == 20
+
+
+def test_it_cannot_check_a_script_that_fails_or_never_uses_devrng(tmp_path: Path) -> None:
+    (tmp_path / "fails.py").write_text("raise SystemExit('no data here')\n")
+    proc = _check(tmp_path, command=[sys.executable, "fails.py"])
+    assert proc.returncode == 2
+    assert "run 1/2 (from scratch) exited with status 1" in proc.stdout
+    assert "no data here" in proc.stdout
+    (tmp_path / "plain.py").write_text("import torch\nm = torch.nn.Linear(2, 1)\n"
+                                       "torch.optim.SGD(m.parameters(), lr=1).step()\n")
+    proc = _check(tmp_path, command=[sys.executable, "plain.py"])
+    assert proc.returncode == 2
+    assert "run 1 recorded no step: the script must train with devrng.TrainingRNG" \
+        in proc.stdout
+
+
+def test_runs_that_take_other_numbers_of_steps_are_not_called_the_same(
+        tmp_path: Path) -> None:
+    # The first run takes a step more (it runs in run-1/): the steps both took match.
+    (tmp_path / "stops.py").write_text(
+        "import os, torch, devrng\n"
+        "rng = devrng.TrainingRNG(seed=0)\n"
+        "m = torch.nn.Linear(2, 1)\n"
+        "opt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+        "for _ in range(4 if os.path.basename(os.getcwd()) == 'run-1' else 3):\n"
+        "    m(torch.ones(2)).sum().backward(); opt.step()\n")
+    proc = _check(tmp_path, command=[sys.executable, "stops.py"], options=())
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "run 1 took 4 steps and run 2 3: their first 3 matched (generators, parameters " \
+           "at every step" in proc.stdout, proc.stdout
+
+
+def test_it_refuses_bad_arguments(tmp_path: Path) -> None:
+    from devrng.__main__ import main
+
+    assert main(["check-determinism", "--runs", "1", "--", "python", "x.py"]) == 2
+    assert main(["check-determinism", "--steps", "0", "--", "python", "x.py"]) == 2
+    assert main(["check-determinism"]) == 2
+
+
+@pytest.mark.parametrize("check", ["check-determinism", "check-resume"])
+def test_a_python_that_cannot_import_devrng_is_named_before_any_run(tmp_path: Path,
+                                                                     check: str) -> None:
+    """devrng started by its full path with another Python first on PATH: both checks say
+    so before the first run, naming the Python devrng is in."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    python = bin_dir / "python"  # a Python that sees neither PYTHONPATH nor site-packages
+    python.write_text(f"#!/bin/sh\nexec {sys.executable} -I -S \"$@\"\n")
+    python.chmod(0o755)
+    proc = run_python("devrng", module=True, cwd=tmp_path, timeout=300, inherit_env=True,
+                      args=(check, "--", "python", EXAMPLE),
+                      env={"PATH": os.pathsep.join([str(bin_dir), os.environ["PATH"]])})
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "run 1/" not in proc.stdout  # said before the first run
+    assert f"devrng is installed in the Python at {sys.executable}" in proc.stdout, proc.stdout
