@@ -20,7 +20,7 @@ from tests._helpers import ROOT, run_python
 pytestmark = pytest.mark.slow
 
 SCRIPT = ROOT / "tests" / "_determinism_ddp.py"
-LOCATED = ("located: forward of module module.pool, op determinism_test::unordered_sum "
+LOCATED = ("Located: forward of module module.pool, op determinism_test::unordered_sum "
            "(the {}")
 
 
@@ -63,6 +63,6 @@ def test_the_op_is_located_on_each_rank_that_runs_it(tmp_path: Path, ranks: str)
         # Rank 0 ran no nondeterministic op: the difference reached it through the gradients'
         # all-reduce, whose inputs there (rank 0's own gradients) matched.
         assert "determinism_test::unordered_sum" not in found[0], output
-        assert re.search(r"located: backward of no module, op c10d::allreduce_ \(the \d+\w\w "
+        assert re.search(r"Located: backward of no module, op c10d::allreduce_ \(the \d+\w\w "
                          r"op of the step, on cpu\): its inputs were equal in both runs and "
                          r"its outputs were not", found[0]), output

@@ -44,7 +44,7 @@ def test_a_custom_op_on_xla_tensors_is_located(tmp_path: Path) -> None:
     step = re.search(r"the runs differ at step (\d+)", output)
     assert step is not None, output
     assert f"locating the difference in step {step[1]}" in output, output
-    assert "located: forward of module pool, op determinism_test::unordered_sum (the " \
+    assert "Located: forward of module pool, op determinism_test::unordered_sum (the " \
            in output, output
     assert "on xla): its inputs were equal in both runs and its outputs were not" in output, \
         output

@@ -47,7 +47,7 @@ def test_a_layer_that_sums_in_a_random_order_is_located(tmp_path: Path, trainer:
     assert f"locating the difference in step {step[1]}" in output, output
     assert "the batch and every generator matched and the parameters after the step did " \
            "not" in output, output
-    assert f"located: forward of module {POOL[trainer]}, op determinism_test::unordered_sum" \
+    assert f"Located: forward of module {POOL[trainer]}, op determinism_test::unordered_sum" \
            in output, output
 
 

@@ -167,6 +167,10 @@ class Ops(TorchDispatchMode):  # type: ignore[no-untyped-call]
         name = func._schema.name if hasattr(func, "_schema") else str(func)
         if name.startswith("profiler::"):  # the marks of record_function: no computation
             return result
+        if name.startswith("c10d::"):  # a collective's outputs are its result once it ends
+            for leaf in tree_flatten(result)[0]:
+                if callable(getattr(leaf, "wait", None)):
+                    leaf.wait()
         self._written(func, args, kwargs, result)
         node = torch._C._current_autograd_node()
         if node is not None:
