@@ -42,7 +42,7 @@ def test_two_deterministic_ranks_pass(tmp_path: Path) -> None:
     found = verdicts(output)
     assert sorted(found) == [0, 1], output
     for rank in (0, 1):
-        assert found[rank].startswith("deterministic for steps 1 to 3"), output
+        assert found[rank].startswith("deterministic for steps 1..3"), output
     assert sorted(os.listdir(tmp_path / "run-1" / "flight-record")) == [
         "devrng-flight.rank0.jsonl", "devrng-flight.rank1.jsonl"]
 

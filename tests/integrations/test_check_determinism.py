@@ -35,7 +35,7 @@ def check(tmp_path: Path, trainer: str, *flags: str) -> tuple[int, str]:
 def test_a_deterministic_script_passes(tmp_path: Path, trainer: str) -> None:
     code, output = check(tmp_path, trainer)
     assert code == 0, output
-    assert "deterministic for steps 1 to 3" in output, output
+    assert "deterministic for steps 1..3" in output, output
 
 
 @pytest.mark.parametrize("trainer", sorted(TRAINERS))

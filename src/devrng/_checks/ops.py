@@ -282,6 +282,8 @@ def _tensor_bytes(t: torch.Tensor, fresh: bool = False) -> bytes:
     head = f"{t.dtype}{tuple(t.shape)}".encode()
     if fresh:
         return head + b"uninitialised"
+    if t.device.type == "xla":
+        head += _xla_graph(t)
     try:
         data = t.detach()
         if data.layout != torch.strided or data.is_quantized:
@@ -292,6 +294,18 @@ def _tensor_bytes(t: torch.Tensor, fresh: bool = False) -> bytes:
         return head + data.view(torch.uint8).numpy().tobytes()
     except Exception:  # a tensor kind whose bytes cannot be read (meta, a subclass): its header
         return head
+
+
+def _xla_graph(t: torch.Tensor) -> bytes:
+    """The hash of the graph XLA traced for ``t``: a step's graph is compiled whole, so an op
+    that traced another graph (another order of adds) counts as another output even where
+    its values, run op by op, happen to match."""
+    try:
+        import torch_xla
+
+        return bytes(torch_xla._XLAC._get_graph_hash([t]))
+    except Exception:  # (torch_xla without it)
+        return b""
 
 
 def first_split(ours: Sequence[Op], theirs: Sequence[Op]) -> Split | None:
