@@ -10,6 +10,7 @@ random order). Their deterministic twins must pass, every time.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import sys
@@ -22,6 +23,12 @@ from tests._helpers import ROOT, run_python
 EXAMPLE = str(ROOT / "examples" / "why_runs_differ.py")
 
 pytestmark = pytest.mark.slow
+# The command is the same on every torch: its cases run once, in the core environment; the
+# other environments run the op-level case on their torch (and tests/test_locate.py there).
+ELSEWHERE = any(importlib.util.find_spec(name) is not None
+                for name in ("torch_xla", "intel_extension_for_pytorch"))
+core_only = pytest.mark.skipif(ELSEWHERE, reason="the command's cases run in the core "
+                               "environment; this one runs the op-level case on its torch")
 
 
 def _check(tmp_path: Path, *args: str, command: list[str] | None = None,
@@ -58,6 +65,7 @@ def test_the_page_shows_two_runs_of_the_command() -> None:
 
 
 @pytest.mark.parametrize(("command", "shown"), SHOWN, ids=["unordered-sum", "deterministic"])
+@core_only
 def test_the_page_shows_what_the_command_prints(tmp_path: Path, command: str,
                                                  shown: str) -> None:
     """The page's commands, run as written on the example it names (python is this one)."""
@@ -70,6 +78,18 @@ def test_the_page_shows_what_the_command_prints(tmp_path: Path, command: str,
     assert _masked(proc.stdout) == _masked(shown)
 
 
+def test_a_nondeterministic_custom_op_is_located_to_its_module_and_op(tmp_path: Path) -> None:
+    proc = _check(tmp_path, "--unordered-sum", options=("--steps", "3"))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    verdict = _verdict(proc)
+    assert re.match(r"the runs differ at step \d+ .*: the batch and every generator matched "
+                    r"and the parameters after the step did not\. Located: forward of module "
+                    r"encoder\.2, op why_runs_differ::unordered_sum \(the \d+(st|nd|rd|th) op of the "
+                    r"step, on cpu\): its inputs were equal in both runs and its outputs were "
+                    r"not: it is a custom op \(why_runs_differ", verdict), verdict
+
+
+@core_only
 def test_a_loader_shuffled_from_the_os_is_named_as_the_data_order(tmp_path: Path) -> None:
     proc = _check(tmp_path, "--shuffle", "urandom")
     assert proc.returncode == 1, proc.stdout + proc.stderr
@@ -80,6 +100,7 @@ def test_a_loader_shuffled_from_the_os_is_named_as_the_data_order(tmp_path: Path
     assert "locating" not in proc.stdout  # data, not computation: no op-level runs
 
 
+@core_only
 def test_out_of_order_workers_are_named(tmp_path: Path) -> None:
     proc = _check(tmp_path, "--workers", "2", "--out-of-order",
                   options=("--steps", "12", "--runs", "3"))
@@ -88,6 +109,7 @@ def test_out_of_order_workers_are_named(tmp_path: Path) -> None:
         proc.stdout
 
 
+@core_only
 def test_noise_in_the_dataset_is_named_as_the_batch_content(tmp_path: Path) -> None:
     proc = _check(tmp_path, "--augment", "urandom")
     assert proc.returncode == 1, proc.stdout + proc.stderr
@@ -95,6 +117,7 @@ def test_noise_in_the_dataset_is_named_as_the_batch_content(tmp_path: Path) -> N
            "and its content does not: randomness inside the dataset" in proc.stdout, proc.stdout
 
 
+@core_only
 def test_a_random_op_on_an_unseeded_generator_is_named_with_its_generator(
         tmp_path: Path) -> None:
     proc = _check(tmp_path, "--noise", "urandom")
@@ -104,6 +127,7 @@ def test_a_random_op_on_an_unseeded_generator_is_named_with_its_generator(
             "another state" in proc.stdout), proc.stdout
 
 
+@core_only
 def test_simulated_cuda_index_add_is_located_and_deterministic_is_its_fix(
         tmp_path: Path) -> None:
     command = [sys.executable, "-m", "tests._simulated_cuda_run"]
@@ -117,6 +141,7 @@ def test_simulated_cuda_index_add_is_located_and_deterministic_is_its_fix(
     assert fixed.returncode == 0, fixed.stdout + fixed.stderr
 
 
+@core_only
 def test_no_false_alarm_in_20_runs_with_workers(tmp_path: Path) -> None:
     proc = _check(tmp_path, "--workers", "2", options=("--steps", "3", "--runs", "20"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -124,6 +149,7 @@ def test_no_false_alarm_in_20_runs_with_workers(tmp_path: Path) -> None:
     assert proc.stdout.count("done in") == 20
 
 
+@core_only
 def test_it_cannot_check_a_script_that_fails_or_never_uses_devrng(tmp_path: Path) -> None:
     (tmp_path / "fails.py").write_text("raise SystemExit('no data here')\n")
     proc = _check(tmp_path, command=[sys.executable, "fails.py"])
@@ -138,6 +164,7 @@ def test_it_cannot_check_a_script_that_fails_or_never_uses_devrng(tmp_path: Path
         in proc.stdout
 
 
+@core_only
 def test_runs_that_take_other_numbers_of_steps_are_not_called_the_same(
         tmp_path: Path) -> None:
     # The first run takes a step more (it runs in run-1/): the steps both took match.
@@ -163,6 +190,7 @@ def test_it_refuses_bad_arguments(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("check", ["check-determinism", "check-resume"])
+@core_only
 def test_a_python_that_cannot_import_devrng_is_named_before_any_run(tmp_path: Path,
                                                                      check: str) -> None:
     """devrng started by its full path with another Python first on PATH: both checks say

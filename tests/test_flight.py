@@ -191,14 +191,16 @@ def _loop(directory: Path, steps: int, *, accumulate: int = 1, workers: int = 0,
                 break
         if done == save_at and saved is None:
             saved = save()
-    verified = early = None
+    verified = early = verdict = None
     if rng.flight is not None:
         early = rng.flight.verified  # said at the last compared step, not at the end
         rng.flight.finish()  # the last steps written and compared
         verified = rng.flight.verified
+        verdict = rng.flight.verdict
         rng.flight.close()
     return {"losses": losses, "saved": saved, "after": devrng.get_rng_state().fingerprint(),
-            "verified": verified, "verified_before_the_end": early}
+            "verified": verified, "verified_before_the_end": early,
+            "verdict": verdict}
 
 
 def test_one_line_per_optimizer_step_of_a_few_hundred_bytes(tmp_path: Path) -> None:
@@ -244,6 +246,8 @@ def test_a_resume_in_this_process_is_verified(tmp_path: Path,
         again = _loop(tmp_path, 16, resume=first["saved"])
     assert again["losses"] == first["losses"][10:]
     assert again["verified"] is True and again["verified_before_the_end"] is True
+    verdict = again["verdict"]  # the value the sentence is said from
+    assert (verdict.ok, verdict.steps, verdict.difference) == (True, (11, 16), None)
     assert any("resume verified: steps 11 to 16 drew, consumed and computed exactly what the "
                "interrupted run did (compared: generators, batch indices, batch content, loss, "
                "parameters at every step)" in m for m in caplog.messages), caplog.messages
@@ -262,6 +266,9 @@ def test_the_first_differing_step_and_its_cause_are_named_once(tmp_path: Path) -
     assert "python, dataloader0 matched)" in found[0], found
     assert "Steps 11 to 13 matched." in found[0]
     assert again["verified"] is False
+    difference = again["verdict"].difference  # the value the warning is said from
+    assert (difference.step, difference.part) == (14, "generators")
+    assert str(again["verdict"]) in found[0]
 
 
 def test_a_save_inside_the_loop_after_an_epochs_last_batch_is_flagged(tmp_path: Path) -> None:

@@ -40,6 +40,7 @@ def readme_commands(markdown: str) -> list[str]:
 # Run here, each with what it must say.
 RUN_HERE = {
     "devrng check-resume --steps 40 --stop 20 -- python train.py": "resume exact for steps",
+    "devrng check-determinism --steps 20 -- python train.py": "deterministic for steps 1..20",
     "devrng doctor --load": "Backends:",
     "devrng selftest": "0 failed",
 }
@@ -106,7 +107,7 @@ def _user_folder(tmp_path: Path) -> tuple[Path, dict[str, str]]:
 
 @pytest.mark.parametrize("command", [
     pytest.param(c, id=c.split(" --")[0],
-                 marks=[pytest.mark.slow] if "check-resume" in c else [])  # three trainings
+                 marks=[pytest.mark.slow] if "check-" in c else [])  # two or three trainings
     for c in RUN_HERE])
 def test_readme_command_runs_as_written(command: str, tmp_path: Path) -> None:
     folder, env = _user_folder(tmp_path)

@@ -48,16 +48,10 @@ def _parser() -> argparse.ArgumentParser:
                     "uninterrupted and the resumed run step by step. Exit 0 when the resume is "
                     "exact, 1 when it differs (the first differing step is named), 2 when it "
                     "could not be checked.")
-    check.add_argument("--steps", type=int, metavar="N",
-                       help="end each run after step N (default: let the script finish)")
+    _run_options(check, "check fails")
     check.add_argument("--stop", type=int, metavar="K",
                        help="stop after the first checkpoint at or after step K (default: half "
                             "of the uninterrupted run's steps)")
-    check.add_argument("--keep", metavar="DIR",
-                       help="keep the runs' directories, records and output in DIR (kept "
-                            "anyway when the check fails)")
-    check.add_argument("command_", nargs=argparse.REMAINDER, metavar="COMMAND",
-                       help="after '--': the command that trains, e.g. python train.py")
     same = sub.add_parser(
         "check-determinism", help="do two runs of your training script from one seed match? "
                                   "where do they part?",
@@ -70,19 +64,24 @@ def _parser() -> argparse.ArgumentParser:
                     "named with what differed first (generators, data order, batch content, or "
                     "the computation), and a difference in the computation is located to its "
                     "module and op by two more runs of that step; 2 when it could not check.")
-    same.add_argument("--steps", type=int, metavar="N",
-                      help="end each run after step N (default: let the script finish)")
+    _run_options(same, "runs differ")
     same.add_argument("--runs", type=int, default=2, metavar="R",
                       help="how many runs to compare (default 2)")
-    same.add_argument("--keep", metavar="DIR",
-                      help="keep the runs' directories, records and output in DIR (kept "
-                           "anyway when the runs differ)")
     same.add_argument("--no-locate", action="store_true",
                       help="do not run the script again to name the module and op of a "
                            "difference in the computation")
-    same.add_argument("command_", nargs=argparse.REMAINDER, metavar="COMMAND",
-                      help="after '--': the command that trains, e.g. python train.py")
     return parser
+
+
+def _run_options(check: argparse.ArgumentParser, kept: str) -> None:
+    """What both checks that launch runs take: --steps, --keep and the command."""
+    check.add_argument("--steps", type=int, metavar="N",
+                       help="end each run after step N (default: let the script finish)")
+    check.add_argument("--keep", metavar="DIR",
+                       help="keep the runs' directories, records and output in DIR (kept "
+                            f"anyway when the {kept})")
+    check.add_argument("command_", nargs=argparse.REMAINDER, metavar="COMMAND",
+                       help="after '--': the command that trains, e.g. python train.py")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -95,15 +94,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
-    if args.command == "check-resume":
-        from devrng._checks.check_resume import check_resume
-
+    if args.command.startswith("check-"):
         command = args.command_[1:] if args.command_[:1] == ["--"] else args.command_
-        return check_resume(command, steps=args.steps, stop=args.stop, keep=args.keep)
-    if args.command == "check-determinism":
+        if args.command == "check-resume":
+            from devrng._checks.check_resume import check_resume
+
+            return check_resume(command, steps=args.steps, stop=args.stop, keep=args.keep)
         from devrng._checks.check_determinism import check_determinism
 
-        command = args.command_[1:] if args.command_[:1] == ["--"] else args.command_
         return check_determinism(command, steps=args.steps, runs=args.runs, keep=args.keep,
                                  locate=not args.no_locate)
     from devrng import _cli  # the commands import torch: only now

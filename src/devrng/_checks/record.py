@@ -62,7 +62,14 @@ from devrng._checks.digest import (
     state_fingerprint,
 )
 from devrng._checks.ops import Ops, ops_path, write_ops
-from devrng._checks.verdict import compared_text, damaged, explain, not_found, nothing_after
+from devrng._checks.verdict import (
+    Verdict,
+    compared_text,
+    damaged,
+    difference,
+    not_found,
+    nothing_after,
+)
 from devrng._checks.watch import Watched, feeding_loader
 
 __all__ = ["FLIGHT_VARIABLE", "MAX_STEPS_VARIABLE", "OPS_VARIABLE", "STOP_VARIABLE",
@@ -139,7 +146,9 @@ class FlightRecord:
     ``TrainingRNG(..., flight_record=DIR)`` and the trainer integrations make one
     (``rng.flight``); it is not made directly. ``rng.flight.loss(loss)`` adds a loss to
     the line of its step; after a resume, ``verified`` says whether the steps the
-    interrupted run recorded past the checkpoint matched. See the resume page for what a
+    interrupted run recorded past the checkpoint matched, and ``verdict`` is what the
+    record concluded as a value (the first difference, with its step and part; or the
+    steps verified and what was compared), which its warning and log line say. See the resume page for what a
     line holds.
 
     Args:
@@ -206,6 +215,9 @@ class FlightRecord:
         self._verified: tuple[int, int] | None = None  # (first, last) step to compare
         self._compared: dict[str, int] = {}  # how many compared steps compared each part
         self._diverged = False
+        #: What the record concluded of a resume (``devrng._checks.verdict.Verdict``: the
+        #: difference found, or the steps verified and what was compared), or None.
+        self.verdict: Verdict | None = None
         #: A load-time warning already said that the resumed run differs (and why): a
         #: difference found then is said as that warning's, not warned of again.
         self.warned_at_load = False
@@ -623,19 +635,20 @@ class FlightRecord:
         expected = self._expected.pop(line["s"], None)
         if expected is None or self._diverged:
             return
-        problem = explain(expected[0], expected[1], line, names)
-        if problem is not None:
+        found = difference(expected[0], expected[1], line, names)
+        if found is not None:
             self._diverged = True
             self._expected.clear()
+            self.verdict = Verdict(False, "the resumed run differs from the interrupted one",
+                                   difference=found)
             first = self._verified[0] if self._verified is not None else line["s"]
             before = (f" Steps {first:,} to {line['s'] - 1:,} matched." if line["s"] > first
                       else " It is the first step after the checkpoint.")
             if self.warned_at_load:  # the cause was named at load: no second, other cause
-                self._say(f"the resumed run differs from the interrupted one from "
-                          f"{problem.split(': ', 1)[0]}, as warned when it loaded.{before.rstrip('.')}")
+                self._say(f"the resumed run differs from the interrupted one from {found.where}, "
+                          f"as warned when it loaded.{before.rstrip('.')}")
                 return
-            message = (f"devrng flight record: the resumed run differs from the interrupted one "
-                       f"at {problem}.{before}")
+            message = f"devrng flight record: {self.verdict}.{before}"
             warn_and_log(message, stacklevel=2)
             if self.log is not None:
                 self.log(message)
@@ -649,8 +662,11 @@ class FlightRecord:
             steps = (f"steps {first:,} to {last:,}" if count == last - first + 1 else
                      f"the {count:,} steps from {first:,} to {last:,} that the interrupted run's "
                      "record holds")
+            compared = compared_text(self._compared, count)
+            self.verdict = Verdict(True, "resume verified", steps=(first, last),
+                                   compared=compared)
             self._say(f"resume verified: {steps} drew, consumed and computed exactly what the "
-                      f"interrupted run did (compared: {compared_text(self._compared, count)})")
+                      f"interrupted run did (compared: {compared})")
 
     def _say(self, message: str) -> None:
         tell(message, self.log)
