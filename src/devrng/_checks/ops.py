@@ -88,7 +88,9 @@ class Ops(TorchDispatchMode):  # type: ignore[no-untyped-call]
         [('0', 'forward'), ('1', 'forward')]
     """
 
-    def __init__(self, *, keep: bool = False) -> None:
+    def __init__(self, models: Sequence[torch.nn.Module] = (), *, keep: bool = False) -> None:
+        """``models``: name their modules from them (a module otherwise takes its name from
+        the first module whose forward runs around it: a trainer may call a submodule's)."""
         super().__init__()  # type: ignore[no-untyped-call]
         self.ops: list[Op] = []
         self.outputs: list[Any] = []  # with keep: each op's outputs, on the CPU
@@ -102,6 +104,8 @@ class Ops(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self._optimizer = 0
         self._fresh: set[int] = set()  # storages handed out and not written yet
         self._handles: list[Any] = []
+        for model in models:
+            self.name_modules(model)
 
     def __enter__(self) -> Ops:
         hooks = torch.nn.modules.module
@@ -132,11 +136,17 @@ class Ops(TorchDispatchMode):  # type: ignore[no-untyped-call]
     def _enter_module(self, module: torch.nn.Module, args: Any) -> None:
         name = self._names.get(id(module))
         if name is None:  # a model seen for the first time: name its modules from it
-            self._roots.append(module)
-            for sub_name, sub in module.named_modules():
-                self._names.setdefault(id(sub), sub_name or type(module).__name__)
+            self.name_modules(module, keep=True)
             name = self._names[id(module)]
         self._stack.append(name)
+
+    def name_modules(self, model: torch.nn.Module, keep: bool = False) -> None:
+        """Name ``model``'s modules by their qualified names in it (``keep``: not those
+        named already)."""
+        self._roots.append(model)
+        for sub_name, sub in model.named_modules():
+            if not (keep and id(sub) in self._names):
+                self._names[id(sub)] = sub_name or type(model).__name__
 
     def _leave_module(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         if self._stack:
@@ -151,12 +161,16 @@ class Ops(TorchDispatchMode):  # type: ignore[no-untyped-call]
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
                            kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        ins = self._digest((args, kwargs))
+        ins = self._digest((args, _read(func, kwargs)))
         rng = _generator_digest(func, args, kwargs)
         result = func(*args, **kwargs)
         name = func._schema.name if hasattr(func, "_schema") else str(func)
         if name.startswith("profiler::"):  # the marks of record_function: no computation
             return result
+        if name.startswith("c10d::"):  # a collective's outputs are its result once it ends
+            for leaf in tree_flatten(result)[0]:
+                if callable(getattr(leaf, "wait", None)):
+                    leaf.wait()
         self._written(func, args, kwargs, result)
         node = torch._C._current_autograd_node()
         if node is not None:
@@ -218,6 +232,13 @@ UNINITIALISED = frozenset({"empty", "empty_like", "empty_strided", "new_empty",
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 
+def _read(func: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The keyword arguments an op reads: not its ``out=`` ones, whose bytes it overwrites
+    (a buffer reused from run to run, as DDP's gradient buckets, holds other bytes)."""
+    outs = {a.name for a in func._schema.arguments if a.is_out}
+    return {k: v for k, v in kwargs.items() if k not in outs} if outs else kwargs
+
+
 def _generator_digest(func: Any, args: Any, kwargs: Any) -> str:
     """The state of the generator a random op draws from: its ``generator=`` argument's, or
     the CPU's default generator for a CPU op without one ("" for other ops)."""
@@ -261,6 +282,8 @@ def _tensor_bytes(t: torch.Tensor, fresh: bool = False) -> bytes:
     head = f"{t.dtype}{tuple(t.shape)}".encode()
     if fresh:
         return head + b"uninitialised"
+    if t.device.type == "xla":
+        head += _xla_graph(t)
     try:
         data = t.detach()
         if data.layout != torch.strided or data.is_quantized:
@@ -271,6 +294,18 @@ def _tensor_bytes(t: torch.Tensor, fresh: bool = False) -> bytes:
         return head + data.view(torch.uint8).numpy().tobytes()
     except Exception:  # a tensor kind whose bytes cannot be read (meta, a subclass): its header
         return head
+
+
+def _xla_graph(t: torch.Tensor) -> bytes:
+    """The hash of the graph XLA traced for ``t``: a step's graph is compiled whole, so an op
+    that traced another graph (another order of adds) counts as another output even where
+    its values, run op by op, happen to match."""
+    try:
+        import torch_xla
+
+        return bytes(torch_xla._XLAC._get_graph_hash([t]))
+    except Exception:  # (torch_xla without it)
+        return b""
 
 
 def first_split(ours: Sequence[Op], theirs: Sequence[Op]) -> Split | None:

@@ -228,6 +228,7 @@ class FlightRecord:
         self._ops: Any = None  # the op recorder while it records
         self._watched: dict[str, Watched] = {}
         self._model_hooks: list[Any] = []
+        self._models: list[weakref.ref[torch.nn.Module]] = []  # (names for an op recording)
         self._grad_hooked: set[int] = set()  # ids of the optimizers whose backward is seen
         self._done: int | None = None  # the step a "done" line was written at
         self._write({"k": "run", "v": _FORMAT, "a": self.attempt, "id": self.identity,
@@ -306,6 +307,15 @@ class FlightRecord:
 
         self._model_hooks += [module.register_forward_pre_hook(before, with_kwargs=True),
                               module.register_forward_hook(after)]
+        self.name_modules(module)
+
+    def name_modules(self, module: torch.nn.Module) -> None:
+        """Name modules by their qualified names in ``module`` where the record names one
+        (``devrng check-determinism``'s op recording): for a trainer that calls a
+        submodule's forward, not the model's."""
+        self._models.append(weakref.ref(module))
+        if self._ops is not None:  # (recording since before the model was given)
+            self._ops.name_modules(module)
 
     def loss(self, value: Any) -> None:
         """Add a loss (a float or a one-element tensor, read when the line is written: no host
@@ -683,7 +693,8 @@ class FlightRecord:
         if self._ops_at is None:
             return
         if self._ops is None and self.step == self._ops_at - 1:
-            self._ops = Ops().__enter__()
+            models = [m for m in (ref() for ref in self._models) if m is not None]
+            self._ops = Ops(models).__enter__()
         elif self._ops is not None and self.step >= self._ops_at:
             ops, self._ops = self._ops, None
             ops.__exit__(None, None, None)

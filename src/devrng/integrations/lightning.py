@@ -145,6 +145,8 @@ class DevRNGCallback(pl.Callback):
             start_flight_record(self.rng, where, hooked=True,
                                 log=logging.getLogger("lightning.pytorch").info)
             self._watch_before_the_first_iterator(trainer)
+            if self.rng.flight is not None and isinstance(pl_module, torch.nn.Module):
+                self.rng.flight.name_modules(pl_module)  # (training_step runs no forward of it)
         here = (os.getpid(), process_rank(strict=False))
         seed = rank_seed(self.rng.seed, here[1]) if self.per_rank else self.rng.seed
         moved = here != self._seeded_in and (self.per_rank or here[0] != self._seeded_in[0])
