@@ -18,6 +18,7 @@ is one op, or its module is the finest answer.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import hashlib
 import json
 import os
@@ -102,6 +103,7 @@ class Ops(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self._made: list[int] = []
         self._made_in: list[str] = []
         self._optimizer = 0
+        self.paused = 0  # inside aside(): ops are devrng's own, not recorded
         self._fresh: set[int] = set()  # storages handed out and not written yet
         self._handles: list[Any] = []
         for model in models:
@@ -123,6 +125,15 @@ class Ops(TorchDispatchMode):  # type: ignore[no-untyped-call]
         for handle in self._handles:
             handle.remove()
         self._handles = []
+
+    @contextlib.contextmanager
+    def aside(self) -> Iterator[None]:
+        """Ops run inside are devrng's own (the flight record's digests): not recorded."""
+        self.paused += 1
+        try:
+            yield
+        finally:
+            self.paused -= 1
 
     def _made_by_node(self, node: Any) -> str:
         """The module whose forward made autograd node ``node`` ("" when none did)."""
@@ -161,6 +172,8 @@ class Ops(TorchDispatchMode):  # type: ignore[no-untyped-call]
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
                            kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
+        if self.paused:  # devrng's own work (the flight record's digests)
+            return func(*args, **kwargs)
         ins = self._digest((args, _read(func, kwargs)))
         rng = _generator_digest(func, args, kwargs)
         result = func(*args, **kwargs)

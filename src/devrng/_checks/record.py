@@ -257,7 +257,7 @@ class FlightRecord:
 
     def begin_step(self) -> None:
         """The step under way starts now (its generators' fingerprints are taken now)."""
-        with self._lock:
+        with self._lock, self._aside():
             if self._start is not None:
                 return
             self._write_held()
@@ -269,7 +269,7 @@ class FlightRecord:
         """The step takes ``batch`` (a trainer integration's hook says which): its content is
         digested as the step sees it, and its indices are those of the oldest batch a
         watched loader (``loader``, or any) delivered and no step took yet."""
-        with self._lock:
+        with self._lock, self._aside():
             self.begin_step()
             delivered = None
             for name in [loader] if loader is not None else list(self._watched):
@@ -375,7 +375,7 @@ class FlightRecord:
         the optimizer, whose parameters are digested now)."""
         if os.getpid() != self._pid:
             return
-        with self._lock:
+        with self._lock, self._aside():
             if self._start is None:  # no batch came from a tracked loader: fingerprints now
                 self.begin_step()
             self._write_held()
@@ -522,7 +522,8 @@ class FlightRecord:
         line, self._held = self._held, None
         if line is None or os.getpid() != self._pid:
             return
-        line = resolve(line)
+        with self._aside():
+            line = resolve(line)
         if "l" in line:  # losses left on a device: read now, with the digests
             line["l"] = [float(v).hex() for v in line["l"]]
         names = list(line["g"])
@@ -685,6 +686,10 @@ class FlightRecord:
             except Exception as err:  # a generator that cannot be read now: say which
                 found[name] = f"unreadable: {type(err).__name__}"
         return found
+
+    def _aside(self) -> contextlib.AbstractContextManager[None]:
+        """Where the record's own work (its digests) is not recorded as the step's ops."""
+        return self._ops.aside() if self._ops is not None else contextlib.nullcontext()
 
     # -- the ops of one step (devrng check-determinism) -------------------------------------------
     def _record_ops(self) -> None:

@@ -148,7 +148,8 @@ class Watched:
         if isinstance(position, int):
             position += self.skipped
         # A step a trainer's hook feeds is digested as the step sees it (consume).
-        entry = (indices, batch_parts(data) if plain else None, position, self.name)
+        with record._aside():  # (the record's own digest: not one of the step's ops)
+            entry = (indices, batch_parts(data) if plain else None, position, self.name)
         with record._lock:
             if plain:
                 record._batches.append(entry)
