@@ -157,8 +157,8 @@ def bench_flight(number: int, rounds: int) -> list[Row]:
 
     - Its own work per optimizer step: the step does nothing else (its next batch, a
       backward pass through one bias, an optimizer step that updates none of the MNIST
-      tutorials' CNN's parameters, its loss), against the budget and as a share of the
-      CNN's training step.
+      tutorials' CNN's parameters, its loss), against the budget, and added to the CNN's
+      training step without the record (target: 1%).
     - One training step (forward, backward, SGD; batch 64 of MNIST-sized images) of the
       MNIST tutorials' CNN, a 784-256-10 MLP and a LeNet-5, on against off.
 
@@ -208,9 +208,9 @@ def bench_flight(number: int, rounds: int) -> list[Row]:
                         f"{_mode(loader)}",
                 "devrng_us": on, "peer": "the same step without the record", "peer_us": off,
                 "ratio": on / off, "target": None,
-                "note": f"informational: {extra:+.0f} µs a step ({extra / off:+.2%}; on and "
-                        f"off differ by more than the record between rounds); "
-                        f"{size:.0f} bytes a step on disk", "bytes": size})
+                "note": f"informational: {extra:+.0f} µs a step ({extra / off:+.2%}); the "
+                        f"median of {repeats} rounds; {size:.0f} bytes a step on disk",
+                "bytes": size})
         for loader in (True, False):
             shared = (_mnist_cnn(), _data(loader))
             _, _, work, size = measure(
@@ -221,12 +221,15 @@ def bench_flight(number: int, rounds: int) -> list[Row]:
                 "us": work, "target_us": FLIGHT_BUDGET_US, "devrng_us": work, "peer": None,
                 "peer_us": None, "ratio": None, "target": None, "bytes": size,
                 "note": f"{size:.0f} bytes a step on disk"})
+            # The CNN's step varies by more than the record's work between rounds (by a few
+            # ms under load): the share is the record's own work over the step without it.
             own.append({
-                "case": f"flight record: its own work per optimizer step, {_mode(loader)}, "
-                        f"as a share of a training step",
-                "devrng_us": work, "peer": f"one training step of {_CNN} (batch 64, CPU)",
-                "peer_us": cnn[loader], "ratio": work / cnn[loader], "target": 0.01,
-                "note": ""})
+                "case": f"flight record: one training step of {_CNN} plus the record's own "
+                        f"work, {_mode(loader)}",
+                "devrng_us": cnn[loader] + work, "peer": "the same step without the record",
+                "peer_us": cnn[loader], "ratio": (cnn[loader] + work) / cnn[loader],
+                "target": 1.01, "note": f"the record's own work is {work / cnn[loader]:.2%} "
+                                        f"of the step"})
     finally:
         torch.set_num_threads(threads)
     return own + steps

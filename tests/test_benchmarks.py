@@ -139,8 +139,8 @@ def test_charts_are_drawn_for_the_docs_column() -> None:
 
 def test_the_flight_record_bench_reports_its_own_work_the_cnn_share_and_bytes() -> None:
     """bench_flight gives, with and without a tracked DataLoader, the record's own µs per
-    step against its budget with its bytes per step, the same as a share of the CNN's
-    training step against 1%, and the CNN's whole step on and off."""
+    step against its budget with its bytes per step, the same added to the CNN's training
+    step against 1.01x, and the CNN's whole step on and off."""
     from benchmarks.bench_training import FLIGHT_BUDGET_US, bench_flight
 
     rows = bench_flight(1, 1)
@@ -151,14 +151,15 @@ def test_the_flight_record_bench_reports_its_own_work_the_cnn_share_and_bytes() 
         assert work["target_us"] == FLIGHT_BUDGET_US and math.isfinite(work["us"])
         assert 100 < work["bytes"] < 400  # a line a step, a few hundred bytes at most
         sizes.append(work["bytes"])
-        (share,) = [r for r in rows if r["case"] == f"{own}, as a share of a training step"]
+        (share,) = [r for r in rows if r["case"] == "flight record: one training step of the "
+                    f"MNIST tutorials' CNN plus the record's own work, {mode}"]
         (cnn,) = [r for r in rows if r["case"] == "flight record: one training step of the "
                   f"MNIST tutorials' CNN (batch 64, CPU), {mode}"]
-        assert share["target"] == 0.01 and share["devrng_us"] == work["us"]
-        assert share["peer_us"] == cnn["peer_us"]  # the CNN's step without the record
+        assert share["target"] == 1.01 and share["peer_us"] == cnn["peer_us"]  # (without)
+        assert math.isclose(share["devrng_us"], cnn["peer_us"] + work["us"])
     assert sizes[0] > sizes[1]  # with a loader: the batch's digest, indices and position
     table = format_table(rows)
-    assert f"| ≤ {FLIGHT_BUDGET_US:g} µs: " in table and "| ≤ 0.01×: " in table
+    assert f"| ≤ {FLIGHT_BUDGET_US:g} µs: " in table
 
 
 def test_table_marks_each_target_met_or_missed() -> None:
