@@ -224,8 +224,7 @@ def bench_flight(number: int, rounds: int) -> list[Row]:
             # The CNN's step varies by more than the record's work between rounds (by a few
             # ms under load): the share is the record's own work over the step without it.
             own.append({
-                "case": f"flight record: one training step of {_CNN} plus the record's own "
-                        f"work, {_mode(loader)}",
+                "case": f"flight record's own work + {_CNN}'s step, {_mode(loader)}",
                 "devrng_us": cnn[loader] + work, "peer": "the same step without the record",
                 "peer_us": cnn[loader], "ratio": (cnn[loader] + work) / cnn[loader],
                 "target": 1.01, "note": f"the record's own work is {work / cnn[loader]:.2%} "

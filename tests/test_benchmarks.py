@@ -151,8 +151,8 @@ def test_the_flight_record_bench_reports_its_own_work_the_cnn_share_and_bytes() 
         assert work["target_us"] == FLIGHT_BUDGET_US and math.isfinite(work["us"])
         assert 100 < work["bytes"] < 400  # a line a step, a few hundred bytes at most
         sizes.append(work["bytes"])
-        (share,) = [r for r in rows if r["case"] == "flight record: one training step of the "
-                    f"MNIST tutorials' CNN plus the record's own work, {mode}"]
+        (share,) = [r for r in rows if r["case"] == "flight record's own work + the MNIST "
+                    f"tutorials' CNN's step, {mode}"]
         (cnn,) = [r for r in rows if r["case"] == "flight record: one training step of the "
                   f"MNIST tutorials' CNN (batch 64, CPU), {mode}"]
         assert share["target"] == 1.01 and share["peer_us"] == cnn["peer_us"]  # (without)
