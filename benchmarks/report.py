@@ -45,6 +45,11 @@ def format_table(rows: list[Row], footnote_prefix: str = "") -> str:
             target = _met(r["ms"] <= r["target_ms"], f"≤ {r['target_ms']:g} ms")
             lines.append(f"| {r['case']} | {r['ms']:.1f} ms | - | - | {target} |")
             continue
+        if r.get("us") is not None:  # a time of its own, against a budget in µs
+            target = _met(r["us"] <= r["target_us"], f"≤ {r['target_us']:g} µs")
+            mark = note(r["note"]) if r.get("note") else ""
+            lines.append(f"| {r['case']}{mark} | {_time(r['us'])} | - | - | {target} |")
+            continue
         if r["ratio"] is None:
             skipped.append(f"{r['case']} ({r['note'].removeprefix('skipped: ')})")
             continue

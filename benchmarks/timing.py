@@ -10,28 +10,39 @@ import time
 from collections.abc import Callable
 
 
-def per_call_us(fn: Callable[[], object], number: int) -> float:
+def per_call_us(fn: Callable[[], object], number: int,
+                clock: Callable[[], float] = time.perf_counter) -> float:
     # As timeit does: no garbage collection inside a timed batch, so a collection
     # triggered by one contender's allocations is not charged to another.
     enabled = gc.isenabled()
     gc.disable()
     try:
-        start = time.perf_counter()
+        start = clock()
         for _ in range(number):
             fn()
-        return (time.perf_counter() - start) / number * 1e6
+        return (clock() - start) / number * 1e6
     finally:
         if enabled:
             gc.enable()
 
 
-def interleaved(contenders: dict[str, Callable[[], object]], *, number: int,
-                rounds: int) -> dict[str, float]:
-    """Median microseconds per call of each contender over ``rounds`` interleaved rounds."""
+def interleaved(contenders: dict[str, Callable[[], object]], *, number: int, rounds: int,
+                clock: Callable[[], float] = time.perf_counter) -> dict[str, float]:
+    """Median microseconds per call of each contender over ``rounds`` interleaved rounds,
+    by ``clock`` (wall time; ``time.thread_time``: the CPU time of this thread, which a
+    busy machine's other processes do not lengthen)."""
+    return {name: statistics.median(values)
+            for name, values in samples(contenders, number=number, rounds=rounds,
+                                        clock=clock).items()}
+
+
+def samples(contenders: dict[str, Callable[[], object]], *, number: int, rounds: int,
+            clock: Callable[[], float] = time.perf_counter) -> dict[str, list[float]]:
+    """Microseconds per call of each contender in each of ``rounds`` interleaved rounds."""
     for fn in contenders.values():  # warm up: caches, first-call imports, lazy init
-        per_call_us(fn, max(1, number // 10))
-    samples: dict[str, list[float]] = {name: [] for name in contenders}
+        per_call_us(fn, max(1, number // 10), clock)
+    found: dict[str, list[float]] = {name: [] for name in contenders}
     for _ in range(rounds):
         for name, fn in contenders.items():
-            samples[name].append(per_call_us(fn, number))
-    return {name: statistics.median(values) for name, values in samples.items()}
+            found[name].append(per_call_us(fn, number, clock))
+    return found

@@ -20,20 +20,22 @@ def test_runner_produces_a_row_per_case_with_numbers_or_a_reason() -> None:
     assert {"fork_rng(devices=[])", "import devrng after import torch"} <= cases
     for r in rows:
         if r["ratio"] is None:
-            assert r.get("ms") is not None or r["note"].startswith("skipped: ")
+            assert (r.get("ms") is not None or r.get("us") is not None
+                    or r["note"].startswith("skipped: "))
         else:
             assert math.isfinite(r["ratio"]) and r["ratio"] > 0
             assert math.isclose(r["ratio"], r["devrng_us"] / r["peer_us"])
     table = format_table(rows)
     for r in rows:
-        if r["ratio"] is not None or r.get("ms") is not None:
+        if r["ratio"] is not None or r.get("ms") is not None or r.get("us") is not None:
             assert f"| {r['case']}" in table  # every case that ran is a row
         else:
             assert r["case"] in table.split("Not run in this environment:")[1]  # named once
     compile_rows = [r for r in rows if r.get("compiles") is not None and r["target"] is not None]
     for r in compile_rows:
         assert f"{r['case']}: compilations for 50 distinct seeds | {r['compiles']}" in table
-    noted = [r for r in rows if r["ratio"] is not None and r.get("note")]
+    noted = [r for r in rows if (r["ratio"] is not None or r.get("us") is not None)
+             and r.get("note")]
     assert table.count("[^") == 2 * len(noted)  # each note is a footnote, referenced once
 
 
@@ -167,6 +169,31 @@ def test_charts_are_drawn_for_the_docs_column() -> None:
         assert width == 720 and height > 150 * len(report.chart_rows(result))
 
 
+def test_the_flight_record_bench_reports_its_own_work_the_cnn_share_and_bytes() -> None:
+    """bench_flight gives, with and without a tracked DataLoader, the record's own µs per
+    step against its budget with its bytes per step, the same added to the CNN's training
+    step against 1.01x, and the CNN's whole step on and off."""
+    from benchmarks.bench_training import FLIGHT_BUDGET_US, bench_flight
+
+    rows = bench_flight(1, 1)
+    sizes = []
+    for mode in ("a tracked DataLoader", "no tracked DataLoader"):
+        own = f"flight record: its own work per optimizer step, {mode}"
+        (work,) = [r for r in rows if r["case"] == f"{own} (CPU)"]
+        assert work["target_us"] == FLIGHT_BUDGET_US and math.isfinite(work["us"])
+        assert 100 < work["bytes"] < 400  # a line a step, a few hundred bytes at most
+        sizes.append(work["bytes"])
+        (share,) = [r for r in rows if r["case"] == "flight record's own work + the MNIST "
+                    f"tutorials' CNN's step, {mode}"]
+        (cnn,) = [r for r in rows if r["case"] == "flight record: one training step of the "
+                  f"MNIST tutorials' CNN (batch 64, CPU), {mode}"]
+        assert share["target"] == 1.01 and share["peer_us"] == cnn["peer_us"]  # (without)
+        assert math.isclose(share["devrng_us"], cnn["peer_us"] + work["us"])
+    assert sizes[0] > sizes[1]  # with a loader: the batch's digest, indices and position
+    table = format_table(rows)
+    assert f"| ≤ {FLIGHT_BUDGET_US:g} µs: " in table
+
+
 def test_table_marks_each_target_met_or_missed() -> None:
     rows = [{"case": "a", "devrng_us": 1.0, "peer": "p", "peer_us": 2.0, "ratio": 0.5,
              "target": 0.8, "note": ""},
@@ -175,3 +202,8 @@ def test_table_marks_each_target_met_or_missed() -> None:
     table = report.format_table(rows)
     assert "| a | 1.00 µs | p: 2.00 µs | 0.50× | ≤ 0.8×: met |" in table
     assert "| b | 3.00 µs | p: 2.00 µs | 1.50× | ≤ 1.2×: **missed** |" in table
+    budget = [{"case": "c", "us": 120.0, "target_us": 130.0, "note": ""},
+              {"case": "d", "us": 140.0, "target_us": 130.0, "note": "why"}]
+    table = report.format_table(budget)
+    assert "| c | 120.00 µs | - | - | ≤ 130 µs: met |" in table
+    assert "| d[^1] | 140.00 µs | - | - | ≤ 130 µs: **missed** |" in table

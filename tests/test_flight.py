@@ -900,3 +900,80 @@ def test_a_run_on_xla_resumes_verified_with_its_losses_read_in_batches(tmp_path:
     again = run(6, resume=first["saved"])
     assert again["losses"] == first["losses"][3:]
     assert again["verified"] is True
+
+
+def test_a_cpu_digest_is_the_weighted_wrapping_sum_the_docs_define() -> None:
+    """What the digest module's docstring defines, computed here from the definition: the
+    elements' integer bits (float32 as int32, a complex number as its two parts), each times
+    ``2 * position + 1``, summed modulo 2**64 over all elements or, past SAMPLED, over RUNS
+    runs of RUN elements spread evenly; hashed with the tensor's dtype and shape."""
+    import hashlib
+
+    def expected(t: torch.Tensor, bits: torch.dtype) -> str:
+        flat = (torch.view_as_real(t) if t.is_complex() else t).reshape(-1).view(bits).tolist()
+        n, runs, run = len(flat), digest_module.RUNS, digest_module.RUN
+        stride = n // runs
+        positions = (range(n) if n <= digest_module.SAMPLED else
+                     [r * stride + k for r in range(runs) for k in range(run)])
+        total = sum(flat[p] * (2 * p + 1) for p in positions) % 2**64
+        header = f"T{t.dtype}{tuple(t.shape)}".encode()
+        return hashlib.blake2b(header + total.to_bytes(8, "little"), digest_size=8).hexdigest()
+
+    torch.manual_seed(0)
+    cases = [(torch.randn(3, 5), torch.int32), (torch.randn(64, 1, 28, 28), torch.int32),
+             (torch.randint(-2**62, 2**62, (5000,)), torch.int64),
+             (torch.randn(7, dtype=torch.complex64), torch.int32),
+             (torch.randn(300).to(torch.bfloat16), torch.int16)]
+    for t, bits in cases:
+        assert batch_digest(t) == expected(t, bits), t.dtype
+
+
+def test_a_strided_complex_tensor_is_digested_as_its_contiguous_copy() -> None:
+    """(Read through NumPy, a strided complex tensor could not be viewed as integers: the
+    digest raised, and with it the training step.)"""
+    x = torch.randn(5000, dtype=torch.complex64)
+    assert batch_digest(x[::2]) == batch_digest(x[::2].contiguous())
+    assert batch_digest(x[::2]) != batch_digest(x[1::2].contiguous())
+
+
+def test_parameter_views_digest_as_the_batch_digest_and_follow_the_parameters() -> None:
+    """The record's parameter digest keeps each CPU parameter's sampled view and reads it in
+    place: it equals batch_digest after in-place updates, after ``p.data = ...`` (new memory,
+    or another shape), for tensors it does not keep (strided, bfloat16), and it forgets a
+    parameter that is gone."""
+    import gc
+
+    views = digest_module.Views()
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(128, 9216)), torch.nn.Parameter(torch.randn(10)),
+              torch.randn(20, 30)[:, ::2], torch.randn(3000).to(torch.bfloat16),
+              torch.randn(5, dtype=torch.complex64), torch.arange(7)]
+    before = views.digest(params)
+    assert before == batch_digest(params)
+    with torch.no_grad():
+        params[0].view(-1)[digest_module.RUN - 1] += 1.0  # inside the first run
+        params[1].mul_(2)
+    assert views.digest(params) == batch_digest(params) != before
+    params[0].data = params[0].data.clone()  # new memory, same values
+    assert views.digest(params) == batch_digest(params)
+    params[1].data = torch.randn(20)  # another shape
+    assert views.digest(params) == batch_digest(params)
+    params[0].data = params[0].data.t()  # other strides: read as they are now
+    assert views.digest(params) == batch_digest(params)
+    kept = len(views._found)
+    del params[1]
+    gc.collect()
+    assert len(views._found) == kept - 1
+
+
+def test_indices_digest_of_a_steps_batches_sees_their_bounds_and_order() -> None:
+    """A step's batches (each a list of indices, what a batch sampler yields): where one batch
+    ends is part of the digest, as is the order inside and across batches."""
+    assert indices_digest([[1, 2], [3]]) == indices_digest([[1, 2], [3]])
+    assert indices_digest([[1, 2], [3]]) != indices_digest([[1], [2, 3]])
+    assert indices_digest([[1, 2], [3]]) != indices_digest([[2, 1], [3]])
+    assert indices_digest([[1, 2], [3]]) != indices_digest([[3], [1, 2]])
+    assert indices_digest([[1, 2]]) != indices_digest([1, 2])
+    assert indices_digest([[1, 2]]) == indices_digest([(1, 2)])
+    assert indices_digest([["a"], ["b"]]) != indices_digest([["b"], ["a"]])  # by repr
+    assert indices_digest([[1.5]]) != indices_digest([[1.25]])  # not ints: by repr

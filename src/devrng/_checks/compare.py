@@ -25,10 +25,13 @@ LOADER_PREFIX = "loader:"
 Steps = dict[int, tuple[dict[str, Any], list[str]]]
 
 
+_ENCODER = json.JSONEncoder(separators=(",", ":"))  # (json.dumps makes one per call)
+
+
 def encode_line(line: Mapping[str, Any]) -> str:
     """One line of a record file: the JSON text, a space and its CRC-32 (what a reader checks:
     a torn or altered line is skipped)."""
-    text = json.dumps(line, separators=(",", ":"))
+    text = _ENCODER.encode(line)
     return f"{text} {zlib.crc32(text.encode()) & 0xFFFFFFFF:08x}\n"
 
 

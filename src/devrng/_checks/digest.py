@@ -21,16 +21,19 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import random
+import struct
+import weakref
 import zlib
 from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
 from devrng._backends import host
 
-__all__ = ["RUN", "RUNS", "SAMPLED", "Crc", "Pending", "batch_digest", "batch_parts", "generator_fingerprint", "indices_digest",
-           "numpy_fingerprint", "python_fingerprint", "resolve", "state_fingerprint"]
+__all__ = ["RUN", "RUNS", "SAMPLED", "Pending", "Views", "batch_digest", "batch_parts", "crc",
+           "generator_fingerprint", "indices_digest", "numpy_fingerprint", "python_fingerprint",
+           "resolve", "state_fingerprint"]
 
 #: Elements digested per tensor at most: in runs of ``RUN`` consecutive ones.
 SAMPLED = 4096
@@ -55,14 +58,14 @@ def _numpy() -> Any:
         return _found_numpy[0]
     np = host.numpy_or_none()
     if np is not None:
+        _NUMPY_INTEGERS.update({1: np.uint8, 2: np.int16, 4: np.int32, 8: np.int64})
         _found_numpy.append(np)
     return np
 
 
 class Pending:
     """A digest not computed yet (``resolve`` computes many at once, when the record is
-    written): its parts are bytes, ints, copies of the sampled elements of CPU tensors
-    (``_Sample``) and 0-d int64 tensors on devices."""
+    written): its parts are bytes, ints and 0-d int64 tensors on devices."""
 
     __slots__ = ("parts",)
 
@@ -70,39 +73,12 @@ class Pending:
         self.parts = parts
 
 
-class _Sample(NamedTuple):
-    """The sampled elements of a CPU tensor of ``n`` elements, copied when the batch was
-    seen (the digest is computed later, and the batch may change in place meanwhile)."""
-
-    n: int
-    values: Any  # a NumPy array of the sampled elements' integer bits
-
-
-class Crc:
-    """A fingerprint not computed yet: the CRC-32 of ``data`` (bytes, or a CPU tensor that
-    is a copy), as 8 hexadecimal digits when ``str()``-ed or resolved. A step only copies
-    the state; the record hashes many together when it writes them."""
-
-    __slots__ = ("_text", "data")
-
-    def __init__(self, data: Any) -> None:
-        self.data: Any = data
-        self._text: str | None = None
-
-    def __str__(self) -> str:
-        if self._text is None:
-            data: Any = self.data.numpy() if isinstance(self.data, torch.Tensor) else self.data
-            self._text, self.data = f"{zlib.crc32(data) & 0xFFFFFFFF:08x}", None
-        return self._text
-
-    def __eq__(self, other: object) -> bool:
-        return str(self) == str(other)
-
-    # Equal to its text, which it computes once: not hashable.
-    __hash__ = None  # type: ignore[assignment]
-
-    def __repr__(self) -> str:
-        return f"Crc({str(self)!r})"
+def crc(data: Any) -> str:
+    """The CRC-32 of ``data`` (bytes, or a contiguous CPU uint8 tensor) as 8 hexadecimal
+    digits: a generator's fingerprint."""
+    if isinstance(data, torch.Tensor):
+        data = data.numpy()
+    return f"{zlib.crc32(data) & 0xFFFFFFFF:08x}"
 
 
 def resolve(value: Any) -> Any:
@@ -135,8 +111,6 @@ def _collect(value: Any, out: list[torch.Tensor]) -> None:
 
 
 def _substitute(value: Any, host_values: Mapping[int, int]) -> Any:
-    if isinstance(value, Crc):
-        return str(value)
     if isinstance(value, Pending):
         return _finish([host_values[id(p)] if isinstance(p, torch.Tensor) else p
                         for p in value.parts])
@@ -152,8 +126,6 @@ def _substitute(value: Any, host_values: Mapping[int, int]) -> Any:
 def _finish(parts: list[Any]) -> str:
     h = hashlib.blake2b(digest_size=8)
     for part in parts:
-        if isinstance(part, _Sample):
-            part = _sample_sum(part)
         h.update(part if isinstance(part, bytes) else part.to_bytes(8, "little"))
     return h.hexdigest()
 
@@ -263,20 +235,15 @@ def _positions(n: int, arange: Any) -> Any:
 
 def _tensor_sum(t: torch.Tensor) -> Any:
     """The wrapping sum of ``value * (2 * position + 1)`` over ``t``'s (sampled) elements:
-    a copy of them on the CPU (summed when resolved), a 0-d int64 tensor on a device."""
+    an int on the CPU (read now), a 0-d int64 tensor on a device (read when resolved)."""
     t = t.detach()
-    if t.is_cpu and t.layout is torch.strided and not t.is_quantized:
-        np = _numpy()
-        if np is not None and t.dtype in _NUMPY_READS:  # few calls: a step pays for each
-            if not _NUMPY_INTEGERS:
-                _NUMPY_INTEGERS.update({1: np.uint8, 2: np.int16, 4: np.int32, 8: np.int64})
-            flat = t.numpy().reshape(-1)
-            # (a complex number as its two parts, as torch.view_as_real reads it)
-            part = flat.itemsize // 2 if flat.dtype.kind == "c" else flat.itemsize
-            flat = flat.view(_NUMPY_INTEGERS[part])
-            if flat.size == 0:
-                return 0
-            return _Sample(flat.size, _sampled(flat, flat.size).copy())
+    # (Quantized dtypes are not among the NumPy reads: the layout is the only check left.)
+    if t.is_cpu and t.dtype in _NUMPY_READS and t.layout is torch.strided \
+            and _numpy() is not None:  # few calls: a step pays for each
+        if t.is_complex():  # a complex number as its two parts
+            t = torch.view_as_real(t)
+        flat = t.numpy().reshape(-1)
+        return _numpy_sum(flat.view(_NUMPY_INTEGERS[flat.itemsize]))
     if t.is_complex():
         t = torch.view_as_real(t)
     size = t.element_size()
@@ -287,7 +254,7 @@ def _tensor_sum(t: torch.Tensor) -> Any:
         return 0
     bits = t.view(_INTEGER_VIEW[size]).reshape(-1)
     if t.is_cpu and _numpy() is not None:
-        return _Sample(n, _sampled(bits.numpy(), n).copy())
+        return _numpy_sum(bits.numpy())
     key = (t.device, n)
     weights = _weights.get(key)
     if weights is None:
@@ -297,14 +264,69 @@ def _tensor_sum(t: torch.Tensor) -> Any:
     return int(total) & _MASK64 if t.is_cpu else total
 
 
-def _sample_sum(sample: _Sample) -> int:
-    """``_tensor_sum`` of a CPU tensor, from the copy of its sampled elements."""
-    np = _numpy()
-    weights = _weights.get(("cpu", sample.n))
+def _numpy_sum(flat: Any) -> int:
+    """``_tensor_sum`` of a flat NumPy array of a CPU tensor's integer bits: read now."""
+    return _weighted_sum(*_numpy_sample(flat))
+
+
+def _numpy_sample(flat: Any) -> tuple[Any, Any]:
+    """The sampled elements of ``flat`` (a view) and their weights (made once per size, in
+    the sample's shape)."""
+    n = flat.size
+    weights = _weights.get(("cpu", n))
     if weights is None:
-        weights = _cached(("cpu", sample.n),
-                          _positions(sample.n, lambda k: np.arange(k, dtype=np.int64)))
-    return int((sample.values.reshape(-1).astype(np.int64) * weights).sum()) & _MASK64
+        np = _numpy()
+        weights = _cached(("cpu", n), _sampled(np.arange(n, dtype=np.int64), n) * 2 + 1)
+    return _sampled(flat, n), weights
+
+
+def _weighted_sum(sample: Any, weights: Any) -> int:
+    return int((sample * weights).sum()) & _MASK64 if sample.size else 0
+
+
+class Views:
+    """Digests of tensors that stay where they are (a model's parameters, each step): the
+    view of a CPU tensor's sampled elements is made once and read in place at each digest.
+    A tensor whose memory, shape or strides changed (``p.data = ...``) is looked at again;
+    a tensor that is gone is forgotten. ``digest(tensors)`` equals ``batch_digest(tensors)``.
+    """
+
+    def __init__(self) -> None:
+        self._found: dict[int, tuple[Any, ...]] = {}
+
+    def digest(self, tensors: list[torch.Tensor]) -> str | Pending:
+        """``batch_digest(tensors)``, for a list of tensors."""
+        parts: list[Any] = [b"[%d" % len(tensors)]
+        device = False  # a part is a device tensor's sum, read later
+        for t in tensors:
+            entry = self._found.get(id(t))
+            if entry is None or entry[0]() is not t or entry[1] != (t.data_ptr(), t.shape,
+                                                                    t.stride()):
+                entry = self._look(t)
+            if entry is None:  # (not a CPU tensor NumPy reads)
+                _walk(t, parts, 1)
+                device = device or isinstance(parts[-1], torch.Tensor)
+            else:
+                parts += (entry[2], _weighted_sum(entry[3], entry[4]))
+        return Pending(parts) if device else _finish(parts)
+
+    def clear(self) -> None:
+        self._found.clear()
+
+    def _look(self, t: torch.Tensor) -> tuple[Any, ...] | None:
+        self._found.pop(id(t), None)
+        # (A tensor that is not contiguous would be read through a copy: not one to keep.)
+        if not (isinstance(t, torch.Tensor) and t.is_cpu and t.dtype in _NUMPY_READS
+                and t.layout is torch.strided and t.is_contiguous() and _numpy() is not None):
+            return None
+        alias = t.detach()  # (the view holds the memory, not the tensor: it can go)
+        flat = (torch.view_as_real(alias) if alias.is_complex() else alias).numpy().reshape(-1)
+        found, key = self._found, id(t)
+        entry = (weakref.ref(t, lambda _: found.pop(key, None)),
+                 (t.data_ptr(), t.shape, t.stride()), _header(t),
+                 *_numpy_sample(flat.view(_NUMPY_INTEGERS[flat.itemsize])))
+        found[key] = entry
+        return entry
 
 
 def _cached(key: tuple[Any, int], weights: Any) -> Any:
@@ -315,28 +337,45 @@ def _cached(key: tuple[Any, int], weights: Any) -> Any:
 
 
 def indices_digest(indices: Any) -> str:
-    """A batch's sample indices (what a batch sampler yields: ints, or anything else) as
-    16 hexadecimal digits."""
+    """Sample indices (ints; or a step's batches, each what a batch sampler yields: a list of
+    ints, or anything else) as 16 hexadecimal digits."""
     try:
-        data = b"q" + b"".join(int(i).to_bytes(8, "little", signed=True) for i in indices)
-    except (TypeError, ValueError, OverflowError):
+        if isinstance(indices, list) and indices and type(indices[0]) in (list, tuple):
+            # a step's batches, each a list of ints: each with its length
+            data = b"l" + b"".join([_packed(batch, len(batch)) for batch in indices])
+        else:
+            data = b"q" + _packed(indices)
+    except (TypeError, struct.error):
         data = b"r" + repr(indices).encode()
     return hashlib.blake2b(data, digest_size=8).hexdigest()
 
 
+def _numpy_kind(values: Any) -> str:
+    dtype = getattr(values, "dtype", None)
+    return getattr(dtype, "kind", "-") or "-"
+
+
+def _packed(values: Any, *prefix: int) -> bytes:
+    """``prefix`` and ``values`` (a list or tuple of ints, or a 1-d tensor or array of them)
+    as 8-byte little-endian signed integers; TypeError or struct.error for anything else."""
+    if not isinstance(values, (list, tuple, torch.Tensor)) and _numpy_kind(values) not in "iub":
+        raise TypeError("not a sequence of ints")
+    return struct.pack(f"<{len(prefix) + len(values)}q", *prefix, *values)
+
+
 # -- fingerprints of generators: 8 hexadecimal digits each -------------------------------
 
-def generator_fingerprint(generator: torch.Generator) -> Crc:
+def generator_fingerprint(generator: torch.Generator) -> str:
     """A torch CPU generator's state (``get_state`` makes the copy)."""
-    return Crc(generator.get_state())
+    return crc(generator.get_state())
 
 
-def state_fingerprint(state: Any) -> Crc | Pending:
+def state_fingerprint(state: Any) -> str | Pending:
     """Any generator state (a tensor, an int, a JAX key, nested plain data): ``state`` is
     a copy the caller owns (what a backend's ``get_rng_state`` returns)."""
     if isinstance(state, torch.Tensor) and state.device.type == "cpu" \
             and state.dtype == torch.uint8 and state.is_contiguous():
-        return Crc(state)
+        return crc(state)
     return batch_parts(_plain_state(state))
 
 
@@ -350,7 +389,7 @@ def _plain_state(state: Any) -> Any:
     return state
 
 
-def python_fingerprint() -> Crc | str:
+def python_fingerprint() -> str:
     """Python's ``random`` generator (the module's own).
 
     ``random.getstate()`` builds a tuple of 625 ints (about 6 us); CPython keeps the state
@@ -362,7 +401,7 @@ def python_fingerprint() -> Crc | str:
     return _python_reader[0]()
 
 
-_python_reader: list[Callable[[], Crc | str]] = []
+_python_reader: list[Callable[[], str]] = []
 
 
 def _python_slow() -> str:
@@ -372,7 +411,7 @@ def _python_slow() -> str:
     return f"{(hash(words) ^ hash(gauss or 0.0)) & 0xFFFFFFFF:08x}"
 
 
-def _python_fast() -> Callable[[], Crc | str] | None:
+def _python_fast() -> Callable[[], str] | None:
     checked = random._inst  # type: ignore[attr-defined]
     header = object.__basicsize__  # what precedes the generator's own fields
     try:
@@ -385,17 +424,17 @@ def _python_fast() -> Callable[[], Crc | str] | None:
     if raw != expected:
         return None
 
-    def fast() -> Crc | str:
+    def fast() -> str:
         rng = random._inst  # type: ignore[attr-defined]
         if rng is not checked:  # replaced since: only getstate is safe
             return _python_slow()
         gauss = getattr(rng, "gauss_next", None) or 0.0
-        return Crc(ctypes.string_at(id(rng) + header, 4 + 624 * 4) + gauss.hex().encode())
+        return crc(ctypes.string_at(id(rng) + header, 4 + 624 * 4) + gauss.hex().encode())
 
     return fast
 
 
-def numpy_fingerprint() -> Callable[[], Crc] | None:
+def numpy_fingerprint() -> Callable[[], str] | None:
     """A function giving NumPy's global generator's fingerprint, or None without NumPy.
 
     NumPy's ``get_state`` builds its 624-word key in Python (about 30 us); the legacy
@@ -408,15 +447,15 @@ def numpy_fingerprint() -> Callable[[], Crc] | None:
     if np is None:
         return None
 
-    def slow() -> Crc:
+    def slow() -> str:
         _, key, pos, has_gauss, _ = np.random.get_state()
-        return Crc(key.tobytes() + bytes((pos & 0xFF, pos >> 8, has_gauss)))
+        return crc(key.tobytes() + bytes((pos & 0xFF, pos >> 8, has_gauss)))
 
-    def fast() -> Crc:
+    def fast() -> str:
         bits = np.random.mtrand._rand._bit_generator
         if bits is not checked:
             return slow()
-        return Crc(ctypes.string_at(address, 2500))
+        return crc(ctypes.string_at(address, 2500))
 
     try:
         checked = np.random.mtrand._rand._bit_generator

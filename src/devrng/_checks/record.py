@@ -53,7 +53,9 @@ from devrng._checks.compare import (
     steps_after,
 )
 from devrng._checks.digest import (
-    batch_parts,
+    Pending,
+    Views,
+    batch_digest,
     generator_fingerprint,
     indices_digest,
     numpy_fingerprint,
@@ -230,6 +232,7 @@ class FlightRecord:
         self._model_hooks: list[Any] = []
         self._models: list[weakref.ref[torch.nn.Module]] = []  # (names for an op recording)
         self._grad_hooked: set[int] = set()  # ids of the optimizers whose backward is seen
+        self._views = Views()  # the parameters' sampled elements, found once
         self._done: int | None = None  # the step a "done" line was written at
         self._write({"k": "run", "v": _FORMAT, "a": self.attempt, "id": self.identity,
                      "pid": self._pid})
@@ -278,7 +281,7 @@ class FlightRecord:
                     delivered = watched.delivered.popleft()
                     break
             indices, _, position, name = delivered or (None, None, None, "")
-            self._batches.append((indices, batch_parts(batch), position, name))
+            self._batches.append((indices, batch_digest(batch), position, name))
 
     def watch_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         """Count only the steps of ``optimizer`` (and of others given so): by default every
@@ -333,7 +336,8 @@ class FlightRecord:
                 if tensor.numel() != 1:
                     raise ValueError(f"flight.loss takes one number, not a tensor of shape "
                                      f"{tuple(tensor.shape)}.")
-                value = tensor.detach().reshape(())
+                value = tensor.detach()
+                value = value if value.dim() == 0 else value.reshape(())
             elif isinstance(value, (int, float)) and not isinstance(value, bool):
                 tensor, value = None, float(value)
             else:
@@ -414,21 +418,21 @@ class FlightRecord:
     def _parameters(self, optimizer: Any) -> Any:
         """A sampled digest of ``optimizer``'s parameters as the step left them (the first,
         the last and two more in turn), or None when they cannot be read."""
-        params = [p for group in getattr(optimizer, "param_groups", ())
-                  for p in group.get("params", ()) if isinstance(p, torch.Tensor)]
-        if not params:
-            return None
-        if id(optimizer) not in self._grad_hooked:
-            self._see_backward(optimizer, params)
-        n = len(params)
-        turns = range(_PARAMETERS - 2) if params[0].device.type == "cpu" else ()
-        # (On a device, the same two each step: a compiler that traces the step, as XLA's,
-        # then sees one graph, not one per choice.)
-        chosen = sorted({0, n - 1, *((self.step * 2 + k) % n for k in turns)})
+        # The chosen ones are found group by group: a step pays for the optimizer's groups,
+        # not for each of a large model's parameters.
+        groups = [group.get("params", ()) for group in getattr(optimizer, "param_groups", ())]
         try:
+            n = sum(map(len, groups))
+            if not n:
+                return None
+            if id(optimizer) not in self._grad_hooked:
+                self._see_backward(optimizer, [p for params in groups for p in params])
+            turns = range(_PARAMETERS - 2) if _nth(groups, 0).device.type == "cpu" else ()
+            # (On a device, the same two each step: a compiler that traces the step, as XLA's,
+            # then sees one graph, not one per choice.)
+            chosen = sorted({0, n - 1, *((self.step * 2 + k) % n for k in turns)})
             # (A sharded parameter, a DTensor, is digested as this rank's shard.)
-            return batch_parts([getattr(params[i], "to_local", lambda p=params[i]: p)()
-                                for i in chosen])
+            return self._views.digest([_local(_nth(groups, i)) for i in chosen])
         except Exception:  # a parameter of a kind the digest cannot read: not compared
             return None
 
@@ -523,9 +527,10 @@ class FlightRecord:
         if line is None or os.getpid() != self._pid:
             return
         with self._aside():
-            line = resolve(line)
-        if "l" in line:  # losses left on a device: read now, with the digests
-            line["l"] = [float(v).hex() for v in line["l"]]
+            if _pending(line):  # digests or fingerprints left on a device: read now, together
+                line = resolve(line)
+            if "l" in line:  # losses left on a device: read now, with the digests
+                line["l"] = [float(v).hex() for v in line["l"]]
         names = list(line["g"])
         if names != self._names:
             self._names = names
@@ -573,6 +578,7 @@ class FlightRecord:
             for watched in self._watched.values():
                 watched.unwatch()
             self._watched.clear()
+            self._views.clear()
             if self._fd is not None:
                 os.close(self._fd)
                 self._fd = None
@@ -776,6 +782,30 @@ def _int_variable(name: str) -> int | None:
     if value < 0:
         raise DevRNGError(f"{name} is {raw!r}; it takes a step number (an int of 0 or more).")
     return value
+
+
+def _nth(groups: list[Any], index: int) -> Any:
+    """The parameter at ``index`` of an optimizer's groups' parameters, counted across groups."""
+    for params in groups:
+        if index < len(params):
+            return params[index]
+        index -= len(params)
+    raise IndexError(index)
+
+
+def _local(param: Any) -> Any:
+    """``param``, or this rank's shard of it (a DTensor's)."""
+    to_local = getattr(param, "to_local", None)
+    return param if to_local is None else to_local()
+
+
+def _pending(line: Mapping[str, Any]) -> bool:
+    """Whether a step's line holds a digest or fingerprint not read from its device yet."""
+    for part in (line["g"].values(), line.get("b", ()), (line.get("w"),)):
+        for value in part:
+            if isinstance(value, Pending):
+                return True
+    return False
 
 
 def _combine(digests: list[str]) -> str:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from devrng._base.lazy import imported
-from devrng._checks.digest import batch_parts
+from devrng._checks.digest import batch_digest
 
 if TYPE_CHECKING:
     from devrng._checks.record import FlightRecord
@@ -149,7 +149,7 @@ class Watched:
             position += self.skipped
         # A step a trainer's hook feeds is digested as the step sees it (consume).
         with record._aside():  # (the record's own digest: not one of the step's ops)
-            entry = (indices, batch_parts(data) if plain else None, position, self.name)
+            entry = (indices, batch_digest(data) if plain else None, position, self.name)
         with record._lock:
             if plain:
                 record._batches.append(entry)
