@@ -206,3 +206,11 @@ def test_a_python_that_cannot_import_devrng_is_named_before_any_run(tmp_path: Pa
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "run 1/" not in proc.stdout  # said before the first run
     assert f"devrng is installed in the Python at {sys.executable}" in proc.stdout, proc.stdout
+
+
+@core_only
+def test_a_relative_keep_directory_keeps_every_run(tmp_path: Path) -> None:
+    proc = _check(tmp_path, options=("--steps", "2", "--keep", "kept"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for run in ("run-1", "run-2"):
+        assert (tmp_path / "kept" / run / "flight-record" / "devrng-flight.rank0.jsonl").is_file()

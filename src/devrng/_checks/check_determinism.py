@@ -120,9 +120,18 @@ def _locate(runs: Runs, step: int, limit: dict[str, str]) -> dict[int, Split | s
     extra = {**limit, MAX_STEPS_VARIABLE: str(step), OPS_VARIABLE: str(step)}
     directories = [runs.run(f"ops {k}/2", f"step {step}, every op recorded", f"ops-{k}", extra)
                    for k in (1, 2)]
-    ranks = set(records(directories[0]))
+    kept = [records(d) for d in directories]
     found: dict[int, Split | str] = {}
-    for rank in ranks:
+    for rank in set(kept[0]):
+        if step > 1 and rank in kept[1]:  # the steps before must match, or no op is to blame
+            before = judge(_attempt(kept[0][rank]), _attempt(kept[1][rank]), 1, step - 1,
+                           exact="", differs="", names=("ops 2", "ops 1"), hints=RERUN)
+            if before.difference is not None:
+                found[rank] = (f"the two runs that recorded every op of step {step} already "
+                               f"differed at step {before.difference.step} (the difference "
+                               "does not show at the same step in every run), so the op is "
+                               "not named: run the check again")
+                continue
         paths = [ops_path(os.path.join(d, "flight-record"), rank) for d in directories]
         if not all(os.path.exists(p) for p in paths):
             found[rank] = (f"the ops of step {step} were not recorded (the run ended before "

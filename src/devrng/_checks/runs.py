@@ -45,7 +45,8 @@ def checked(name: str, command: Sequence[str], keep: str | None,
         out(f"devrng {name}: give the command that trains after '--', for example: "
             f"devrng {name} --steps 20 -- python train.py")
         return CANNOT
-    root = keep or tempfile.mkdtemp(prefix=f"devrng-{name}-")
+    # (Absolute: each run works in a directory of its own.)
+    root = os.path.abspath(keep) if keep else tempfile.mkdtemp(prefix=f"devrng-{name}-")
     os.makedirs(root, exist_ok=True)
     try:
         runs = Runs(list(command), root)

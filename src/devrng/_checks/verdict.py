@@ -402,7 +402,11 @@ def op_hint(op: Op) -> str:
         return ("it draws random numbers, from a generator the two runs left in other "
                 "states: one devrng does not seed; seed it from the run's seed and "
                 "rng.track(name, generator)")
-    if namespace not in ("aten", "prims", "_c10d_functional", "c10d"):
+    if namespace in ("c10d", "_c10d_functional"):
+        return ("it is a collective: its inputs were equal on this rank, so the difference "
+                "came from another rank through it (see that rank's verdict), or the "
+                "collective reduced in another order than in the other run")
+    if namespace not in ("aten", "prims"):
         return (f"it is a custom op ({namespace}, registered with torch.library or a C++ "
                 "extension) whose kernel is nondeterministic: torch's determinism switches "
                 "do not reach it; make its kernel reduce in a fixed order (no atomics), or "
