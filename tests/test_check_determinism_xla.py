@@ -41,9 +41,9 @@ def test_a_data_order_from_the_os_is_named_on_xla(tmp_path: Path) -> None:
 def test_a_custom_op_on_xla_tensors_is_named_as_the_computation_and_located(
         tmp_path: Path) -> None:
     """The step and its cause (the computation) are exact on XLA; the op-level runs record
-    XLA tensors (digesting one runs its graph) and name a place. Which op they name is not
-    asserted: about one check in four here names an earlier op whose inputs differ between
-    the two recording runs (unexplained yet; docs/why-runs-differ.md says so)."""
+    XLA tensors (digesting one runs its graph) and name a place, or -- about one check in
+    four here -- say that the two recording runs already differed before the step (then
+    no op is named; docs/why-runs-differ.md says so). Which op is named is not asserted."""
     code, output = check(tmp_path, "--unordered-sum")
     assert code == 1, output
     step = re.search(r"the runs differ at step (\d+)", output)
@@ -51,5 +51,7 @@ def test_a_custom_op_on_xla_tensors_is_named_as_the_computation_and_located(
     assert f"locating the difference in step {step[1]}" in output, output
     assert "the batch and every generator matched and the parameters after the step did " \
            "not" in output, output
-    assert "Located: " in output, output
+    assert "Located: " in output or re.search(
+        r"the two runs that recorded every op of step \d+ already differed at step \d+",
+        output), output
     assert "ops of step" not in output, output  # (recorded on every run: not "were not recorded")
