@@ -1,11 +1,14 @@
 """A training loop whose model scatters with ``index_add_``, on the CPU, with the CPU kernel
 of ``aten::index_add_`` replaced by one that adds in an order drawn from the OS: what
-CUDA's atomic adds do (SIMULATED: CUDA cannot run here).
+CUDA's atomic adds do (SIMULATED: CUDA cannot run here). With ``--mm``, ``aten::mm``'s CPU
+kernel is replaced instead by one that sums in an order drawn from the OS unless
+``CUBLAS_WORKSPACE_CONFIG`` is ``:4096:8`` or ``:16:8``: what cuBLAS's workspace does
+(SIMULATED as well).
 
-    python -m tests._simulated_cuda_run [--deterministic]
+    python -m tests._simulated_cuda_run [--mm] [--deterministic]
 
 ``--deterministic`` turns on ``devrng.deterministic()`` as the verdict's fix says; the
-simulated kernel then adds in index order, as torch's deterministic CUDA path does.
+simulated kernels then sum in a fixed order, as torch's deterministic CUDA paths do.
 """
 
 from __future__ import annotations
@@ -32,7 +35,20 @@ def _index_add_(self: torch.Tensor, dim: int, index: torch.Tensor, source: torch
     return self
 
 
-_lib.impl("index_add_", _index_add_, "CPU")
+def _mm(self: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    order = list(range(self.shape[1]))
+    if os.environ.get("CUBLAS_WORKSPACE_CONFIG") not in (":4096:8", ":16:8"):
+        order.sort(key=lambda _: os.urandom(4))  # the workspace splits the sum its own way
+    out = torch.zeros(self.shape[0], other.shape[1], dtype=self.dtype)
+    for k in order:
+        out += self[:, k:k + 1] * other[k:k + 1, :]
+    return out
+
+
+if "--mm" in sys.argv:
+    _lib.impl("mm", _mm, "CPU")
+else:
+    _lib.impl("index_add_", _index_add_, "CPU")
 
 
 class Scatter(torch.nn.Module):

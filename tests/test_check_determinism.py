@@ -142,6 +142,20 @@ def test_simulated_cuda_index_add_is_located_and_deterministic_is_its_fix(
 
 
 @core_only
+def test_simulated_cublas_mm_is_located_and_deterministic_is_its_fix(tmp_path: Path) -> None:
+    command = [sys.executable, "-m", "tests._simulated_cuda_run", "--mm"]
+    proc = _check(tmp_path, command=command, options=("--steps", "4", "--runs", "3"))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert re.search(r"Located: (forward|backward) of module \d, op aten::mm ", proc.stdout) \
+        and "on CUDA its kernel comes from cuBLAS, which sums in another order from run to " \
+            "run unless CUBLAS_WORKSPACE_CONFIG is set before CUDA starts: turn on " \
+            "devrng.deterministic()" in proc.stdout, proc.stdout
+    fixed = _check(tmp_path, command=[*command, "--deterministic"],
+                   options=("--steps", "4", "--runs", "3"))
+    assert fixed.returncode == 0, fixed.stdout + fixed.stderr
+
+
+@core_only
 def test_no_false_alarm_in_20_runs_with_workers(tmp_path: Path) -> None:
     proc = _check(tmp_path, "--workers", "2", options=("--steps", "3", "--runs", "20"))
     assert proc.returncode == 0, proc.stdout + proc.stderr

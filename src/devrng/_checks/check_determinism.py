@@ -86,7 +86,7 @@ def _verdict(found: list[dict[int, dict[str, Any]]], rank: int, label: int | Non
         other = _attempt(record[rank])
         last = max(other["steps"], default=0)
         verdict = judge(reference, other, 1, min(first_last, last), exact="deterministic",
-                        differs=f"run {k} differs from run 1" if len(found) > 2
+                        differs=f"runs 1 and {k} differ" if len(found) > 2
                         else "the runs differ", names=(f"run {k}", "run 1"), hints=RERUN)
         if verdict.difference is None and verdict.ok and last != first_last:
             verdict = Verdict(None, "", reason=(
