@@ -228,3 +228,29 @@ def test_a_relative_keep_directory_keeps_every_run(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for run in ("run-1", "run-2"):
         assert (tmp_path / "kept" / run / "flight-record" / "devrng-flight.rank0.jsonl").is_file()
+
+
+@core_only
+def test_a_difference_that_shows_earlier_in_the_locating_runs_is_located_there(
+        tmp_path: Path) -> None:
+    """The runs compared part at step 2, the locating runs already at step 1 (the script's
+    unordered sum starts at step 1 only in the locating runs' directories, ops-*): the check
+    follows the difference to step 1 and names the op there, saying so."""
+    (tmp_path / "late.py").write_text(
+        "import os, torch, devrng\n"
+        "import tests._unordered_sum as u\n"
+        "rng = devrng.TrainingRNG(seed=0)\n"
+        "start = 1 if os.path.basename(os.getcwd()).startswith('ops-') else 2\n"
+        "model = u.network(unordered=False)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "x = torch.linspace(-1, 1, 64).reshape(8, 8)\n"
+        "for step in range(1, 4):\n"
+        "    model.pool.unordered = step >= start\n"
+        "    opt.zero_grad(); model(x).square().mean().backward(); opt.step()\n")
+    proc = _check(tmp_path, command=[sys.executable, "late.py"], options=("--steps", "3"))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "the runs differ at step 2" in proc.stdout, proc.stdout
+    assert "the two runs parted earlier, at step 1: locating there" in proc.stdout
+    assert re.search(r"Located at step 1, where the runs that recorded every op parted first: "
+                     r"forward of module pool, op determinism_test::unordered_sum",
+                     proc.stdout), proc.stdout

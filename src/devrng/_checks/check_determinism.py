@@ -70,8 +70,8 @@ def _check(runs: Runs, steps: int | None, count: int, locate: bool) -> int:
         computed = [v for v in differing if v.difference.computed]  # type: ignore[union-attr]
         if computed:
             step = min(v.difference.step or 1 for v in computed)  # type: ignore[union-attr]
-            splits = _locate(runs, step, limit)
-            verdicts = [_with_split(v, splits.get(v.rank or 0), step) for v in verdicts]
+            splits, at = _locate(runs, step, limit)
+            verdicts = [_with_split(v, splits.get(v.rank or 0), step, at) for v in verdicts]
     for verdict in verdicts:
         out(str(verdict))
     return DIFFERS if differing else EXACT
@@ -112,39 +112,56 @@ def _attempt(record: dict[str, Any]) -> dict[str, Any]:
     return max(attempts, key=lambda a: len(a["steps"]))
 
 
-def _locate(runs: Runs, step: int, limit: dict[str, str]) -> dict[int, Split | str]:
+_ATTEMPTS = 3  # pairs of locating runs at most
+
+
+def _locate(runs: Runs, step: int, limit: dict[str, str]) -> tuple[dict[int, Split | str], int]:
     """Run the script twice up to ``step``, recording that step's ops; where they part, by
-    rank (a sentence when they could not be compared)."""
-    out(f"locating the difference in step {step}: two more runs up to it, with every op of "
-        "that step recorded")
-    extra = {**limit, MAX_STEPS_VARIABLE: str(step), OPS_VARIABLE: str(step)}
-    directories = [runs.run(f"ops {k}/2", f"step {step}, every op recorded", f"ops-{k}", extra)
-                   for k in (1, 2)]
-    kept = [records(d) for d in directories]
-    found: dict[int, Split | str] = {}
-    for rank in set(kept[0]):
-        if step > 1 and rank in kept[1]:  # the steps before must match, or no op is to blame
-            before = judge(_attempt(kept[0][rank]), _attempt(kept[1][rank]), 1, step - 1,
+    rank (a sentence when they could not be compared), and the step it was found in. A
+    difference that does not show at the same step in every run is followed: locating runs
+    that part at an earlier step are run again up to that one, and a pair that did not part
+    at all is run again."""
+    target = step
+    for attempt in range(1, _ATTEMPTS + 1):
+        last = attempt == _ATTEMPTS
+        out(f"locating the difference in step {target}: two more runs up to it, with every op "
+            "of that step recorded")
+        extra = {**limit, MAX_STEPS_VARIABLE: str(target), OPS_VARIABLE: str(target)}
+        directories = [runs.run(f"ops {k}/2", f"step {target}, every op recorded",
+                                f"ops-{attempt}-{k}", extra) for k in (1, 2)]
+        kept = [records(d) for d in directories]
+        earlier = min((v.difference.step or 1 for rank in kept[0] if rank in kept[1]
+                       and target > 1 and (v := judge(
+                           _attempt(kept[0][rank]), _attempt(kept[1][rank]), 1, target - 1,
                            exact="", differs="", names=("ops 2", "ops 1"), hints=RERUN)
-            if before.difference is not None:
-                found[rank] = (f"the two runs that recorded every op of step {step} already "
-                               f"differed at step {before.difference.step} (the difference "
-                               "does not show at the same step in every run), so the op is "
-                               "not named: run the check again")
-                continue
-        paths = [ops_path(os.path.join(d, "flight-record"), rank) for d in directories]
-        if not all(os.path.exists(p) for p in paths):
-            found[rank] = (f"the ops of step {step} were not recorded (the run ended before "
-                           "that step ended), so the op is not named")
+                       ).difference is not None), default=None)
+        if earlier is not None and not last:
+            out(f"the two runs parted earlier, at step {earlier}: locating there")
+            target = earlier
             continue
-        split = first_split(read_ops(paths[0]), read_ops(paths[1]))
-        found[rank] = split if split is not None else (
-            f"the two runs that recorded every op of step {step} did not differ there (the "
-            "difference does not show in every run: run the check again, or with more --runs)")
-    return found
+        found: dict[int, Split | str] = {}
+        for rank in kept[0]:
+            paths = [ops_path(os.path.join(d, "flight-record"), rank) for d in directories]
+            if earlier is not None:
+                found[rank] = (f"the runs that recorded every op kept parting before the step "
+                               f"they recorded (the last pair at step {earlier}), so the op is "
+                               "not named: run the check again")
+            elif not all(os.path.exists(p) for p in paths):
+                found[rank] = (f"the ops of step {target} were not recorded (the run ended "
+                               "before that step ended), so the op is not named")
+            elif (split := first_split(read_ops(paths[0]), read_ops(paths[1]))) is not None:
+                found[rank] = split
+            else:
+                found[rank] = (f"the two runs that recorded every op of step {target} did not "
+                               "differ there (the difference does not show in every run: run "
+                               "the check again, or with more --runs)")
+        if last or any(isinstance(v, Split) for v in found.values()):
+            return found, target
+        out(f"the two runs did not part at step {target}: running them again")
+    raise AssertionError("unreachable")  # (the last attempt returns)
 
 
-def _with_split(verdict: Verdict, split: Split | str | None, step: int) -> Verdict:
+def _with_split(verdict: Verdict, split: Split | str | None, step: int, at: int) -> Verdict:
     difference = verdict.difference
     if difference is None or not difference.computed or difference.step != step \
             or split is None:
@@ -155,4 +172,5 @@ def _with_split(verdict: Verdict, split: Split | str | None, step: int) -> Verdi
     return replace(verdict, difference=replace(
         difference, hint="", module=split.op.module if split.op else None,
         op=split.op.op if split.op else None, phase=split.op.phase if split.op else None,
-        detail=located(split)))
+        detail=located(split, at="" if at == step else
+                       f" at step {at}, where the runs that recorded every op parted first")))

@@ -25,8 +25,9 @@ _UNTRACKED = ("a generator devrng does not track (one kept on the dataset or the
               "made in the loop: rng.track(name, generator) saves and restores it)")
 #: The known causes of each kind of difference between a resumed run and the interrupted one.
 RESUME = {
-    "content": ("randomness inside the dataset or collate_fn that devrng does not see (draw it "
-                "inside devrng.sample_rng(index), or seed it from the batch's indices), or "
+    "content": ("randomness inside the dataset or collate_fn that devrng does not see (a "
+                "shuffle or augmentation there: draw it inside devrng.sample_rng(index), or "
+                "seed it from the batch's indices), or "
                 + _UNTRACKED),
     # The batch read at the model's input (HF Trainer, accelerate): the loop had it before.
     "model input": ("randomness the batch met before the model's forward pass: in the dataset "
@@ -256,11 +257,18 @@ def difference(theirs: Mapping[str, Any], their_names: list[str], ours: Mapping[
                          f"differ){also}", hints["indices"])
         return found("batch content", f"the batch's content differs (its indices were not "
                      f"recorded){also}", f"{hints['indices']}, or {content}")
+    seen = theirs.get("b") is not None and ours.get("b") is not None
     for key, part, what in (("l", "loss", "the loss"),
                             ("w", "parameters", "the parameters after the step")):
         if theirs.get(key) is not None and ours.get(key) is not None and theirs[key] != ours[key]:
-            return found(part, f"the batch and every generator matched and {what} did not",
-                         hints["computed"])
+            if seen:
+                return found(part, f"the batch and every generator matched and {what} did "
+                             "not", hints["computed"])
+            # No batch recorded: the data cannot be told apart from the computation.
+            return found(part, f"every generator matched and {what} did not (no batch was "
+                         "recorded: the step took none from a DataLoader devrng tracks)",
+                         f"{hints['computed']}; or the data: track the loader "
+                         "(rng.track(name, loader)) so that its batches are compared")
     return None
 
 
@@ -318,10 +326,10 @@ def damaged(count: int) -> str:
 
 # -- where two recordings of ops part, in words --------------------------------------------------
 
-def located(split: Split, *, within: str = "step",
-            runs: tuple[str, str] = ("run 1", "run 2")) -> str:
+def located(split: Split, *, within: str = "step", runs: tuple[str, str] = ("run 1", "run 2"),
+            at: str = "") -> str:
     """Where two recordings of a ``within`` (a step, a call) part, in words, with the known
-    fix; ``runs`` names the two recordings.
+    fix; ``runs`` names the two recordings, ``at`` is said after "Located".
 
     Examples:
         >>> from devrng._checks.verdict import located
@@ -334,22 +342,23 @@ def located(split: Split, *, within: str = "step",
         ours, theirs = split.op, split.other
         mine = _where(ours, within) if ours else f"{runs[0]} ran no more ops"
         other = _where(theirs, within) if theirs else f"{runs[1]} ran no more ops"
-        return (f"Located: the two runs ran other ops from here on: {mine}; {other}: the "
-                f"{within}'s control flow depends on something that changes between runs (a branch on a "
-                "value that differs, a set's or dict's order, the clock)")
+        return (f"Located{at}: the two runs ran other ops from here on: {mine}; {other}: the "
+                f"{within}'s control flow depends on something that changes between runs (a "
+                "branch on a value that differs, a set's or dict's order, the clock)")
     where = _where(split.op, within)
     if split.kind == "generator":
-        return (f"Located: {where}: a random op whose inputs were equal in both runs and whose "
-                "generator was in another state: it draws from a generator devrng does not "
+        return (f"Located{at}: {where}: a random op whose inputs were equal in both runs and "
+                "whose generator was in another state: it draws from a generator devrng does not "
                 "seed (a generator= argument made or seeded from the clock or os.urandom); "
                 "seed it from the run's seed (torch.Generator().manual_seed(rng.seed + k)) "
                 "and rng.track(name, generator) so that checkpoints keep it")
     if split.kind == "input":
-        return (f"Located: {where} is the first op whose inputs differ, and every op before "
-                f"it in the {within} matched: the difference comes from outside torch's ops (a "
-                "tensor made from NumPy or Python values, or data a hook or callback changed)")
-    return f"Located: {where}: its inputs were equal in both runs and its outputs were not: " \
-           + op_hint(split.op)
+        return (f"Located{at}: {where} is the first op whose inputs differ, and every op "
+                f"before it in the {within} matched: the difference comes from outside torch's "
+                "ops (a tensor made from NumPy or Python values, or data a hook or callback "
+                "changed)")
+    return (f"Located{at}: {where}: its inputs were equal in both runs and its outputs were "
+            "not: " + op_hint(split.op))
 
 
 def _where(op: Op, within: str) -> str:
