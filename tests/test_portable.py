@@ -1401,6 +1401,10 @@ def test_factories_follow_the_default_device_inside_portable() -> None:
                    torch.randn(3, dtype=torch.bfloat16, device="cpu")]
     finally:
         torch.set_default_device(None)
+        # (torch 2.9's get_default_device reads the context set_default_device(None) leaves
+        # as None without a check, and fails from then on: leave none, as before the test.)
+        if getattr(torch._GLOBAL_DEVICE_CONTEXT, "device_context", 0) is None:
+            del torch._GLOBAL_DEVICE_CONTEXT.device_context
     with devrng.portable(0):
         assert torch.rand(3).device.type == "cpu"
     for a, b in zip(got, want, strict=True):
