@@ -94,8 +94,12 @@ def accelerate_(args: argparse.Namespace) -> None:
     rng = register(accelerator, seed=1234)
     model = network(args.unordered_sum)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    loader = torch.utils.data.DataLoader(Points(), batch_size=8, shuffle=True,
-                                         **loader_kwargs(rng, args.shuffle))
+    # (With torch_xla installed, accelerate replaces a shuffling loader's generator by its
+    # own seeded sampler: the OS-shuffled twin is a sampler of the user's own there too.)
+    order: dict[str, Any] = ({"sampler": UrandomSampler(len(Points()))}
+                             if args.shuffle == "urandom" else {"shuffle": True})
+    loader = torch.utils.data.DataLoader(Points(), batch_size=8, **order,
+                                         **loader_kwargs(rng, "devrng"))
     model, opt, loader = accelerator.prepare(model, opt, loader)
     rng.track("loader", loader)
     for _epoch in range(2):

@@ -357,8 +357,12 @@ def located(split: Split, *, within: str = "step", runs: tuple[str, str] = ("run
                 f"before it in the {within} matched: the difference comes from outside torch's "
                 "ops (a tensor made from NumPy or Python values, or data a hook or callback "
                 "changed)")
+    # (XLA runs a step's ops as compiled graphs: reading one op's result runs the graph up
+    # to it, so the first values to part can come after the op that made them part.)
+    lazy = (" On XLA the op named is where the runs' values were first seen to part, which "
+            "can be after the op that made them part.") if split.op.device == "xla" else ""
     return (f"Located{at}: {where}: its inputs were equal in both runs and its outputs were "
-            "not: " + op_hint(split.op))
+            "not: " + op_hint(split.op) + lazy)
 
 
 def _where(op: Op, within: str) -> str:
