@@ -73,6 +73,12 @@ RANDOM_OPS = frozenset({
 })
 
 
+#: Factories whose output is a constant of their arguments (no draw, no memory left as is).
+CONSTANT = frozenset({"zeros", "ones", "full", "arange", "linspace", "logspace", "eye",
+                      "scalar_tensor", "zeros_like", "ones_like", "full_like", "new_zeros",
+                      "new_ones", "new_full"})
+
+
 class Ops(TorchDispatchMode):  # type: ignore[no-untyped-call]
     """Record the ops run while active (``with Ops() as ops: ...``; then ``ops.ops``).
 
@@ -192,7 +198,9 @@ class Ops(TorchDispatchMode):  # type: ignore[no-untyped-call]
             phase, module = "forward", self._stack[-1]
         else:
             phase, module = ("optimizer" if self._optimizer else "other"), ""
-        outs = self._digest(result)
+        # A constant factory's output is its arguments' function: read back, it can only
+        # differ when another thread (a collective's) wrote into that memory meanwhile.
+        outs = ins if name.split("::")[-1].split(".")[0] in CONSTANT else self._digest(result)
         if phase == "forward":
             # The autograd node of this op (made before it reached this mode) has the
             # sequence number before the one the thread hands out next.

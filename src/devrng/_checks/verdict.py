@@ -359,8 +359,8 @@ def located(split: Split, *, within: str = "step", runs: tuple[str, str] = ("run
                 "changed)")
     # (XLA runs a step's ops as compiled graphs: reading one op's result runs the graph up
     # to it, so the first values to part can come after the op that made them part.)
-    lazy = (" On XLA the op named is where the runs' values were first seen to part, which "
-            "can be after the op that made them part.") if split.op.device == "xla" else ""
+    lazy = (". On XLA the op named is where the runs' values were first seen to part, which "
+            "can be after the op that made them part") if split.op.device == "xla" else ""
     return (f"Located{at}: {where}: its inputs were equal in both runs and its outputs were "
             "not: " + op_hint(split.op) + lazy)
 
