@@ -86,6 +86,7 @@ _PRIVATE: dict[str, tuple[str, str | None]] = {
     # check-resume's comparison of three runs' records and its could-not-check error, fed
     # synthetic records (a case no real script reaches cheaply: nothing after the checkpoint).
     "compare_runs": ("devrng._checks.check_resume", "_compare"),
+    "determinism_verdict": ("devrng._checks.check_determinism", "_verdict"),
     "CouldNotCheck": ("devrng._checks.runs", "CheckFailed"),
     # Threefry internals: known-answer vectors (Random123, JAX) and the stream's pieces.
     "threefry": ("devrng._portable.threefry", None),

@@ -262,3 +262,21 @@ def test_a_difference_that_shows_earlier_in_the_locating_runs_is_located_there(
     assert re.search(r"Located at step 1, where the runs that recorded every op parted first: "
                      r"forward of module pool, op determinism_test::unordered_sum",
                      proc.stdout), proc.stdout
+
+
+def test_with_three_runs_a_later_run_that_differs_is_named_after_one_that_matched() -> None:
+    """Run 2 matches run 1 and run 3 differs at step 2: the verdict is run 3's (it crashed
+    reading the matching run's absent difference)."""
+    from tests._internals import determinism_verdict
+
+    def record(w2: str) -> dict[str, Any]:
+        steps = {s: ({"s": s, "g": ["0a"], "w": w}, ["cpu"])
+                 for s, w in ((1, "c1"), (2, w2), (3, "c3"))}
+        return {0: {"attempts": {"x": {"steps": steps}}, "damaged": 0}}
+
+    verdict = determinism_verdict([record("c2"), record("c2"), record("d2")], 0, None)
+    assert verdict.ok is False and verdict.difference.step == 2
+    assert str(verdict).startswith("runs 1 and 3 differ at step 2: ")
+    same = determinism_verdict([record("c2"), record("c2"), record("c2")], 0, None)
+    assert str(same).startswith("deterministic for steps 1..3 (compared: generators, "
+                                "parameters at every step")

@@ -81,7 +81,7 @@ def _verdict(found: list[dict[int, dict[str, Any]]], rank: int, label: int | Non
     """One rank's verdict: every run's steps against run 1's; the earliest difference."""
     reference = _attempt(found[0][rank])
     first_last = max(reference["steps"], default=0)
-    worst: Verdict | None = None
+    verdicts = []
     for k, record in enumerate(found[1:], 2):
         other = _attempt(record[rank])
         last = max(other["steps"], default=0)
@@ -96,14 +96,12 @@ def _verdict(found: list[dict[int, dict[str, Any]]], rank: int, label: int | Non
                 "value that differs below what the record compares); give --steps"))
         if verdict.ok is None:
             return replace(verdict, rank=label)
-        verdict = replace(verdict, span="..")
-        if verdict.difference is not None and (
-                worst is None or (verdict.difference.step or 0)
-                < (worst.difference.step or 0)):  # type: ignore[union-attr]
-            worst = verdict
-        worst = worst or verdict
-    assert worst is not None
-    return replace(worst, rank=label)
+        verdicts.append(replace(verdict, span=".."))
+    # The earliest difference of any run from run 1; else run 2's "deterministic".
+    differing = [(v.difference.step or 0, k, v) for k, v in enumerate(verdicts)
+                 if v.difference is not None]
+    chosen = min(differing)[2] if differing else verdicts[0]
+    return replace(chosen, rank=label)
 
 
 def _attempt(record: dict[str, Any]) -> dict[str, Any]:
