@@ -178,19 +178,20 @@ class Ops(TorchDispatchMode):  # type: ignore[no-untyped-call]
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
                            kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        if self.paused:  # devrng's own work (the flight record's digests)
+        name = func._schema.name if hasattr(func, "_schema") else str(func)
+        base = name.split("::")[-1]  # (the schema's name holds no overload)
+        # devrng's own work (the flight record's digests), and record_function's marks (no
+        # computation), are not recorded.
+        if self.paused or name.startswith("profiler::"):
             return func(*args, **kwargs)
         ins = self._digest((args, _read(func, kwargs)))
-        rng = _generator_digest(func, args, kwargs)
+        rng = _generator_digest(base, args, kwargs)
         result = func(*args, **kwargs)
-        name = func._schema.name if hasattr(func, "_schema") else str(func)
-        if name.startswith("profiler::"):  # the marks of record_function: no computation
-            return result
         if name.startswith("c10d::"):  # a collective's outputs are its result once it ends
             for leaf in tree_flatten(result)[0]:
                 if callable(getattr(leaf, "wait", None)):
                     leaf.wait()
-        self._written(func, args, kwargs, result)
+        self._written(func, base, args, kwargs, result)
         node = torch._C._current_autograd_node()
         if node is not None:
             phase, module = "backward", self._made_by_node(node)
@@ -200,7 +201,7 @@ class Ops(TorchDispatchMode):  # type: ignore[no-untyped-call]
             phase, module = ("optimizer" if self._optimizer else "other"), ""
         # A constant factory's output is its arguments' function: read back, it can only
         # differ when another thread (a collective's) wrote into that memory meanwhile.
-        outs = ins if name.split("::")[-1].split(".")[0] in CONSTANT else self._digest(result)
+        outs = ins if base in CONSTANT else self._digest(result)
         if phase == "forward":
             # The autograd node of this op (made before it reached this mode) has the
             # sequence number before the one the thread hands out next.
@@ -213,11 +214,10 @@ class Ops(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self.ops.append(Op(len(self.ops), name, module, phase, ins, outs, _device(args), rng))
         return result
 
-
-    def _written(self, func: Any, args: Any, kwargs: Any, result: Any) -> None:
+    def _written(self, func: Any, base: str, args: Any, kwargs: Any, result: Any) -> None:
         """Keep track of memory whose bytes mean nothing yet (``torch.empty``'s): it is
         digested as uninitialised until an op writes to it."""
-        if func._schema.name.split("::")[-1] in UNINITIALISED:
+        if base in UNINITIALISED:
             self._fresh.update(_storage(t) for t in tree_flatten(result)[0]
                                if isinstance(t, torch.Tensor))
             return
@@ -260,10 +260,10 @@ def _read(func: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in kwargs.items() if k not in outs} if outs else kwargs
 
 
-def _generator_digest(func: Any, args: Any, kwargs: Any) -> str:
+def _generator_digest(base: str, args: Any, kwargs: Any) -> str:
     """The state of the generator a random op draws from: its ``generator=`` argument's, or
     the CPU's default generator for a CPU op without one ("" for other ops)."""
-    if func._schema.name.split("::")[-1] not in RANDOM_OPS:
+    if base not in RANDOM_OPS:
         return ""
     found = [leaf for leaf in tree_flatten((args, kwargs))[0] if isinstance(leaf, torch.Generator)]
     try:
