@@ -113,10 +113,11 @@ def _verdict(straight: dict[str, Any], resumed: dict[str, Any], end: tuple[str, 
                            "any resume,", names=("the stopped run", "the uninterrupted run"))
     if before.difference is not None:
         return replace(before, rank=rank, difference=replace(
-            before.difference, hint=before.difference.hint + ". Two runs of the script from one seed must agree before a resume can: seed "
-            "before the model is built (devrng.TrainingRNG or devrng.manual_seed at the top of "
-            "the script; the integrations' callbacks made before the model), turn on "
-            "devrng.deterministic(), and run devrng check-determinism to find where they part"))
+            before.difference, hint=before.difference.hint + ". Two runs of the script from "
+            "one seed must agree before a resume can: seed before the model is built "
+            "(devrng.TrainingRNG or devrng.manual_seed at the top of the script; the "
+            "integrations' callbacks made before the model), turn on devrng.deterministic(), "
+            "and run devrng check-determinism to find where they part"))
     last = max(reference["steps"], default=checkpoint)
     if last <= checkpoint:  # nothing to compare: never "exact" on no step
         return Verdict(None, "", rank=rank, reason=(
