@@ -167,8 +167,9 @@ def _with_split(verdict: Verdict, split: Split | str | None, step: int, at: int)
     if isinstance(split, str):
         return replace(verdict, difference=replace(difference, detail=split))
     # (The op's own words replace the causes a difference in the computation can have.)
+    op = split.op
     return replace(verdict, difference=replace(
-        difference, hint="", module=split.op.module if split.op else None,
-        op=split.op.op if split.op else None, phase=split.op.phase if split.op else None,
+        difference, hint="", module=op.module if op else None, op=op.op if op else None,
+        phase=op.phase if op else None,
         detail=located(split, at="" if at == step else
                        f" at step {at}, where the runs that recorded every op parted first")))
