@@ -70,7 +70,9 @@ def _check(runs: Runs, steps: int | None, count: int, locate: bool) -> int:
         computed = [v for v in differing if v.difference.computed]  # type: ignore[union-attr]
         if computed:
             step = min(v.difference.step or 1 for v in computed)  # type: ignore[union-attr]
-            splits, at = _locate(runs, step, limit)
+            wanted = {v.rank or 0 for v in computed
+                      if v.difference.step == step}  # type: ignore[union-attr]
+            splits, at = _locate(runs, step, limit, wanted)
             verdicts = [_with_split(v, splits.get(v.rank or 0), step, at) for v in verdicts]
     for verdict in verdicts:
         out(str(verdict))
@@ -113,13 +115,15 @@ def _attempt(record: dict[str, Any]) -> dict[str, Any]:
 _ATTEMPTS = 3  # pairs of locating runs at most
 
 
-def _locate(runs: Runs, step: int, limit: dict[str, str]) -> tuple[dict[int, Split | str], int]:
+def _locate(runs: Runs, step: int, limit: dict[str, str],
+            wanted: set[int]) -> tuple[dict[int, Split | str], int]:
     """Run the script twice up to ``step``, recording that step's ops; where they part, by
     rank (a sentence when they could not be compared), and the step it was found in. A
     difference that does not show at the same step in every run is followed: locating runs
     that part at an earlier step are run again up to that one, and a pair that did not part
-    at all is run again."""
+    on each ``wanted`` rank is run again (a rank keeps the first place a pair parted)."""
     target = step
+    parted: dict[int, Split] = {}
     for attempt in range(1, _ATTEMPTS + 1):
         last = attempt == _ATTEMPTS
         out(f"locating the difference in step {target}: two more runs up to it, with every op "
@@ -135,7 +139,7 @@ def _locate(runs: Runs, step: int, limit: dict[str, str]) -> tuple[dict[int, Spl
                        ).difference is not None), default=None)
         if earlier is not None and not last:
             out(f"the two runs parted earlier, at step {earlier}: locating there")
-            target = earlier
+            target, parted = earlier, {}
             continue
         found: dict[int, Split | str] = {}
         for rank in kept[0]:
@@ -153,9 +157,14 @@ def _locate(runs: Runs, step: int, limit: dict[str, str]) -> tuple[dict[int, Spl
                 found[rank] = (f"the two runs that recorded every op of step {target} did not "
                                "differ there (the difference does not show in every run: run "
                                "the check again, or with more --runs)")
-        if last or any(isinstance(v, Split) for v in found.values()):
+        parted = {**{r: v for r, v in found.items() if isinstance(v, Split)}, **parted}
+        found.update(parted)
+        missing = sorted(r for r in wanted if not isinstance(found.get(r), Split))
+        if last or not missing:
             return found, target
-        out(f"the two runs did not part at step {target}: running them again")
+        where = "" if wanted == {0} and len(found) == 1 else \
+            " on rank " + ", ".join(map(str, missing))
+        out(f"the two runs did not part at step {target}{where}: running them again")
     raise AssertionError("unreachable")  # (the last attempt returns)
 
 

@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.optim.optimizer import (
     register_optimizer_step_post_hook,
     register_optimizer_step_pre_hook,
@@ -110,7 +111,9 @@ class Ops(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self._made_in: list[str] = []
         self._optimizer = 0
         self.paused = 0  # inside aside(): ops are devrng's own, not recorded
-        self._fresh: set[int] = set()  # storages handed out and not written yet
+        # Storages handed out and not written yet, by address; weakly referenced: an address
+        # freed and handed out again (by an op, or by another thread) is new memory.
+        self._fresh: dict[int, StorageWeakRef] = {}
         self._handles: list[Any] = []
         for model in models:
             self.name_modules(model)
@@ -218,8 +221,9 @@ class Ops(TorchDispatchMode):  # type: ignore[no-untyped-call]
         """Keep track of memory whose bytes mean nothing yet (``torch.empty``'s): it is
         digested as uninitialised until an op writes to it."""
         if base in UNINITIALISED:
-            self._fresh.update(_storage(t) for t in tree_flatten(result)[0]
-                               if isinstance(t, torch.Tensor))
+            for t in tree_flatten(result)[0]:
+                if isinstance(t, torch.Tensor):
+                    self._fresh[_storage(t)] = _weak(t)
             return
         if not self._fresh:
             return
@@ -229,7 +233,15 @@ class Ops(TorchDispatchMode):  # type: ignore[no-untyped-call]
             if argument.alias_info is not None and argument.alias_info.is_write:
                 for t in tree_flatten(value)[0]:
                     if isinstance(t, torch.Tensor):
-                        self._fresh.discard(_storage(t))
+                        self._fresh.pop(_storage(t), None)
+
+    def _unwritten(self, t: torch.Tensor) -> bool:
+        ref = self._fresh.get(_storage(t))
+        if ref is not None and ref.expired():  # type: ignore[no-untyped-call]
+            # Freed: another tensor's memory is at that address now.
+            del self._fresh[_storage(t)]
+            return False
+        return ref is not None
 
     def _digest(self, value: Any) -> str:
         """An exact digest of every tensor's bytes in ``value`` (with its dtype and shape),
@@ -237,7 +249,7 @@ class Ops(TorchDispatchMode):  # type: ignore[no-untyped-call]
         h = hashlib.blake2b(digest_size=8)
         for leaf in tree_flatten(value)[0]:
             if isinstance(leaf, torch.Tensor):
-                fresh = bool(self._fresh) and _storage(leaf) in self._fresh
+                fresh = bool(self._fresh) and self._unwritten(leaf)
                 h.update(_tensor_bytes(leaf, fresh))
             elif not isinstance(leaf, torch.Generator):  # (its state: Op.rng)
                 h.update(_ADDRESS.sub("", repr(leaf)).encode()[:200])
@@ -290,6 +302,10 @@ def _storage(t: torch.Tensor) -> int:
         return int(t.untyped_storage().data_ptr())
     except Exception:  # (a tensor without storage)
         return -1
+
+
+def _weak(t: torch.Tensor) -> StorageWeakRef:
+    return StorageWeakRef(t.untyped_storage())  # type: ignore[no-untyped-call]
 
 
 def _device(args: Any) -> str:
