@@ -87,6 +87,10 @@ _PRIVATE: dict[str, tuple[str, str | None]] = {
     # synthetic records (a case no real script reaches cheaply: nothing after the checkpoint).
     "compare_runs": ("devrng._checks.check_resume", "_compare"),
     "determinism_verdict": ("devrng._checks.check_determinism", "_verdict"),
+    # Its locating runs, with the runs and their op recordings made up (which rank's pair
+    # parts in which attempt cannot be chosen in a real job).
+    "determinism_module": ("devrng._checks.check_determinism", None),
+    "ops_module": ("devrng._checks.ops", None),
     "CouldNotCheck": ("devrng._checks.runs", "CheckFailed"),
     # Threefry internals: known-answer vectors (Random123, JAX) and the stream's pieces.
     "threefry": ("devrng._portable.threefry", None),

@@ -280,3 +280,39 @@ def test_with_three_runs_a_later_run_that_differs_is_named_after_one_that_matche
     same = determinism_verdict([record("c2"), record("c2"), record("c2")], 0, None)
     assert str(same).startswith("deterministic for steps 1..3 (compared: generators, "
                                 "parameters at every step")
+
+
+def test_a_rank_the_locating_pair_did_not_part_on_is_run_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+        ) -> None:
+    """Both ranks differed at step 1. The first pair of locating runs parts on rank 1 only,
+    the second on rank 0 only: a third is not needed, and each rank keeps the op its pair
+    parted at (the first pair used to be taken, and rank 0 told the runs did not part)."""
+    from tests._internals import determinism_module, ops_module
+
+    def ops(out: str) -> list[Any]:
+        return [ops_module.Op(0, "aten::mm", "fc", "forward", "i", "o"),
+                ops_module.Op(1, "aten::add", "fc", "forward", "i", out)]
+
+    parting = [{0: ("a", "a"), 1: ("a", "b")}, {0: ("a", "c"), 1: ("a", "a")}]
+
+    class Runs:
+        def run(self, number: str, what: str, name: str, extra: dict[str, str]) -> str:
+            _, attempt, k = name.split("-")  # ops-<attempt>-<1 or 2>
+            directory = tmp_path / name / "flight-record"
+            directory.mkdir(parents=True)
+            for rank, outs in parting[int(attempt) - 1].items():
+                ops_module.write_ops(ops_module.ops_path(str(directory), rank),
+                                     ops(outs[int(k) - 1]))
+            return str(tmp_path / name)
+
+    record = {"attempts": {"x": {"steps": {}}}, "damaged": 0}
+    monkeypatch.setattr(determinism_module, "records", lambda d: {0: record, 1: record})
+    found, at = determinism_module._locate(Runs(), 1, {}, {0, 1})
+    assert at == 1 and sorted(found) == [0, 1]
+    assert all(isinstance(found[r], ops_module.Split) for r in (0, 1)), found
+    assert (found[0].op.outs, found[1].op.outs) == ("a", "a")
+    shown = capsys.readouterr().out
+    assert "the two runs did not part at step 1 on rank 0: running them again" in shown
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ops-1-1", "ops-1-2", "ops-2-1",
+                                                           "ops-2-2"]

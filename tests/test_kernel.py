@@ -647,17 +647,22 @@ def test_long_draws_are_shared_among_threads_and_give_the_same_bits(
     assert sum(s % 256 != 0 for s in spans) <= calls  # whole blocks but each draw's last part
 
 
-def test_the_kernels_sort_is_stable_in_the_unsigned_order_of_the_keys() -> None:
+@pytest.mark.parametrize("values", ["indices", "negative", "wide"])
+def test_the_kernels_sort_is_stable_in_the_unsigned_order_of_the_keys(values: str) -> None:
     # randperm's rounds sort by random 32-bit keys: equal keys keep their order, keys with the
-    # top bit set come after the others (unsigned), and short and empty arrays work.
+    # top bit set come after the others (unsigned), and short and empty arrays work. Values in
+    # [0, 2**32) (a permutation's) travel packed with their keys; others (negative, or 2**32
+    # and above) apart.
     cpu = kernel()
     assert cpu is not None
     rng = np.random.default_rng(7)
-    for n in (0, 1, 2, 255, 256, 257, 5000):
+    for n in (0, 1, 2, 255, 256, 257, 2048, 5000, 70000):
         keys = rng.integers(-2**31, 2**31, size=n, dtype=np.int64)
         keys[: n // 2] &= 0x8000000F  # many equal keys, with and without the top bit
         keys32 = torch.from_numpy(keys.astype(np.int32))
-        values = torch.arange(n) * 3 - 7
-        want = values[torch.sort(keys32.to(torch.int64) & 0xFFFFFFFF, stable=True).indices]
-        cpu.sort(keys32, values)
-        assert torch.equal(values, want), n
+        moved = {"indices": torch.randperm(n), "negative": torch.arange(n) * 3 - 7,
+                 "wide": torch.arange(n) + 2**32 * (torch.arange(n) % 3)}[values]
+        order = torch.sort(keys32.to(torch.int64) & 0xFFFFFFFF, stable=True).indices
+        want_keys, want = keys32[order], moved[order]
+        cpu.sort(keys32, moved)
+        assert torch.equal(moved, want) and torch.equal(keys32, want_keys), n

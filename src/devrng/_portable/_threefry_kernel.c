@@ -640,27 +640,65 @@ static PyObject *block(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
     return Py_BuildValue("(kk)", (unsigned long)x0, (unsigned long)x1);
 }
 
+static void prefix(int64_t *at, int buckets) {
+    int64_t sum = 0;
+    for (int b = 0; b < buckets; b++) {
+        int64_t c = at[b];
+        at[b] = sum;
+        sum += c;
+    }
+}
+
 /* keys[0..n) in their unsigned order, values (int64) moved with them, stable (equal keys
-   keep their order): a least-significant-digit radix sort, four passes of 8 bits through
-   keys_tmp and values_tmp (n each), which end back in keys and values. */
+   keep their order): a least-significant-digit radix sort, which ends back in keys and
+   values. Values in [0, 2**32) (a permutation's indices) travel in one word with their key,
+   key << 32 | value: in three passes of 11 bits, or four of 8 for fewer than 2**14 (whose
+   counts would cost more than their passes), the counts of every pass made in the pass
+   that packs them. Other values take four passes of 8 bits, keys and values apart. */
 static void sort_pairs(uint32_t *keys, int64_t *values, int64_t n, uint32_t *keys_tmp,
                        int64_t *values_tmp) {
+    int64_t at[4][2048];  /* (64 KB of stack: no state shared between threads) */
+    const int digit = n < 16384 ? 8 : 11, passes = (32 + digit - 1) / digit;
+    const uint32_t mask = (1u << digit) - 1;
+    uint64_t *a = (uint64_t *)values_tmp, *b = (uint64_t *)values;
+    uint64_t wide = 0;
+    memset(at, 0, sizeof at);
+    for (int64_t i = 0; i < n; i++) {
+        const uint64_t v = (uint64_t)values[i];
+        wide |= v;
+        a[i] = (uint64_t)keys[i] << 32 | (v & 0xFFFFFFFFu);
+        for (int d = 0; d < passes; d++) {
+            at[d][(keys[i] >> (d * digit)) & mask]++;
+        }
+    }
+    if (wide >> 32 == 0) {
+        for (int d = 0; d < passes; d++) {  /* from a into b; then b is a */
+            const int shift = 32 + d * digit;
+            int64_t *to = at[d];
+            prefix(to, 1 << digit);
+            for (int64_t i = 0; i < n; i++) {
+                b[to[(a[i] >> shift) & mask]++] = a[i];
+            }
+            uint64_t *t = a;
+            a = b;
+            b = t;
+        }
+        for (int64_t i = 0; i < n; i++) {  /* (a may be values: a[i] is read first) */
+            const uint64_t w = a[i];
+            keys[i] = (uint32_t)(w >> 32);
+            values[i] = (int64_t)(w & 0xFFFFFFFFu);
+        }
+        return;
+    }
     for (int shift = 0; shift < 32; shift += 8) {
-        int64_t at[256];
-        for (int b = 0; b < 256; b++) {
-            at[b] = 0;
-        }
+        int64_t count[256];
+        memset(count, 0, sizeof count);
         for (int64_t i = 0; i < n; i++) {
-            at[(keys[i] >> shift) & 255u]++;
+            count[(keys[i] >> shift) & 255u]++;
         }
-        int64_t sum = 0;
-        for (int b = 0; b < 256; b++) {
-            int64_t c = at[b];
-            at[b] = sum;
-            sum += c;
-        }
+        prefix(count, 256);
         for (int64_t i = 0; i < n; i++) {
-            int64_t to = at[(keys[i] >> shift) & 255u]++;
+            int64_t to = count[(keys[i] >> shift) & 255u]++;
             keys_tmp[to] = keys[i];
             values_tmp[to] = values[i];
         }
