@@ -79,11 +79,25 @@ def test_the_page_shows_what_the_command_prints(tmp_path: Path, command: str,
     """The page's commands, run as written on the example it names (python is this one)."""
     (tmp_path / "train.py").write_text(Path(EXAMPLE).read_text())
     args = command.split()[1:]
-    proc = run_python("devrng", module=True, cwd=tmp_path, timeout=900, inherit_env=True,
-                      args=args, env={"DEVRNG_SEED": None, "PATH": os.pathsep.join(
-                          [str(Path(sys.executable).parent), os.environ["PATH"]])})
-    assert proc.returncode == (1 if "--unordered-sum" in command else 0), proc.stdout
+    # The page's op sums groups of four numbers in a random order: in about 1 pair of runs in
+    # 14 the sums of step 1 come out the same to the last bit, and the runs part at a later
+    # step than the page shows. Such a pair is run again (three times at most).
+    for _ in range(3):
+        proc = run_python("devrng", module=True, cwd=tmp_path, timeout=900, inherit_env=True,
+                          args=args, env={"DEVRNG_SEED": None, "PATH": os.pathsep.join(
+                              [str(Path(sys.executable).parent), os.environ["PATH"]])})
+        assert proc.returncode == (1 if "--unordered-sum" in command else 0), proc.stdout
+        if _masked(proc.stdout) == _masked(shown) or not _later(proc.stdout, shown):
+            break
     assert _masked(proc.stdout) == _masked(shown)
+
+
+def _later(output: str, shown: str) -> bool:
+    """Whether ``output`` parted at a later step than ``shown``."""
+    def first(text: str) -> int:
+        found = re.search(r"the runs differ at step (\d+)", text)
+        return int(found[1]) if found else 0
+    return first(output) > first(shown) > 0
 
 
 def test_a_nondeterministic_custom_op_is_located_to_its_module_and_op(tmp_path: Path) -> None:
@@ -91,7 +105,8 @@ def test_a_nondeterministic_custom_op_is_located_to_its_module_and_op(tmp_path: 
     assert proc.returncode == 1, proc.stdout + proc.stderr
     verdict = _verdict(proc)
     assert re.match(r"the runs differ at step \d+ .*: the batch and every generator matched "
-                    r"and the parameters after the step did not\. Located: forward of module "
+                    r"and the parameters after the step did not\. Located( at step \d+, where "
+                    r"the runs that recorded every op parted first)?: forward of module "
                     r"encoder\.2, op why_runs_differ::unordered_sum \(the \d+(st|nd|rd|th) op of the "
                     r"step, on cpu\): its inputs were equal in both runs and its outputs were "
                     r"not: it is a custom op \(why_runs_differ", verdict), verdict
