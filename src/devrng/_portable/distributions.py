@@ -776,9 +776,10 @@ def randperm(source: Source, n: int, dtype: torch.dtype) -> torch.Tensor:
     if cpu is not None:  # the kernel's stable radix sort of the keys, moving x with them
         x = torch.arange(n, dtype=torch.int64, device="cpu")
         if type(x) is torch.Tensor:  # (a FakeTensor has no memory to sort)
+            scratch: list[torch.Tensor] = []  # (one for every round)
             for _ in range(rounds):
                 source, sub = source.split(0), source.split(1)
-                cpu.sort(sub.bits((n,)).contiguous(), x)
+                cpu.sort(sub.bits((n,)).contiguous(), x, scratch)
             return x.to(dtype)
         x = None
     for _ in range(rounds):

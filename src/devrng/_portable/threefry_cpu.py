@@ -112,13 +112,19 @@ class CpuKernel:
         self.block = block
         self._sort = sort
 
-    def sort(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+    def sort(self, keys: torch.Tensor, values: torch.Tensor,
+             scratch: list[torch.Tensor] | None = None) -> None:
         """Sort ``values`` (contiguous int64) in place by ``keys`` (contiguous int32 bit
-        patterns, compared as unsigned numbers; sorted in place too), stably."""
-        n = keys.numel()
-        scratch_keys, scratch_values = torch.empty_like(keys), torch.empty_like(values)
-        self._sort(keys.data_ptr(), values.data_ptr(), n, scratch_keys.data_ptr(),
-                   scratch_values.data_ptr())
+        patterns, compared as unsigned numbers; sorted in place too), stably. ``scratch``:
+        a list the sort's scratch memory is kept in for the next sort of as many numbers
+        (memory the system hands out is paid for again at its first touch: at 2**20
+        numbers, as much as the sort)."""
+        if not scratch:
+            made = [torch.empty_like(keys), torch.empty_like(values)]
+            scratch = made if scratch is None else scratch
+            scratch[:] = made
+        self._sort(keys.data_ptr(), values.data_ptr(), keys.numel(), scratch[0].data_ptr(),
+                   scratch[1].data_ptr())
 
     def run(self, key: tuple[int, int], mode: int, out0: torch.Tensor,
             out1: torch.Tensor | None = None, *, start: int = 0,
