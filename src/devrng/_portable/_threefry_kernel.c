@@ -662,7 +662,9 @@ static void sort_pairs(uint32_t *keys, int64_t *values, int64_t n, uint32_t *key
     const uint32_t mask = (1u << digit) - 1;
     uint64_t *a = (uint64_t *)values_tmp, *b = (uint64_t *)values;
     uint64_t wide = 0;
-    memset(at, 0, sizeof at);
+    for (int d = 0; d < passes; d++) {  /* (only the buckets a digit has: n may be small) */
+        memset(at[d], 0, sizeof(int64_t) << digit);
+    }
     for (int64_t i = 0; i < n; i++) {
         const uint64_t v = (uint64_t)values[i];
         wide |= v;
