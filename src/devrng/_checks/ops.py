@@ -202,8 +202,8 @@ class Ops(TorchDispatchMode):  # type: ignore[no-untyped-call]
             phase, module = "forward", self._stack[-1]
         else:
             phase, module = ("optimizer" if self._optimizer else "other"), ""
-        # A constant factory's output is its arguments' function: read back, it can only
-        # differ when another thread (a collective's) wrote into that memory meanwhile.
+        # A constant factory's output is a function of its arguments: they are its digest
+        # (its bytes are not read back).
         outs = ins if base in CONSTANT else self._digest(result)
         if phase == "forward":
             # The autograd node of this op (made before it reached this mode) has the
