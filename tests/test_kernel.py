@@ -648,17 +648,23 @@ def test_long_draws_are_shared_among_threads_and_give_the_same_bits(
 
 
 @pytest.mark.parametrize("values", ["indices", "negative", "wide"])
-def test_the_kernels_sort_is_stable_in_the_unsigned_order_of_the_keys(values: str) -> None:
+@pytest.mark.parametrize("spread", ["half equal", "one top byte", "random"])
+def test_the_kernels_sort_is_stable_in_the_unsigned_order_of_the_keys(values: str, spread: str
+                                                                      ) -> None:
     # randperm's rounds sort by random 32-bit keys: equal keys keep their order, keys with the
     # top bit set come after the others (unsigned), and short and empty arrays work. Values in
     # [0, 2**32) (a permutation's) travel packed with their keys; others (negative, or 2**32
-    # and above) apart.
+    # and above) apart. From 2**20 numbers packed ones are first split by the top byte: keys
+    # that all share it (one run of all of them) are sorted the other way.
     cpu = kernel()
     assert cpu is not None
     rng = np.random.default_rng(7)
-    for n in (0, 1, 2, 255, 256, 257, 2048, 5000, 70000):
+    for n in (0, 1, 2, 255, 256, 257, 2048, 5000, 70000, 2**20 + 3):
         keys = rng.integers(-2**31, 2**31, size=n, dtype=np.int64)
-        keys[: n // 2] &= 0x8000000F  # many equal keys, with and without the top bit
+        if spread == "half equal":
+            keys[: n // 2] &= 0x8000000F  # many equal keys, with and without the top bit
+        elif spread == "one top byte":
+            keys = (keys & 0x00FFFF00) | (0x7F << 24)
         keys32 = torch.from_numpy(keys.astype(np.int32))
         moved = {"indices": torch.randperm(n), "negative": torch.arange(n) * 3 - 7,
                  "wide": torch.arange(n) + 2**32 * (torch.arange(n) % 3)}[values]

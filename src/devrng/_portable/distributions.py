@@ -361,14 +361,24 @@ def uniform(source: Source, shape: Sequence[int], dtype: torch.dtype, low: float
     if low == 0.0 and high == 1.0:
         return source.unit(shape, dtype)  # u * 1 + 0, exactly
     row = devices.row(source.device)
-    lo, span = bounds(low, high, dtype, row)
-    mode = _fused_uniform(lo, span, dtype, row.flushes_subnormals)
+    lo, span, mode = _planned(low, high, math.copysign(1.0, low), math.copysign(1.0, high),
+                              dtype, row)
     if mode is not None:
         fused = source.fused(mode, shape, span, lo)
         if fused is not None:
             return fused
     return scale_shift(source.unit(shape, dtype), lo, span, dtype, row.float64,  # type: ignore[no-any-return]
                        flushes=row.flushes_subnormals)
+
+
+@functools.lru_cache(maxsize=256)
+def _planned(low: float, high: float, _low_sign: float, _high_sign: float, dtype: torch.dtype,
+             row: devices.Device) -> tuple[float, float, int | None]:
+    """``bounds`` and the kernel's mode (``_fused_uniform``) of a uniform draw, kept for the
+    next draw on the same bounds (half the cost of a draw of a thousand numbers). The signs
+    are in the key as ``0.0 == -0.0`` is not."""
+    lo, span = bounds(low, high, dtype, row)
+    return lo, span, _fused_uniform(lo, span, dtype, row.flushes_subnormals)
 
 
 def _fused_uniform(lo: float, span: float, dtype: torch.dtype, flushes: bool) -> int | None:

@@ -149,10 +149,10 @@ def _fill(rng: Stream, self: torch.Tensor,
     if into_self and type(source) is distributions.Source:
         source.into = self
     values = draw(source, tuple(self.shape))
-    with torch.no_grad():
-        if values is self:  # written by the kernel: an in-place op all the same
-            torch.autograd.graph.increment_version(self)
-        else:
+    if values is self:  # written by the kernel: an in-place op all the same
+        torch.autograd.graph.increment_version(self)
+    else:
+        with torch.no_grad():
             self.copy_(values)
     return self
 

@@ -145,9 +145,9 @@ class PortableRNG(TorchFunctionMode):
         if stream is None:
             self._stream = _HostStream(check_seed(seed, "PortableRNG's seed"))
         self._warned: set[str] = set()
-        # Per open entry, how torch's CPU generator was seeded then (see _reseeded); None for
-        # the streams of seeded_jit's calls, whose bodies are compiled.
-        self._seedings: list[tuple[int, bool]] | None = None
+        # Per open entry, torch's CPU generator then: its seed and state (see _reseeded); None
+        # for the streams of seeded_jit's calls, whose bodies are compiled.
+        self._seedings: list[tuple[int, torch.Tensor]] | None = None
 
     # -- state ---------------------------------------------------------------------------
     @property
@@ -258,13 +258,14 @@ class PortableRNG(TorchFunctionMode):
         if not _dynamo_lists_our_ops and _DYNAMO_TABLE in sys.modules:
             _teach_dynamo()
         if self._seedings is not None and not torch.compiler.is_compiling():
-            self._seedings.append(_cpu_seeding())
+            generator = torch.default_generator
+            self._seedings.append((generator.initial_seed(), generator.get_state()))
         return super().__enter__()  # type: ignore[no-any-return,no-untyped-call]
 
     def __exit__(self, *exc: Any) -> None:
         super().__exit__(*exc)  # type: ignore[no-untyped-call]
         if self._seedings and not torch.compiler.is_compiling() \
-                and _reseeded(self._seedings.pop(), _cpu_seeding()) and exc[0] is None:
+                and _reseeded(*self._seedings.pop()) and exc[0] is None:
             warn_and_log(
                 f"torch's generator was seeded inside this devrng.portable block (seed "
                 f"{self.seed}), by torch.manual_seed or devrng.manual_seed: that seeds "
@@ -448,37 +449,42 @@ def portable(seed: int | None = None, *, strict: bool = True) -> PortableRNG:
     return stream
 
 
-def _cpu_seeding() -> tuple[int, bool]:
-    """How torch's CPU generator stands: its seed, and whether it was seeded and has not
-    drawn since (its Mersenne Twister's position is the one seeding sets)."""
+def _reseeded(seed: int, state: torch.Tensor) -> bool:
+    """Whether torch's CPU generator was seeded since it had ``seed`` and ``state``: another
+    seed now, or freshly seeded now (its Mersenne Twister at the position seeding sets) and
+    not then. (Seeded again with the seed it had, nothing drawn since, it is as it was: that
+    cannot be seen, and changes nothing either.) Only the state now is read in full, and
+    the one then only when the one now is fresh: a block's entry costs one ``get_state``."""
+    generator = torch.default_generator
+    if generator.initial_seed() != seed:
+        return True
     if not _FRESH:
         _FRESH.append(_fresh_position())
-    generator = torch.default_generator
-    return generator.initial_seed(), _FRESH[0] is not None and \
-        generator.get_state().numpy()[_AT].tobytes() == _FRESH[0]
+    fresh = _FRESH[0]
+    return fresh is not None and _position(generator.get_state()) == fresh \
+        and _position(state) != fresh
+
+
+def _position(state: torch.Tensor) -> bytes:
+    """The bytes of a CPU generator's state that say where its Mersenne Twister stands
+    (read at its address: ``.numpy()`` alone would take twice as long)."""
+    return ctypes.string_at(state.data_ptr() + _AT.start, _AT.stop - _AT.start)
 
 
 def _fresh_position() -> bytes | None:
-    """The bytes of a CPU generator's state that seeding sets alike for every seed (its
-    position: ``left``, ``seeded``, ``next`` of torch's legacy layout); None if this torch's
-    layout is another (the check then sees only seeds that differ)."""
+    """The position (``_position``) seeding sets alike for every seed (``left``, ``seeded``,
+    ``next`` of torch's legacy layout); None if this torch's layout is another (the check
+    then sees only seeds that differ)."""
     a, b = torch.Generator().manual_seed(0), torch.Generator().manual_seed(12345)
-    fresh = a.get_state().numpy()[_AT].tobytes()
+    fresh = _position(a.get_state())
     torch.rand(1, generator=b)
-    ok = fresh == torch.Generator().manual_seed(9).get_state().numpy()[_AT].tobytes() and \
-        fresh != b.get_state().numpy()[_AT].tobytes()
+    ok = fresh == _position(torch.Generator().manual_seed(9).get_state()) and \
+        fresh != _position(b.get_state())
     return fresh if ok else None
 
 
 _AT = slice(8, 24)
-_FRESH: list[bytes | None] = []  # _fresh_position(), read at the first block's entry
-
-
-def _reseeded(before: tuple[int, bool], after: tuple[int, bool]) -> bool:
-    """Whether torch's CPU generator was seeded between the two readings: another seed, or
-    freshly seeded now and not then. (Seeded again with the seed it had, nothing drawn
-    since, it is as it was: that cannot be seen, and changes nothing either.)"""
-    return after[0] != before[0] or (after[1] and not before[1])
+_FRESH: list[bytes | None] = []  # _fresh_position(), read at the first block's exit
 
 
 _dynamo_lists_our_ops = False  # set once _teach_dynamo has run
