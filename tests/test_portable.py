@@ -1411,10 +1411,11 @@ def test_factories_follow_the_default_device_inside_portable() -> None:
         assert b.device.type == "cpu" and torch.equal(a, b)
 
 
-@pytest.mark.parametrize("n", [0, 1, 2, 4097, 100_000])
+@pytest.mark.parametrize("n", [0, 1, 2, 4097, 100_000, 2**20 + 5])
 def test_randperm_is_jaxs_stable_sorts_by_unsigned_keys(n: int) -> None:
     # jax.random.permutation: rounds of stable sorts by 32-bit keys compared as unsigned
     # numbers (devrng sorts their bits with the top one flipped, as int32: the same order).
+    # On the CPU the kernel sorts (from 2**20 numbers by the keys' top byte first).
     source = distributions.Source((0xFFFFFFFF, 7), torch.device("cpu"))
     want = torch.arange(n)
     for _ in range(math.ceil(3 * math.log(max(1, n)) / math.log(2**32 - 1))):

@@ -787,19 +787,21 @@ static void sort_pairs(uint32_t *keys, int64_t *values, int64_t n, uint32_t *key
     }
 }
 
-/* sort(keys, values, n, keys_tmp, values_tmp): addresses of n uint32 keys, n int64 values
-   and scratch of the same sizes; sort_pairs, without the GIL (the permutation's stable
-   sorts by random keys, devrng._portable.distributions.randperm). */
+/* sort(keys, values, n, keys_tmp, values_tmp[, indices]): addresses of n uint32 keys, n
+   int64 values and scratch of the same sizes; sort_pairs, without the GIL (the permutation's
+   stable sorts by random keys, devrng._portable.distributions.randperm). indices true: the
+   values are first set to 0, 1, ..., n - 1 (a permutation's first round). */
 static PyObject *sort_py(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 5) {
-        PyErr_Format(PyExc_TypeError, "sort() takes 5 arguments (%zd given)", nargs);
+    if (nargs != 5 && nargs != 6) {
+        PyErr_Format(PyExc_TypeError, "sort() takes 5 or 6 arguments (%zd given)", nargs);
         return NULL;
     }
     void *keys = PyLong_AsVoidPtr(args[0]), *values = PyLong_AsVoidPtr(args[1]);
     long long n = PyLong_AsLongLong(args[2]);
     void *keys_tmp = PyLong_AsVoidPtr(args[3]), *values_tmp = PyLong_AsVoidPtr(args[4]);
-    if (PyErr_Occurred()) {
+    const int indices = nargs == 6 ? PyObject_IsTrue(args[5]) : 0;
+    if (indices < 0 || PyErr_Occurred()) {
         return NULL;
     }
     if (n < 0 || (n > 0 && (!keys || !values || !keys_tmp || !values_tmp))) {
@@ -807,6 +809,11 @@ static PyObject *sort_py(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         return NULL;
     }
     Py_BEGIN_ALLOW_THREADS
+    if (indices) {
+        for (int64_t i = 0; i < (int64_t)n; i++) {
+            ((int64_t *)values)[i] = i;
+        }
+    }
     sort_pairs(keys, values, (int64_t)n, keys_tmp, values_tmp);
     Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
@@ -822,7 +829,7 @@ static PyMethodDef methods[] = {
     {"block", (PyCFunction)(void (*)(void))block, METH_FASTCALL,
      "block(k0, k1, c0, c1): one Threefry-2x32 block, (x0, x1)."},
     {"sort", (PyCFunction)(void (*)(void))sort_py, METH_FASTCALL,
-     "sort(keys, values, n, keys_tmp, values_tmp): a stable sort by uint32 keys."},
+     "sort(keys, values, n, keys_tmp, values_tmp[, indices]): a stable sort by uint32 keys."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -781,17 +781,17 @@ def randperm(source: Source, n: int, dtype: torch.dtype) -> torch.Tensor:
     rounds (``ceil(3 ln n / ln(2**32 - 1))``) that ties do not bias the result."""
     x = None  # arange(n), until the first round permutes it
     rounds = math.ceil(3 * math.log(max(1, n)) / math.log(M32))
-    cpu = kernel() if rounds and isinstance(source.key, tuple) and devices.row(
-        source.device).host_memory else None
-    if cpu is not None:  # the kernel's stable radix sort of the keys, moving x with them
-        x = torch.arange(n, dtype=torch.int64, device="cpu")
-        if type(x) is torch.Tensor:  # (a FakeTensor has no memory to sort)
-            scratch: list[torch.Tensor] = []  # (one for every round)
-            for _ in range(rounds):
-                source, sub = source.split(0), source.split(1)
-                cpu.sort(sub.bits((n,)).contiguous(), x, scratch)
-            return x.to(dtype)
-        x = None
+    if rounds and isinstance(source.key, tuple) and source.counters is None \
+            and devices.row(source.device).host_memory:
+        cpu = kernel()  # the kernel's stable radix sorts of arange(n) by each round's keys
+        if cpu is not None:
+            key, keys = source.key, []
+            for _ in range(rounds):  # (split(1)'s key sorts, split(0)'s goes on)
+                keys.append(fold_in(key, 1))
+                key = fold_in(key, 0)
+            permuted = cpu.permute(keys, n)
+            if permuted is not None:
+                return permuted if dtype == torch.int64 else permuted.to(dtype)
     for _ in range(rounds):
         source, sub = source.split(0), source.split(1)
         # The unsigned order of the keys is the signed order of their bits with the top one

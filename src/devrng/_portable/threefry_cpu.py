@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from importlib.machinery import ModuleSpec
 from typing import Any
@@ -112,19 +112,32 @@ class CpuKernel:
         self.block = block
         self._sort = sort
 
-    def sort(self, keys: torch.Tensor, values: torch.Tensor,
-             scratch: list[torch.Tensor] | None = None) -> None:
+    def sort(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Sort ``values`` (contiguous int64) in place by ``keys`` (contiguous int32 bit
-        patterns, compared as unsigned numbers; sorted in place too), stably. ``scratch``:
-        a list the sort's scratch memory is kept in for the next sort of as many numbers
-        (memory the system hands out is paid for again at its first touch: at 2**20
-        numbers, as much as the sort)."""
-        if not scratch:
-            made = [torch.empty_like(keys), torch.empty_like(values)]
-            scratch = made if scratch is None else scratch
-            scratch[:] = made
+        patterns, compared as unsigned numbers; sorted in place too), stably."""
+        scratch = torch.empty_like(keys), torch.empty_like(values)
         self._sort(keys.data_ptr(), values.data_ptr(), keys.numel(), scratch[0].data_ptr(),
                    scratch[1].data_ptr())
+
+    def permute(self, keys: Sequence[tuple[int, int]], n: int) -> torch.Tensor | None:
+        """``arange(n)`` sorted stably by the bits of each key in turn (``BITS`` mode, counters
+        from 0): ``jax.random.permutation``'s rounds for the keys of its splits. None under
+        a FakeTensor mode (no memory to sort). The rounds share one scratch tensor, as the
+        system's fresh memory is paid for again at its first touch (at 2**20 numbers, as
+        much as a sort): the keys, their sort's scratch and the values' (``sort``)."""
+        out = torch.empty(n, dtype=torch.int64, device="cpu")
+        scratch = torch.empty(2 * n, dtype=torch.int64, device="cpu")
+        if type(out) is not torch.Tensor or type(scratch) is not torch.Tensor:
+            return None
+        words, values = scratch.data_ptr(), out.data_ptr()
+        bits, bits_tmp = words + 8 * n, words + 12 * n
+        for round_, (k0, k1) in enumerate(keys):
+            def part(i: int, m: int, k0: int = k0, k1: int = k1) -> None:
+                self._fill(k0, k1, i, 0, m, BITS, bits + 4 * i, 0, 1.0, 0.0)
+
+            in_parts(n, part)
+            self._sort(bits, values, n, bits_tmp, words, round_ == 0)  # (0 to n - 1 first)
+        return out if keys else out.copy_(torch.arange(n))
 
     def run(self, key: tuple[int, int], mode: int, out0: torch.Tensor,
             out1: torch.Tensor | None = None, *, start: int = 0,
