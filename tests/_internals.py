@@ -30,7 +30,7 @@ VERSION_ATTR = "devrng._base.version.VERSION"
 BYTECODE_MODULE = "devrng._base.bytecode"
 SIGINT_MODULE = "devrng._base.sigint"
 
-_KERNEL_TABLES = ("BITS", "EXPONENTIAL", "NORMAL", "NORMAL_AT", "PROOF_DIGEST", "PROOF_FILLS",
+_KERNEL_TABLES = ("sorts_stably", "BITS", "EXPONENTIAL", "NORMAL", "NORMAL_AT", "PROOF_DIGEST", "PROOF_FILLS",
                   "PROOF_KEY", "PROOF_LENGTH", "PROOF_RANDINTS", "PROOF_SPLIT", "UNIFORM",
                   "UNIFORM64", "UNIFORM_AT", "WORDS", "jax_multiplier", "proof_counters",
                   "proof_digest", "proof_draw_counters", "UNIFORM64_AT", "UNIT_F16", "UNIT_BF16",

@@ -9,6 +9,7 @@ point, a truncated file) that devrng must refuse, each in a fresh interpreter.
 from __future__ import annotations
 
 import ast
+import ctypes
 import hashlib
 import math
 import os
@@ -61,6 +62,7 @@ from tests._internals import (
     proof_counters,
     proof_digest,
     proof_draw_counters,
+    sorts_stably,
     status,
     switched_off,
     threefry,
@@ -672,3 +674,26 @@ def test_the_kernels_sort_is_stable_in_the_unsigned_order_of_the_keys(values: st
         want_keys, want = keys32[order], moved[order]
         cpu.sort(keys32, moved)
         assert torch.equal(moved, want) and torch.equal(keys32, want_keys), n
+
+
+def test_the_kernels_proof_refuses_a_sort_that_is_unstable_or_does_not_count() -> None:
+    # The import-time proof runs the sort on equal keys, on its passes of 8 and of 11 bits, and
+    # with the values counted from 0 by the kernel (randperm's first round).
+    cpu = kernel()
+    assert cpu is not None
+    real = cpu._sort
+    assert sorts_stably(real)
+
+    def unstable(keys: int, values: int, n: int, *rest: object) -> None:
+        real(keys, values, n, *rest)
+        k, v = (ctypes.c_uint32 * n).from_address(keys), (ctypes.c_int64 * n).from_address(values)
+        i = next(i for i in range(n - 1) if k[i] == k[i + 1])  # two equal keys' values swapped
+        v[i], v[i + 1] = v[i + 1], v[i]
+
+    def not_counting(keys: int, values: int, n: int, keys_tmp: int, values_tmp: int,
+                     counted: bool = False) -> None:
+        real(keys, values, n, keys_tmp, values_tmp)
+
+    assert not sorts_stably(unstable)
+    assert not sorts_stably(not_counting)
+    assert not sorts_stably(lambda *args: None)

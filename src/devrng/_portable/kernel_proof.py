@@ -139,16 +139,22 @@ def proof_digest(fill: ProofFill, randint: ProofRandint) -> str:
 
 
 def sorts_stably(sort: Fill) -> bool:
-    """Whether the kernel's ``sort`` orders the scattered counters' low words, cut to 12 bits
-    (many equal keys), as unsigned numbers, stably: the values follow Python's ``sorted``."""
-    n = PROOF_LENGTH
-    keys = array.array("I", [c & 0xFFF | (c >> 20 & 0x3) << 30 for c in _scattered(n)])
-    values = array.array("q", range(n))
-    want = sorted(range(n), key=keys.__getitem__)
-    scratch_keys, scratch_values = array.array("I", keys), array.array("q", values)
-    sort(keys.buffer_info()[0], values.buffer_info()[0], n, scratch_keys.buffer_info()[0],
-         scratch_values.buffer_info()[0])
-    return values.tolist() == want and keys.tolist() == sorted(keys)
+    """Whether the kernel's ``sort`` orders the scattered counters' low words, cut to 8 bits
+    and a top bit (512 keys: many equal ones), as unsigned numbers, stably: the values
+    follow Python's ``sorted``.
+    At PROOF_LENGTH and at 17 * 256 - 1 numbers, its passes of 8 bits and of 11 (from 4,096
+    numbers: randperm's rounds); the first with the values given, the second with them
+    counted from 0 by the kernel (randperm's first round)."""
+    for n, counted in ((PROOF_LENGTH, False), (PROOF_LENGTHS[-1], True)):
+        keys = array.array("I", [c & 0xFF | (c >> 20 & 0x1) << 31 for c in _scattered(n)])
+        values = array.array("q", [-1] * n if counted else range(n))
+        want = sorted(range(n), key=keys.__getitem__)
+        scratch_keys, scratch_values = array.array("I", keys), array.array("q", values)
+        sort(keys.buffer_info()[0], values.buffer_info()[0], n, scratch_keys.buffer_info()[0],
+             scratch_values.buffer_info()[0], counted)
+        if values.tolist() != want or keys.tolist() != sorted(keys):
+            return False
+    return True
 
 
 def proves_itself(fill: Fill, randint: Fill, block: Callable[..., tuple[int, int]],
