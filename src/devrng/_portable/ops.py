@@ -10,6 +10,7 @@ constant to dynamo, instead of hashing the function into the table on every call
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import operator
@@ -236,6 +237,7 @@ def _uniform_values(source: Any, shape: tuple[int, ...], dtype: torch.dtype, low
     return source.uniform(shape, dtype, low, high)  # type: ignore[no-any-return]
 
 
+@functools.cache
 def _representable(dtype: torch.dtype) -> tuple[float, float]:
     """The lowest and the largest finite value of a real dtype (bool: 0 and 1)."""
     if dtype == torch.bool:

@@ -453,8 +453,8 @@ def _reseeded(seed: int, state: torch.Tensor) -> bool:
     """Whether torch's CPU generator was seeded since it had ``seed`` and ``state``: another
     seed now, or freshly seeded now (its Mersenne Twister at the position seeding sets) and
     not then. (Seeded again with the seed it had, nothing drawn since, it is as it was: that
-    cannot be seen, and changes nothing either.) Only the state now is read in full, and
-    the one then only when the one now is fresh: a block's entry costs one ``get_state``."""
+    cannot be seen, and changes nothing either.) The position in ``state`` is read only
+    when the one now is fresh, and the state now only when the seed is the same."""
     generator = torch.default_generator
     if generator.initial_seed() != seed:
         return True
