@@ -159,8 +159,6 @@ GRID_THREADS = (1, 2)
 SMALL, SMALL_TARGET = 16, 4.0  # below 2**16 elements a draw's fixed cost counts: 4x
 FLOATS = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
           "float64": torch.float64}
-# randperm and multinomial sort or scan (not a fused loop): measured up to 2**20.
-SORTS_UP_TO = 20
 
 Make = Callable[[int], Callable[[], object]]
 
@@ -173,28 +171,27 @@ def _in_place(dtype: torch.dtype, fill: Callable[[torch.Tensor], object]) -> Mak
     return make
 
 
-def grid_ops() -> list[tuple[str, str, Make, int]]:
-    """(op family, dtype, make(n) -> the call on n elements, largest log2 size): each family
+def grid_ops() -> list[tuple[str, str, Make]]:
+    """(op family, dtype, make(n) -> the call on n elements): each family
     in every dtype torch draws it in. In-place draws fill one tensor made beforehand."""
-    cases: list[tuple[str, str, Make, int]] = []
+    cases: list[tuple[str, str, Make]] = []
     for name, dt in FLOATS.items():
         cases += [
-            ("torch.rand(n)", name, lambda n, dt=dt: lambda: torch.rand(n, dtype=dt), 24),
-            ("torch.randn(n)", name, lambda n, dt=dt: lambda: torch.randn(n, dtype=dt), 24),
-            ("uniform_(-0.1, 0.1)", name, _in_place(dt, lambda t: t.uniform_(-0.1, 0.1)), 24),
-            ("normal_(0, 0.02)", name, _in_place(dt, lambda t: t.normal_(0.0, 0.02)), 24),
-            ("exponential_()", name, _in_place(dt, lambda t: t.exponential_()), 24),
-            ("bernoulli_(0.3)", name, _in_place(dt, lambda t: t.bernoulli_(0.3)), 24),
+            ("torch.rand(n)", name, lambda n, dt=dt: lambda: torch.rand(n, dtype=dt)),
+            ("torch.randn(n)", name, lambda n, dt=dt: lambda: torch.randn(n, dtype=dt)),
+            ("uniform_(-0.1, 0.1)", name, _in_place(dt, lambda t: t.uniform_(-0.1, 0.1))),
+            ("normal_(0, 0.02)", name, _in_place(dt, lambda t: t.normal_(0.0, 0.02))),
+            ("exponential_()", name, _in_place(dt, lambda t: t.exponential_())),
+            ("bernoulli_(0.3)", name, _in_place(dt, lambda t: t.bernoulli_(0.3))),
             ("F.dropout(x, 0.5)", name,
-             lambda n, dt=dt: (lambda x: lambda: F.dropout(x, 0.5))(torch.ones(n, dtype=dt)), 24),
+             lambda n, dt=dt: (lambda x: lambda: F.dropout(x, 0.5))(torch.ones(n, dtype=dt))),
         ]
     w = torch.rand(1000)
     cases += [
-        ("torch.randint(0, 1000, (n,))", "int64", lambda n: lambda: torch.randint(0, 1000, (n,)),
-         24),
-        ("torch.randperm(n)", "int64", lambda n: lambda: torch.randperm(n), SORTS_UP_TO),
+        ("torch.randint(0, 1000, (n,))", "int64", lambda n: lambda: torch.randint(0, 1000, (n,))),
+        ("torch.randperm(n)", "int64", lambda n: lambda: torch.randperm(n)),
         ("torch.multinomial(1000 weights, n, True)", "int64",
-         lambda n: lambda: torch.multinomial(w, n, True), SORTS_UP_TO),
+         lambda n: lambda: torch.multinomial(w, n, True)),
     ]
     return cases
 
@@ -210,10 +207,8 @@ def bench_grid(sizes: tuple[int, ...] = GRID_SIZES, threads: tuple[int, ...] = G
     try:
         for count in threads:
             torch.set_num_threads(count)
-            for family, dtype, make, largest in grid_ops():
+            for family, dtype, make in grid_ops():
                 for k in sizes:
-                    if k > largest:
-                        continue
                     call = make(1 << k)
 
                     def ours(call: Callable[[], object] = call) -> object:

@@ -74,7 +74,7 @@ def test_check_benchmark_times_a_step_with_every_op_recorded() -> None:
 def test_the_portable_grid_times_every_op_family_and_dtype_at_each_size_and_thread_count(
         ) -> None:
     grid = bench_portable.bench_grid((10, 12), (1, 2), rounds=1)
-    cases = {(family, dtype) for family, dtype, _, _ in bench_portable.grid_ops()}
+    cases = {(family, dtype) for family, dtype, _ in bench_portable.grid_ops()}
     assert {(r["family"], r["dtype"]) for r in grid} == cases
     assert {d for _, d in cases} == {"float16", "bfloat16", "float32", "float64", "int64"}
     assert len(grid) == len(cases) * 2 * 2  # two sizes, one and two threads
