@@ -268,7 +268,7 @@ def _grid_section(env: str, result: dict[str, Any]) -> str:
     return (f"\n##### Every op family and dtype, {env} environment\n\n"
             f"Portable's time over torch's own draw, medians of interleaved rounds, on 1 "
             f"thread / on 2 threads (`torch.set_num_threads`); in bold where it misses "
-            f"its target (≤ 4× below 2**16 elements, ≤ 1.5× from 2**16).{during}\n\n"
+            f"its target (≤ 4× below 2\\*\\*16 elements, ≤ 1.5× from 2\\*\\*16).{during}\n\n"
             f"<div class=\"bench-results\" markdown>\n\n{format_grid(result['grid'])}"
             f"\n\n</div>\n")
 

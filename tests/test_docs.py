@@ -51,6 +51,13 @@ def test_no_sphinx_roles_are_shown_literally(site: Path) -> None:
         assert not re.search(r":(func|class|meth|attr|mod):`", html), name
 
 
+def test_powers_written_with_two_stars_are_not_read_as_bold(site: Path) -> None:
+    # "2**10 to 2**24" in prose is Markdown's bold from the first "**" to the next: the page
+    # showed "2<strong>10 to 2</strong>24". Prose writes them 2\*\*10 (or in code).
+    for name, html in _pages(site).items():
+        assert not re.search(r"\d</?(strong|em)>\d", html), name
+
+
 def test_examples_render_as_code_not_blockquotes(site: Path) -> None:
     api = (site / "api" / "index.html").read_text()
     assert "<blockquote>" not in api

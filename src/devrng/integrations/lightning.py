@@ -92,8 +92,8 @@ class DevRNGCallback(pl.Callback):
     Args:
         seed: The run's seed, an int in ``[0, 2**64)``; ``None`` takes
             ``DEVRNG_SEED``, then ``PL_GLOBAL_SEED``, else draws one. Lightning
-            takes seeds below 2**32 only: for a larger one ``PL_GLOBAL_SEED``
-            holds a stand-in below 2**32, and when a strategy reseeds the
+            takes seeds below ``2**32`` only: for a larger one ``PL_GLOBAL_SEED``
+            holds a stand-in below ``2**32``, and when a strategy reseeds the
             process from it (DDP, FSDP, DeepSpeed and ModelParallel do, as they
             set up), ``setup`` seeds it again with the run's seed.
         deterministic: Also apply ``devrng.deterministic()``.
