@@ -57,10 +57,10 @@ from devrng._portable.threefry_cpu import (
     kernel,
 )
 
-__all__ = ["TORCH_OPS", "UNIT_BITS", "Ops", "Source", "affine", "bernoulli_mask", "bounds",
-           "erfinv32", "exponential", "log32", "multinomial", "normal", "prefix_sums", "randint",
-           "randperm", "round_to", "scale_shift", "search_right", "sqrt32", "sum_is_exact",
-           "uniform", "unit"]
+__all__ = ["COMPLEX_PARTS", "TORCH_OPS", "UNIT_BITS", "Ops", "Source", "affine", "bernoulli_mask",
+           "bounds", "erfinv32", "exponential", "log32", "multinomial", "normal", "prefix_sums",
+           "randint", "randperm", "round_to", "scale_shift", "search_right", "sqrt32",
+           "sum_is_exact", "uniform", "unit"]
 
 
 class Source:
@@ -244,7 +244,7 @@ def affine(x: torch.Tensor, scale: float | torch.Tensor, shift: float | torch.Te
     ``normal`` does: a real ``shift`` is added to both parts, a complex one to each its own.
     """
     if dtype.is_complex:  # as torch: a number added to both parts, a complex tensor by part
-        part = _COMPLEX_PARTS[dtype]
+        part = COMPLEX_PARTS[dtype]
         by_part = isinstance(shift, torch.Tensor) and shift.dtype.is_complex
         real, imag = (shift.real, shift.imag) if by_part else (shift, shift)
         return torch.complex(affine(x.real, scale, real, part), affine(x.imag, scale, imag, part))
@@ -419,7 +419,7 @@ def _plain64(lo: float, span: float, flushes: bool) -> bool:
 # Additions, comparisons and conversions only: torch_xla runs frexp and nextafter on the
 # host, and its dynamo bridge mishandles bit casts.
 # A complex number's parts (the real and the imaginary one).
-_COMPLEX_PARTS = {torch.complex32: torch.float16, torch.complex64: torch.float32,
+COMPLEX_PARTS = {torch.complex32: torch.float16, torch.complex64: torch.float32,
                   torch.complex128: torch.float64}
 UNIT_BITS = {torch.float16: 10, torch.bfloat16: 7, torch.float32: 23, torch.float64: 52}
 _PRECISION = {torch.float32: 24, torch.float64: 53}  # significand bits
@@ -676,7 +676,7 @@ def _standard_normal(source: Source, shape: Sequence[int], dtype: torch.dtype) -
     the device's ``torch.erfinv``; complex dtypes draw the real and imaginary parts from
     ``split(key)``'s two keys and divide them by sqrt(2), as JAX does."""
     if dtype.is_complex:
-        real = _COMPLEX_PARTS[dtype]
+        real = COMPLEX_PARTS[dtype]
         root2 = round_to(math.sqrt(2.0), real)
         return torch.complex(_divided(_standard_normal(source.split(0), shape, real), root2),
                              _divided(_standard_normal(source.split(1), shape, real), root2))

@@ -10,10 +10,8 @@ constant to dynamo, instead of hashing the function into the table on every call
 
 from __future__ import annotations
 
-import functools
 import itertools
 import math
-import operator
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -21,9 +19,26 @@ from typing import Any, Protocol
 import torch
 import torch.nn.functional as F
 
-from devrng._base.errors import DevRNGError, short_repr
+from devrng._base.errors import DevRNGError
 from devrng._base.lazy import imported, load
-from devrng._portable import devices, distributions
+from devrng._portable import distributions
+from devrng._portable.refusals import (
+    BARE_UNSIGNED,
+    as_int,
+    check_bernoulli_dtype,
+    check_dropout_p,
+    check_fits,
+    check_in_place,
+    check_layout,
+    check_p,
+    check_std,
+    check_uniform_bounds,
+    float_dtype,
+    random_bounds,
+    readable,
+    representable,
+    whole_range,
+)
 
 __all__ = [
     "ENTRIES",
@@ -94,14 +109,6 @@ def _device(value: Any) -> torch.device:
             return _CPU
         return torch.get_default_device()
     return value if isinstance(value, torch.device) else torch.device(value)
-
-
-def _check_layout(kwargs: Kwargs, name: str) -> None:
-    layout = kwargs.get("layout")
-    if layout is not None and layout != torch.strided:
-        raise DevRNGError(f"devrng.portable draws dense tensors; {name} got layout={layout}.")
-    if kwargs.get("names") is not None:
-        raise DevRNGError(f"devrng.portable does not draw named tensors; {name} got names=.")
 
 
 def _finish_factory(values: torch.Tensor, kwargs: Kwargs) -> torch.Tensor:
@@ -205,127 +212,22 @@ class Op:
         return at is not None and len(args) > at and args[at] is not None
 
 
-# -- torch's own refusals -----------------------------------------------------------------------
-# Inside portable an op refuses what torch refuses, before it draws: a DevRNGError where torch
-# raises a RuntimeError (or NotImplementedError: a dtype its kernels do not take), torch's own
-# type otherwise. Without these, out-of-range bounds wrapped, dtypes changed silently, and
-# overflowing bounds raised errors from deep inside the draw.
-def _float_dtype(dtype: torch.dtype | None, name: str, complex_ok: bool = True,
-                 empty: bool = False) -> torch.dtype:
-    """``dtype`` (the default one for None), refused unless floating-point (or complex); not
-    checked for an ``empty`` draw of the ops where torch does not check it there either."""
-    dtype = dtype or torch.get_default_dtype()
-    if empty:
-        return dtype
-    if not (dtype.is_floating_point or (complex_ok and dtype.is_complex)):
-        kinds = "floating-point or complex" if complex_ok else "floating-point"
-        raise DevRNGError(f"{name} draws {kinds} numbers; it got dtype={dtype}.")
-    return dtype
-
-
-# A complex draw is two draws of its parts' dtype (the real, then the imaginary parts).
-_COMPLEX_PARTS = {torch.complex32: torch.float16, torch.complex64: torch.float32,
-                  torch.complex128: torch.float64}
-
-
 def _uniform_values(source: Any, shape: tuple[int, ...], dtype: torch.dtype, low: float = 0.0,
                     high: float = 1.0) -> torch.Tensor:
     """Uniforms on [low, high) of ``dtype``; complex: both parts, as torch.rand and uniform_ do."""
     if dtype.is_complex:
-        both = source.uniform((2, *shape), _COMPLEX_PARTS[dtype], low, high)
+        both = source.uniform((2, *shape), distributions.COMPLEX_PARTS[dtype], low, high)
         return torch.complex(both[0], both[1])
     return source.uniform(shape, dtype, low, high)  # type: ignore[no-any-return]
 
 
-@functools.cache
-def _representable(dtype: torch.dtype) -> tuple[float, float]:
-    """The lowest and the largest finite value of a real dtype (bool: 0 and 1)."""
-    if dtype == torch.bool:
-        return 0, 1
-    info = torch.finfo(dtype) if dtype.is_floating_point else torch.iinfo(dtype)
-    return info.min, info.max
-
-
-_MANTISSA_BITS = {torch.float16: 11, torch.bfloat16: 8, torch.float32: 24, torch.float64: 53}
 _HALF = (torch.float16, torch.bfloat16)
-# Integer dtypes torch's random kernels leave out (no random_() over their range, no randperm,
-# no bernoulli; randint and random_(from, to) do take them).
-_BARE_UNSIGNED = {getattr(torch, n) for n in ("uint16", "uint32", "uint64") if hasattr(torch, n)}
-_INT64 = (-(1 << 63), (1 << 63) - 1)
-
-
-def _check_range(low: int, high: int, name: str) -> None:
-    if not low < high:
-        raise DevRNGError(f"{name} needs low < high (integers in [low, high)), not low={low}, "
-                          f"high={high}.")
-
-
-def _random_bounds(low: int, high: int, dtype: torch.dtype, name: str) -> tuple[int, int]:
-    """torch's integers in [low, high) drawn into ``dtype``: refused unless low < high and low
-    and high - 1 are values of it. For a floating-point dtype torch first moves a bound
-    whose neighbour rounds past it (``update_from`` / ``update_to`` in its
-    DistributionTemplates.h): the bounds drawn between, returned."""
-    _check_range(low, high, name)
-    if dtype.is_complex:
-        raise DevRNGError(f"{name} draws integers into integral, floating-point or bool "
-                          f"tensors, not {dtype} ones.")
-    if dtype.is_floating_point:
-        digits = _MANTISSA_BITS[dtype]
-        after = _through(low + 1, dtype)
-        if after < low:
-            low = after + (1 << (abs(low + 1).bit_length() - digits))
-        before = _through(high - 1, dtype)
-        if before >= high:
-            high = before - (1 << (abs(high - 1).bit_length() - digits))
-        if not low < high:
-            raise DevRNGError(f"{name} needs low < high once both are moved to {dtype} "
-                              f"numbers (as torch moves them), not low={low}, high={high}.")
-    lowest, largest = _representable(dtype)
-    if low < lowest or high - 1 > largest:
-        raise DevRNGError(f"{name} draws integers in [low, high) that {dtype} holds "
-                          f"([{lowest}, {largest}]); low={low}, high={high} go beyond: they "
-                          f"would not be the numbers drawn.")
-    return low, high
-
-
-def _through(n: int, dtype: torch.dtype) -> int:
-    """The integer ``n`` converted to ``dtype`` and back, as torch's C++ does: rounded to
-    nearest, ties to even (float16 and bfloat16 through float32)."""
-    for digits in ((24, _MANTISSA_BITS[dtype]) if dtype in (torch.float16, torch.bfloat16)
-                   else (_MANTISSA_BITS[dtype],)):
-        extra = abs(n).bit_length() - digits
-        if extra > 0:
-            quotient, rest = divmod(abs(n), 1 << extra)
-            half = 1 << (extra - 1)
-            quotient += rest > half or (rest == half and quotient % 2 == 1)
-            n = (quotient << extra) * (1 if n >= 0 else -1)
-    return n
-
-
-def _check_uniform_bounds(low: float, high: float, dtype: torch.dtype, name: str) -> None:
-    """torch's rules for uniforms on [low, high) of ``dtype``: both bounds are finite values
-    of it, low <= high, and high - low is no larger than its largest value."""
-    lowest, largest = _representable(_COMPLEX_PARTS.get(dtype, dtype))
-    if not (lowest <= low <= largest and lowest <= high <= largest):
-        raise DevRNGError(f"{name} draws between bounds that are finite {dtype} values "
-                          f"([{lowest}, {largest}]), not from={low}, to={high}.")
-    if not low <= high:
-        raise DevRNGError(f"{name} needs from <= to, not from={low}, to={high}.")
-    if high - low > largest:
-        raise DevRNGError(f"{name} needs to - from <= {largest} (the largest {dtype}), not "
-                          f"from={low}, to={high}.")
-
-
-def _check_in_place(self: torch.Tensor, name: str) -> None:
-    if self.requires_grad and self.is_leaf and torch.is_grad_enabled():
-        raise RuntimeError(f"a leaf Variable that requires grad is being used in an in-place "
-                           f"operation ({name}).")
 
 
 def _rand(rng: Stream, func: Any, args: Args, kwargs: Kwargs) -> torch.Tensor:
-    _check_layout(kwargs, "rand")
+    check_layout(kwargs, "rand")
     out = kwargs.get("out")
-    dtype = _float_dtype(kwargs.get("dtype") or (out.dtype if out is not None else None), "rand")
+    dtype = float_dtype(kwargs.get("dtype") or (out.dtype if out is not None else None), "rand")
     device = _device(kwargs.get("device") if out is None else out.device)
     shape = _size(args, kwargs)
     values = _new(rng, device, shape, dtype, lambda s, shape: _uniform_values(s, shape, dtype))
@@ -333,18 +235,18 @@ def _rand(rng: Stream, func: Any, args: Args, kwargs: Kwargs) -> torch.Tensor:
 
 
 def _randn(rng: Stream, func: Any, args: Args, kwargs: Kwargs) -> torch.Tensor:
-    _check_layout(kwargs, "randn")
+    check_layout(kwargs, "randn")
     out = kwargs.get("out")
     shape = _size(args, kwargs)
-    dtype = _float_dtype(kwargs.get("dtype") or (out.dtype if out is not None else None),
-                         "randn", empty=math.prod(shape) == 0)
+    dtype = float_dtype(kwargs.get("dtype") or (out.dtype if out is not None else None),
+                        "randn", empty=math.prod(shape) == 0)
     device = _device(kwargs.get("device") if out is None else out.device)
     return _finish_factory(_new(rng, device, shape, dtype, lambda s, shape: s.normal(shape, dtype)),
                            kwargs)
 
 
 def _like_options(like: torch.Tensor, kwargs: Kwargs, name: str) -> tuple[torch.dtype, Kwargs]:
-    _check_layout(kwargs, name)
+    check_layout(kwargs, name)
     dtype = kwargs.get("dtype") or like.dtype
     if kwargs.get("device") is not None and _device(kwargs["device"]) != like.device:
         raise DevRNGError(f"devrng.portable draws {name} on the input's device; move the input "
@@ -366,7 +268,7 @@ def _finish_like(values: torch.Tensor, like: torch.Tensor, kwargs: Kwargs) -> to
 def _rand_like(rng: Stream, func: Any, args: Args, kwargs: Kwargs) -> torch.Tensor:
     like = args[0] if args else kwargs["input"]
     dtype, kwargs = _like_options(like, kwargs, "rand_like")
-    dtype = _float_dtype(dtype, "rand_like")
+    dtype = float_dtype(dtype, "rand_like")
     values = _like(rng, like, lambda s, shape: _uniform_values(s, shape, dtype), dtype)
     return _finish_like(values, like, kwargs)
 
@@ -374,37 +276,20 @@ def _rand_like(rng: Stream, func: Any, args: Args, kwargs: Kwargs) -> torch.Tens
 def _randn_like(rng: Stream, func: Any, args: Args, kwargs: Kwargs) -> torch.Tensor:
     like = args[0] if args else kwargs["input"]
     dtype, kwargs = _like_options(like, kwargs, "randn_like")
-    dtype = _float_dtype(dtype, "randn_like", empty=not like.numel())
+    dtype = float_dtype(dtype, "randn_like", empty=not like.numel())
     values = _like(rng, like, lambda s, shape: s.normal(shape, dtype), dtype)
     return _finish_like(values, like, kwargs)
 
 
-def _int(value: Any, name: str) -> int:
-    """An int argument as torch's bindings take it: an int or anything with ``__index__``
-    (a 0-d integer tensor, a NumPy integer), not a float."""
-    try:
-        value = operator.index(value)
-    except TypeError:
-        raise TypeError(f"{name} must be an integer, not {short_repr(value)}.") from None
-    if not _INT64[0] <= value <= _INT64[1]:
-        raise _OutOfInt64(f"{name} must fit in int64 (as torch's do), not {value}.")
-    return value  # type: ignore[no-any-return]
-
-
-class _OutOfInt64(DevRNGError, ValueError):
-    """An integer argument past int64: torch raised a RuntimeError for it up to 2.8 or so and
-    a ValueError since; either ``except`` catches this one."""
-
-
 def _randint(rng: Stream, func: Any, args: Args, kwargs: Kwargs) -> torch.Tensor:
-    _check_layout(kwargs, "randint")
+    check_layout(kwargs, "randint")
     positional = list(args)
     size = kwargs["size"] if "size" in kwargs else positional.pop()
-    high = _int(kwargs["high"] if "high" in kwargs else positional.pop(), "randint's high")
-    low = _int(positional.pop() if positional else kwargs.get("low", 0), "randint's low")
+    high = as_int(kwargs["high"] if "high" in kwargs else positional.pop(), "randint's high")
+    low = as_int(positional.pop() if positional else kwargs.get("low", 0), "randint's low")
     out = kwargs.get("out")
     dtype = kwargs.get("dtype") or (out.dtype if out is not None else torch.int64)
-    low, high = _random_bounds(low, high, dtype, "randint")
+    low, high = random_bounds(low, high, dtype, "randint")
     device = _device(kwargs.get("device") if out is None else out.device)
     values = rng.source(device).randint(tuple(size), low, high, dtype)
     return _finish_factory(values, kwargs)
@@ -416,24 +301,24 @@ def _randint_like(rng: Stream, func: Any, args: Args, kwargs: Kwargs) -> torch.T
         bounds = [*bounds, kwargs["high"]]
     if len(bounds) == 1:
         bounds = [kwargs.get("low", 0), bounds[0]]
-    low, high = _int(bounds[0], "randint_like's low"), _int(bounds[1], "randint_like's high")
+    low, high = as_int(bounds[0], "randint_like's low"), as_int(bounds[1], "randint_like's high")
     dtype, kwargs = _like_options(like, kwargs, "randint_like")
-    low, high = _random_bounds(low, high, dtype, "randint_like")
+    low, high = random_bounds(low, high, dtype, "randint_like")
     values = _like(rng, like, lambda s, shape: s.randint(shape, low, high, dtype), dtype)
     return _finish_like(values, like, kwargs)
 
 
 def _randperm(rng: Stream, func: Any, args: Args, kwargs: Kwargs) -> torch.Tensor:
-    _check_layout(kwargs, "randperm")
-    n = _int(args[0] if args else kwargs["n"], "randperm's n")
+    check_layout(kwargs, "randperm")
+    n = as_int(args[0] if args else kwargs["n"], "randperm's n")
     if n < 0:
         raise DevRNGError(f"randperm needs n >= 0, not {n}.")
     out = kwargs.get("out")
     dtype = kwargs.get("dtype") or (out.dtype if out is not None else torch.int64)
-    if dtype == torch.bool or dtype.is_complex or dtype in _BARE_UNSIGNED:
+    if dtype == torch.bool or dtype.is_complex or dtype in BARE_UNSIGNED:
         raise DevRNGError(f"randperm draws permutations as integral or floating-point numbers "
                           f"(as torch does), not {dtype} ones.")
-    largest = 2049 if dtype == torch.float16 else _representable(dtype)[1] + 1  # torch's limits
+    largest = 2049 if dtype == torch.float16 else representable(dtype)[1] + 1  # torch's limits
     if n > largest:
         raise DevRNGError(f"randperm({n}) holds 0 to {n - 1}, more than {dtype} can tell apart; "
                           f"draw it as a wider dtype.")
@@ -445,10 +330,10 @@ def _uniform_(rng: Stream, func: Any, args: Args, kwargs: Kwargs) -> torch.Tenso
     self = args[0]
     low = float(_arg(args, kwargs, 1, "from", 0.0))
     high = float(_arg(args, kwargs, 2, "to", 1.0))
-    dtype = _float_dtype(self.dtype, "uniform_")
+    dtype = float_dtype(self.dtype, "uniform_")
     if self.numel() or not dtype.is_complex:  # torch checks nothing in an empty complex one
-        _check_uniform_bounds(low, high, dtype, "uniform_")
-    _check_in_place(self, "uniform_")
+        check_uniform_bounds(low, high, dtype, "uniform_")
+    check_in_place(self, "uniform_")
     return _fill(rng, self, lambda s, shape: _uniform_values(s, shape, dtype, low, high),
                  into_self=True)
 
@@ -460,45 +345,13 @@ def _normal_values(source: Any, shape: tuple[int, ...], dtype: torch.dtype, mean
     return distributions.affine(source.normal(shape, dtype), std, mean, dtype)  # z * std + mean, rounded once
 
 
-def _readable(t: torch.Tensor) -> bool:
-    """Whether checking ``t``'s values is free: on the CPU, and not inside a trace (where
-    a value check would be a graph break); other devices would have to wait for them."""
-    return devices.row(t.device).host_memory and not torch.compiler.is_compiling()
-
-
-def _check_std(std: Any) -> None:
-    if isinstance(std, torch.Tensor):
-        if std.dtype.is_complex:
-            raise DevRNGError(f"normal takes a real standard deviation, not a {std.dtype} one.")
-        if _readable(std) and not bool((std >= 0).all()):
-            raise DevRNGError("normal needs std >= 0 everywhere; the std tensor has negative "
-                              "or NaN values.")
-    elif not std >= 0.0:
-        raise DevRNGError(f"normal needs std >= 0, not std={std}.")
-
-
-def _check_fits(value: float, dtype: torch.dtype, what: str) -> None:
-    """torch converts a number argument to the tensor's dtype, refusing what overflows it:
-    float32 (not its infinities and NaN), and integral dtypes (NaN and infinities too);
-    float16, bfloat16, float64 and bool take any."""
-    if dtype == torch.float32:
-        fits = not math.isfinite(value) or abs(value) <= torch.finfo(dtype).max
-    elif dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
-        fits = True
-    else:
-        info = torch.iinfo(dtype)
-        fits = info.min <= value <= info.max
-    if not fits:
-        raise DevRNGError(f"{what}={value} does not fit in {dtype}, which the draws take.")
-
-
 def _normal_(rng: Stream, func: Any, args: Args, kwargs: Kwargs) -> torch.Tensor:
     self = args[0]
     mean = float(_arg(args, kwargs, 1, "mean", 0.0))
     std = float(_arg(args, kwargs, 2, "std", 1.0))
-    _check_std(std)
-    dtype = _float_dtype(self.dtype, "normal_", empty=not self.numel())
-    _check_in_place(self, "normal_")
+    check_std(std)
+    dtype = float_dtype(self.dtype, "normal_", empty=not self.numel())
+    check_in_place(self, "normal_")
     return _fill(rng, self, lambda s, shape: _normal_values(s, shape, dtype, mean, std),
                  into_self=True)
 
@@ -506,23 +359,23 @@ def _normal_(rng: Stream, func: Any, args: Args, kwargs: Kwargs) -> torch.Tensor
 def _normal(rng: Stream, func: Any, args: Args, kwargs: Kwargs) -> torch.Tensor:
     mean = _arg(args, kwargs, 0, "mean", 0.0)
     std = _arg(args, kwargs, 1, "std", 1.0)
-    _check_std(std)
+    check_std(std)
     if isinstance(std, torch.Tensor) and not isinstance(mean, torch.Tensor):
-        _check_fits(float(mean), std.dtype, "normal's mean (for the std tensor)")
+        check_fits(float(mean), std.dtype, "normal's mean (for the std tensor)")
     tensors = [t for t in (mean, std) if isinstance(t, torch.Tensor)]
     if not tensors:  # normal(mean, std, size, ...): a factory
-        _check_layout(kwargs, "normal")
+        check_layout(kwargs, "normal")
         shape = tuple(_arg(args, kwargs, 2, "size"))
         out = kwargs.get("out")
-        dtype = _float_dtype(kwargs.get("dtype") or (out.dtype if out is not None else None),
-                             "normal", empty=math.prod(shape) == 0)
+        dtype = float_dtype(kwargs.get("dtype") or (out.dtype if out is not None else None),
+                            "normal", empty=math.prod(shape) == 0)
         device = _device(kwargs.get("device") if out is None else out.device)
         values = _new(rng, device, shape, dtype, lambda s, shape: _normal_values(
             s, shape, dtype, float(mean), float(std)))
         return _finish_factory(values, kwargs)
     shape = tuple(torch.broadcast_shapes(*(t.shape for t in tensors)))  # type: ignore[no-untyped-call]
     # torch's dtype: the mean's where it is a tensor (whatever the std's), else the std's
-    dtype = _float_dtype(tensors[0].dtype, "normal", empty=math.prod(shape) == 0)
+    dtype = float_dtype(tensors[0].dtype, "normal", empty=math.prod(shape) == 0)
     values = _new(rng, tensors[0].device, shape, dtype, lambda s, shape: _normal_values(
         s, shape, dtype, mean, std))
     return _finish_factory(values, {"out": kwargs.get("out")})
@@ -533,21 +386,9 @@ def _exponential_(rng: Stream, func: Any, args: Args, kwargs: Kwargs) -> torch.T
     lambd = float(_arg(args, kwargs, 1, "lambd", 1.0))
     if not lambd > 0:
         raise DevRNGError(f"exponential_ needs lambd > 0, not lambd={lambd}.")
-    dtype = _float_dtype(self.dtype, "exponential_", complex_ok=False, empty=not self.numel())
-    _check_in_place(self, "exponential_")
+    dtype = float_dtype(self.dtype, "exponential_", complex_ok=False, empty=not self.numel())
+    check_in_place(self, "exponential_")
     return _fill(rng, self, lambda s, shape: s.exponential(shape, dtype, lambd), into_self=True)
-
-
-def _whole_range(dtype: torch.dtype) -> int:
-    """The end of random_()'s range without bounds: every integer ``dtype`` holds (exactly,
-    for floating-point ones)."""
-    if dtype.is_complex or dtype in _BARE_UNSIGNED:
-        raise DevRNGError(f"random_() draws over the range of integral, floating-point or bool "
-                          f"dtypes up to 64 bits wide (as torch does), not {dtype}; pass from "
-                          f"and to.")
-    if dtype.is_floating_point:
-        return (1 << _MANTISSA_BITS[dtype]) + 1
-    return 2 if dtype == torch.bool else torch.iinfo(dtype).max + 1
 
 
 def _random_(rng: Stream, func: Any, args: Args, kwargs: Kwargs) -> torch.Tensor:
@@ -560,38 +401,20 @@ def _random_(rng: Stream, func: Any, args: Args, kwargs: Kwargs) -> torch.Tensor
     elif len(rest) == 2:
         low, high = rest
     if high is None and not self.numel():  # nothing to draw, no dtype to check
-        _check_in_place(self, "random_")
+        check_in_place(self, "random_")
         return _fill(rng, self, lambda s, shape: self)
     if high is None:  # the dtype's whole range: torch's random_() without bounds
-        low, high = 0, _whole_range(self.dtype)
+        low, high = 0, whole_range(self.dtype)
     else:
-        low, high = _int(low, "random_'s from"), _int(high, "random_'s to")
-    low, high = _random_bounds(low, high, self.dtype, "random_")
-    _check_in_place(self, "random_")
+        low, high = as_int(low, "random_'s from"), as_int(high, "random_'s to")
+    low, high = random_bounds(low, high, self.dtype, "random_")
+    check_in_place(self, "random_")
     return _fill(rng, self, lambda s, shape: s.randint(shape, low, high, torch.int64))
 
 
 def _bernoulli_values(source: Any, shape: tuple[int, ...], p: Any, dtype: torch.dtype
                       ) -> torch.Tensor:
     return source.bernoulli(shape, p).to(dtype)  # type: ignore[no-any-return]
-
-
-def _check_p(p: Any, name: str) -> None:
-    if isinstance(p, torch.Tensor):
-        if not p.dtype.is_floating_point:
-            raise DevRNGError(f"{name} takes probabilities as a floating-point tensor, not a "
-                              f"{p.dtype} one.")
-        if _readable(p) and p.numel() and not bool(((p >= 0) & (p <= 1)).all()):
-            raise DevRNGError(f"{name} needs probabilities in [0, 1]; the tensor has values "
-                              "outside, or NaN.")
-    elif not 0.0 <= p <= 1.0:
-        raise DevRNGError(f"{name} needs a probability in [0, 1], not p={p}.")
-
-
-def _check_bernoulli_dtype(dtype: torch.dtype, name: str) -> None:
-    if dtype.is_complex or dtype in _BARE_UNSIGNED:
-        raise DevRNGError(f"{name} draws 0 and 1 as floating-point, integral (up to uint8 "
-                          f"unsigned) or bool numbers, as torch does, not {dtype} ones.")
 
 
 def _bernoulli(rng: Stream, func: Any, args: Args, kwargs: Kwargs) -> torch.Tensor:
@@ -604,10 +427,10 @@ def _bernoulli(rng: Stream, func: Any, args: Args, kwargs: Kwargs) -> torch.Tens
         probs = float(probs)
     dtype = like.dtype
     if like.numel():  # torch checks no dtype where it draws nothing
-        _check_p(probs, "bernoulli")
-        _check_bernoulli_dtype(dtype, "bernoulli")
+        check_p(probs, "bernoulli")
+        check_bernoulli_dtype(dtype, "bernoulli")
     elif not isinstance(probs, torch.Tensor):
-        _check_p(probs, "bernoulli")
+        check_p(probs, "bernoulli")
     values = _like(rng, like, lambda s, shape: _bernoulli_values(
         s, shape, _local(probs), dtype))
     return _finish_factory(values, {"out": kwargs.get("out")})
@@ -632,20 +455,20 @@ def _bernoulli_(rng: Stream, func: Any, args: Args, kwargs: Kwargs) -> torch.Ten
         p = float(p)
     dtype = self.dtype
     if self.numel():  # torch checks no dtype where it draws nothing
-        _check_p(p, "bernoulli_")
-        _check_bernoulli_dtype(dtype, "bernoulli_")
+        check_p(p, "bernoulli_")
+        check_bernoulli_dtype(dtype, "bernoulli_")
     elif not isinstance(p, torch.Tensor):
-        _check_p(p, "bernoulli_")
+        check_p(p, "bernoulli_")
     if isinstance(p, torch.Tensor) and not _fits(p.shape, self.shape):
         raise DevRNGError(f"bernoulli_ takes probabilities of a shape that broadcasts to the "
                           f"tensor's {tuple(self.shape)}, not {tuple(p.shape)}.")
-    _check_in_place(self, "bernoulli_")
+    check_in_place(self, "bernoulli_")
     return _fill(rng, self, lambda s, shape: _bernoulli_values(s, shape, _local(p), dtype))
 
 
 def _multinomial(rng: Stream, func: Any, args: Args, kwargs: Kwargs) -> torch.Tensor:
     weights = args[0] if args else kwargs["input"]
-    num_samples = _int(_arg(args, kwargs, 1, "num_samples"), "multinomial's num_samples")
+    num_samples = as_int(_arg(args, kwargs, 1, "num_samples"), "multinomial's num_samples")
     replacement = bool(_arg(args, kwargs, 2, "replacement", False))
     if _is_dtensor(weights):
         raise DevRNGError("devrng.portable does not draw multinomial on a DTensor; call it on "
@@ -657,7 +480,7 @@ def _multinomial(rng: Stream, func: Any, args: Args, kwargs: Kwargs) -> torch.Te
     if num_samples <= 0 or (not replacement and num_samples > categories):
         raise DevRNGError(f"multinomial cannot draw num_samples={num_samples} from "
                           f"{categories} categories{' without replacement' * (not replacement)}.")
-    if _readable(weights):  # what torch checks on the CPU
+    if readable(weights):  # what torch checks on the CPU
         if not bool(torch.isfinite(weights).all()) or bool((weights < 0).any()):
             raise DevRNGError("multinomial needs finite, non-negative weights.")
         rows = weights.reshape(-1, categories)
@@ -669,15 +492,6 @@ def _multinomial(rng: Stream, func: Any, args: Args, kwargs: Kwargs) -> torch.Te
 
 # -- dropout ------------------------------------------------------------------------------------
 _SELU_ALPHA = 1.7580993408473766  # -scale * alpha of SELU: what alpha dropout sets dropped units to
-
-
-def _check_dropout_p(p: float, functional: bool) -> None:
-    """torch.nn.functional's dropouts raise ValueError for p outside [0, 1] (their Python
-    check); torch's kernels, which NaN reaches, raise a RuntimeError."""
-    if functional and (p < 0.0 or p > 1.0):
-        raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
-    if not 0.0 <= p <= 1.0:
-        raise DevRNGError(f"dropout probability has to be between 0 and 1, but got {p}")
 
 
 def _dropout_core(rng: Stream, x: torch.Tensor, p: float, *, feature: bool, alpha: bool,
@@ -739,7 +553,7 @@ def _dropout_fn(*, feature: bool, alpha: bool, inplace: bool | None = None,
                              default_training))
         in_place = inplace if inplace is not None else bool(_arg(args, kwargs, 3, "inplace",
                                                                   False))
-        _check_dropout_p(p, functional=inplace is None)
+        check_dropout_p(p, functional=inplace is None)
         if not training or p == 0.0:
             return x  # type: ignore[no-any-return]
         return _dropout_core(rng, x, p, feature=feature, alpha=alpha, inplace=in_place)
@@ -756,7 +570,7 @@ def _dropout_nd(n: int) -> Callable[[Stream, Any, Args, Kwargs], torch.Tensor]:
         p = float(_arg(args, kwargs, 1, "p", 0.5))
         training = bool(_arg(args, kwargs, 2, "training", True))
         inplace = bool(_arg(args, kwargs, 3, "inplace", False))
-        _check_dropout_p(p, functional=True)
+        check_dropout_p(p, functional=True)
         dims = x.dim()
         if n == 1 and dims not in (2, 3):
             raise RuntimeError(f"dropout1d: Expected 2D or 3D input, but received a {dims}D "
@@ -851,7 +665,7 @@ def _gumbel_softmax(rng: Stream, func: Any, args: Args, kwargs: Kwargs) -> torch
     tau = float(_arg(args, kwargs, 1, "tau", 1.0))
     hard = bool(_arg(args, kwargs, 2, "hard", False))
     dim = int(_arg(args, kwargs, 4, "dim", -1))
-    _float_dtype(logits.dtype, "gumbel_softmax", complex_ok=False, empty=not logits.numel())
+    float_dtype(logits.dtype, "gumbel_softmax", complex_ok=False, empty=not logits.numel())
     # Gumbel(0, 1) noise is -log of Exp(1) noise.
     gumbels = -_like(rng, logits, lambda s, shape: s.exponential(shape, logits.dtype)).log()
     noisy = logits + gumbels
@@ -871,17 +685,17 @@ def _rrelu_train(rng: Stream, x: torch.Tensor, lower: float, upper: float
     """RReLU in training, as torch's rrelu_with_noise: each element at or below zero is
     scaled by its slope, drawn uniformly from [lower, upper). Returns the output and the
     noise (the slopes there, 1 elsewhere)."""
-    _float_dtype(x.dtype, "rrelu", complex_ok=False)
+    float_dtype(x.dtype, "rrelu", complex_ok=False)
     if not (math.isfinite(lower) and math.isfinite(upper)):
         raise DevRNGError(f"rrelu needs finite bounds, not lower={lower}, upper={upper}.")
     if lower > upper:
         raise DevRNGError(f"rrelu needs lower <= upper, not lower={lower}, upper={upper}.")
     opmath = torch.float64 if x.dtype == torch.float64 else torch.float32  # torch's, for them
-    _check_fits(lower, opmath, "rrelu's lower")
-    _check_fits(upper, opmath, "rrelu's upper")
+    check_fits(lower, opmath, "rrelu's lower")
+    check_fits(upper, opmath, "rrelu's upper")
     # torch draws the slopes in double: bounds beyond the dtype's range are taken, and so
     # drawn in float64 here (not on torchax without x64), then rounded.
-    lowest, largest = _representable(x.dtype)
+    lowest, largest = representable(x.dtype)
     wide = not (lowest <= lower and upper <= largest and upper - lower <= largest)
     work = torch.float64 if wide else x.dtype
     slope = _like(rng, x, lambda s, shape: s.uniform(shape, work, lower, upper).to(x.dtype))
@@ -931,7 +745,7 @@ def _fractional_max_pool(dims: int) -> Callable[[Stream, Any, Args, Kwargs], Any
     def run(rng: Stream, func: Any, args: Args, kwargs: Kwargs) -> Any:
         x = args[0] if args else kwargs["input"]
         if _arg(args, kwargs, 5, "_random_samples") is None:
-            _float_dtype(x.dtype, f"fractional_max_pool{dims}d", complex_ok=False)
+            float_dtype(x.dtype, f"fractional_max_pool{dims}d", complex_ok=False)
             batch = 1 if x.dim() == dims + 1 else x.shape[0]
             shape = (batch, x.shape[-dims - 1], dims)
             samples = rng.source(x.device).uniform(shape, x.dtype)
