@@ -84,6 +84,22 @@ def test_uniform_and_bits_equal_jax_for_the_stream_keys(seed: int, shape: tuple[
         jkey(seed, 2), shape, jnp.uint32)))
 
 
+def test_a_long_randperm_equals_jax() -> None:
+    # From 2**20 numbers the kernel first splits each round's words by their key's top byte,
+    # and the keys are drawn on torch's threads: still JAX's permutation, with 2 threads too.
+    n = 2**20 + 7
+    want = np.asarray(jax.random.permutation(jkey(5, 0), n))
+    threads = torch.get_num_threads()
+    try:
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            with devrng.portable(5):
+                got = torch.randperm(n)
+            assert np.array_equal(got.numpy(), want), count
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_other_distributions_equal_jax() -> None:
     with devrng.portable(77):
         a = torch.randint(-5, 1000, (2000,))

@@ -100,7 +100,8 @@ HALF_MODES = {"unit": {torch.float16: UNIT_F16, torch.bfloat16: UNIT_BF16},
 
 class CpuKernel:
     """The extension's loops: ``run`` and ``randint`` fill preallocated CPU tensors; ``block``
-    is one Threefry-2x32 block (``block(k0, k1, c0, c1) -> (x0, x1)``, the keys of draws)."""
+    is one Threefry-2x32 block (``block(k0, k1, c0, c1) -> (x0, x1)``, the keys of draws);
+    ``permute`` makes a permutation's rounds of stable sorts, each by ``sort``'s loop."""
 
     __slots__ = ("_fill", "_randint", "_sort", "block")
 
