@@ -503,9 +503,10 @@ def test_example_runs_under_torchrun(example: str, tmp_path: Path) -> None:
     # --standalone: the launcher picks a free port itself (no race for one between tests).
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            str(ROOT / "examples" / example)]
-    # About one launch in 100 here, a rank that has passed every check, printed its line and
-    # closed its process group is aborted while the interpreter exits (pytorch/pytorch#190489;
-    # docs/known-issues.md): that signature alone gets one more launch; anything else fails.
+    # About one launch in 100 here (more under load), a rank that has passed every check,
+    # printed its line and closed its process group is aborted while the interpreter exits
+    # (pytorch/pytorch#190489; docs/known-issues.md): that signature alone gets up to two more
+    # launches; anything else fails.
     proc = run_torchrun(cmd, cwd=tmp_path, env=env, timeout=300,
                         finished=lambda p: _finished(p, world=2))
     assert proc.returncode == 0, proc.stdout + proc.stderr
